@@ -1,0 +1,216 @@
+"""The allocator: assigns machines to entitlements and tasks to machines.
+
+``allocate(request)`` = cache lookup, then propose/commit with optimistic
+concurrency: a plan is decided against the index as it is (the snapshot), and
+committed only if every machine it touches still has the room, binding and health
+the plan saw; claims of free machines are compare-and-swap on the broker record,
+so a shard that lost a race for a machine finds out here. On a conflict the
+allocator decides again against the new state, at most ``max_attempts`` times.
+
+Pure core: no clock, no I/O; the brokers it calls are in-memory state machines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from plait.allocator.cache import AllocationCache
+from plait.allocator.index import FREE, HEALTHY, MachineIndex
+from plait.allocator.placement import JobState, Plan, propose
+from plait.allocator.policy import CompiledPolicy, compile_policy
+from plait.allocator.request import AllocationRequest, AllocationResult
+from plait.errors import Conflict, NotFound
+from plait.model.entitlement import Entitlement
+from plait.model.policy import AllocationPolicy
+from plait.model.resources import Resources
+
+
+@dataclass(frozen=True, slots=True)
+class EntitlementUsage:
+    name: str
+    machines: int
+    rru: float
+    quota: str
+
+
+class Allocator:
+    def __init__(self, index: MachineIndex, max_attempts: int = 3) -> None:
+        self.index = index
+        self.region = index.region
+        self.max_attempts = max_attempts
+        self.entitlements: dict[str, Entitlement] = {}
+        self.jobs: dict[str, JobState] = {}
+        self.cache = AllocationCache()
+        self.conflicts = 0
+        self._compiled: dict[tuple[AllocationPolicy, str, Resources], CompiledPolicy] = {}
+
+    # -- entitlements --------------------------------------------------------------------
+    def define(self, entitlement: Entitlement) -> None:
+        """Add or change an entitlement. A lowered quota never evicts: it only stops
+        further claims until the entitlement is back under it."""
+        self.entitlements[entitlement.name] = entitlement
+        self.region.entitlements.code(entitlement.name)
+        self._compiled = {k: v for k, v in self._compiled.items() if k[1] != entitlement.name}
+
+    def usage(self, name: str) -> EntitlementUsage:
+        ent = self._entitlement(name)
+        members = self.index.members.get(self.region.entitlements.code(name))
+        n = members.size if members else 0
+        rru = members.machines_rru / 1000 if members else 0.0
+        return EntitlementUsage(name, n, rru, str(ent.quota))
+
+    def machines_of(self, name: str) -> list[str]:
+        code = self.region.entitlements.find(name)
+        if code is None:
+            return []
+        return self.index.fleet.names(sorted(self.index.machines_of(code).tolist()))
+
+    def _entitlement(self, name: str) -> Entitlement:
+        ent = self.entitlements.get(name)
+        if ent is None:
+            raise NotFound("entitlement", name)
+        return ent
+
+    # -- allocation ------------------------------------------------------------------------
+    def allocate(self, request: AllocationRequest) -> AllocationResult:
+        hit = self.cache.lookup(request, self.index.gen)
+        if hit is not None:
+            return hit
+        cp = self.compile(request)
+        ent = self.entitlements[request.entitlement]
+        for attempt in range(1, self.max_attempts + 1):
+            plan = propose(self.index, cp, ent.quota, self.jobs.get(request.job), request)
+            try:
+                result = self.commit(plan, attempt)
+            except Conflict:
+                self.conflicts += 1
+                continue
+            if result.complete and result.tasks:
+                self.cache.store(request, result, self.index.gen)
+            else:
+                self.cache.drop(request.job)
+            return result
+        self.cache.drop(request.job)
+        plan = propose(self.index, cp, ent.quota, self.jobs.get(request.job), request)
+        reason = f"gave up after {self.max_attempts} conflicting attempts"
+        return AllocationResult(
+            request.job, request.entitlement, (), (),
+            unplaced=tuple((t, reason) for t, _ in request.tasks),
+            attempts=self.max_attempts, fleet=self.index.fleet,
+        )
+
+    def compile(self, request: AllocationRequest) -> CompiledPolicy:
+        key = (request.policy, request.entitlement, request.resources)
+        cp = self._compiled.get(key)
+        if cp is None:
+            ent = self._entitlement(request.entitlement)
+            code = self.region.entitlements.code(ent.name)
+            cp = self._compiled[key] = compile_policy(self.index, ent, code, request.policy,
+                                                      request.resources)
+        return cp
+
+    def propose(self, request: AllocationRequest) -> Plan:
+        """Decide without committing (the first half of ``allocate``)."""
+        cp = self.compile(request)
+        return propose(self.index, cp, self.entitlements[request.entitlement].quota,
+                       self.jobs.get(request.job), request)
+
+    def commit(self, plan: Plan, attempt: int = 1) -> AllocationResult:
+        """Apply a plan if the index still agrees with what it was decided on.
+
+        Raises ``Conflict`` (and changes nothing) when a touched machine lost the
+        room, binding or health the plan relied on, or when the entitlement's quota
+        no longer allows the plan's claims.
+        """
+        ix, req = self.index, plan.request
+        ent = self.entitlements[req.entitlement]
+        need, floor = plan.policy.need, plan.policy.floor
+        claimed = {m for m, _ in plan.claims}
+        # -- verify ---------------------------------------------------------------------
+        for m, version in plan.claims:
+            if not (ix.is_free(m) and int(ix.version[m]) == version):
+                raise Conflict(f"machine {ix.fleet.name(m)}", "free", "claimed or changed")
+        members = ix.members.get(plan.ent_code)
+        have = members.size if members else 0
+        if ent.quota.machines is not None and plan.claims and (
+                have + len(plan.claims) > ent.quota.machines):
+            raise Conflict(f"entitlement {ent.name} machines", ent.quota.machines,
+                           have + len(plan.claims))
+        if ent.quota.rru is not None and plan.claims:
+            rru = (members.machines_rru if members else 0) + sum(
+                int(ix.total_cpu[m]) for m in claimed)
+            if rru > round(ent.quota.rru * 1000):
+                raise Conflict(f"entitlement {ent.name} rru", ent.quota.rru, rru / 1000)
+        if plan.assign:
+            per_machine: dict[int, int] = {}
+            for _, m in plan.assign:
+                per_machine[m] = per_machine.get(m, 0) + 1
+            uniq = np.fromiter(per_machine.keys(), np.int64, len(per_machine))
+            cnt = np.fromiter(per_machine.values(), np.int64, len(per_machine))
+            bound = np.array([m in claimed for m in uniq.tolist()], np.bool_)
+            ok = bound | ((ix.ent[uniq] == plan.ent_code) & (ix.state[uniq] == HEALTHY))
+            for free, n, f in ((ix.free_cpu, need[0], floor[0]), (ix.free_mem, need[1], floor[1]),
+                               (ix.free_disk, need[2], floor[2])):
+                ok &= free[uniq].astype(np.int64) - f >= cnt * n
+            if not ok.all():
+                bad = ix.fleet.name(int(uniq[~ok][0]))
+                raise Conflict(f"machine {bad}", "room for the plan's tasks", "taken meanwhile")
+        # -- claim (compare-and-swap on the broker; undo on a lost race) ------------------
+        done: list[int] = []
+        try:
+            for m, version in plan.claims:
+                self.region.claim(m, ent.name, version)
+                done.append(m)
+        except Conflict:
+            for m in done:
+                self.region.release(m, ent.name, int(ix.version[m]))
+            raise
+        # -- apply ----------------------------------------------------------------------------
+        job = self.jobs.get(req.job)
+        if job is None:
+            job = self.jobs[req.job] = JobState(plan.ent_code)
+        job.entitlement = plan.ent_code
+        emptied: set[int] = set()
+        for t, m in plan.frees:
+            c, mem, d = job.units.pop(t)
+            del job.placement[t]
+            ix.free_cpu[m] += c
+            ix.free_mem[m] += mem
+            ix.free_disk[m] += d
+            ix.tasks[m] -= 1
+            emptied.add(m)
+        if plan.assign:
+            ix.free_cpu[uniq] -= (cnt * need[0]).astype(np.int32)
+            ix.free_mem[uniq] -= (cnt * need[1]).astype(np.int32)
+            ix.free_disk[uniq] -= (cnt * need[2]).astype(np.int32)
+            ix.tasks[uniq] += cnt.astype(np.int32)
+            for t, m in plan.assign:
+                job.placement[t] = m
+                job.units[t] = need
+        released: list[int] = []
+        for m in sorted(emptied):
+            if ix.tasks[m] == 0 and ix.ent[m] != FREE:
+                owner = self.region.entitlements.names[int(ix.ent[m])]
+                self.region.release(m, owner, int(ix.version[m]))
+                released.append(m)
+        if not job.placement:
+            del self.jobs[req.job]
+        placed = sorted(plan.keep + plan.assign) if plan.keep else plan.assign
+        tasks, machines = zip(*placed, strict=True) if placed else ((), ())
+        return AllocationResult(
+            req.job, req.entitlement, tasks, machines,
+            unplaced=tuple(plan.unplaced), freed=tuple(t for t, _ in plan.frees
+                                                       if t not in plan.moved),
+            moved=tuple(plan.moved), claimed=tuple(m for m, _ in plan.claims),
+            released=tuple(released), attempts=attempt, fleet=ix.fleet,
+        )
+
+    # -- reading ----------------------------------------------------------------------------
+    def placement(self, job: str) -> dict[int, str]:
+        state = self.jobs.get(job)
+        if state is None:
+            return {}
+        names = self.index.fleet.names(state.placement.values())
+        return dict(zip(state.placement.keys(), names, strict=True))

@@ -1,0 +1,62 @@
+"""The job-level allocation cache (paper section 2.3).
+
+Machine selection is the costly part of an allocation, and most requests repeat
+one already served (a scheduler retrying, a reconcile pass re-asserting the same
+placement). The cache keeps, per job, the last complete request and its result.
+An entry is used only if the request is identical and no machine hosting the
+job's tasks changed since (each machine's generation in the index), so a hit is
+always a placement the allocator would keep anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from plait.allocator.request import AllocationRequest, AllocationResult
+
+
+@dataclass(slots=True)
+class _Entry:
+    request: AllocationRequest
+    result: AllocationResult
+    machines: npt.NDArray[np.int64]
+    gens: npt.NDArray[np.uint32]
+
+
+class AllocationCache:
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def lookup(self, request: AllocationRequest,
+               gen: npt.NDArray[np.uint32]) -> AllocationResult | None:
+        entry = self._entries.get(request.job)
+        if (entry is not None and entry.request == request
+                and np.array_equal(gen[entry.machines], entry.gens)):
+            self.hits += 1
+            return entry.result
+        self.misses += 1
+        return None
+
+    def store(self, request: AllocationRequest, result: AllocationResult,
+              gen: npt.NDArray[np.uint32]) -> None:
+        machines = np.asarray(result.machines, np.int64)
+        # a repeat does nothing new: it reports the placement, not the claims
+        hit = replace(result, freed=(), moved=(), claimed=(), released=(), cached=True,
+                      attempts=0)
+        self._entries[request.job] = _Entry(request, hit, machines, gen[machines].copy())
+
+    def drop(self, job: str) -> None:
+        self._entries.pop(job, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def hit_ratio(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0

@@ -1,0 +1,282 @@
+"""The allocator's in-memory machine index (paper section 2.3).
+
+A write-through cache of every machine of the region, kept current by the Resource
+Brokers' change notifications, plus what only the allocator knows: the resources
+its placements have taken. Columnar (NumPy, one entry per machine), never a Python
+object per machine, and partitioned so that one allocation does not scan the region:
+
+* per entitlement, the set of its machines (``members``): a request scans only the
+  machines of its own entitlement;
+* the free pool, bucketed by (rack, shape): a *shape* is a machine type plus its
+  exact resources and attributes, so every free machine of a bucket is as good as
+  any other. Per fault-domain level there is a count matrix ``free_count[level]``
+  of shape (domains, shapes): "which MSBs still have a free Skylake" is one slice,
+  whatever the size of the region. Buckets are intrusive linked lists over two
+  per-machine arrays, so adding and removing a machine is O(1).
+
+Only healthy machines are in the free pool. Each machine carries a generation that
+changes whenever a property the allocator relies on changes (binding, health);
+the job-level allocation cache compares generations to stay correct.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+
+from plait.broker import FREE, BrokerChange, Region
+from plait.model.machine import MachineState
+from plait.model.topology import DOMAIN_LEVELS, Fleet
+
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+
+HEALTHY, FAILED, MAINTENANCE = 0, 1, 2
+STATE_CODES = {MachineState.HEALTHY: HEALTHY, MachineState.FAILED: FAILED,
+               MachineState.MAINTENANCE: MAINTENANCE}
+NONE = -1
+
+
+class MemberSet:
+    """The machines of one entitlement: a dense array plus a position per machine."""
+
+    __slots__ = ("_ids", "_pos", "machines_rru", "size")
+
+    def __init__(self, pos: I32) -> None:
+        self._ids = np.empty(16, np.int32)
+        self._pos = pos  # region-wide, shared by every MemberSet
+        self.size = 0
+        #: total cpu (milli-RRU) of the member machines, for RRU quotas
+        self.machines_rru = 0
+
+    def add(self, machine: int, cpu: int) -> None:
+        if self.size == self._ids.size:
+            self._ids = np.concatenate((self._ids, np.empty(self._ids.size, np.int32)))
+        self._ids[self.size] = machine
+        self._pos[machine] = self.size
+        self.size += 1
+        self.machines_rru += cpu
+
+    def remove(self, machine: int, cpu: int) -> None:
+        p = int(self._pos[machine])
+        last = int(self._ids[self.size - 1])
+        self._ids[p] = last
+        self._pos[last] = p
+        self._pos[machine] = NONE
+        self.size -= 1
+        self.machines_rru -= cpu
+
+    @property
+    def ids(self) -> I32:
+        return self._ids[: self.size]
+
+    def __len__(self) -> int:
+        return self.size
+
+    def nbytes(self) -> int:
+        return int(self._ids.nbytes)
+
+
+class MachineIndex:
+    """Columnar index of a region's machines; see the module docstring."""
+
+    def __init__(self, fleet: Fleet, region: Region) -> None:
+        self.fleet = fleet
+        self.region = region
+        n = len(fleet)
+        # -- static columns (shared with the fleet table, not copied)
+        self.total_cpu, self.total_mem, self.total_disk = fleet.cpu, fleet.memory, fleet.disk
+        self.loc = fleet.codes  # level -> region-wide domain code per machine
+        # -- shapes: machines that are interchangeable when free
+        self.shape, self.shape_type, self.shape_units, self.shape_attrs = _shapes(fleet)
+        n_shapes = self.shape_type.size
+        self.n_types = len(fleet.type_names)
+        # -- allocator-owned usage
+        self.free_cpu = fleet.cpu.copy()
+        self.free_mem = fleet.memory.copy()
+        self.free_disk = fleet.disk.copy()
+        self.tasks = np.zeros(n, np.int32)
+        # -- write-through copy of the brokers' records
+        self.ent = np.full(n, FREE, np.int32)
+        self.version = np.zeros(n, np.int32)
+        self.state = np.zeros(n, np.int8)
+        self.gen = np.zeros(n, np.uint32)
+        # -- partitions
+        self._member_pos = np.full(n, NONE, np.int32)
+        self.members: dict[int, MemberSet] = {}
+        self.racks_of = _racks_of(fleet)
+        #: per level, the DC that contains each domain
+        self.dc_of = _dc_of(fleet)
+        self.free_count = {lvl: np.zeros((len(fleet.level_names[lvl]), n_shapes), np.int32)
+                           for lvl in DOMAIN_LEVELS}
+        self._head = np.full(len(fleet.level_names["rack"]) * n_shapes, NONE, np.int32)
+        self._next = np.full(n, NONE, np.int32)
+        self._prev = np.full(n, NONE, np.int32)
+        self._in_free = np.zeros(n, np.bool_)
+        self._load(region)
+        region.subscribe(self.on_change)
+
+    # -- building ------------------------------------------------------------------------
+    def _load(self, region: Region) -> None:
+        fleet = self.fleet
+        for broker in region.brokers.values():
+            idx = broker.machines
+            self.ent[idx] = broker.entitlement_codes()
+            self.version[idx] = broker.versions()
+            self.state[idx] = broker.state_codes()
+            for i in idx[self.ent[idx] != FREE].tolist():
+                self._member(int(self.ent[i])).add(i, int(fleet.cpu[i]))
+        free = np.flatnonzero((self.ent == FREE) & (self.state == HEALTHY))
+        self._bulk_free(free)
+
+    def _bulk_free(self, machines: I64) -> None:
+        """Put many machines in the free pool at once (vectorised build)."""
+        if machines.size == 0:
+            return
+        s = self.shape[machines].astype(np.int64)
+        bucket = self.loc["rack"][machines].astype(np.int64) * self.shape_type.size + s
+        order = np.lexsort((machines, bucket))
+        m_sorted, b_sorted = machines[order].astype(np.int32), bucket[order]
+        same = np.concatenate((b_sorted[1:] == b_sorted[:-1], [False]))
+        self._next[m_sorted] = np.where(same, np.roll(m_sorted, -1), NONE)
+        first = np.concatenate(([True], b_sorted[1:] != b_sorted[:-1]))
+        self._prev[m_sorted] = np.where(first, NONE, np.roll(m_sorted, 1))
+        self._head[b_sorted[first]] = m_sorted[first]
+        self._in_free[machines] = True
+        for lvl in DOMAIN_LEVELS:
+            np.add.at(self.free_count[lvl], (self.loc[lvl][machines], s), 1)
+
+    def _member(self, code: int) -> MemberSet:
+        members = self.members.get(code)
+        if members is None:
+            members = self.members[code] = MemberSet(self._member_pos)
+        return members
+
+    # -- the free pool ----------------------------------------------------------------------
+    def _free_add(self, m: int) -> None:
+        if self._in_free[m]:
+            return
+        s = int(self.shape[m])
+        b = int(self.loc["rack"][m]) * self.shape_type.size + s
+        head = int(self._head[b])
+        self._next[m] = head
+        self._prev[m] = NONE
+        if head != NONE:
+            self._prev[head] = m
+        self._head[b] = m
+        self._in_free[m] = True
+        for lvl in DOMAIN_LEVELS:
+            self.free_count[lvl][self.loc[lvl][m], s] += 1
+
+    def _free_remove(self, m: int) -> None:
+        if not self._in_free[m]:
+            return
+        s = int(self.shape[m])
+        b = int(self.loc["rack"][m]) * self.shape_type.size + s
+        prv, nxt = int(self._prev[m]), int(self._next[m])
+        if prv != NONE:
+            self._next[prv] = nxt
+        else:
+            self._head[b] = nxt
+        if nxt != NONE:
+            self._prev[nxt] = prv
+        self._next[m] = self._prev[m] = NONE
+        self._in_free[m] = False
+        for lvl in DOMAIN_LEVELS:
+            self.free_count[lvl][self.loc[lvl][m], s] -= 1
+
+    def is_free(self, m: int) -> bool:
+        return bool(self._in_free[m])
+
+    def free_in_rack(self, rack: int, shape: int) -> Iterator[int]:
+        """The free machines of one (rack, shape) bucket, most recently freed first."""
+        m = int(self._head[rack * self.shape_type.size + shape])
+        while m != NONE:
+            yield m
+            m = int(self._next[m])
+
+    # -- broker notifications -----------------------------------------------------------------
+    def on_change(self, change: BrokerChange) -> None:
+        m = change.machine
+        code = FREE if change.entitlement is None else self.region.entitlements.code(
+            change.entitlement)
+        old = int(self.ent[m])
+        if old != code:
+            if old != FREE:
+                self.members[old].remove(m, int(self.total_cpu[m]))
+            if code != FREE:
+                self._member(code).add(m, int(self.total_cpu[m]))
+            self.ent[m] = code
+        self.state[m] = STATE_CODES[change.state]
+        self.version[m] = change.version
+        self.gen[m] += 1
+        if code == FREE and self.state[m] == HEALTHY and self.tasks[m] == 0:
+            self._free_add(m)
+        else:
+            self._free_remove(m)
+
+    # -- reading ------------------------------------------------------------------------------
+    def machines_of(self, ent_code: int) -> I32:
+        members = self.members.get(ent_code)
+        return members.ids if members is not None else np.empty(0, np.int32)
+
+    def nbytes(self) -> int:
+        """Bytes held per the index: its own columns and partitions plus the fleet
+        columns it reads (totals, domain codes)."""
+        own = [self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
+               self.state, self.gen, self.shape, self._member_pos, self._head, self._next,
+               self._prev, self._in_free, *self.free_count.values(), *self.racks_of.values(),
+               *self.dc_of.values()]
+        read = [self.total_cpu, self.total_mem, self.total_disk, *self.loc.values()]
+        return (sum(int(a.nbytes) for a in own) + sum(int(a.nbytes) for a in read)
+                + sum(ms.nbytes() for ms in self.members.values()))
+
+
+def _shapes(fleet: Fleet) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int16],
+                                   I64, list[dict[str, str]]]:
+    """Group machines into shapes: same type, same resources, same attributes."""
+    cols = [fleet.type_code.astype(np.int64), fleet.cpu.astype(np.int64),
+            fleet.memory.astype(np.int64), fleet.disk.astype(np.int64)]
+    keys = list(fleet.attributes)
+    cols += [fleet.attributes[k][0].astype(np.int64) for k in keys]
+    table = np.stack(cols, axis=1)
+    uniq, inverse = np.unique(table, axis=0, return_inverse=True)
+    if uniq.shape[0] >= 2**15:
+        raise ValueError("too many distinct machine shapes for the index")
+    attrs: list[dict[str, str]] = []
+    for row in uniq:
+        a: dict[str, str] = {}
+        for j, k in enumerate(keys):
+            v = int(row[4 + j])
+            if v >= 0:
+                a[k] = fleet.attributes[k][1][v]
+        attrs.append(a)
+    return (inverse.reshape(-1).astype(np.int16), uniq[:, 0].astype(np.int16),
+            uniq[:, 1:4].astype(np.int64), attrs)
+
+
+def _racks_of(fleet: Fleet) -> dict[str, I32]:
+    """Per level, the racks of each domain as a CSR pair: ``racks_of[lvl]`` holds rack
+    codes grouped by domain, ``racks_of[lvl + '_start']`` the offsets."""
+    n_rack = len(fleet.level_names["rack"])
+    rack = np.arange(n_rack, dtype=np.int32)
+    anc = {"rack": rack}
+    anc["row"] = fleet.parent["rack"][rack]
+    anc["msb"] = fleet.parent["row"][anc["row"]]
+    anc["dc"] = fleet.parent["msb"][anc["msb"]]
+    out: dict[str, I32] = {}
+    for lvl in DOMAIN_LEVELS:
+        order = np.argsort(anc[lvl], kind="stable").astype(np.int32)
+        counts = np.bincount(anc[lvl], minlength=len(fleet.level_names[lvl]))
+        out[lvl] = rack[order]
+        out[lvl + "_start"] = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+    return out
+
+
+def _dc_of(fleet: Fleet) -> dict[str, I32]:
+    out = {"dc": np.arange(len(fleet.level_names["dc"]), dtype=np.int32)}
+    for upper, lvl in zip(DOMAIN_LEVELS, DOMAIN_LEVELS[1:], strict=False):
+        out[lvl] = out[upper][fleet.parent[lvl]]
+    return out

@@ -1,0 +1,48 @@
+"""Errors, grouped by what the caller should do about them.
+
+"Does not fit" is never an error: the allocator returns it as a result. Errors are
+for input that is wrong (fix it), state that moved underneath (re-read and retry),
+or something that broke for a while (retry later).
+"""
+
+from __future__ import annotations
+
+
+class PlaitError(Exception):
+    """Root of every error plait raises on purpose."""
+
+
+class ValidationError(PlaitError):
+    """Input is malformed. ``field`` names the offending field (dotted path)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class NotFound(PlaitError):
+    """A named object (machine, entitlement, job, event) does not exist."""
+
+    def __init__(self, kind: str, name: str) -> None:
+        self.kind = kind
+        self.name = name
+        super().__init__(f"{kind} {name!r} not found")
+
+
+class Conflict(PlaitError):
+    """A compare-and-swap lost: the caller expected one state and found another."""
+
+    def __init__(self, what: str, expected: object, actual: object) -> None:
+        self.what = what
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{what}: expected {expected!r}, found {actual!r}")
+
+
+class TransientError(PlaitError):
+    """Something broke for a while; retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)

@@ -1,0 +1,55 @@
+"""The base of every user-written value (specs a person or a program submits).
+
+Values are frozen pydantic models: validated once, when they are built, with errors
+that name the field; hashable, so the allocator can key its cache on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import pydantic
+
+from plait.errors import ValidationError
+
+
+class Value(pydantic.BaseModel):
+    """A frozen, strictly-shaped value: unknown fields are an error, not ignored."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+
+
+V = TypeVar("V", bound=Value)
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def parse(kind: type[V], data: Any) -> V:
+    """Build ``kind`` from plain data (a dict from JSON or YAML).
+
+    Raises ``plait.errors.ValidationError`` naming the first offending field, e.g.
+    ``resources.cpu: Input should be greater than 0``.
+    """
+    if not isinstance(data, dict):
+        raise ValidationError("", f"{kind.__name__} must be an object, got {type(data).__name__}")
+    try:
+        return kind.model_validate(data)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        msg = str(first["msg"])
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        raise ValidationError(_dotted(tuple(first["loc"])), msg) from None
+
+
+def build(kind: type[V], **fields: Any) -> V:
+    """Like ``parse`` for keyword arguments: ``build(Resources, cpu=1)``."""
+    return parse(kind, fields)

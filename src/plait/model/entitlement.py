@@ -1,0 +1,55 @@
+"""Entitlements: a quota plus a pseudo-cluster (paper section 2.2).
+
+Jobs are bound to an entitlement, never to a physical cluster. The machines
+assigned to an entitlement vary between 0 and its quota as its jobs need them; all
+of them carry the entitlement's host profile.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pydantic
+
+from plait.model.base import Value
+from plait.model.policy import DEFAULT_PREFERENCES, Preference
+
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")
+
+
+def check_name(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: 1-64 of a-z 0-9 . _ -, starting and ending "
+            "with a letter or digit"
+        )
+    return value
+
+
+class Quota(Value):
+    """A count of machines, or an amount of RRU; exactly one of the two."""
+
+    machines: int | None = pydantic.Field(default=None, ge=0)
+    rru: float | None = pydantic.Field(default=None, ge=0)
+
+    @pydantic.model_validator(mode="after")
+    def _exactly_one(self) -> Quota:
+        if (self.machines is None) == (self.rru is None):
+            raise ValueError("give exactly one of machines or rru")
+        return self
+
+    def __str__(self) -> str:
+        return f"{self.machines} machines" if self.machines is not None else f"{self.rru:g} RRU"
+
+
+class Entitlement(Value):
+    name: str
+    owner: str
+    quota: Quota
+    host_profile: str = "default"
+    #: soft preferences for jobs that do not set their own.
+    default_preferences: tuple[Preference, ...] = DEFAULT_PREFERENCES
+    #: pin the entitlement's machines and jobs to one data center.
+    pin_dc: str | None = None
+
+    _name = pydantic.field_validator("name", "owner")(check_name)

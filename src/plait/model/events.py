@@ -1,0 +1,34 @@
+"""Unavailability events: failures and planned maintenance of machines."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from plait.errors import ValidationError
+
+
+class EventKind(str, enum.Enum):
+    #: a machine failed; open until it is ended (the machine is healthy again).
+    FAILURE = "failure"
+    #: planned maintenance from ``start`` to ``end``, announced ahead of ``start``.
+    MAINTENANCE = "maintenance"
+
+
+@dataclass(frozen=True, slots=True)
+class UnavailabilityEvent:
+    id: str
+    kind: EventKind
+    machines: tuple[str, ...]
+    start: float
+    #: when the machines are expected back; ``None`` for a failure with no known end.
+    end: float | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.machines:
+            raise ValidationError("machines", "an event must name at least one machine")
+        if self.kind is EventKind.MAINTENANCE and self.end is None:
+            raise ValidationError("end", "maintenance needs an end time")
+        if self.end is not None and self.end <= self.start:
+            raise ValidationError("end", f"end ({self.end}) must be after start ({self.start})")

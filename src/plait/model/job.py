@@ -1,0 +1,78 @@
+"""Job specs: a named group of identical tasks bound to one entitlement."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+import pydantic
+
+from plait.model.base import Value
+from plait.model.entitlement import check_name
+from plait.model.policy import AllocationPolicy
+from plait.model.resources import Resources
+
+_PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
+
+
+class UpdatePolicy(Value):
+    """How fast planned operations may proceed.
+
+    ``max_unavailable`` is a task count (``3``) or a share of the task count
+    (``"10%"``), rounded down with a minimum of 1.
+    """
+
+    max_unavailable: int | str = 1
+
+    @pydantic.field_validator("max_unavailable")
+    @classmethod
+    def _check(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError("must be at least 1")
+            return value
+        match = _PERCENT.match(value.strip())
+        if not match or not 0 < float(match.group(1)) <= 100:
+            raise ValueError(f"expected a count or a percentage like '10%', got {value!r}")
+        return value.strip()
+
+    def resolve(self, task_count: int) -> int:
+        """The number of tasks that may be unavailable at once."""
+        if isinstance(self.max_unavailable, int):
+            return self.max_unavailable
+        share = float(self.max_unavailable[:-1]) / 100
+        return max(1, math.floor(task_count * share))
+
+
+class JobSpec(Value):
+    name: str
+    entitlement: str
+    task_count: int = pydantic.Field(ge=0, le=100_000)
+    resources: Resources
+    command: str = pydantic.Field(min_length=1)
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = pydantic.Field(default_factory=dict)
+    policy: AllocationPolicy = AllocationPolicy()
+    update: UpdatePolicy = UpdatePolicy()
+
+    _names = pydantic.field_validator("name", "entitlement")(check_name)
+
+    @pydantic.field_validator("resources")
+    @classmethod
+    def _nonzero(cls, value: Resources) -> Resources:
+        if value.cpu <= 0:
+            raise ValueError("a task must ask for some cpu (> 0 RRU)")
+        return value
+
+    @pydantic.field_validator("env")
+    @classmethod
+    def _env_names(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        for key in value:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.entitlement, self.task_count, self.resources, self.command,
+                     self.args, tuple(sorted(self.env.items())), self.policy, self.update))

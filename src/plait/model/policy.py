@@ -1,0 +1,107 @@
+"""Allocation policy: hard requirements that rule machines out, and an ordered list
+of soft preferences that rank what is left (paper section 2.3).
+
+A soft preference is (machine property that partitions machines into bins) +
+(strategy). ``spread`` assigns a job's tasks evenly to the bins; ``stack`` prefers
+machines already in the entitlement, best fit, so that whole machines stay free.
+The first preference decides; later ones only break its ties.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import pydantic
+
+from plait.model.base import Value
+from plait.model.resources import Resources
+
+
+class Strategy(str, enum.Enum):
+    SPREAD = "spread"
+    STACK = "stack"
+
+
+class Property(str, enum.Enum):
+    """Machine properties that partition machines into bins."""
+
+    DC = "dc"
+    MSB = "msb"
+    ROW = "row"
+    RACK = "rack"
+    TYPE = "type"
+    #: each machine is its own bin; only meaningful for ``stack``.
+    MACHINE = "machine"
+
+
+class Preference(Value):
+    strategy: Strategy
+    property: Property = Property.MACHINE
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> Preference:
+        if self.strategy is Strategy.SPREAD and self.property is Property.MACHINE:
+            raise ValueError(
+                "spread needs a property that groups machines (dc, msb, row, rack, type); "
+                "to cap tasks per machine use requirements.max_tasks_per_machine"
+            )
+        if self.strategy is Strategy.STACK and self.property is not Property.MACHINE:
+            raise ValueError("stack ranks individual machines; its property must be 'machine'")
+        return self
+
+    def __str__(self) -> str:
+        if self.strategy is Strategy.STACK:
+            return "stack"
+        return f"spread({self.property.value})"
+
+
+SPREAD_DC = Preference(strategy=Strategy.SPREAD, property=Property.DC)
+SPREAD_MSB = Preference(strategy=Strategy.SPREAD, property=Property.MSB)
+SPREAD_RACK = Preference(strategy=Strategy.SPREAD, property=Property.RACK)
+STACK = Preference(strategy=Strategy.STACK)
+
+#: The default policy (paper section 2.2): spread over MSBs (which spreads over the
+#: DCs too, as every DC contributes its MSBs as bins), then stack.
+DEFAULT_PREFERENCES: tuple[Preference, ...] = (SPREAD_MSB, STACK)
+
+
+class Requirements(Value):
+    """Hard requirements: a machine that fails any one is never chosen."""
+
+    #: allowed machine types (SKUs); empty = any type.
+    machine_types: tuple[str, ...] = ()
+    #: free resources the machine must have besides what the task itself asks for.
+    min_free: Resources | None = None
+    #: attribute equality: built-in (dc, msb, row, rack, type) or a machine attribute.
+    attributes: Mapping[str, str] = pydantic.Field(default_factory=dict)
+    #: pin to one data center.
+    dc: str | None = None
+    #: at most this many of the job's tasks on one machine (anti-affinity).
+    max_tasks_per_machine: int | None = pydantic.Field(default=None, ge=1)
+
+    def __hash__(self) -> int:
+        return hash(
+            (self.machine_types, self.min_free, tuple(sorted(self.attributes.items())), self.dc,
+             self.max_tasks_per_machine)
+        )
+
+
+class AllocationPolicy(Value):
+    requirements: Requirements = Requirements()
+    #: ``None``: the entitlement's default preferences.
+    preferences: tuple[Preference, ...] | None = None
+
+    @pydantic.field_validator("preferences")
+    @classmethod
+    def _no_duplicates(cls, prefs: tuple[Preference, ...] | None) -> tuple[Preference, ...] | None:
+        if prefs is not None:
+            seen = set()
+            for p in prefs:
+                if p in seen:
+                    raise ValueError(f"preference {p} is listed twice")
+                seen.add(p)
+        return prefs
+
+
+DEFAULT_POLICY = AllocationPolicy()

@@ -1,0 +1,39 @@
+"""Tasks: one instance of a job, identified by (job, index)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class TaskState(str, enum.Enum):
+    PENDING = "pending"
+    ALLOCATED = "allocated"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRef:
+    job: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.job}/{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    job: str
+    index: int
+    spec_version: int
+    state: TaskState = TaskState.PENDING
+    machine: str | None = None
+
+    @property
+    def ref(self) -> TaskRef:
+        return TaskRef(self.job, self.index)
