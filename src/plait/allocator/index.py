@@ -109,6 +109,9 @@ class MachineIndex:
         self.racks_of = _racks_of(fleet)
         #: per level, the DC that contains each domain
         self.dc_of = _dc_of(fleet)
+        #: per level, a rank of each domain that alternates DCs (first domain of every
+        #: DC, then the second of every DC, ...): placement's last tie-breaker
+        self.interleave = {lvl: _interleave(self.dc_of[lvl]) for lvl in DOMAIN_LEVELS}
         self.free_count = {lvl: np.zeros((len(fleet.level_names[lvl]), n_shapes), np.int32)
                            for lvl in DOMAIN_LEVELS}
         self._head = np.full(len(fleet.level_names["rack"]) * n_shapes, NONE, np.int32)
@@ -228,7 +231,7 @@ class MachineIndex:
         own = [self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
                self.state, self.gen, self.shape, self._member_pos, self._head, self._next,
                self._prev, self._in_free, *self.free_count.values(), *self.racks_of.values(),
-               *self.dc_of.values()]
+               *self.dc_of.values(), *self.interleave.values()]
         read = [self.total_cpu, self.total_mem, self.total_disk, *self.loc.values()]
         return (sum(int(a.nbytes) for a in own) + sum(int(a.nbytes) for a in read)
                 + sum(ms.nbytes() for ms in self.members.values()))
@@ -280,3 +283,15 @@ def _dc_of(fleet: Fleet) -> dict[str, I32]:
     for upper, lvl in zip(DOMAIN_LEVELS, DOMAIN_LEVELS[1:], strict=False):
         out[lvl] = out[upper][fleet.parent[lvl]]
     return out
+
+
+def _interleave(dc_of: I32) -> I32:
+    order = np.argsort(dc_of, kind="stable")
+    counts = np.bincount(dc_of)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    local = np.empty(dc_of.size, np.int64)
+    local[order] = np.arange(dc_of.size) - np.repeat(starts, counts)
+    key = local * (int(dc_of.max()) + 1) + dc_of
+    rank = np.empty(dc_of.size, np.int32)
+    rank[np.argsort(key, kind="stable")] = np.arange(dc_of.size, dtype=np.int32)
+    return rank

@@ -213,7 +213,7 @@ class _Placer:
         self.cell_dom, self.cell_shape = dom[order].tolist(), shape[order].tolist()
         self.cell_avail = avail[order].tolist()
         self.cell_head = list(zip(itertools.repeat(1), lc[order].tolist(), lm[order].tolist(),
-                                  self.cell_dom, self.cell_shape))
+                                  strict=False))
         return b[order]
 
     def _on_machine(self, machines: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
@@ -232,10 +232,22 @@ class _Placer:
             b = b * self.n_types + ix.shape_type[ix.shape[machines]]
         return b
 
+    def _interleave_rank(self, bins: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+        cp = self.cp
+        if cp.finest is None:
+            return bins
+        if cp.by_type:
+            loc, typ = np.divmod(bins, self.n_types)
+            return self.ix.interleave[cp.finest][loc].astype(np.int64) * self.n_types + typ
+        return self.ix.interleave[cp.finest][bins]
+
     def _build(self) -> None:
         ent_bins = self._entitlement_candidates()
         cell_bins = self._free_cells()
         bins = _sorted_union(ent_bins, cell_bins)
+        # bins are numbered in interleaved order (the first MSB of every DC, then the
+        # second of every DC, ...): the last tie-breaker spreads over DCs too
+        bins = bins[np.argsort(self._interleave_rank(bins), kind="stable")]
         self.bin_ids: list[int] = bins.tolist()
         nb = bins.size
         # per bin: [start, end) into the candidate lists and into the cell lists
@@ -272,14 +284,14 @@ class _Placer:
             m, cap, used, fc, fm = claimed
             if used < cap:
                 u = used + 1
-                return (0, fc - u * nc, fm - u * nm, m)
+                return (0, fc - u * nc, fm - u * nm)
             del self.claimed[p]
         i, end = self.ptr[p], self.end[p]
         while i < end:
             if self.used[i] < self.cap[i]:
                 self.ptr[p] = i
                 u = self.used[i] + 1
-                return (0, self.fc[i] - u * nc, self.fm[i] - u * nm, self.m[i])
+                return (0, self.fc[i] - u * nc, self.fm[i] - u * nm)
             i += 1
         self.ptr[p] = i
         j, send = self.sptr[p], self.send[p]
@@ -400,9 +412,9 @@ class _Placer:
         """Every bin's first key, built column by column (the same keys ``_key``
         computes one at a time, without a Python call per bin)."""
         nc, nm, _ = self.cp.need
-        fc, fm, m, cell_head = self.fc, self.fm, self.m, self.cell_head
+        fc, fm, cell_head = self.fc, self.fm, self.cell_head
         heads: list[tuple[int, ...] | None] = [
-            (0, fc[i] - nc, fm[i] - nm, m[i]) if i < e
+            (0, fc[i] - nc, fm[i] - nm) if i < e
             else cell_head[j] if j < se and self.cell_avail[j] > 0 else None
             for i, e, j, se in zip(self.ptr, self.end, self.sptr, self.send, strict=True)
         ]

@@ -110,6 +110,7 @@ def run(
         "distinct_jobs": len(first),
         "repeats": int(jobs - len(first)),
         "repeat_placement_mismatches": int(mismatches),
+        "placed_tasks": int(placed_new),
         "unplaced_tasks": int(unplaced),
         "claimed_machines": int(claimed),
         "commit_conflicts": allocator.conflicts,

@@ -1,0 +1,139 @@
+"""Test harness: small regions, explicit machines and a wired allocator, so a test
+of the core reads like the scenario it checks (no servers, no clocks, no sleeps)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from plait.allocator import AllocationRequest, AllocationResult, Allocator, MachineIndex
+from plait.broker import Region
+from plait.model import (
+    AllocationPolicy,
+    Entitlement,
+    FaultDomain,
+    Fleet,
+    Machine,
+    Quota,
+    RegionSpec,
+    Resources,
+    generate,
+)
+
+SMALL = Resources(cpu=16, memory_gb=64, disk_gb=1024)
+
+
+def machine(
+    machine_id: str, dc: str = "dc1", msb: str = "msb1", row: str = "row1", rack: str = "rack1",
+    resources: Resources = SMALL, type: str = "small", attributes: Mapping[str, str] | None = None,
+) -> Machine:
+    return Machine(id=machine_id, type=type, resources=resources,
+                   fault_domain=FaultDomain("region1", dc, msb, row, rack),
+                   attributes=dict(attributes or {}))
+
+
+@dataclass
+class Cluster:
+    """A fleet with its brokers, index and allocator, wired as in production."""
+
+    fleet: Fleet
+    region: Region
+    index: MachineIndex
+    allocator: Allocator
+
+    @classmethod
+    def of(cls, fleet: Fleet) -> Cluster:
+        region = Region(fleet)
+        index = MachineIndex(fleet, region)
+        return cls(fleet, region, index, Allocator(index))
+
+    @classmethod
+    def generated(cls, seed: int = 0, **spec: object) -> Cluster:
+        from plait.model import parse
+
+        return cls.of(generate(parse(RegionSpec, spec), seed=seed))
+
+    @classmethod
+    def machines(cls, *machines: Machine) -> Cluster:
+        return cls.of(Fleet.from_machines(machines))
+
+    def entitlement(self, name: str, machines: int | None = None, rru: float | None = None,
+                    **kw: object) -> Entitlement:
+        ent = Entitlement(name=name, owner=str(kw.pop("owner", "owner")),
+                          quota=Quota(machines=machines, rru=rru), **kw)  # type: ignore[arg-type]
+        self.allocator.define(ent)
+        return ent
+
+    def give(self, entitlement: str, *machine_ids: str) -> None:
+        """Bind free machines to an entitlement through the broker (as a past claim)."""
+        for name in machine_ids:
+            i = self.fleet.index_of(name)
+            self.region.claim(i, entitlement, self.region.version(i))
+
+    def allocate(self, job: str, entitlement: str, resources: Resources,
+                 allocate: Iterable[int] = (), free: Iterable[int] = (),
+                 policy: AllocationPolicy | None = None) -> AllocationResult:
+        request = AllocationRequest.of(job, entitlement, resources, allocate=allocate, free=free,
+                                       **({"policy": policy} if policy is not None else {}))
+        return self.allocator.allocate(request)
+
+    def machines_of(self, entitlement: str) -> set[str]:
+        return set(self.allocator.machines_of(entitlement))
+
+    def msb_of(self, machine_id: str) -> str:
+        i = self.fleet.index_of(machine_id)
+        return self.fleet.level_names["msb"][int(self.fleet.codes["msb"][i])]
+
+
+def check_invariants(c: Cluster) -> None:
+    """Assert the allocator's invariants (DESIGN.md) on a cluster; used after every
+    step of the property tests.
+
+    * a machine's committed resources never exceed its capacity, and the index's
+      free resources are exactly capacity minus the tasks placed there;
+    * every task sits on a machine of its job's entitlement;
+    * a machine belongs to at most one entitlement, the index agrees with the
+      brokers, and no entitlement holds more than its quota;
+    * the free pool is exactly the healthy, unbound machines.
+    """
+    import numpy as np
+
+    from plait.broker import FREE
+
+    ix, alloc = c.index, c.allocator
+    n = len(c.fleet)
+    used = np.zeros((n, 3), np.int64)
+    tasks = np.zeros(n, np.int64)
+    for job in alloc.jobs.values():
+        for t, m in job.placement.items():
+            used[m] += job.units[t]
+            tasks[m] += 1
+            assert ix.ent[m] == job.entitlement, f"task {t} outside its entitlement"
+    totals = np.stack([ix.total_cpu, ix.total_mem, ix.total_disk], axis=1).astype(np.int64)
+    free = np.stack([ix.free_cpu, ix.free_mem, ix.free_disk], axis=1).astype(np.int64)
+    assert (free >= 0).all(), "a machine is over-committed"
+    assert (free == totals - used).all(), "free resources disagree with the placements"
+    assert (ix.tasks == tasks).all()
+    seen: set[int] = set()
+    for broker in c.region.brokers.values():
+        assert (ix.ent[broker.machines] == broker.entitlement_codes()).all()
+        assert (ix.state[broker.machines] == broker.state_codes()).all()
+    for code, members in ix.members.items():
+        ids = set(members.ids.tolist())
+        assert ids == set(np.flatnonzero(ix.ent == code).tolist())
+        assert ids.isdisjoint(seen), "a machine in two entitlements"
+        seen |= ids
+        assert members.machines_rru == int(ix.total_cpu[sorted(ids)].sum())
+        name = c.region.entitlements.names[code]
+        ent = alloc.entitlements.get(name)
+        if ent is not None and ent.quota.machines is not None:
+            assert members.size <= ent.quota.machines, f"{name} above its machine quota"
+        if ent is not None and ent.quota.rru is not None:
+            assert members.machines_rru <= round(ent.quota.rru * 1000), f"{name} above RRU"
+    expected_free = (ix.ent == FREE) & (ix.state == 0) & (ix.tasks == 0)
+    in_free = np.array([ix.is_free(m) for m in range(n)])
+    assert (in_free == expected_free).all(), "free pool out of step"
+    for lvl, counts in ix.free_count.items():
+        recount = np.zeros_like(counts)
+        np.add.at(recount, (ix.loc[lvl][expected_free], ix.shape[expected_free]), 1)
+        assert (recount == counts).all(), f"free counts at {lvl} out of step"
