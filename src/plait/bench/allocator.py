@@ -58,7 +58,8 @@ def run(
     def request(k: int) -> AllocationRequest:
         return AllocationRequest.of(
             f"job{k:06d}", ent_names[k % entitlements], TASK, allocate=range(tasks_per_job),
-            policy=typed if k % 4 == 0 else default,
+            # a quarter of the jobs, spread over the entitlements and over time
+            policy=typed if (k + k // entitlements) % 4 == 0 else default,
         )
 
     # the share of repeats is exact, not drawn: request i is a new job when the count

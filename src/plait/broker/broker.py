@@ -103,7 +103,9 @@ class ResourceBroker:
         self._events: dict[str, UnavailabilityEvent] = {}
         self._event_machines: dict[str, npt.NDArray[np.int64]] = {}
         self._active: set[str] = set()
-        self._timeline: list[tuple[float, int, str, str]] = []  # (when, seq, "start"|"end", id)
+        #: (when, seq, "start"|"end", event id, incarnation of that id)
+        self._timeline: list[tuple[float, int, str, str, int]] = []
+        self._incarnation: dict[str, int] = {}
         self._seq = 0
         self._subscribers: list[Subscriber] = []
 
@@ -211,6 +213,8 @@ class ResourceBroker:
             idx[k] = i
         self._events[event.id] = event
         self._event_machines[event.id] = idx
+        self._seq += 1
+        self._incarnation[event.id] = self._seq
         self._schedule(event.start, "start", event.id)
         if event.end is not None:
             self._schedule(event.end, "end", event.id)
@@ -236,12 +240,15 @@ class ResourceBroker:
     def tick(self, now: float) -> None:
         """Apply every event start/end due at or before ``now``."""
         while self._timeline and self._timeline[0][0] <= now:
-            _, _, what, eid = heapq.heappop(self._timeline)
-            self._apply(eid, what)
+            _, _, what, eid, incarnation = heapq.heappop(self._timeline)
+            # an id reused after its event ended must not get the old event's times
+            if self._incarnation.get(eid) == incarnation:
+                self._apply(eid, what)
 
     def _schedule(self, when: float, what: str, event_id: str) -> None:
         self._seq += 1
-        heapq.heappush(self._timeline, (when, self._seq, what, event_id))
+        heapq.heappush(self._timeline,
+                       (when, self._seq, what, event_id, self._incarnation[event_id]))
 
     def _apply(self, event_id: str, what: str) -> None:
         event = self._events.get(event_id)
@@ -258,10 +265,12 @@ class ResourceBroker:
             if event_id not in self._active:  # ended before it started: cancelled
                 del self._events[event_id]
                 del self._event_machines[event_id]
+                self._incarnation.pop(event_id, None)
                 return
             self._active.discard(event_id)
             del self._events[event_id]
             del self._event_machines[event_id]
+            self._incarnation.pop(event_id, None)
             delta = -1
         for machine in machines.tolist():
             p = int(self._local[machine])
@@ -338,9 +347,8 @@ class Region:
         for name in event.machines:
             i = self.fleet.index_of(name)
             parts.setdefault(self.broker_of(i).dc, []).append(name)
-        for dc in parts:
-            if event.id in {e.id for e in self.brokers[dc].events()}:
-                raise Conflict(f"event {event.id}", None, "exists")
+        if any(e.id == event.id for b in self.brokers.values() for e in b.events()):
+            raise Conflict(f"event {event.id}", None, "exists")
         for dc, names in parts.items():
             self.brokers[dc].add_event(
                 UnavailabilityEvent(event.id, event.kind, tuple(names), event.start, event.end,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 from collections.abc import Mapping
 
 import pydantic
@@ -41,7 +42,7 @@ class UpdatePolicy(Value):
         """The number of tasks that may be unavailable at once."""
         if isinstance(self.max_unavailable, int):
             return self.max_unavailable
-        share = float(self.max_unavailable[:-1]) / 100
+        share = Fraction(self.max_unavailable[:-1]) / 100  # exact: "29%" of 100 is 29
         return max(1, math.floor(task_count * share))
 
 

@@ -135,6 +135,8 @@ class Fleet:
         else:
             m = re.fullmatch(r"m(\d{7,})", machine_id)
             found = int(m.group(1)) if m and int(m.group(1)) < len(self) else None
+            if found is not None and self.name(found) != machine_id:
+                found = None  # "m00000001" is not another name of m0000001
         if found is None:
             raise NotFound("machine", machine_id)
         return found
