@@ -60,7 +60,7 @@ class Cluster:
     def entitlement(self, name: str, machines: int | None = None, rru: float | None = None,
                     **kw: object) -> Entitlement:
         ent = Entitlement(name=name, owner=str(kw.pop("owner", "owner")),
-                          quota=Quota(machines=machines, rru=rru), **kw)  # type: ignore[arg-type]
+                          quota=Quota(machines=machines, rru=rru), **kw)
         self.allocator.define(ent)
         return ent
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from plait.allocator.cache import AllocationCache
-from plait.allocator.index import FREE, HEALTHY, MachineIndex
+from plait.allocator.index import HEALTHY, MachineIndex
+from plait.broker import FREE
 from plait.allocator.placement import JobState, Plan, propose
 from plait.allocator.policy import CompiledPolicy, compile_policy
 from plait.allocator.request import AllocationRequest, AllocationResult

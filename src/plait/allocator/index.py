@@ -21,7 +21,9 @@ the job-level allocation cache compares generations to stay correct.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -228,11 +230,11 @@ class MachineIndex:
     def nbytes(self) -> int:
         """Bytes held per the index: its own columns and partitions plus the fleet
         columns it reads (totals, domain codes)."""
-        own = [self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
+        own: list[npt.NDArray[Any]] = [self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
                self.state, self.gen, self.shape, self._member_pos, self._head, self._next,
                self._prev, self._in_free, *self.free_count.values(), *self.racks_of.values(),
                *self.dc_of.values(), *self.interleave.values()]
-        read = [self.total_cpu, self.total_mem, self.total_disk, *self.loc.values()]
+        read: list[npt.NDArray[Any]] = [self.total_cpu, self.total_mem, self.total_disk, *self.loc.values()]
         return (sum(int(a.nbytes) for a in own) + sum(int(a.nbytes) for a in read)
                 + sum(ms.nbytes() for ms in self.members.values()))
 
@@ -280,7 +282,7 @@ def _racks_of(fleet: Fleet) -> dict[str, I32]:
 
 def _dc_of(fleet: Fleet) -> dict[str, I32]:
     out = {"dc": np.arange(len(fleet.level_names["dc"]), dtype=np.int32)}
-    for upper, lvl in zip(DOMAIN_LEVELS, DOMAIN_LEVELS[1:], strict=False):
+    for upper, lvl in itertools.pairwise(DOMAIN_LEVELS):
         out[lvl] = out[upper][fleet.parent[lvl]]
     return out
 

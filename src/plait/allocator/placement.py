@@ -140,6 +140,7 @@ class _Placer:
         """The job's remaining tasks per domain (or type) of one spread property."""
         if self.remaining.size == 0:
             return {}
+        codes: np.ndarray
         if key == TYPE_KEY:
             codes = self.ix.shape_type[self.ix.shape[self.remaining]]
         else:
@@ -147,7 +148,7 @@ class _Placer:
         uniq, cnt = count_sorted(codes)
         return dict(zip(uniq.tolist(), cnt.tolist(), strict=True))
 
-    def _entitlement_candidates(self) -> np.ndarray:  # type: ignore[type-arg]
+    def _entitlement_candidates(self) -> np.ndarray:
         """Bin per candidate; fills the flat candidate lists (stack order per bin)."""
         ix, cp = self.ix, self.cp
         nc, nm, nd = cp.need
@@ -183,7 +184,7 @@ class _Placer:
         self.fc, self.fm = fc[order].tolist(), fm[order].tolist()
         return b[order]
 
-    def _free_cells(self) -> np.ndarray:  # type: ignore[type-arg]
+    def _free_cells(self) -> np.ndarray:
         """Bin per free-pool cell; fills the flat cell lists (best fit per bin)."""
         ix, cp = self.ix, self.cp
         self.cell_dom: list[int] = []
@@ -216,7 +217,7 @@ class _Placer:
                                   strict=False))
         return b[order]
 
-    def _on_machine(self, machines: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+    def _on_machine(self, machines: np.ndarray) -> np.ndarray:
         """How many of the job's remaining tasks sit on each of ``machines``."""
         if self.remaining.size == 0:
             return np.zeros(machines.size, np.int64)
@@ -224,7 +225,7 @@ class _Placer:
         pos = np.minimum(np.searchsorted(uniq, machines), uniq.size - 1)
         return np.where(uniq[pos] == machines, cnt[pos], 0)
 
-    def _bin_of_machines(self, machines: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+    def _bin_of_machines(self, machines: np.ndarray) -> np.ndarray:
         cp, ix = self.cp, self.ix
         b = (ix.loc[cp.finest][machines].astype(np.int64) if cp.finest
              else np.zeros(machines.size, np.int64))
@@ -232,14 +233,16 @@ class _Placer:
             b = b * self.n_types + ix.shape_type[ix.shape[machines]]
         return b
 
-    def _interleave_rank(self, bins: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+    def _interleave_rank(self, bins: np.ndarray) -> np.ndarray:
         cp = self.cp
         if cp.finest is None:
             return bins
         if cp.by_type:
             loc, typ = np.divmod(bins, self.n_types)
-            return self.ix.interleave[cp.finest][loc].astype(np.int64) * self.n_types + typ
-        return self.ix.interleave[cp.finest][bins]
+            ranked: np.ndarray = self.ix.interleave[cp.finest][loc].astype(np.int64)
+            return ranked * self.n_types + typ
+        rank: np.ndarray = self.ix.interleave[cp.finest][bins]
+        return rank
 
     def _build(self) -> None:
         ent_bins = self._entitlement_candidates()
@@ -281,7 +284,7 @@ class _Placer:
         nc, nm, _ = self.cp.need
         claimed = self.claimed.get(p)
         if claimed is not None:
-            m, cap, used, fc, fm = claimed
+            _, cap, used, fc, fm = claimed
             if used < cap:
                 u = used + 1
                 return (0, fc - u * nc, fm - u * nm)
@@ -440,8 +443,8 @@ class _Placer:
         return NO_MACHINE
 
 
-def _ancestors(index: MachineIndex, level: str, codes: np.ndarray,  # type: ignore[type-arg]
-               up_to: str) -> np.ndarray:  # type: ignore[type-arg]
+def _ancestors(index: MachineIndex, level: str, codes: np.ndarray,
+               up_to: str) -> np.ndarray:
     """Vectorised ``ancestor``: the ``up_to`` domain of each domain of ``level``."""
     parent = index.fleet.parent
     depth, target = DOMAIN_LEVELS.index(level), DOMAIN_LEVELS.index(up_to)
@@ -451,7 +454,7 @@ def _ancestors(index: MachineIndex, level: str, codes: np.ndarray,  # type: igno
     return codes
 
 
-def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # type: ignore[type-arg]
+def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Sorted distinct values of two arrays (``np.union1d`` without its overhead
     on the small arrays a proposal handles)."""
     x = np.concatenate((a, b))
@@ -464,7 +467,7 @@ def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # type: ignore[t
     return x[keep]
 
 
-def count_sorted(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # type: ignore[type-arg]
+def count_sorted(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(distinct values, counts) of an array, like ``np.unique(return_counts=True)``
     but cheap on small arrays."""
     x = np.sort(x)

@@ -92,7 +92,9 @@ def compile_policy(
             impossible = f"data center {name!r} does not exist in region {fleet.region}"
 
     # -- soft preferences -----------------------------------------------------------------
-    prefs = policy.preferences if policy.preferences is not None else entitlement.default_preferences
+    prefs = policy.preferences
+    if prefs is None:
+        prefs = entitlement.default_preferences
     keys: list[str] = []
     for pref in prefs:
         if pref.strategy is Strategy.STACK:
@@ -106,7 +108,8 @@ def compile_policy(
     domain_keys = [k for k in keys if k in _DEPTH]
     finest = max(domain_keys, key=_DEPTH.__getitem__) if domain_keys else None
     return CompiledPolicy(
-        ent_code=ent_code, need=need, floor=floor, shape_ok=ok, shapes=np.flatnonzero(ok), dc=dc, keys=tuple(keys),
+        ent_code=ent_code, need=need, floor=floor, shape_ok=ok, shapes=np.flatnonzero(ok), dc=dc,
+        keys=tuple(keys),
         finest=finest, by_type=TYPE_KEY in keys, max_per_machine=req.max_tasks_per_machine,
         impossible=impossible,
     )

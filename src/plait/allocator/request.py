@@ -18,7 +18,7 @@ from plait.model.resources import Resources
 from plait.model.topology import Fleet
 
 
-class TaskOp(str, enum.Enum):
+class TaskOp(enum.StrEnum):
     ALLOCATE = "allocate"
     FREE = "free"
 

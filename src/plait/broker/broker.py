@@ -50,7 +50,7 @@ class Interner:
         return len(self.names)
 
 
-class ChangeKind(str, enum.Enum):
+class ChangeKind(enum.StrEnum):
     CLAIMED = "claimed"
     RELEASED = "released"
     STATE = "state"
@@ -122,7 +122,8 @@ class ResourceBroker:
             return str(machine)
 
     def owns(self, machine: int) -> bool:
-        return 0 <= machine < self._local.size and int(self.fleet.codes["dc"][machine]) == self._dc_code
+        return (0 <= machine < self._local.size
+                and int(self.fleet.codes["dc"][machine]) == self._dc_code)
 
     def entitlement_of(self, machine: int) -> str | None:
         code = int(self._ent[self._pos(machine)])
@@ -146,13 +147,13 @@ class ResourceBroker:
                              self.version(machine), self.state(machine))
 
     def free_machines(self) -> npt.NDArray[np.int64]:
-        return self.machines[self._ent == FREE]
+        return np.asarray(self.machines[self._ent == FREE], np.int64)
 
     def machines_of(self, entitlement: str) -> npt.NDArray[np.int64]:
         code = self._ents.find(entitlement)
         if code is None:
             return np.empty(0, np.int64)
-        return self.machines[self._ent == code]
+        return np.asarray(self.machines[self._ent == code], np.int64)
 
     def entitlement_codes(self) -> npt.NDArray[np.int32]:
         """Entitlement code per machine of ``self.machines`` (-1 free); a copy."""

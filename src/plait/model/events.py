@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from plait.errors import ValidationError
 
 
-class EventKind(str, enum.Enum):
+class EventKind(enum.StrEnum):
     #: a machine failed; open until it is ended (the machine is healthy again).
     FAILURE = "failure"
     #: planned maintenance from ``start`` to ``end``, announced ahead of ``start``.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from fractions import Fraction
 from collections.abc import Mapping
+from fractions import Fraction
 
 import pydantic
 

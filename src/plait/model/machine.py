@@ -14,7 +14,7 @@ from plait.model.resources import Resources
 LEVELS = ("region", "dc", "msb", "row", "rack")
 
 
-class MachineState(str, enum.Enum):
+class MachineState(enum.StrEnum):
     HEALTHY = "healthy"
     #: a failure event is open on the machine (health check or operator).
     FAILED = "failed"
@@ -36,7 +36,8 @@ class FaultDomain:
         parts = path.split("/")
         if len(parts) != len(LEVELS) or not all(parts):
             raise ValidationError(
-                "fault_domain", f"expected region/dc/msb/row/rack with 5 non-empty parts, got {path!r}"
+                "fault_domain",
+                f"expected region/dc/msb/row/rack with 5 non-empty parts, got {path!r}",
             )
         return cls(*parts)
 

@@ -18,12 +18,12 @@ from plait.model.base import Value
 from plait.model.resources import Resources
 
 
-class Strategy(str, enum.Enum):
+class Strategy(enum.StrEnum):
     SPREAD = "spread"
     STACK = "stack"
 
 
-class Property(str, enum.Enum):
+class Property(enum.StrEnum):
     """Machine properties that partition machines into bins."""
 
     DC = "dc"

@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass
 
 
-class TaskState(str, enum.Enum):
+class TaskState(enum.StrEnum):
     PENDING = "pending"
     ALLOCATED = "allocated"
     STARTING = "starting"

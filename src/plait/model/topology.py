@@ -275,8 +275,10 @@ def generate(spec: RegionSpec, seed: int = 0) -> Fleet:
                  for m in range(n_msb)]
     row_names = [f"{msb_names[r // spec.rows_per_msb]}/row{r % spec.rows_per_msb + 1:0{w_row}d}"
                  for r in range(n_row)]
-    rack_names = [f"{row_names[k // spec.racks_per_row]}/rack{k % spec.racks_per_row + 1:0{w_rack}d}"
-                  for k in range(n_rack)]
+    rack_names = [
+        f"{row_names[k // spec.racks_per_row]}/rack{k % spec.racks_per_row + 1:0{w_rack}d}"
+        for k in range(n_rack)
+    ]
     return Fleet(
         region=spec.name,
         type_names=[t.name for t in spec.types],
