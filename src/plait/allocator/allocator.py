@@ -18,10 +18,10 @@ import numpy as np
 
 from plait.allocator.cache import AllocationCache
 from plait.allocator.index import HEALTHY, MachineIndex
-from plait.broker import FREE
 from plait.allocator.placement import JobState, Plan, propose
 from plait.allocator.policy import CompiledPolicy, compile_policy
 from plait.allocator.request import AllocationRequest, AllocationResult
+from plait.broker import FREE
 from plait.errors import Conflict, NotFound
 from plait.model.entitlement import Entitlement
 from plait.model.policy import AllocationPolicy

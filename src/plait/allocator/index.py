@@ -230,11 +230,15 @@ class MachineIndex:
     def nbytes(self) -> int:
         """Bytes held per the index: its own columns and partitions plus the fleet
         columns it reads (totals, domain codes)."""
-        own: list[npt.NDArray[Any]] = [self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
-               self.state, self.gen, self.shape, self._member_pos, self._head, self._next,
-               self._prev, self._in_free, *self.free_count.values(), *self.racks_of.values(),
-               *self.dc_of.values(), *self.interleave.values()]
-        read: list[npt.NDArray[Any]] = [self.total_cpu, self.total_mem, self.total_disk, *self.loc.values()]
+        own: list[npt.NDArray[Any]] = [
+            self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
+            self.state, self.gen, self.shape, self._member_pos, self._head, self._next,
+            self._prev, self._in_free, *self.free_count.values(), *self.racks_of.values(),
+            *self.dc_of.values(), *self.interleave.values(),
+        ]
+        read: list[npt.NDArray[Any]] = [
+            self.total_cpu, self.total_mem, self.total_disk, *self.loc.values(),
+        ]
         return (sum(int(a.nbytes) for a in own) + sum(int(a.nbytes) for a in read)
                 + sum(ms.nbytes() for ms in self.members.values()))
 
