@@ -24,11 +24,21 @@ class UpdatePolicy(Value):
     (``"10%"``), rounded down with a minimum of 1.
     """
 
-    max_unavailable: int | str = 1
+    #: ``None``: no cap. Only meaningful with a TaskController (which then paces
+    #: alone); without one, the built-in policy uses 1.
+    max_unavailable: int | str | None = 1
+    #: a rollout halts by itself once this many tasks of the new version failed to
+    #: become healthy
+    halt_after_failures: int = pydantic.Field(default=3, ge=1)
+    #: a restarted task counts as healthy (its operation complete) only after
+    #: running healthy this long
+    min_ready_seconds: float = pydantic.Field(default=0.0, ge=0)
 
     @pydantic.field_validator("max_unavailable")
     @classmethod
-    def _check(cls, value: int | str) -> int | str:
+    def _check(cls, value: int | str | None) -> int | str | None:
+        if value is None:
+            return None
         if isinstance(value, int):
             if value < 1:
                 raise ValueError("must be at least 1")
@@ -38,8 +48,10 @@ class UpdatePolicy(Value):
             raise ValueError(f"expected a count or a percentage like '10%', got {value!r}")
         return value.strip()
 
-    def resolve(self, task_count: int) -> int:
-        """The number of tasks that may be unavailable at once."""
+    def resolve(self, task_count: int) -> int | None:
+        """The number of tasks that may be unavailable at once (``None``: no cap)."""
+        if self.max_unavailable is None:
+            return None
         if isinstance(self.max_unavailable, int):
             return self.max_unavailable
         share = Fraction(self.max_unavailable[:-1]) / 100  # exact: "29%" of 100 is 29

@@ -1,0 +1,107 @@
+"""The scheduler's records and the data it exchanges with agents."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from plait.model.job import JobSpec
+from plait.model.task import TaskRef, TaskState
+from plait.taskcontrol.protocol import TaskController, TaskOp
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """One entry of a machine's desired task set: what its agent must run."""
+
+    job: str
+    index: int
+    spec_version: int
+    spec: JobSpec
+
+
+class Phase(enum.StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    #: exited on its own (crashed or finished)
+    EXITED = "exited"
+    #: stopped because it left the machine's desired set
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStatus:
+    """What an agent reports about one task on its machine."""
+
+    job: str
+    index: int
+    spec_version: int
+    phase: Phase
+    healthy: bool = True
+    exit_code: int | None = None
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    index: int
+    spec_version: int
+    state: TaskState = TaskState.PENDING
+    #: region-wide machine index, once allocated
+    machine: int | None = None
+    #: enabled in service discovery
+    serving: bool = False
+    healthy: bool = False
+    #: the acked operation being carried out on this task
+    op: TaskOp | None = None
+    restart: bool = False
+    #: id of the maintenance event it is parked for (stopped, restarts after)
+    parked: str | None = None
+    lost_since: float | None = None
+    healthy_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerEvent:
+    time: float
+    job: str
+    kind: str
+    message: str
+
+
+@dataclass(eq=False)
+class JobRecord:
+    name: str
+    entitlement: str
+    #: every spec version, version ``v`` at ``versions[v - 1]``
+    versions: list[JobSpec]
+    target: int
+    controller: TaskController | None = None
+    tasks: dict[int, TaskRecord] = field(default_factory=dict)
+    #: operations offered and not yet acked, and per task their ids
+    pending: dict[str, TaskOp] = field(default_factory=dict)
+    pending_by_task: dict[int, list[str]] = field(default_factory=dict)
+    #: acked operations waiting for a token or for the safety cap
+    acked: dict[str, TaskOp] = field(default_factory=dict)
+    #: operations completed since the controller was last called
+    completed: list[TaskOp] = field(default_factory=list)
+    sequence_number: int = 0
+    last_call: float | None = None
+    #: something the controller should hear about happened
+    dirty: bool = True
+    #: why the rollout halted, if it did
+    halted: str | None = None
+    rollout_failures: int = 0
+    rollout_active: bool = False
+    deleting: bool = False
+    op_counter: int = 0
+    unplaced_reason: str | None = None
+    notices: tuple[str, ...] = ()
+    #: indices of tasks with an operation in progress
+    in_progress: set[int] = field(default_factory=set)
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.versions[self.target - 1]
+
+    def ref(self, index: int) -> TaskRef:
+        return TaskRef(self.name, index)

@@ -1,0 +1,762 @@
+"""The scheduler: jobs and tasks, their lifecycle, pacing, TaskControl calls, rate
+limits, failures and planned maintenance (paper sections 2.4, 2.5 and 4).
+
+A pure core object driven by its caller: ``tick(now)`` reconciles, ``report`` takes
+agents' statuses, the job operations change desired state. Time is always passed
+in; the only outside calls are to the allocator, the brokers' in-memory state and
+the jobs' TaskControllers (which the shell may back with HTTP).
+
+One reconcile pass per job, top-down:
+
+1. **operations wanted**: per task, what should happen (update to the target
+   version, restart, move off a failed machine, stop for a resize, move or stop for
+   announced maintenance); kept as offered operations with stable ids;
+2. **acks**: the job's TaskController decides which offered operations may proceed
+   (called when something it should hear about happened, or every
+   ``recheck_interval``); without one, the built-in policy acks while the job's
+   unavailable tasks, for any reason, stay below ``max_unavailable``;
+3. **execution**: each acked destructive operation takes a token from the shard's
+   bucket; with ``max_unavailable`` set, it is a safety cap even under a
+   controller. The task is disabled in service discovery first, then stopped;
+4. **placement**: tasks without a machine go to the allocator, then into their
+   machine's desired set, which agents pull and converge to.
+
+Exceptions to "never proceed without an ack": a maintenance deadline (what still
+runs is stopped, counted apart from the rate limit), and ``failure_deadline`` for
+tasks already down on a failed machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from plait.allocator import AllocationRequest, Allocator
+from plait.broker import BrokerChange, ChangeKind
+from plait.errors import Conflict, NotFound, ValidationError
+from plait.model.events import EventKind
+from plait.model.job import JobSpec
+from plait.model.machine import MachineState
+from plait.model.task import TaskRef, TaskState
+from plait.scheduler.lifecycle import DOWN, Event, advance
+from plait.scheduler.ratelimit import TokenBucket
+from plait.scheduler.records import (
+    Assignment,
+    JobRecord,
+    Phase,
+    SchedulerEvent,
+    TaskRecord,
+    TaskStatus,
+)
+from plait.taskcontrol.protocol import (
+    AdvanceNotice,
+    NoticeKind,
+    OpKind,
+    TaskController,
+    TaskControlRequest,
+    TaskControlResponse,
+    TaskOp,
+)
+
+_RESIZE = "resize"
+_DELETE = "job deleted"
+_FAILURE = "machine failed"
+_RESTART = "restart requested"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    #: destructive operations per second, and the bucket's size
+    rate: float = 20.0
+    burst: float = 40.0
+    #: most operations offered to a controller in one call
+    controller_batch: int = 1000
+    #: call a controller again after this long even if nothing changed
+    recheck_interval: float = 30.0
+    #: move a task off a failed machine without an ack after this long
+    failure_deadline: float = 300.0
+    #: events kept
+    event_limit: int = 10_000
+
+
+class Scheduler:
+    def __init__(self, allocator: Allocator, config: SchedulerConfig | None = None,
+                 now: float = 0.0) -> None:
+        self.allocator = allocator
+        self.region = allocator.region
+        self.fleet = allocator.index.fleet
+        self.config = config or SchedulerConfig()
+        self.bucket = TokenBucket(self.config.rate, self.config.burst, now)
+        self.now = now
+        self.jobs: dict[str, JobRecord] = {}
+        #: per machine: the tasks its agent must run
+        self.desired: dict[int, dict[TaskRef, Assignment]] = {}
+        #: per machine: the tasks whose record names it (desired or stopping)
+        self.placed: dict[int, set[TaskRef]] = {}
+        self.events: list[SchedulerEvent] = []
+        self.counters: dict[str, int] = {
+            "ops_started": 0, "ops_completed": 0, "throttled": 0, "deadline_stops": 0,
+            "failure_deadline_moves": 0, "controller_errors": 0, "controller_calls": 0,
+            "tasks_lost": 0,
+        }
+        #: machines whose desired set changed since the shell last looked
+        self.touched: set[int] = set()
+        self._changes: list[BrokerChange] = []
+        self._parked: dict[str, set[TaskRef]] = {}
+        self.region.subscribe(self._changes.append)
+
+    # -- job operations (what users ask for) -------------------------------------------------
+    def create_job(self, spec: JobSpec, now: float,
+                   controller: TaskController | None = None) -> JobRecord:
+        """Persist a job at version 1; its tasks are placed on the next ``tick``.
+        Creating the same spec again is a no-op; a different spec is a conflict."""
+        existing = self.jobs.get(spec.name)
+        if existing is not None:
+            if existing.spec == spec and not existing.deleting:
+                return existing
+            raise Conflict(f"job {spec.name}", "absent or identical", "exists")
+        if spec.entitlement not in self.allocator.entitlements:
+            raise ValidationError("entitlement", f"entitlement {spec.entitlement!r} does not exist")
+        job = JobRecord(spec.name, spec.entitlement, [spec], 1, controller)
+        for i in range(spec.task_count):
+            job.tasks[i] = TaskRecord(i, 1)
+        self.jobs[spec.name] = job
+        self._event(now, job.name, "created", f"{spec.task_count} tasks, version 1")
+        return job
+
+    def update_job(self, spec: JobSpec, now: float) -> int:
+        """A new spec version, rolled out with pacing. Returns the version number."""
+        job = self._job(spec.name)
+        if spec.entitlement != job.entitlement:
+            raise ValidationError("entitlement", "moving a job between entitlements is not "
+                                                 "supported by update")
+        if spec == job.spec:
+            return job.target
+        job.versions.append(spec)
+        self._retarget(job, len(job.versions), now, f"version {len(job.versions)}")
+        return job.target
+
+    def resize(self, name: str, task_count: int, now: float) -> int:
+        job = self._job(name)
+        if task_count < 0:
+            raise ValidationError("task_count", "must be >= 0")
+        return self.update_job(job.spec.model_copy(update={"task_count": task_count}), now)
+
+    def rollback(self, name: str, version: int, now: float) -> int:
+        """Return to an earlier version, as a new version rolled out like any update."""
+        job = self._job(name)
+        if not 1 <= version <= len(job.versions):
+            raise ValidationError("version", f"job {name} has versions 1..{len(job.versions)}")
+        job.versions.append(job.versions[version - 1])
+        self._retarget(job, len(job.versions), now,
+                       f"version {len(job.versions)}: rollback to version {version}")
+        return job.target
+
+    def resume(self, name: str, now: float) -> None:
+        job = self._job(name)
+        job.halted = None
+        job.rollout_failures = 0
+        job.dirty = True
+        self._event(now, name, "rollout_resumed", f"rollout of version {job.target} resumed")
+
+    def restart(self, name: str, now: float, index: int | None = None) -> None:
+        """Restart the whole job or one task, through TaskControl like any operation."""
+        job = self._job(name)
+        targets = job.tasks.values() if index is None else [self._task(job, index)]
+        for rec in targets:
+            rec.restart = True
+        job.dirty = True
+        self._event(now, name, "restart", "whole job" if index is None else f"task {index}")
+
+    def delete_job(self, name: str, now: float) -> None:
+        job = self._job(name)
+        job.deleting = True
+        job.dirty = True
+        self._event(now, name, "deleting", f"stopping {len(job.tasks)} tasks")
+
+    def _retarget(self, job: JobRecord, version: int, now: float, what: str) -> None:
+        old = job.versions[job.target - 1]
+        job.target = version
+        spec = job.spec
+        for i in range(spec.task_count):
+            if i not in job.tasks:
+                job.tasks[i] = TaskRecord(i, version)
+        # an update that already restarted its task but is not proven healthy yet
+        # is over: the task is offered the new target like any other
+        for index in list(job.in_progress):
+            rec = job.tasks[index]
+            if rec.op is not None and rec.op.kind in (OpKind.UPDATE, OpKind.RESTART) and (
+                    rec.state is not TaskState.STOPPING):
+                self._complete(job, rec)
+        job.halted = None
+        job.rollout_failures = 0
+        job.rollout_active = not _same_runtime(old, spec)
+        job.dirty = True
+        self._event(now, job.name, "updated", what)
+
+    # -- reading -----------------------------------------------------------------------------
+    def job(self, name: str) -> JobRecord:
+        return self._job(name)
+
+    def desired_for(self, machine: str) -> list[Assignment]:
+        m = self.fleet.index_of(machine)
+        return sorted(self.desired.get(m, {}).values(), key=lambda a: (a.job, a.index))
+
+    def discovery(self, name: str) -> list[tuple[int, str]]:
+        """(task index, machine) of the tasks enabled in service discovery."""
+        job = self._job(name)
+        return [(r.index, self.fleet.name(r.machine)) for r in sorted(
+            job.tasks.values(), key=lambda r: r.index) if r.serving and r.machine is not None]
+
+    def unavailable(self, job: JobRecord) -> int:
+        count = job.spec.task_count
+        return sum(1 for r in job.tasks.values() if r.index < count and _down(r))
+
+    def _job(self, name: str) -> JobRecord:
+        job = self.jobs.get(name)
+        if job is None:
+            raise NotFound("job", name)
+        return job
+
+    def _task(self, job: JobRecord, index: int) -> TaskRecord:
+        rec = job.tasks.get(index)
+        if rec is None:
+            raise NotFound("task", f"{job.name}/{index}")
+        return rec
+
+    def _event(self, now: float, job: str, kind: str, message: str) -> None:
+        self.events.append(SchedulerEvent(now, job, kind, message))
+        if len(self.events) > self.config.event_limit:
+            del self.events[: len(self.events) - self.config.event_limit]
+
+    # -- agents ------------------------------------------------------------------------------
+    def report(self, machine: str, statuses: Iterable[TaskStatus], now: float) -> None:
+        """An agent's heartbeat: the statuses of the tasks on its machine."""
+        m = self.fleet.index_of(machine)
+        self.now = now
+        seen: set[TaskRef] = set()
+        for st in statuses:
+            ref = TaskRef(st.job, st.index)
+            job = self.jobs.get(st.job)
+            rec = job.tasks.get(st.index) if job is not None else None
+            if job is None or rec is None or rec.machine != m:
+                continue  # a stale copy; the agent stops it (not in its desired set)
+            seen.add(ref)
+            if st.phase is Phase.STOPPED:
+                self._stopped(job, rec, now)
+            elif st.spec_version != rec.spec_version:
+                continue  # the old version still winding down
+            elif st.phase is Phase.STARTING:
+                self._transition(rec, Event.STARTING)
+            elif st.phase is Phase.RUNNING:
+                self._transition(rec, Event.RUNNING)
+                if st.healthy and not rec.healthy:
+                    rec.healthy_since = now
+                rec.healthy = st.healthy
+                self._maybe_serving(job, rec, now)
+            elif st.phase is Phase.EXITED:
+                self._exited(job, rec, now)
+        # a task this machine was stopping and no longer has is stopped
+        for ref in list(self.placed.get(m, ())):
+            if ref in seen:
+                continue
+            job = self.jobs.get(ref.job)
+            rec = job.tasks.get(ref.index) if job is not None else None
+            if job is not None and rec is not None and rec.state is TaskState.STOPPING:
+                self._stopped(job, rec, now)
+
+    def _transition(self, rec: TaskRecord, event: Event) -> bool:
+        nxt = advance(rec.state, event)
+        if nxt is None:
+            return False
+        rec.state = nxt
+        return True
+
+    def _maybe_serving(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
+        if rec.state is not TaskState.RUNNING or not rec.healthy:
+            if rec.serving:
+                rec.serving = False
+            return
+        if rec.op is not None and rec.op.kind is not OpKind.STOP:
+            ready = job.versions[rec.spec_version - 1].update.min_ready_seconds
+            if rec.healthy_since is None or now - rec.healthy_since < ready:
+                return  # not proven healthy yet: the operation is still in progress
+            self._complete(job, rec)
+        if rec.op is None and not rec.serving:
+            rec.serving = True
+        if job.rollout_active and all(
+                r.spec_version == job.target and r.state is TaskState.RUNNING and r.healthy
+                for r in job.tasks.values()):
+            job.rollout_active = False
+            self._event(now, job.name, "rollout_done", f"all tasks run version {job.target}")
+
+    def _exited(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
+        if not self._transition(rec, Event.EXITED):
+            return
+        rec.healthy = False
+        rec.healthy_since = None
+        rec.serving = False
+        job.dirty = True
+        if job.rollout_active and rec.spec_version == job.target:
+            job.rollout_failures += 1
+            limit = job.spec.update.halt_after_failures
+            if job.halted is None and job.rollout_failures >= limit:
+                job.halted = (f"{job.rollout_failures} tasks of version {job.target} failed "
+                              "to become healthy")
+                self._event(now, job.name, "rollout_halted", job.halted)
+                for op in [o for o in job.acked.values() if o.kind is OpKind.UPDATE]:
+                    del job.acked[op.op_id]  # acked but not started: dropped, reported done
+                    if job.controller is not None:
+                        job.completed.append(op)
+
+    def _stopped(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
+        if not self._transition(rec, Event.STOPPED):
+            return
+        op = rec.op
+        if op is None:
+            return
+        if op.kind is OpKind.STOP:
+            if op.reason in (_RESIZE, _DELETE):
+                self._free(job, [rec])
+            else:  # stopped for maintenance: parked until it ends, allocation kept
+                event_id = op.reason.rsplit(" ", 1)[-1]
+                rec.parked = event_id
+                self._parked.setdefault(event_id, set()).add(job.ref(rec.index))
+            self._complete(job, rec)
+            return
+        if op.kind is OpKind.UPDATE:
+            rec.spec_version = job.target
+        if op.kind is OpKind.RESTART:
+            rec.restart = False
+        self._transition(rec, Event.REPLACE)
+
+    def _complete(self, job: JobRecord, rec: TaskRecord) -> None:
+        assert rec.op is not None
+        if job.controller is not None:
+            job.completed.append(rec.op)
+        rec.op = None
+        job.in_progress.discard(rec.index)
+        job.dirty = True
+        self.counters["ops_completed"] += 1
+
+    # -- machines ----------------------------------------------------------------------------
+    def _assign(self, job: JobRecord, rec: TaskRecord, machine: int) -> None:
+        ref = job.ref(rec.index)
+        if rec.machine is not None and rec.machine != machine:
+            self._unassign(ref, rec.machine)
+        rec.machine = machine
+        self.touched.add(machine)
+        self.placed.setdefault(machine, set()).add(ref)
+        self.desired.setdefault(machine, {})[ref] = Assignment(
+            job.name, rec.index, rec.spec_version, job.versions[rec.spec_version - 1])
+
+    def _unassign(self, ref: TaskRef, machine: int) -> None:
+        self.touched.add(machine)
+        self.desired.get(machine, {}).pop(ref, None)
+        self.placed.get(machine, set()).discard(ref)
+
+    def _take_out(self, ref: TaskRef, rec: TaskRecord) -> None:
+        """Leave the machine's desired set (its agent stops the task); the record
+        keeps naming the machine until the stop is seen."""
+        rec.serving = False
+        rec.healthy = False
+        rec.healthy_since = None
+        if rec.machine is not None:
+            self.touched.add(rec.machine)
+            self.desired.get(rec.machine, {}).pop(ref, None)
+
+    def _free(self, job: JobRecord, recs: list[TaskRecord]) -> None:
+        spec = job.spec
+        indices = [r.index for r in recs]
+        if indices:
+            self.allocator.allocate(AllocationRequest.of(
+                job.name, job.entitlement, spec.resources, free=indices, policy=spec.policy))
+        for rec in recs:
+            if rec.machine is not None:
+                self._unassign(job.ref(rec.index), rec.machine)
+            for op_id in job.pending_by_task.pop(rec.index, []):
+                job.pending.pop(op_id, None)
+            del job.tasks[rec.index]
+
+    def _on_machines(self, now: float) -> None:
+        changes, self._changes[:] = list(self._changes), []
+        for change in changes:
+            if change.kind is not ChangeKind.STATE:
+                continue
+            m = change.machine
+            refs = list(self.placed.get(m, ()))
+            if change.state is MachineState.FAILED:
+                for ref in refs:
+                    self._lose(ref, now)
+            elif change.state is MachineState.HEALTHY:
+                for ref in refs:
+                    job = self.jobs.get(ref.job)
+                    rec = job.tasks.get(ref.index) if job else None
+                    if job is None or rec is None or rec.state is not TaskState.LOST:
+                        continue
+                    if rec.op is None and self._transition(rec, Event.RECOVERED):
+                        self._assign(job, rec, m)
+                        rec.lost_since = None
+                        self._cancel_pending(job, rec.index)
+
+    def _lose(self, ref: TaskRef, now: float) -> None:
+        job = self.jobs.get(ref.job)
+        rec = job.tasks.get(ref.index) if job else None
+        if job is None or rec is None:
+            return
+        if rec.state is TaskState.STOPPING:
+            rec.state = TaskState.STOPPED  # its machine is gone: nothing left to stop
+            self._stopped_unreachable(job, rec, now)
+            return
+        if self._transition(rec, Event.LOST):
+            rec.serving = False
+            rec.healthy = False
+            rec.lost_since = now
+            rec.parked = None
+            job.dirty = True
+            self.counters["tasks_lost"] += 1
+            self._cancel_pending(job, rec.index)
+
+    def _stopped_unreachable(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
+        rec.state = TaskState.STOPPING
+        self._stopped(job, rec, now)
+
+    def _maintenance(self, now: float) -> dict[int, tuple[str, float]]:
+        """Stop what still runs at a maintenance deadline; bring parked tasks back when
+        their maintenance is over. Returns machines under notice -> (event, start)."""
+        notice: dict[int, tuple[str, float]] = {}
+        live: set[str] = set()
+        for ev in self.region.events():
+            if ev.kind is not EventKind.MAINTENANCE:
+                continue
+            live.add(ev.id)
+            machines = [self.fleet.index_of(name) for name in ev.machines]
+            if now < ev.start:
+                for m in machines:
+                    notice.setdefault(m, (ev.id, ev.start))
+                continue
+            for m in machines:  # deadline reached: stop what still runs
+                for ref in list(self.placed.get(m, ())):
+                    self._deadline_stop(ref, ev.id, now)
+        for event_id in [e for e in self._parked if e not in live]:
+            for ref in self._parked.pop(event_id):
+                job = self.jobs.get(ref.job)
+                rec = job.tasks.get(ref.index) if job else None
+                if job is None or rec is None or rec.parked != event_id:
+                    continue
+                rec.parked = None
+                if rec.machine is not None and self._transition(rec, Event.ALLOCATED):
+                    self._assign(job, rec, rec.machine)
+        return notice
+
+    def _deadline_stop(self, ref: TaskRef, event_id: str, now: float) -> None:
+        job = self.jobs.get(ref.job)
+        rec = job.tasks.get(ref.index) if job else None
+        if job is None or rec is None or rec.parked == event_id:
+            return
+        if rec.state in (TaskState.STOPPED, TaskState.LOST, TaskState.PENDING):
+            return
+        if rec.op is not None:
+            return  # already being stopped or moved
+        self._take_out(ref, rec)
+        rec.state = TaskState.STOPPED
+        rec.healthy = False
+        rec.parked = event_id
+        self._parked.setdefault(event_id, set()).add(ref)
+        self._cancel_pending(job, rec.index)
+        job.dirty = True
+        self.counters["deadline_stops"] += 1
+        self._event(now, job.name, "deadline_stop",
+                    f"task {rec.index} stopped for maintenance {event_id} at its deadline")
+
+    # -- the reconcile loop ------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        self.now = now
+        self.bucket.refill(now)
+        self._on_machines(now)
+        notice = self._maintenance(now)
+        for name in sorted(self.jobs):
+            job = self.jobs[name]
+            self._reconcile(job, notice, now)
+            if job.deleting and not job.tasks:
+                del self.jobs[name]
+                self.allocator.cache.drop(name)
+                self._event(now, name, "deleted", "all tasks stopped")
+
+    def _reconcile(self, job: JobRecord, notice: dict[int, tuple[str, float]],
+                   now: float) -> None:
+        for index in list(job.in_progress):  # operations waiting for min_ready_seconds
+            rec = job.tasks.get(index)
+            if rec is None:
+                job.in_progress.discard(index)
+            elif rec.state is TaskState.RUNNING and rec.healthy:
+                self._maybe_serving(job, rec, now)
+        self._want(job, notice, now)
+        if job.controller is not None and not job.deleting:
+            self._ask_controller(job, notice, now)
+        else:
+            self._builtin_acks(job)
+        self._failure_deadline(job, now)
+        self._execute(job, now)
+        self._place(job, now)
+
+    # stage 1: operations wanted ------------------------------------------------------------
+    def _want(self, job: JobRecord, notice: dict[int, tuple[str, float]], now: float) -> None:
+        spec = job.spec
+        count = 0 if job.deleting else spec.task_count
+        target = job.target
+        same_runtime: dict[int, bool] = {}
+        acked_tasks = {op.task.index for op in job.acked.values()}
+        for rec in job.tasks.values():
+            i = rec.index
+            if rec.op is not None or i in acked_tasks:
+                continue
+            wanted: list[tuple[OpKind, str]] = []
+            if i >= count:
+                if rec.state is TaskState.PENDING and rec.machine is None:
+                    wanted = []  # never placed: nothing to stop
+                else:
+                    wanted = [(OpKind.STOP, _DELETE if job.deleting else _RESIZE)]
+            elif rec.state is TaskState.LOST:
+                wanted = [(OpKind.MOVE, _FAILURE)]
+            elif rec.parked is not None or rec.state is TaskState.PENDING:
+                wanted = []
+            elif rec.restart:
+                wanted = [(OpKind.RESTART, _RESTART)]
+            elif rec.spec_version != target:
+                same = same_runtime.get(rec.spec_version)
+                if same is None:
+                    same = same_runtime[rec.spec_version] = _same_runtime(
+                        job.versions[rec.spec_version - 1], spec)
+                if same:
+                    rec.spec_version = target  # a resize only: nothing to restart
+                    if rec.machine is not None:
+                        self._assign(job, rec, rec.machine)
+                elif job.halted is None:
+                    wanted = [(OpKind.UPDATE, f"update to version {target}")]
+            if not wanted and rec.machine is not None and rec.machine in notice:
+                event_id, _ = notice[rec.machine]
+                wanted = [(OpKind.MOVE, f"maintenance {event_id}"),
+                          (OpKind.STOP, f"maintenance {event_id}")]
+            self._offer(job, rec, wanted)
+        # never-placed tasks beyond the count just go away
+        gone = [r for r in job.tasks.values()
+                if r.index >= count and r.machine is None and r.state is TaskState.PENDING]
+        for rec in gone:
+            for op_id in job.pending_by_task.pop(rec.index, []):
+                job.pending.pop(op_id, None)
+            del job.tasks[rec.index]
+
+    def _offer(self, job: JobRecord, rec: TaskRecord, wanted: list[tuple[OpKind, str]]) -> None:
+        ids = job.pending_by_task.get(rec.index)
+        if ids:
+            have = [(job.pending[i].kind, job.pending[i].reason) for i in ids]
+            if have == wanted:
+                return
+            self._cancel_pending(job, rec.index)
+        if not wanted:
+            return
+        machine = self.fleet.name(rec.machine) if rec.machine is not None else None
+        ref = job.ref(rec.index)
+        new = []
+        for kind, reason in wanted:
+            job.op_counter += 1
+            op = TaskOp(f"{job.name}/{rec.index}/{kind.value}/{job.op_counter}", ref, kind,
+                        reason, machine)
+            job.pending[op.op_id] = op
+            new.append(op.op_id)
+        job.pending_by_task[rec.index] = new
+        job.dirty = True
+
+    def _cancel_pending(self, job: JobRecord, index: int) -> None:
+        for op_id in job.pending_by_task.pop(index, []):
+            job.pending.pop(op_id, None)
+            job.dirty = True
+
+    # stage 2: acks -------------------------------------------------------------------------
+    def _builtin_acks(self, job: JobRecord) -> None:
+        """Without a controller: keep unavailable tasks, whatever the reason, below
+        max_unavailable; stops of tasks beyond the count and moves of tasks already
+        down cost nothing."""
+        if not job.pending:
+            return
+        cap = job.spec.update.resolve(job.spec.task_count)
+        budget = (1 if cap is None else cap) - self.unavailable(job) - sum(
+            1 for op in job.acked.values() if not _down(job.tasks[op.task.index]))
+        for index in sorted(job.pending_by_task):
+            ids = job.pending_by_task[index]
+            ops = [job.pending[i] for i in ids]
+            rec = job.tasks[index]
+            free = _down(rec) or index >= job.spec.task_count or job.deleting
+            if not free and budget <= 0:
+                continue
+            chosen = ops[0]  # a move before a stop for maintenance
+            self._ack(job, chosen)
+            if not free:
+                budget -= 1
+
+    def _ask_controller(self, job: JobRecord, notice: dict[int, tuple[str, float]],
+                        now: float) -> None:
+        notices = self._notices(job, notice)
+        notice_key = tuple(n.notice_id for n in notices)
+        if notice_key != job.notices:
+            job.notices = notice_key
+            job.dirty = True
+        due = job.pending and (job.last_call is None
+                               or now - job.last_call >= self.config.recheck_interval)
+        if not (job.dirty or due):
+            return
+        job.sequence_number += 1
+        pending = sorted(job.pending.values(), key=lambda o: (o.task.index, o.op_id))
+        request = TaskControlRequest(
+            job_handle=job.name,
+            request=tuple(pending[: self.config.controller_batch]),
+            completed=tuple(job.completed),
+            advance_notices=notices,
+            all_unhealthy_tasks=tuple(job.ref(r.index) for r in sorted(
+                job.tasks.values(), key=lambda r: r.index) if _down(r)),
+            sequence_number=job.sequence_number,
+        )
+        job.completed = []
+        job.dirty = False
+        job.last_call = now
+        self.counters["controller_calls"] += 1
+        assert job.controller is not None
+        try:
+            response = job.controller.process(request)
+            if not isinstance(response, TaskControlResponse) or not all(
+                    isinstance(a, str) for a in response.ack):
+                raise TypeError(f"expected a TaskControlResponse, got {response!r}")
+        except Exception as exc:  # a controller's failure acks nothing, never crashes us
+            self.counters["controller_errors"] += 1
+            self._event(now, job.name, "controller_error", f"acked nothing: {exc}")
+            return
+        acked_tasks: set[int] = set()
+        for op_id in response.ack:
+            op = job.pending.get(op_id)
+            if op is None or op.task.index in acked_tasks:
+                continue  # unknown, already done, or the second op of one task
+            acked_tasks.add(op.task.index)
+            self._ack(job, op)
+
+    def _notices(self, job: JobRecord,
+                 notice: dict[int, tuple[str, float]]) -> tuple[AdvanceNotice, ...]:
+        by_event: dict[str, tuple[float, set[int], list[TaskRef]]] = {}
+        for rec in job.tasks.values():
+            if rec.machine is not None and rec.machine in notice:
+                event_id, start = notice[rec.machine]
+                entry = by_event.setdefault(event_id, (start, set(), []))
+                entry[1].add(rec.machine)
+                entry[2].append(job.ref(rec.index))
+        return tuple(
+            AdvanceNotice(eid, NoticeKind.MAINTENANCE, tuple(self.fleet.names(sorted(ms))),
+                          tuple(sorted(refs, key=lambda r: r.index)), start, start)
+            for eid, (start, ms, refs) in sorted(by_event.items()))
+
+    def _ack(self, job: JobRecord, op: TaskOp) -> None:
+        for op_id in job.pending_by_task.pop(op.task.index, []):
+            job.pending.pop(op_id, None)
+        job.acked[op.op_id] = op
+
+    def _failure_deadline(self, job: JobRecord, now: float) -> None:
+        for op in list(job.pending.values()):
+            if op.kind is not OpKind.MOVE or op.reason != _FAILURE:
+                continue
+            rec = job.tasks.get(op.task.index)
+            if rec is not None and rec.lost_since is not None and (
+                    now - rec.lost_since >= self.config.failure_deadline):
+                self._ack(job, op)
+                self.counters["failure_deadline_moves"] += 1
+                self._event(now, job.name, "failure_deadline",
+                            f"task {op.task.index} moved without an ack after "
+                            f"{self.config.failure_deadline:g}s down")
+
+    # stage 3: execution --------------------------------------------------------------------
+    def _execute(self, job: JobRecord, now: float) -> None:
+        if not job.acked:
+            return
+        cap = job.spec.update.resolve(job.spec.task_count) if job.controller else None
+        down = self.unavailable(job) if cap is not None else 0
+        throttled = False
+        for op in sorted(job.acked.values(), key=lambda o: o.task.index):
+            rec = job.tasks.get(op.task.index)
+            if rec is None or rec.op is not None:
+                del job.acked[op.op_id]
+                continue
+            costs = not _down(rec) and rec.index < job.spec.task_count and not job.deleting
+            if cap is not None and costs and down >= cap:
+                continue  # the job's max_unavailable is a safety cap under a controller
+            if not self.bucket.take(now):
+                throttled = True
+                break
+            del job.acked[op.op_id]
+            self._start(job, rec, op, now)
+            if costs:
+                down += 1
+        if throttled:
+            self.counters["throttled"] += 1
+            self._event(now, job.name, "throttled",
+                        f"{len(job.acked)} acked operations wait for the rate limit")
+
+    def _start(self, job: JobRecord, rec: TaskRecord, op: TaskOp, now: float) -> None:
+        self.counters["ops_started"] += 1
+        rec.op = op
+        job.in_progress.add(rec.index)
+        ref = job.ref(rec.index)
+        if rec.state is TaskState.LOST:  # its machine is gone: place it elsewhere now
+            assert rec.machine is not None
+            self._unassign(ref, rec.machine)
+            self._transition(rec, Event.REPLACE)
+            return
+        if rec.state is TaskState.PENDING:
+            if op.kind is OpKind.STOP:
+                self._free(job, [rec])
+            return
+        if rec.state is TaskState.STOPPED:  # parked: already stopped
+            rec.state = TaskState.STOPPING
+            self._stopped(job, rec, now)
+            return
+        self._take_out(ref, rec)
+        self._transition(rec, Event.STOP)
+
+    # stage 4: placement --------------------------------------------------------------------
+    def _place(self, job: JobRecord, now: float) -> None:
+        pending = [r for r in job.tasks.values()
+                   if r.state is TaskState.PENDING and r.index < job.spec.task_count]
+        if not pending:
+            return
+        by_version: dict[int, list[TaskRecord]] = {}
+        for rec in pending:
+            by_version.setdefault(rec.spec_version, []).append(rec)
+        for version, recs in sorted(by_version.items()):
+            spec = job.versions[version - 1]
+            # a task still holding a machine keeps it if the allocator finds it usable
+            # (an update in place); one on a failed or cordoned machine is moved
+            request = AllocationRequest.of(job.name, job.entitlement, spec.resources,
+                                           allocate=sorted(r.index for r in recs),
+                                           policy=spec.policy)
+            result = self.allocator.allocate(request)
+            placed = dict(zip(result.tasks, result.machines, strict=True))
+            for rec in recs:
+                m = placed.get(rec.index)
+                if m is None:
+                    continue
+                if self._transition(rec, Event.ALLOCATED):
+                    self._assign(job, rec, m)
+            if result.unplaced:
+                reason = result.unplaced[0][1]
+                if reason != job.unplaced_reason:
+                    job.unplaced_reason = reason
+                    self._event(now, job.name, "unplaced",
+                                f"{len(result.unplaced)} tasks: {reason}")
+            else:
+                job.unplaced_reason = None
+
+
+def _down(rec: TaskRecord) -> bool:
+    return rec.state in DOWN or not rec.healthy or not rec.serving
+
+
+def _same_runtime(a: JobSpec, b: JobSpec) -> bool:
+    """Do two versions run the same way (they differ at most in task count)?"""
+    return a.model_copy(update={"task_count": 0}) == b.model_copy(update={"task_count": 0})

@@ -1,0 +1,122 @@
+"""Simulated agents: each pulls its machine's desired task set and converges to it,
+with start/stop latencies and crashes, on the simulated clock.
+
+The same contract as a real agent (DESIGN.md "Agents and the control plane"): start
+what is missing, stop what is no longer assigned (fencing), restart what crashed,
+report statuses. A machine that fails takes its processes with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from plait.model.task import TaskRef
+from plait.scheduler.records import Assignment, Phase, TaskStatus
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """How a simulated task behaves: how long it takes to start and stop, and
+    whether it crashes ``crash_after`` seconds after starting."""
+
+    start_seconds: float = 2.0
+    stop_seconds: float = 1.0
+    crash: bool = False
+    crash_after: float = 1.0
+    restart_backoff: float = 5.0
+
+
+BehaviourFn = Callable[[Assignment], Behaviour]
+
+
+def default_behaviour(assignment: Assignment) -> Behaviour:
+    """Tasks whose command is ``crash`` crash; everything else runs."""
+    return Behaviour(crash=assignment.spec.command == "crash")
+
+
+@dataclass
+class Process:
+    assignment: Assignment
+    phase: Phase
+    #: when the current phase ends (starting -> running, running -> crash, ...)
+    until: float
+    started_at: float = 0.0
+    stopping: bool = False
+    reported_stop: bool = False
+    #: waiting to be restarted after a crash
+    backoff_until: float | None = None
+
+
+class SimAgent:
+    def __init__(self, machine: str, behaviour: BehaviourFn) -> None:
+        self.machine = machine
+        self.behaviour = behaviour
+        self.up = True
+        self.processes: dict[TaskRef, Process] = {}
+
+    def busy(self) -> bool:
+        """Has something in flight that needs further steps."""
+        return any(p.phase is not Phase.RUNNING or p.stopping or p.backoff_until is not None
+                   or self.behaviour(p.assignment).crash for p in self.processes.values())
+
+    def fail(self) -> None:
+        self.up = False
+        self.processes.clear()
+
+    def repair(self) -> None:
+        self.up = True
+
+    def step(self, now: float, desired: list[Assignment]) -> list[TaskStatus]:
+        """Converge to ``desired`` and return the statuses to report."""
+        want = {TaskRef(a.job, a.index): a for a in desired}
+        # fence: stop whatever is not assigned here (or an older version of it)
+        for ref, p in self.processes.items():
+            a = want.get(ref)
+            if not p.stopping and (a is None or a.spec_version != p.assignment.spec_version):
+                p.stopping = True
+                p.until = now + self.behaviour(p.assignment).stop_seconds
+        statuses: list[TaskStatus] = []
+        for ref, p in list(self.processes.items()):
+            b = self.behaviour(p.assignment)
+            a = p.assignment
+            if p.stopping:
+                if now >= p.until:
+                    statuses.append(TaskStatus(a.job, a.index, a.spec_version, Phase.STOPPED))
+                    del self.processes[ref]
+                else:
+                    statuses.append(TaskStatus(a.job, a.index, a.spec_version, p.phase,
+                                               p.phase is Phase.RUNNING))
+                continue
+            if p.backoff_until is not None:
+                if now >= p.backoff_until:
+                    p.backoff_until = None
+                    p.phase, p.until, p.started_at = Phase.STARTING, now + b.start_seconds, now
+                else:
+                    statuses.append(TaskStatus(a.job, a.index, a.spec_version, Phase.EXITED,
+                                               False, 1))
+                    continue
+            if p.phase is Phase.STARTING and now >= p.until:
+                p.phase = Phase.RUNNING
+                p.until = now + b.crash_after
+            if p.phase is Phase.RUNNING and b.crash and now >= p.until:
+                p.phase = Phase.EXITED
+                p.backoff_until = now + b.restart_backoff
+                statuses.append(TaskStatus(a.job, a.index, a.spec_version, Phase.EXITED,
+                                           False, 1))
+                continue
+            statuses.append(TaskStatus(a.job, a.index, a.spec_version, p.phase,
+                                       p.phase is Phase.RUNNING))
+        for ref, a in want.items():
+            if ref not in self.processes:
+                b = self.behaviour(a)
+                self.processes[ref] = Process(a, Phase.STARTING, now + b.start_seconds, now)
+                statuses.append(TaskStatus(a.job, a.index, a.spec_version, Phase.STARTING,
+                                           False))
+        return statuses
+
+    def running(self, ref: TaskRef) -> Process | None:
+        p = self.processes.get(ref)
+        if p is None or p.stopping or p.phase is not Phase.RUNNING:
+            return None
+        return p

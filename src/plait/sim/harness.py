@@ -1,0 +1,118 @@
+"""The discrete-event shell: the real allocator, brokers and scheduler driven on a
+simulated clock against simulated agents.
+
+``step()`` advances the clock by one tick: brokers apply due events, agents whose
+machines have something to do converge and report, the scheduler reconciles.
+Failures and maintenance are injected through the brokers, as the health check
+service and the ops planner would. Observers run after every step (the tests use
+them to assert invariants at every instant, not just at the end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from plait.allocator import Allocator, MachineIndex
+from plait.broker import Region
+from plait.model.events import EventKind, UnavailabilityEvent
+from plait.model.task import TaskRef
+from plait.model.topology import Fleet
+from plait.scheduler import Scheduler, SchedulerConfig
+from plait.sim.agents import BehaviourFn, SimAgent, default_behaviour
+
+Observer = Callable[["Simulation"], None]
+
+
+class Simulation:
+    def __init__(self, fleet: Fleet, behaviour: BehaviourFn = default_behaviour,
+                 config: SchedulerConfig | None = None, tick: float = 1.0) -> None:
+        self.fleet = fleet
+        self.region = Region(fleet)
+        self.index = MachineIndex(fleet, self.region)
+        self.allocator = Allocator(self.index)
+        self.scheduler = Scheduler(self.allocator, config)
+        self.behaviour = behaviour
+        self.tick = tick
+        self.now = 0.0
+        self.agents: dict[int, SimAgent] = {}
+        self._busy: set[int] = set()
+        self.observers: list[Observer] = []
+        self._event_seq = 0
+
+    def agent(self, machine: int) -> SimAgent:
+        agent = self.agents.get(machine)
+        if agent is None:
+            agent = self.agents[machine] = SimAgent(self.fleet.name(machine), self.behaviour)
+        return agent
+
+    # -- the clock -----------------------------------------------------------------------
+    def step(self) -> None:
+        self.now += self.tick
+        now = self.now
+        self.region.tick(now)
+        sched = self.scheduler
+        active = self._busy | sched.touched
+        sched.touched = set()
+        self._busy = set()
+        for m in sorted(active):
+            agent = self.agent(m)
+            if not agent.up:
+                continue
+            desired = list(sched.desired.get(m, {}).values())
+            statuses = agent.step(now, desired)
+            sched.report(agent.machine, statuses, now)
+            if agent.busy() or len(agent.processes) != len(desired):
+                self._busy.add(m)
+        sched.tick(now)
+        for observe in self.observers:
+            observe(self)
+
+    def run(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.now < end - 1e-9:
+            self.step()
+
+    def run_until(self, done: Callable[[], bool], limit: float = 3600.0) -> bool:
+        """Step until ``done()``; False if ``limit`` simulated seconds pass first."""
+        end = self.now + limit
+        while not done():
+            if self.now >= end:
+                return False
+            self.step()
+        return True
+
+    # -- injected events -------------------------------------------------------------------
+    def _next_id(self, prefix: str) -> str:
+        self._event_seq += 1
+        return f"{prefix}-{self._event_seq}"
+
+    def fail(self, machines: list[str]) -> str:
+        """Machines fail now: their processes die, the health check raises an event."""
+        for name in machines:
+            self.agent(self.fleet.index_of(name)).fail()
+        event_id = self._next_id("failure")
+        self.region.add_event(UnavailabilityEvent(event_id, EventKind.FAILURE, tuple(machines),
+                                                  start=self.now), self.now)
+        return event_id
+
+    def repair(self, event_id: str) -> None:
+        event = next(e for e in self.region.events() if e.id == event_id)
+        for name in event.machines:
+            m = self.fleet.index_of(name)
+            self.agent(m).repair()
+            self._busy.add(m)
+        self.region.end_event(event_id, self.now)
+
+    def maintenance(self, machines: list[str], start: float, end: float) -> str:
+        """Planned maintenance announced now, from ``start`` to ``end``."""
+        event_id = self._next_id("maintenance")
+        self.region.add_event(UnavailabilityEvent(event_id, EventKind.MAINTENANCE,
+                                                  tuple(machines), start=start, end=end),
+                              self.now)
+        return event_id
+
+    # -- observation -------------------------------------------------------------------------
+    def running_copies(self, ref: TaskRef) -> list[str]:
+        """Machines where a copy of the task is running (should be at most one)."""
+        return [a.machine for a in self.agents.values()
+                if a.up and a.running(ref) is not None]

@@ -1,0 +1,171 @@
+"""The TaskControl API (paper section 2.5, Figure 8), exactly.
+
+    TaskControlRequest  {job_handle, request: [TaskOp], completed: [TaskOp],
+                         advance_notices: [AdvanceNotice], all_unhealthy_tasks: [TaskRef],
+                         sequence_number}
+    TaskControlResponse {ack: [op_id]}
+
+An application's TaskController approves (acks) a subset of the pending operations
+on its tasks; the scheduler reports operations it completed on the next call, and
+the sequence number increases on every call. Maintenance cannot be blocked forever:
+advance notices carry a deadline, and per task the scheduler offers a ``move`` op
+and a ``stop`` op; acking neither keeps the task running until the deadline.
+
+The wire form is JSON with snake_case keys; ``to_wire``/``response_from_wire`` are
+pure conversions (the HTTP transport lives in ``plait.taskcontrol.http``). An
+answer that is not exactly ``{"ack": [op ids]}`` is garbage, and garbage acks
+nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from plait.errors import ValidationError
+from plait.model.task import TaskRef
+
+
+class OpKind(enum.StrEnum):
+    UPDATE = "update"
+    RESTART = "restart"
+    MOVE = "move"
+    STOP = "stop"
+
+
+class NoticeKind(enum.StrEnum):
+    MAINTENANCE = "maintenance"
+    LOAN_REVOKE = "loan_revoke"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOp:
+    op_id: str
+    task: TaskRef
+    kind: OpKind
+    reason: str
+    #: the machine the task is on when the operation is requested
+    machine: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdvanceNotice:
+    notice_id: str
+    kind: NoticeKind
+    machines: tuple[str, ...]
+    tasks: tuple[TaskRef, ...]
+    start: float
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class TaskControlRequest:
+    job_handle: str
+    request: tuple[TaskOp, ...] = ()
+    completed: tuple[TaskOp, ...] = ()
+    advance_notices: tuple[AdvanceNotice, ...] = ()
+    all_unhealthy_tasks: tuple[TaskRef, ...] = ()
+    sequence_number: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskControlResponse:
+    ack: tuple[str, ...] = ()
+
+
+class TaskController(Protocol):
+    """An application's plugin: approves or delays operations on its own tasks."""
+
+    def process(self, request: TaskControlRequest) -> TaskControlResponse: ...
+
+
+# -- wire format -------------------------------------------------------------------------
+def _ref(ref: TaskRef) -> dict[str, Any]:
+    return {"job": ref.job, "index": ref.index}
+
+
+def _op(op: TaskOp) -> dict[str, Any]:
+    return {"op_id": op.op_id, "task": _ref(op.task), "kind": op.kind.value,
+            "reason": op.reason, "machine": op.machine}
+
+
+def to_wire(request: TaskControlRequest) -> dict[str, Any]:
+    return {
+        "job_handle": request.job_handle,
+        "request": [_op(o) for o in request.request],
+        "completed": [_op(o) for o in request.completed],
+        "advance_notices": [
+            {"notice_id": n.notice_id, "kind": n.kind.value, "machines": list(n.machines),
+             "tasks": [_ref(t) for t in n.tasks], "start": n.start, "deadline": n.deadline}
+            for n in request.advance_notices
+        ],
+        "all_unhealthy_tasks": [_ref(t) for t in request.all_unhealthy_tasks],
+        "sequence_number": request.sequence_number,
+    }
+
+
+def _ref_from(data: Any, field: str) -> TaskRef:
+    if not isinstance(data, dict) or not isinstance(data.get("job"), str) or not isinstance(
+            data.get("index"), int):
+        raise ValidationError(field, "expected {job: str, index: int}")
+    return TaskRef(data["job"], data["index"])
+
+
+def _op_from(data: Any, field: str) -> TaskOp:
+    if not isinstance(data, dict):
+        raise ValidationError(field, "expected an object")
+    try:
+        kind = OpKind(str(data.get("kind")))
+    except ValueError:
+        raise ValidationError(f"{field}.kind", f"unknown kind {data.get('kind')!r}") from None
+    op_id, reason, machine = data.get("op_id"), data.get("reason", ""), data.get("machine")
+    if not isinstance(op_id, str) or not isinstance(reason, str) or not (
+            machine is None or isinstance(machine, str)):
+        raise ValidationError(field, "op_id and reason must be strings, machine a string or null")
+    return TaskOp(op_id, _ref_from(data.get("task"), f"{field}.task"), kind, reason, machine)
+
+
+def request_from_wire(data: Any) -> TaskControlRequest:
+    """Parse a request (what a controller written in Python receives over HTTP)."""
+    if not isinstance(data, dict):
+        raise ValidationError("", "a TaskControlRequest must be an object")
+    handle, seq = data.get("job_handle"), data.get("sequence_number")
+    if not isinstance(handle, str):
+        raise ValidationError("job_handle", "must be a string")
+    if not isinstance(seq, int):
+        raise ValidationError("sequence_number", "must be an integer")
+    notices = []
+    for k, n in enumerate(data.get("advance_notices", [])):
+        f = f"advance_notices[{k}]"
+        if not isinstance(n, dict):
+            raise ValidationError(f, "expected an object")
+        try:
+            notices.append(AdvanceNotice(
+                str(n["notice_id"]), NoticeKind(n["kind"]), tuple(map(str, n["machines"])),
+                tuple(_ref_from(t, f"{f}.tasks") for t in n["tasks"]), float(n["start"]),
+                float(n["deadline"])))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ValidationError(f, f"malformed notice: {exc}") from None
+    return TaskControlRequest(
+        handle,
+        tuple(_op_from(o, f"request[{k}]") for k, o in enumerate(data.get("request", []))),
+        tuple(_op_from(o, f"completed[{k}]") for k, o in enumerate(data.get("completed", []))),
+        tuple(notices),
+        tuple(_ref_from(t, "all_unhealthy_tasks") for t in data.get("all_unhealthy_tasks", [])),
+        seq,
+    )
+
+
+def response_from_wire(data: Any) -> TaskControlResponse:
+    """Parse a controller's answer; anything but ``{"ack": [str, ...]}`` is refused."""
+    if not isinstance(data, dict) or set(data) != {"ack"}:
+        raise ValidationError("", "expected exactly {\"ack\": [op ids]}")
+    ack = data["ack"]
+    if not isinstance(ack, list) or not all(isinstance(a, str) for a in ack):
+        raise ValidationError("ack", "must be a list of op id strings")
+    return TaskControlResponse(tuple(ack))
+
+
+def response_to_wire(response: TaskControlResponse) -> dict[str, Any]:
+    return {"ack": list(response.ack)}

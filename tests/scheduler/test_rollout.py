@@ -1,0 +1,49 @@
+"""Rollout health: a crashing version halts by itself; rollback is a paced update."""
+
+from plait.model import UpdatePolicy
+from plait.sim.scenarios import job_spec, world
+
+
+def test_crashing_version_halts_then_rollback_restores_under_the_same_pacing():
+    sim = world(machines=24)
+    s = sim.scheduler
+    good = job_spec("web", 10, update=UpdatePolicy(max_unavailable=2, halt_after_failures=2,
+                                                   min_ready_seconds=5))
+    s.create_job(good, 0)
+    assert sim.run_until(lambda: len(s.discovery("web")) == 10, 300)
+    worst = [0]
+    sim.observers.append(lambda sm: worst.__setitem__(
+        0, max(worst[0], sm.scheduler.unavailable(sm.scheduler.job("web")))))
+
+    bad = good.model_copy(update={"command": "crash"})
+    s.update_job(bad, sim.now)
+    assert sim.run_until(lambda: s.job("web").halted is not None, 300)
+    job = s.job("web")
+    assert "version 2" in job.halted and "failed to become healthy" in job.halted
+    assert any(e.kind == "rollout_halted" for e in s.events)
+    on_bad = sum(1 for r in job.tasks.values() if r.spec_version == 2)
+    sim.run(120)  # halted: no further update starts
+    assert sum(1 for r in job.tasks.values() if r.spec_version == 2) == on_bad
+    assert on_bad == 2  # the first wave only
+
+    version = s.rollback("web", 1, sim.now)
+    assert version == 3 and job.spec == good
+    assert sim.run_until(lambda: len(s.discovery("web")) == 10 and not job.rollout_active, 600)
+    assert all(r.spec_version == 3 for r in job.tasks.values())
+    # planned operations never took more than max_unavailable down; the crashing
+    # tasks of version 2 count among the unavailable ones
+    assert worst[0] <= 2
+    assert [v.command for v in job.versions] == ["serve", "crash", "serve"]
+
+
+def test_resume_continues_a_halted_rollout():
+    sim = world(machines=24)
+    s = sim.scheduler
+    spec = job_spec("web", 4, update=UpdatePolicy(max_unavailable=1, halt_after_failures=1))
+    s.create_job(spec, 0)
+    assert sim.run_until(lambda: len(s.discovery("web")) == 4, 300)
+    s.update_job(spec.model_copy(update={"command": "crash"}), sim.now)
+    assert sim.run_until(lambda: s.job("web").halted is not None, 300)
+    s.resume("web", sim.now)
+    assert s.job("web").halted is None
+    assert sim.run_until(lambda: s.job("web").halted is not None, 300)  # halts again
