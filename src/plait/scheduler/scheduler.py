@@ -47,6 +47,7 @@ from plait.scheduler.records import (
     SchedulerEvent,
     TaskRecord,
     TaskStatus,
+    _same_runtime,
 )
 from plait.taskcontrol.protocol import (
     AdvanceNotice,
@@ -244,7 +245,7 @@ class Scheduler:
             seen.add(ref)
             if st.phase is Phase.STOPPED:
                 self._stopped(job, rec, now)
-            elif st.spec_version != rec.spec_version:
+            elif st.revision != job.revision(rec.spec_version):
                 continue  # the old version still winding down
             elif st.phase is Phase.STARTING:
                 self._transition(rec, Event.STARTING)
@@ -348,7 +349,8 @@ class Scheduler:
         self.touched.add(machine)
         self.placed.setdefault(machine, set()).add(ref)
         self.desired.setdefault(machine, {})[ref] = Assignment(
-            job.name, rec.index, rec.spec_version, job.versions[rec.spec_version - 1])
+            job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
+            job.versions[rec.spec_version - 1])
 
     def _unassign(self, ref: TaskRef, machine: int) -> None:
         self.touched.add(machine)
@@ -374,9 +376,11 @@ class Scheduler:
         for rec in recs:
             if rec.machine is not None:
                 self._unassign(job.ref(rec.index), rec.machine)
-            for op_id in job.pending_by_task.pop(rec.index, []):
-                job.pending.pop(op_id, None)
+            job.offers.pop(rec.index, None)
+            job.lost.discard(rec.index)
             del job.tasks[rec.index]
+            if rec.index < spec.task_count and not job.deleting:
+                job.tasks[rec.index] = TaskRecord(rec.index, job.target)  # resized back up
 
     def _on_machines(self, now: float) -> None:
         changes, self._changes[:] = list(self._changes), []
@@ -397,6 +401,7 @@ class Scheduler:
                     if rec.op is None and self._transition(rec, Event.RECOVERED):
                         self._assign(job, rec, m)
                         rec.lost_since = None
+                        job.lost.discard(rec.index)
                         self._cancel_pending(job, rec.index)
 
     def _lose(self, ref: TaskRef, now: float) -> None:
@@ -408,7 +413,10 @@ class Scheduler:
             rec.state = TaskState.STOPPED  # its machine is gone: nothing left to stop
             self._stopped_unreachable(job, rec, now)
             return
+        if rec.op is not None and rec.state is not TaskState.PENDING:
+            self._complete(job, rec)  # whatever was under way is over: it is down now
         if self._transition(rec, Event.LOST):
+            job.lost.add(rec.index)
             rec.serving = False
             rec.healthy = False
             rec.lost_since = now
@@ -457,7 +465,9 @@ class Scheduler:
         if rec.state in (TaskState.STOPPED, TaskState.LOST, TaskState.PENDING):
             return
         if rec.op is not None:
-            return  # already being stopped or moved
+            if rec.op.kind is OpKind.STOP or rec.state is TaskState.STOPPING:
+                return  # already being stopped
+            self._complete(job, rec)  # an update or move under way ends here
         self._take_out(ref, rec)
         rec.state = TaskState.STOPPED
         rec.healthy = False
@@ -507,22 +517,32 @@ class Scheduler:
         target = job.target
         same_runtime: dict[int, bool] = {}
         acked_tasks = {op.task.index for op in job.acked.values()}
+        # the wanted tuples are shared, so "unchanged" is a cheap comparison
+        stop: Wanted = ((OpKind.STOP, _DELETE if job.deleting else _RESIZE),)
+        move: Wanted = ((OpKind.MOVE, _FAILURE),)
+        restart: Wanted = ((OpKind.RESTART, _RESTART),)
+        update: Wanted = ((OpKind.UPDATE, f"update to version {target}"),)
+        maintenance: dict[str, Wanted] = {}
+        none: Wanted = ()
+        offers = job.offers
+        dropped: list[TaskRecord] = []
         for rec in job.tasks.values():
             i = rec.index
+            if rec.op is not None and i >= count and rec.state is TaskState.PENDING:
+                dropped.append(rec)  # stopped for an update, then resized away
+                continue
             if rec.op is not None or i in acked_tasks:
                 continue
-            wanted: list[tuple[OpKind, str]] = []
+            wanted = none
             if i >= count:
-                if rec.state is TaskState.PENDING and rec.machine is None:
-                    wanted = []  # never placed: nothing to stop
-                else:
-                    wanted = [(OpKind.STOP, _DELETE if job.deleting else _RESIZE)]
+                if rec.machine is not None or rec.state is not TaskState.PENDING:
+                    wanted = stop
             elif rec.state is TaskState.LOST:
-                wanted = [(OpKind.MOVE, _FAILURE)]
+                wanted = move
             elif rec.parked is not None or rec.state is TaskState.PENDING:
-                wanted = []
+                pass
             elif rec.restart:
-                wanted = [(OpKind.RESTART, _RESTART)]
+                wanted = restart
             elif rec.spec_version != target:
                 same = same_runtime.get(rec.spec_version)
                 if same is None:
@@ -533,44 +553,46 @@ class Scheduler:
                     if rec.machine is not None:
                         self._assign(job, rec, rec.machine)
                 elif job.halted is None:
-                    wanted = [(OpKind.UPDATE, f"update to version {target}")]
+                    wanted = update
             if not wanted and rec.machine is not None and rec.machine in notice:
-                event_id, _ = notice[rec.machine]
-                wanted = [(OpKind.MOVE, f"maintenance {event_id}"),
-                          (OpKind.STOP, f"maintenance {event_id}")]
-            self._offer(job, rec, wanted)
+                event_id = notice[rec.machine][0]
+                wanted = maintenance.get(event_id) or maintenance.setdefault(
+                    event_id, ((OpKind.MOVE, f"maintenance {event_id}"),
+                               (OpKind.STOP, f"maintenance {event_id}")))
+            offer = offers.get(i)
+            if offer is None:
+                if wanted:
+                    job.op_counter += 1
+                    offers[i] = (wanted, job.op_counter)
+                    job.dirty = True
+            elif offer[0] != wanted:
+                if wanted:
+                    job.op_counter += 1
+                    offers[i] = (wanted, job.op_counter)
+                else:
+                    del offers[i]
+                job.dirty = True
+        for rec in dropped:
+            self._complete(job, rec)
+            self._free(job, [rec])
         # never-placed tasks beyond the count just go away
         gone = [r for r in job.tasks.values()
                 if r.index >= count and r.machine is None and r.state is TaskState.PENDING]
         for rec in gone:
-            for op_id in job.pending_by_task.pop(rec.index, []):
-                job.pending.pop(op_id, None)
+            offers.pop(rec.index, None)
             del job.tasks[rec.index]
 
-    def _offer(self, job: JobRecord, rec: TaskRecord, wanted: list[tuple[OpKind, str]]) -> None:
-        ids = job.pending_by_task.get(rec.index)
-        if ids:
-            have = [(job.pending[i].kind, job.pending[i].reason) for i in ids]
-            if have == wanted:
-                return
-            self._cancel_pending(job, rec.index)
-        if not wanted:
-            return
+    def _ops(self, job: JobRecord, index: int) -> list[TaskOp]:
+        """The TaskOps offered for one task (made on demand; ids are stable)."""
+        wanted, serial = job.offers[index]
+        rec = job.tasks[index]
         machine = self.fleet.name(rec.machine) if rec.machine is not None else None
-        ref = job.ref(rec.index)
-        new = []
-        for kind, reason in wanted:
-            job.op_counter += 1
-            op = TaskOp(f"{job.name}/{rec.index}/{kind.value}/{job.op_counter}", ref, kind,
-                        reason, machine)
-            job.pending[op.op_id] = op
-            new.append(op.op_id)
-        job.pending_by_task[rec.index] = new
-        job.dirty = True
+        ref = job.ref(index)
+        return [TaskOp(f"{job.name}/{index}/{kind.value}/{serial}", ref, kind, reason, machine)
+                for kind, reason in wanted]
 
     def _cancel_pending(self, job: JobRecord, index: int) -> None:
-        for op_id in job.pending_by_task.pop(index, []):
-            job.pending.pop(op_id, None)
+        if job.offers.pop(index, None) is not None:
             job.dirty = True
 
     # stage 2: acks -------------------------------------------------------------------------
@@ -578,22 +600,21 @@ class Scheduler:
         """Without a controller: keep unavailable tasks, whatever the reason, below
         max_unavailable; stops of tasks beyond the count and moves of tasks already
         down cost nothing."""
-        if not job.pending:
+        if not job.offers:
             return
-        cap = job.spec.update.resolve(job.spec.task_count)
+        count = job.spec.task_count
+        cap = job.spec.update.resolve(count)
+        tasks = job.tasks
         budget = (1 if cap is None else cap) - self.unavailable(job) - sum(
-            1 for op in job.acked.values() if not _down(job.tasks[op.task.index]))
-        for index in sorted(job.pending_by_task):
-            ids = job.pending_by_task[index]
-            ops = [job.pending[i] for i in ids]
-            rec = job.tasks[index]
-            free = _down(rec) or index >= job.spec.task_count or job.deleting
-            if not free and budget <= 0:
-                continue
-            chosen = ops[0]  # a move before a stop for maintenance
-            self._ack(job, chosen)
+            1 for op in job.acked.values() if not _down(tasks[op.task.index]))
+        for index in sorted(job.offers):
+            rec = tasks[index]
+            free = job.deleting or index >= count or _down(rec)
             if not free:
+                if budget <= 0:
+                    continue
                 budget -= 1
+            self._ack(job, self._ops(job, index)[0])  # a move before a stop for maintenance
 
     def _ask_controller(self, job: JobRecord, notice: dict[int, tuple[str, float]],
                         now: float) -> None:
@@ -602,15 +623,17 @@ class Scheduler:
         if notice_key != job.notices:
             job.notices = notice_key
             job.dirty = True
-        due = job.pending and (job.last_call is None
+        due = job.offers and (job.last_call is None
                                or now - job.last_call >= self.config.recheck_interval)
         if not (job.dirty or due):
             return
         job.sequence_number += 1
-        pending = sorted(job.pending.values(), key=lambda o: (o.task.index, o.op_id))
+        pending = [op for index in sorted(job.offers)[: self.config.controller_batch]
+                   for op in self._ops(job, index)]
+        offered = {op.op_id: op for op in pending}
         request = TaskControlRequest(
             job_handle=job.name,
-            request=tuple(pending[: self.config.controller_batch]),
+            request=tuple(pending),
             completed=tuple(job.completed),
             advance_notices=notices,
             all_unhealthy_tasks=tuple(job.ref(r.index) for r in sorted(
@@ -633,8 +656,8 @@ class Scheduler:
             return
         acked_tasks: set[int] = set()
         for op_id in response.ack:
-            op = job.pending.get(op_id)
-            if op is None or op.task.index in acked_tasks:
+            op = offered.get(op_id)
+            if op is None or op.task.index in acked_tasks or op.task.index not in job.offers:
                 continue  # unknown, already done, or the second op of one task
             acked_tasks.add(op.task.index)
             self._ack(job, op)
@@ -654,21 +677,21 @@ class Scheduler:
             for eid, (start, ms, refs) in sorted(by_event.items()))
 
     def _ack(self, job: JobRecord, op: TaskOp) -> None:
-        for op_id in job.pending_by_task.pop(op.task.index, []):
-            job.pending.pop(op_id, None)
+        job.offers.pop(op.task.index, None)
         job.acked[op.op_id] = op
 
     def _failure_deadline(self, job: JobRecord, now: float) -> None:
-        for op in list(job.pending.values()):
-            if op.kind is not OpKind.MOVE or op.reason != _FAILURE:
+        for index in sorted(job.lost):
+            rec = job.tasks.get(index)
+            offer = job.offers.get(index)
+            if rec is None or offer is None or offer[0][0] != (OpKind.MOVE, _FAILURE):
                 continue
-            rec = job.tasks.get(op.task.index)
-            if rec is not None and rec.lost_since is not None and (
+            if rec.lost_since is not None and (
                     now - rec.lost_since >= self.config.failure_deadline):
-                self._ack(job, op)
+                self._ack(job, self._ops(job, index)[0])
                 self.counters["failure_deadline_moves"] += 1
                 self._event(now, job.name, "failure_deadline",
-                            f"task {op.task.index} moved without an ack after "
+                            f"task {index} moved without an ack after "
                             f"{self.config.failure_deadline:g}s down")
 
     # stage 3: execution --------------------------------------------------------------------
@@ -705,6 +728,7 @@ class Scheduler:
         ref = job.ref(rec.index)
         if rec.state is TaskState.LOST:  # its machine is gone: place it elsewhere now
             assert rec.machine is not None
+            job.lost.discard(rec.index)
             self._unassign(ref, rec.machine)
             self._transition(rec, Event.REPLACE)
             return
@@ -756,7 +780,3 @@ class Scheduler:
 def _down(rec: TaskRecord) -> bool:
     return rec.state in DOWN or not rec.healthy or not rec.serving
 
-
-def _same_runtime(a: JobSpec, b: JobSpec) -> bool:
-    """Do two versions run the same way (they differ at most in task count)?"""
-    return a.model_copy(update={"task_count": 0}) == b.model_copy(update={"task_count": 0})

@@ -73,7 +73,7 @@ class SimAgent:
         # fence: stop whatever is not assigned here (or an older version of it)
         for ref, p in self.processes.items():
             a = want.get(ref)
-            if not p.stopping and (a is None or a.spec_version != p.assignment.spec_version):
+            if not p.stopping and (a is None or a.revision != p.assignment.revision):
                 p.stopping = True
                 p.until = now + self.behaviour(p.assignment).stop_seconds
         statuses: list[TaskStatus] = []
@@ -82,10 +82,10 @@ class SimAgent:
             a = p.assignment
             if p.stopping:
                 if now >= p.until:
-                    statuses.append(TaskStatus(a.job, a.index, a.spec_version, Phase.STOPPED))
+                    statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.STOPPED))
                     del self.processes[ref]
                 else:
-                    statuses.append(TaskStatus(a.job, a.index, a.spec_version, p.phase,
+                    statuses.append(TaskStatus(a.job, a.index, a.revision, p.phase,
                                                p.phase is Phase.RUNNING))
                 continue
             if p.backoff_until is not None:
@@ -93,7 +93,7 @@ class SimAgent:
                     p.backoff_until = None
                     p.phase, p.until, p.started_at = Phase.STARTING, now + b.start_seconds, now
                 else:
-                    statuses.append(TaskStatus(a.job, a.index, a.spec_version, Phase.EXITED,
+                    statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.EXITED,
                                                False, 1))
                     continue
             if p.phase is Phase.STARTING and now >= p.until:
@@ -102,16 +102,16 @@ class SimAgent:
             if p.phase is Phase.RUNNING and b.crash and now >= p.until:
                 p.phase = Phase.EXITED
                 p.backoff_until = now + b.restart_backoff
-                statuses.append(TaskStatus(a.job, a.index, a.spec_version, Phase.EXITED,
+                statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.EXITED,
                                            False, 1))
                 continue
-            statuses.append(TaskStatus(a.job, a.index, a.spec_version, p.phase,
+            statuses.append(TaskStatus(a.job, a.index, a.revision, p.phase,
                                        p.phase is Phase.RUNNING))
         for ref, a in want.items():
             if ref not in self.processes:
                 b = self.behaviour(a)
                 self.processes[ref] = Process(a, Phase.STARTING, now + b.start_seconds, now)
-                statuses.append(TaskStatus(a.job, a.index, a.spec_version, Phase.STARTING,
+                statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.STARTING,
                                            False))
         return statuses
 

@@ -1,0 +1,88 @@
+"""Property test: random mixes of updates, resizes, failures and maintenance.
+
+At every simulated second: planned operations never take a job above its
+max_unavailable, no task index runs (let alone serves) in two places, a serving
+task really runs where discovery says, and destructive operations never exceed
+the rate limit (deadline stops aside).
+"""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from plait.model import UpdatePolicy
+from plait.model.task import TaskRef
+from plait.scheduler import SchedulerConfig
+from plait.sim.scenarios import job_spec, world
+from plait.taskcontrol import OneAtATime, OpKind
+
+RATE, BURST = 2.0, 4.0
+JOBS = {"a": 1, "b": 2, "c": "30%"}
+
+actions = st.lists(st.one_of(
+    st.tuples(st.just("update"), st.sampled_from(sorted(JOBS))),
+    st.tuples(st.just("resize"), st.sampled_from(sorted(JOBS)), st.integers(0, 9)),
+    st.tuples(st.just("fail"), st.integers(0, 29)),
+    st.tuples(st.just("repair")),
+    st.tuples(st.just("maintenance"), st.integers(0, 29), st.integers(5, 40),
+              st.integers(10, 60)),
+    st.tuples(st.just("wait"), st.integers(1, 30)),
+), min_size=1, max_size=12)
+
+
+def check(sim, started_log):
+    s = sim.scheduler
+    for name, job in s.jobs.items():
+        cap = job.spec.update.resolve(job.spec.task_count)
+        planned = sum(1 for r in job.tasks.values() if r.op is not None
+                      and r.index < job.spec.task_count and not job.deleting
+                      and not (r.op.kind is OpKind.MOVE and r.op.reason == "machine failed"))
+        assert planned <= (cap or 1), f"{name}: {planned} planned operations, cap {cap}"
+        for rec in job.tasks.values():
+            copies = sim.running_copies(TaskRef(name, rec.index))
+            assert len(copies) <= 1, f"{name}/{rec.index} runs on {copies}"
+            if rec.serving:
+                assert copies == [sim.fleet.name(rec.machine)]
+    started_log.append((sim.now, s.counters["ops_started"]))
+    for t0, n0 in started_log:
+        assert s.counters["ops_started"] - n0 <= BURST + RATE * (sim.now - t0) + 1e-9
+
+
+@given(actions=actions, with_controller=st.booleans())
+def test_invariants_under_random_operations(actions, with_controller):
+    sim = world(machines=30, config=SchedulerConfig(rate=RATE, burst=BURST,
+                                                    failure_deadline=60))
+    s = sim.scheduler
+    specs = {}
+    for name, cap in JOBS.items():
+        specs[name] = job_spec(name, 6, cpu=4, update=UpdatePolicy(max_unavailable=cap))
+        controller = OneAtATime() if with_controller and name == "a" else None
+        s.create_job(specs[name], 0, controller=controller)
+    log: list = []
+    sim.observers.append(lambda sm: check(sm, log))
+    sim.run(20)
+    failures: list[str] = []
+    version = 1
+    for action in actions:
+        kind = action[0]
+        if kind == "update":
+            version += 1
+            specs[action[1]] = specs[action[1]].model_copy(update={"args": (f"v{version}",)})
+            s.update_job(specs[action[1]], sim.now)
+        elif kind == "resize":
+            specs[action[1]] = specs[action[1]].model_copy(update={"task_count": action[2]})
+            s.update_job(specs[action[1]], sim.now)
+        elif kind == "fail":
+            failures.append(sim.fail([sim.fleet.name(action[1])]))
+        elif kind == "repair" and failures:
+            sim.repair(failures.pop(0))
+        elif kind == "maintenance":
+            _, m, start, length = action
+            sim.maintenance([sim.fleet.name(m)], sim.now + start, sim.now + start + length)
+        sim.run(action[1] if kind == "wait" else 5)
+    for event_id in failures:
+        sim.repair(event_id)
+    # and it settles: every job runs its target version at full strength
+    assert sim.run_until(lambda: all(
+        len(s.discovery(n)) == specs[n].task_count
+        and all(r.spec_version == s.job(n).target for r in s.job(n).tasks.values())
+        for n in JOBS), 3000)
