@@ -117,7 +117,7 @@ class JobRecord:
         if found is None:
             spec = self.versions[version - 1]
             found = next((v for v in range(1, version)
-                          if _same_runtime(self.versions[v - 1], spec)), version)
+                          if same_runtime(self.versions[v - 1], spec)), version)
             self._revisions[version] = found
         return found
 
@@ -129,6 +129,6 @@ class JobRecord:
         return TaskRef(self.name, index)
 
 
-def _same_runtime(a: JobSpec, b: JobSpec) -> bool:
+def same_runtime(a: JobSpec, b: JobSpec) -> bool:
     """Do two versions run the same way (they differ at most in task count)?"""
     return a.model_copy(update={"task_count": 0}) == b.model_copy(update={"task_count": 0})

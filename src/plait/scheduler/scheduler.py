@@ -47,7 +47,8 @@ from plait.scheduler.records import (
     SchedulerEvent,
     TaskRecord,
     TaskStatus,
-    _same_runtime,
+    Wanted,
+    same_runtime,
 )
 from plait.taskcontrol.protocol import (
     AdvanceNotice,
@@ -191,7 +192,7 @@ class Scheduler:
                 self._complete(job, rec)
         job.halted = None
         job.rollout_failures = 0
-        job.rollout_active = not _same_runtime(old, spec)
+        job.rollout_active = not same_runtime(old, spec)
         job.dirty = True
         self._event(now, job.name, "updated", what)
 
@@ -515,7 +516,7 @@ class Scheduler:
         spec = job.spec
         count = 0 if job.deleting else spec.task_count
         target = job.target
-        same_runtime: dict[int, bool] = {}
+        runtime_same: dict[int, bool] = {}
         acked_tasks = {op.task.index for op in job.acked.values()}
         # the wanted tuples are shared, so "unchanged" is a cheap comparison
         stop: Wanted = ((OpKind.STOP, _DELETE if job.deleting else _RESIZE),)
@@ -544,9 +545,9 @@ class Scheduler:
             elif rec.restart:
                 wanted = restart
             elif rec.spec_version != target:
-                same = same_runtime.get(rec.spec_version)
+                same = runtime_same.get(rec.spec_version)
                 if same is None:
-                    same = same_runtime[rec.spec_version] = _same_runtime(
+                    same = runtime_same[rec.spec_version] = same_runtime(
                         job.versions[rec.spec_version - 1], spec)
                 if same:
                     rec.spec_version = target  # a resize only: nothing to restart
