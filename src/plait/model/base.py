@@ -16,7 +16,7 @@ from plait.errors import ValidationError
 class Value(pydantic.BaseModel):
     """A frozen, strictly-shaped value: unknown fields are an error, not ignored."""
 
-    model_config = pydantic.ConfigDict(frozen=True, extra="forbid")
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 V = TypeVar("V", bound=Value)

@@ -46,10 +46,17 @@ class Entitlement(Value):
     name: str
     owner: str
     quota: Quota
-    host_profile: str = "default"
+    host_profile: str = pydantic.Field(default="default", min_length=1)
     #: soft preferences for jobs that do not set their own.
     default_preferences: tuple[Preference, ...] = DEFAULT_PREFERENCES
     #: pin the entitlement's machines and jobs to one data center.
-    pin_dc: str | None = None
+    pin_dc: str | None = pydantic.Field(default=None, min_length=1)
 
     _name = pydantic.field_validator("name", "owner")(check_name)
+
+    @pydantic.field_validator("default_preferences")
+    @classmethod
+    def _unique(cls, prefs: tuple[Preference, ...]) -> tuple[Preference, ...]:
+        if len(set(prefs)) != len(prefs):
+            raise ValueError("a preference is listed twice")
+        return prefs

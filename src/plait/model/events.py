@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from plait.errors import ValidationError
@@ -26,6 +27,17 @@ class UnavailabilityEvent:
     reason: str = ""
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "kind", EventKind(self.kind))
+        except ValueError:
+            raise ValidationError("kind", f"unknown event kind {self.kind!r}") from None
+        if isinstance(self.machines, str) or not all(isinstance(m, str) for m in self.machines):
+            raise ValidationError("machines", "a list of machine ids")
+        object.__setattr__(self, "machines", tuple(self.machines))
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValidationError(name, f"must be a finite time, got {value!r}")
         if not self.machines:
             raise ValidationError("machines", "an event must name at least one machine")
         if self.kind is EventKind.MAINTENANCE and self.end is None:

@@ -34,11 +34,13 @@ class UpdatePolicy(Value):
     #: running healthy this long
     min_ready_seconds: float = pydantic.Field(default=0.0, ge=0)
 
-    @pydantic.field_validator("max_unavailable")
+    @pydantic.field_validator("max_unavailable", mode="before")
     @classmethod
-    def _check(cls, value: int | str | None) -> int | str | None:
+    def _check(cls, value: object) -> int | str | None:
         if value is None:
             return None
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError(f"expected a count or a percentage like '10%', got {value!r}")
         if isinstance(value, int):
             if value < 1:
                 raise ValueError("must be at least 1")
@@ -74,8 +76,8 @@ class JobSpec(Value):
     @pydantic.field_validator("resources")
     @classmethod
     def _nonzero(cls, value: Resources) -> Resources:
-        if value.cpu <= 0:
-            raise ValueError("a task must ask for some cpu (> 0 RRU)")
+        if value.to_units()[0] < 1:
+            raise ValueError("a task must ask for some cpu (at least 0.001 RRU)")
         return value
 
     @pydantic.field_validator("env")

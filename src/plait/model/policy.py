@@ -80,6 +80,22 @@ class Requirements(Value):
     #: at most this many of the job's tasks on one machine (anti-affinity).
     max_tasks_per_machine: int | None = pydantic.Field(default=None, ge=1)
 
+    @pydantic.field_validator("attributes")
+    @classmethod
+    def _no_domains_below_dc(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        for key in ("msb", "row", "rack"):
+            if key in value:
+                raise ValueError(f"{key}: only dc and type can be required among the "
+                                 "fault-domain properties; use spread preferences below a DC")
+        return value
+
+    @pydantic.field_validator("dc")
+    @classmethod
+    def _dc(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            raise ValueError("must not be empty")
+        return value
+
     def __hash__(self) -> int:
         return hash(
             (self.machine_types, self.min_free, tuple(sorted(self.attributes.items())), self.dc,

@@ -1,0 +1,50 @@
+"""Edge cases of validation: every refusal names its field."""
+
+import math
+
+import pytest
+
+from plait.errors import ValidationError
+from plait.model import Entitlement, EventKind, JobSpec, UnavailabilityEvent, parse
+
+BASE = {"name": "web", "entitlement": "e", "task_count": 1, "command": "x",
+        "resources": {"cpu": 1}}
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"resources": {"cpu": "inf"}}, "resources.cpu"),
+    ({"resources": {"cpu": math.nan}}, "resources.cpu"),
+    ({"resources": {"cpu": 1e-9}}, "resources"),
+    ({"update": {"max_unavailable": 1.5}}, "update.max_unavailable"),
+    ({"update": {"max_unavailable": True}}, "update.max_unavailable"),
+    ({"policy": {"requirements": {"dc": ""}}}, "policy.requirements.dc"),
+])
+def test_job_spec_refusals_name_the_field(patch, field):
+    with pytest.raises(ValidationError) as err:
+        parse(JobSpec, {**BASE, **patch})
+    assert err.value.field == field
+
+
+def test_entitlement_refuses_empty_pins_and_duplicate_preferences():
+    base = {"name": "e", "owner": "o", "quota": {"machines": 1}}
+    for patch, field in (({"pin_dc": ""}, "pin_dc"), ({"host_profile": ""}, "host_profile"),
+                         ({"default_preferences": [{"strategy": "stack"},
+                                                   {"strategy": "stack"}]},
+                          "default_preferences")):
+        with pytest.raises(ValidationError) as err:
+            parse(Entitlement, {**base, **patch})
+        assert err.value.field == field
+
+
+def test_event_kind_given_as_a_string_is_coerced_or_refused():
+    ev = UnavailabilityEvent("x", "failure", ("a",), 0)  # type: ignore[arg-type]
+    assert ev.kind is EventKind.FAILURE
+    with pytest.raises(ValidationError) as err:
+        UnavailabilityEvent("x", "reboot", ("a",), 0)  # type: ignore[arg-type]
+    assert err.value.field == "kind"
+    with pytest.raises(ValidationError) as err:
+        UnavailabilityEvent("x", EventKind.FAILURE, "ab", 0)  # type: ignore[arg-type]
+    assert err.value.field == "machines"
+    with pytest.raises(ValidationError) as err:
+        UnavailabilityEvent("x", EventKind.FAILURE, ("a",), math.nan)
+    assert err.value.field == "start"
