@@ -12,15 +12,25 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from plait import __version__
+from plait.errors import PlaitError
 
 app = typer.Typer(help="plait: a cluster manager with one control plane per region.",
                   no_args_is_help=True, add_completion=False)
 bench_app = typer.Typer(help="Reproducible benchmarks; each prints one JSON object.",
                         no_args_is_help=True)
 region_app = typer.Typer(help="Generated regions (fleet topologies).", no_args_is_help=True)
+sim_app = typer.Typer(help="Run the real scheduler and allocator on a simulated region.",
+                      no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 app.add_typer(region_app, name="region")
+app.add_typer(sim_app, name="sim")
 console = Console(stderr=True)
+
+
+def _refuse(exc: PlaitError) -> typer.Exit:
+    """Bad input: say what is wrong, in one line, and exit 2 (as a usage error)."""
+    console.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(2)
 
 
 @app.command()
@@ -45,10 +55,29 @@ def bench_allocator(
     """Job allocations per second on a generated region (one JSON object on stdout)."""
     from plait.bench import allocator
 
-    result = allocator.run(machines=machines, jobs=jobs, tasks_per_job=tasks_per_job, dcs=dcs,
-                           msbs_per_dc=msbs_per_dc, repeat_ratio=repeat_ratio,
-                           entitlements=entitlements, seed=seed)
+    try:
+        result = allocator.run(machines=machines, jobs=jobs, tasks_per_job=tasks_per_job,
+                               dcs=dcs, msbs_per_dc=msbs_per_dc, repeat_ratio=repeat_ratio,
+                               entitlements=entitlements, seed=seed)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
     print(json.dumps(result))
+
+
+@bench_app.command("scheduler")
+def bench_scheduler(
+    big_tasks: Annotated[int, typer.Option(min=1, help="tasks of the job re-planned")] = 15_000,
+    machines: Annotated[int, typer.Option(min=10)] = 10_000,
+    jobs: Annotated[int, typer.Option(min=1)] = 200,
+    sim_seconds: Annotated[float, typer.Option(min=1)] = 600.0,
+    repeat: Annotated[int, typer.Option(min=1)] = 3,
+    seed: int = 0,
+) -> None:
+    """Reconcile cost of a huge job update and simulated task operations per second."""
+    from plait.bench import scheduler
+
+    print(json.dumps(scheduler.run(big_tasks=big_tasks, machines=machines, jobs=jobs,
+                                   sim_seconds=sim_seconds, repeat=repeat, seed=seed)))
 
 
 @region_app.command("describe")
@@ -65,7 +94,11 @@ def region_describe(
     from plait.model import RegionSpec, describe, generate
 
     t0 = time.perf_counter()
-    fleet = generate(RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc), seed=seed)
+    try:
+        spec = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    fleet = generate(spec, seed=seed)
     index = MachineIndex(fleet, Region(fleet))
     seconds = time.perf_counter() - t0
     summary = dict(describe(fleet))
@@ -131,6 +164,81 @@ def demo(
                           total=None)
         result = bench.run(machines=machines, jobs=jobs)
     out.print_json(json.dumps(result))
+
+
+@sim_app.command("rollout")
+def sim_rollout(
+    tasks: Annotated[int, typer.Option(min=1)] = 30,
+    machines: Annotated[int, typer.Option(min=2)] = 60,
+    controller: Annotated[str, typer.Option(
+        help="none | one-at-a-time | leader-last | default")] = "none",
+    max_unavailable: Annotated[str, typer.Option(help="a count or a percentage")] = "10%",
+    fail: Annotated[int, typer.Option(min=0, help="machines that fail mid-rollout")] = 0,
+    crash: Annotated[bool, typer.Option(help="the new version crashes")] = False,
+    limit: Annotated[float, typer.Option(min=1, help="simulated seconds at most")] = 3600,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Deploy a job on a simulated region, then roll out a new version: the real
+    scheduler, allocator and TaskControl on the simulated clock."""
+    from plait.model import UpdatePolicy
+    from plait.model.base import build
+    from plait.sim.scenarios import job_spec, world
+    from plait.taskcontrol import DefaultController, LeaderLast, OneAtATime
+    from plait.taskcontrol.protocol import TaskController
+
+    try:
+        update = build(UpdatePolicy, max_unavailable=int(max_unavailable)
+                       if max_unavailable.isdigit() else max_unavailable)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    sim = world(machines=machines)
+    s = sim.scheduler
+    cap = update.resolve(tasks) or 1
+    controllers: dict[str, TaskController | None] = {
+        "none": None, "one-at-a-time": OneAtATime(), "default": DefaultController(cap),
+        "leader-last": LeaderLast(lambda: 0)}
+    if controller not in controllers:
+        raise _refuse(PlaitError(f"--controller: unknown {controller!r}; "
+                                 f"one of {', '.join(controllers)}"))
+    spec = job_spec("demo", tasks, cpu=2, memory_gb=4, update=update)
+    s.create_job(spec, sim.now, controller=controllers[controller])
+    sim.run_until(lambda: len(s.discovery("demo")) == tasks, limit)
+    start = sim.now
+    s.update_job(spec.model_copy(update={"command": "crash" if crash else "serve",
+                                         "args": ("--v2",)}), sim.now)
+    job = s.job("demo")
+    worst = 0
+    failed = False
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn(
+            "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console,
+            transient=as_json) as progress:
+        bar = progress.add_task("rolling out version 2", total=tasks)
+        while sim.now - start < limit:
+            sim.step()
+            worst = max(worst, s.unavailable(job))
+            done = sum(1 for r in job.tasks.values() if r.spec_version == 2 and r.serving)
+            progress.update(bar, completed=done)
+            if fail and not failed and done >= tasks // 2:
+                victims = sorted({m for _, m in s.discovery("demo")})[:fail]
+                sim.fail(victims)
+                failed = True
+            if not job.rollout_active or job.halted:
+                break
+    summary = {
+        "tasks": tasks, "controller": controller, "max_unavailable": cap,
+        "rollout_seconds": sim.now - start, "finished": not job.rollout_active,
+        "halted": job.halted, "worst_unavailable": worst,
+        "serving": len(s.discovery("demo")), **s.counters,
+    }
+    if as_json:
+        print(json.dumps(summary))
+        return
+    table = Table(title="rollout", show_header=False)
+    for key, value in summary.items():
+        table.add_row(key, str(value))
+    Console().print(table)
+    for event in s.events[-8:]:
+        Console().print(f"  t={event.time:7.1f}  {event.kind:16} {event.message}")
 
 
 if __name__ == "__main__":

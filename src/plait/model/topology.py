@@ -12,6 +12,7 @@ writes (DCs, MSBs per DC, rows, racks, machines per rack, a mix of machine types
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,8 +81,9 @@ class RegionSpec(Value):
     @classmethod
     def sized(cls, machines: int, dcs: int = 5, msbs_per_dc: int = 12, **kw: object) -> RegionSpec:
         """A region of exactly ``machines`` machines, about 40 per rack by default."""
-        rows = int(kw.pop("rows_per_msb", 4))  # type: ignore[call-overload]
         per_msb = max(1, machines // (dcs * msbs_per_dc))
+        # about 40 machines a rack; more rows when a row would pass 1,024 racks
+        rows = int(kw.pop("rows_per_msb", max(4, math.ceil(per_msb / 40 / 1024))))  # type: ignore[call-overload]
         racks_per_row = int(kw.pop("racks_per_row", max(1, round(per_msb / rows / 40))))  # type: ignore[call-overload]
         data: dict[str, object] = dict(
             dcs=dcs, msbs_per_dc=msbs_per_dc, rows_per_msb=rows, racks_per_row=racks_per_row,
