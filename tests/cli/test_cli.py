@@ -34,3 +34,31 @@ def test_bad_flag_is_refused_with_a_message():
     res = runner.invoke(app, ["bench", "allocator", "--repeat-ratio", "2"])
     assert res.exit_code != 0
     assert "repeat-ratio" in res.output
+
+
+def test_sim_rollout_with_a_controller_and_failures():
+    res = runner.invoke(app, ["sim", "rollout", "--tasks", "12", "--machines", "30",
+                              "--controller", "one-at-a-time", "--fail", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["finished"] and summary["serving"] == 12
+    assert summary["tasks_lost"] >= 1
+
+
+def test_sim_rollout_of_a_crashing_version_halts():
+    res = runner.invoke(app, ["sim", "rollout", "--tasks", "8", "--crash", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["halted"] and not summary["finished"]
+
+
+def test_sim_rollout_refuses_an_unknown_controller():
+    res = runner.invoke(app, ["sim", "rollout", "--controller", "magic"])
+    assert res.exit_code == 2
+    assert "--controller" in res.output
+
+
+def test_region_flags_out_of_range_are_one_line_errors():
+    res = runner.invoke(app, ["bench", "allocator", "--dcs", "100", "--machines", "1000"])
+    assert res.exit_code == 2
+    assert "dcs" in res.output and "Traceback" not in res.output
