@@ -12,7 +12,9 @@ Pure core: no clock, no I/O; the brokers it calls are in-memory state machines.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -46,6 +48,11 @@ class Allocator:
         self.cache = AllocationCache()
         self.conflicts = 0
         self._compiled: dict[tuple[AllocationPolicy, str, Resources], CompiledPolicy] = {}
+        #: the same, keyed by the identity of the policy and resources objects (hashing
+        #: those models costs more than the rest of a lookup); each entry holds the
+        #: objects, so their ids cannot be reused while it is there
+        self._by_id: dict[tuple[int, str, int],
+                          tuple[AllocationPolicy, Resources, CompiledPolicy]] = {}
 
     # -- entitlements --------------------------------------------------------------------
     def define(self, entitlement: Entitlement) -> None:
@@ -54,6 +61,7 @@ class Allocator:
         self.entitlements[entitlement.name] = entitlement
         self.region.entitlements.code(entitlement.name)
         self._compiled = {k: v for k, v in self._compiled.items() if k[1] != entitlement.name}
+        self._by_id = {k: v for k, v in self._by_id.items() if k[1] != entitlement.name}
 
     def usage(self, name: str) -> EntitlementUsage:
         ent = self._entitlement(name)
@@ -103,13 +111,20 @@ class Allocator:
         )
 
     def compile(self, request: AllocationRequest) -> CompiledPolicy:
-        key = (request.policy, request.entitlement, request.resources)
+        policy, resources = request.policy, request.resources
+        by_id = (id(policy), request.entitlement, id(resources))
+        seen = self._by_id.get(by_id)
+        if seen is not None and seen[0] is policy and seen[1] is resources:
+            return seen[2]
+        key = (policy, request.entitlement, resources)
         cp = self._compiled.get(key)
         if cp is None:
             ent = self._entitlement(request.entitlement)
             code = self.region.entitlements.code(ent.name)
-            cp = self._compiled[key] = compile_policy(self.index, ent, code, request.policy,
-                                                      request.resources)
+            cp = self._compiled[key] = compile_policy(self.index, ent, code, policy, resources)
+        if len(self._by_id) >= 4096:  # requests that build new policy objects each time
+            self._by_id.clear()
+        self._by_id[by_id] = (policy, resources, cp)
         return cp
 
     def propose(self, request: AllocationRequest) -> Plan:
@@ -130,9 +145,14 @@ class Allocator:
         need, floor = plan.policy.need, plan.policy.floor
         claimed = {m for m, _ in plan.claims}
         # -- verify ---------------------------------------------------------------------
-        for m, version in plan.claims:
-            if not (ix.is_free(m) and int(ix.version[m]) == version):
-                raise Conflict(f"machine {ix.fleet.name(m)}", "free", "claimed or changed")
+        # machines: only if the index changed since the plan was decided on it (a plan
+        # fits the index it was made from, so the checks could not fail)
+        changed = plan.snapshot is None or plan.snapshot[0] is not ix or (
+            plan.snapshot[1] != ix.changes)
+        if changed:
+            for m, version in plan.claims:
+                if not (ix.is_free(m) and int(ix.version[m]) == version):
+                    raise Conflict(f"machine {ix.fleet.name(m)}", "free", "claimed or changed")
         members = ix.members.get(plan.ent_code)
         have = members.size if members else 0
         if ent.quota.machines is not None and plan.claims and (
@@ -145,17 +165,20 @@ class Allocator:
             if rru > round(ent.quota.rru * 1000):
                 raise Conflict(f"entitlement {ent.name} rru", ent.quota.rru, rru / 1000)
         if plan.assign:
-            per_machine: dict[int, int] = {}
-            for _, m in plan.assign:
-                per_machine[m] = per_machine.get(m, 0) + 1
-            uniq = np.fromiter(per_machine.keys(), np.int64, len(per_machine))
-            cnt = np.fromiter(per_machine.values(), np.int64, len(per_machine))
-            bound = np.array([m in claimed for m in uniq.tolist()], np.bool_)
-            ok = bound | ((ix.ent[uniq] == plan.ent_code) & (ix.state[uniq] == HEALTHY))
-            for free, n, f in ((ix.free_cpu, need[0], floor[0]), (ix.free_mem, need[1], floor[1]),
+            # tasks per machine, counted in C; vectorised checks over those machines
+            per_machine = Counter(map(itemgetter(1), plan.assign))
+            n = len(per_machine)
+            uniq = np.fromiter(per_machine, np.int64, n)
+            cnt = np.fromiter(per_machine.values(), np.int64, n)
+        if plan.assign and changed:
+            ok = (ix.ent[uniq] == plan.ent_code) & (ix.state[uniq] == HEALTHY)
+            if claimed:
+                ok |= np.fromiter((m in claimed for m in per_machine), np.bool_, n)
+            for free, k, f in ((ix.free_cpu, need[0], floor[0]), (ix.free_mem, need[1], floor[1]),
                                (ix.free_disk, need[2], floor[2])):
-                ok &= free[uniq].astype(np.int64) - f >= cnt * n
-            if not ok.all():
+                if k or f:  # free resources are never negative: nothing to check otherwise
+                    ok &= free[uniq] >= cnt * k + f
+            if np.count_nonzero(ok) < n:
                 bad = ix.fleet.name(int(uniq[~ok][0]))
                 raise Conflict(f"machine {bad}", "room for the plan's tasks", "taken meanwhile")
         # -- claim (compare-and-swap on the broker; undo on a lost race) ------------------
@@ -169,6 +192,7 @@ class Allocator:
                 self.region.release(m, ent.name, int(ix.version[m]))
             raise
         # -- apply ----------------------------------------------------------------------------
+        ix.changes += 1
         job = self.jobs.get(req.job)
         if job is None:
             job = self.jobs[req.job] = JobState(plan.ent_code)
@@ -183,13 +207,12 @@ class Allocator:
             ix.tasks[m] -= 1
             emptied.add(m)
         if plan.assign:
-            ix.free_cpu[uniq] -= (cnt * need[0]).astype(np.int32)
-            ix.free_mem[uniq] -= (cnt * need[1]).astype(np.int32)
-            ix.free_disk[uniq] -= (cnt * need[2]).astype(np.int32)
-            ix.tasks[uniq] += cnt.astype(np.int32)
-            for t, m in plan.assign:
-                job.placement[t] = m
-                job.units[t] = need
+            for free, k in zip((ix.free_cpu, ix.free_mem, ix.free_disk), need, strict=True):
+                if k:
+                    free[uniq] -= cnt * k
+            ix.tasks[uniq] += cnt
+            job.placement.update(plan.assign)
+            job.units.update(dict.fromkeys(map(itemgetter(0), plan.assign), need))
         released: list[int] = []
         for m in sorted(emptied):
             if ix.tasks[m] == 0 and ix.ent[m] != FREE:
@@ -199,7 +222,8 @@ class Allocator:
         if not job.placement:
             del self.jobs[req.job]
         placed = sorted(plan.keep + plan.assign) if plan.keep else plan.assign
-        tasks, machines = zip(*placed, strict=True) if placed else ((), ())
+        tasks = tuple(map(itemgetter(0), placed))
+        machines = tuple(map(itemgetter(1), placed))
         return AllocationResult(
             req.job, req.entitlement, tasks, machines,
             unplaced=tuple(plan.unplaced), freed=tuple(t for t, _ in plan.frees

@@ -10,7 +10,7 @@ always a placement the allocator would keep anyway.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -44,11 +44,12 @@ class AllocationCache:
 
     def store(self, request: AllocationRequest, result: AllocationResult,
               gen: npt.NDArray[np.uint32]) -> None:
-        machines = np.asarray(result.machines, np.int64)
-        # a repeat does nothing new: it reports the placement, not the claims
-        hit = replace(result, freed=(), moved=(), claimed=(), released=(), cached=True,
-                      attempts=0)
-        self._entries[request.job] = _Entry(request, hit, machines, gen[machines].copy())
+        machines = np.fromiter(result.machines, np.int64, len(result.machines))
+        # a repeat does nothing new: it reports the placement, not the claims (built
+        # directly: dataclasses.replace costs more than the rest of the store)
+        hit = AllocationResult(result.job, result.entitlement, result.tasks, result.machines,
+                               result.unplaced, cached=True, attempts=0, fleet=result.fleet)
+        self._entries[request.job] = _Entry(request, hit, machines, gen[machines])
 
     def drop(self, job: str) -> None:
         self._entries.pop(job, None)

@@ -105,6 +105,9 @@ class MachineIndex:
         self.version = np.zeros(n, np.int32)
         self.state = np.zeros(n, np.int8)
         self.gen = np.zeros(n, np.uint32)
+        #: the shape of a healthy machine, ``n_shapes`` for any other: placement's
+        #: "healthy and an allowed shape" is one lookup (``CompiledPolicy.usable``)
+        self.hshape = np.zeros(n, np.int16)
         # -- partitions
         self._member_pos = np.full(n, NONE, np.int32)
         self.members: dict[int, MemberSet] = {}
@@ -116,10 +119,18 @@ class MachineIndex:
         self.interleave = {lvl: _interleave(self.dc_of[lvl]) for lvl in DOMAIN_LEVELS}
         self.free_count = {lvl: np.zeros((len(fleet.level_names[lvl]), n_shapes), np.int32)
                            for lvl in DOMAIN_LEVELS}
+        # the free pool's per-machine updates, without dictionary lookups
+        self._count_loc = [(self.free_count[lvl], self.loc[lvl]) for lvl in DOMAIN_LEVELS]
+        self._rack, self._n_shapes = self.loc["rack"], n_shapes
         self._head = np.full(len(fleet.level_names["rack"]) * n_shapes, NONE, np.int32)
         self._next = np.full(n, NONE, np.int32)
         self._prev = np.full(n, NONE, np.int32)
         self._in_free = np.zeros(n, np.bool_)
+        #: static bins/cells per policy shape, built on first use (``policy.layout_of``)
+        self.layouts: dict[tuple[object, ...], object] = {}
+        #: bumped by every change a plan's commit would have to verify (binding,
+        #: health, usage): a plan made since the last change cannot conflict
+        self.changes = 0
         self._load(region)
         region.subscribe(self.on_change)
 
@@ -133,6 +144,7 @@ class MachineIndex:
             self.state[idx] = broker.state_codes()
             for i in idx[self.ent[idx] != FREE].tolist():
                 self._member(int(self.ent[i])).add(i, int(fleet.cpu[i]))
+        self.hshape[:] = np.where(self.state == HEALTHY, self.shape, self._n_shapes)
         free = np.flatnonzero((self.ent == FREE) & (self.state == HEALTHY))
         self._bulk_free(free)
 
@@ -140,9 +152,15 @@ class MachineIndex:
         """Put many machines in the free pool at once (vectorised build)."""
         if machines.size == 0:
             return
+        if not (machines[1:] > machines[:-1]).all():
+            machines = np.sort(machines)
+        n_shapes = self.shape_type.size
         s = self.shape[machines].astype(np.int64)
-        bucket = self.loc["rack"][machines].astype(np.int64) * self.shape_type.size + s
-        order = np.lexsort((machines, bucket))
+        bucket = self.loc["rack"][machines].astype(np.int64) * n_shapes + s
+        # machines ascending, so a stable sort by bucket alone is the order of
+        # lexsort((machines, bucket)); bucket numbers that fit 16 bits sort in O(n)
+        order = np.argsort(bucket.astype(np.uint16) if self._head.size <= 2**16 else bucket,
+                           kind="stable")
         m_sorted, b_sorted = machines[order].astype(np.int32), bucket[order]
         same = np.concatenate((b_sorted[1:] == b_sorted[:-1], [False]))
         self._next[m_sorted] = np.where(same, np.roll(m_sorted, -1), NONE)
@@ -150,8 +168,11 @@ class MachineIndex:
         self._prev[m_sorted] = np.where(first, NONE, np.roll(m_sorted, 1))
         self._head[b_sorted[first]] = m_sorted[first]
         self._in_free[machines] = True
-        for lvl in DOMAIN_LEVELS:
-            np.add.at(self.free_count[lvl], (self.loc[lvl][machines], s), 1)
+        for lvl in DOMAIN_LEVELS:  # np.bincount: np.add.at is slow on a million machines
+            counts = self.free_count[lvl]
+            cell = self.loc[lvl][machines].astype(np.int64) * n_shapes + s
+            counts += np.bincount(cell, minlength=counts.size).reshape(counts.shape).astype(
+                np.int32)
 
     def _member(self, code: int) -> MemberSet:
         members = self.members.get(code)
@@ -164,7 +185,7 @@ class MachineIndex:
         if self._in_free[m]:
             return
         s = int(self.shape[m])
-        b = int(self.loc["rack"][m]) * self.shape_type.size + s
+        b = int(self._rack[m]) * self._n_shapes + s
         head = int(self._head[b])
         self._next[m] = head
         self._prev[m] = NONE
@@ -172,14 +193,14 @@ class MachineIndex:
             self._prev[head] = m
         self._head[b] = m
         self._in_free[m] = True
-        for lvl in DOMAIN_LEVELS:
-            self.free_count[lvl][self.loc[lvl][m], s] += 1
+        for counts, loc in self._count_loc:
+            counts[loc[m], s] += 1
 
     def _free_remove(self, m: int) -> None:
         if not self._in_free[m]:
             return
         s = int(self.shape[m])
-        b = int(self.loc["rack"][m]) * self.shape_type.size + s
+        b = int(self._rack[m]) * self._n_shapes + s
         prv, nxt = int(self._prev[m]), int(self._next[m])
         if prv != NONE:
             self._next[prv] = nxt
@@ -189,11 +210,25 @@ class MachineIndex:
             self._prev[nxt] = prv
         self._next[m] = self._prev[m] = NONE
         self._in_free[m] = False
-        for lvl in DOMAIN_LEVELS:
-            self.free_count[lvl][self.loc[lvl][m], s] -= 1
+        for counts, loc in self._count_loc:
+            counts[loc[m], s] -= 1
 
     def is_free(self, m: int) -> bool:
         return bool(self._in_free[m])
+
+    def first_free(self, buckets: I64, skip: set[int]) -> int | None:
+        """The first free machine not in ``skip``, walking the (rack, shape) buckets
+        (``rack * n_shapes + shape``) in the given order, each most recently freed
+        first."""
+        heads = self._head[buckets]
+        heads = heads[heads != NONE]
+        for at in range(0, heads.size, 16):  # usually the first bucket will do
+            for m in heads[at:at + 16].tolist():
+                while m != NONE:
+                    if m not in skip:
+                        return int(m)
+                    m = int(self._next[m])
+        return None
 
     def free_in_rack(self, rack: int, shape: int) -> Iterator[int]:
         """The free machines of one (rack, shape) bucket, most recently freed first."""
@@ -204,20 +239,24 @@ class MachineIndex:
 
     # -- broker notifications -----------------------------------------------------------------
     def on_change(self, change: BrokerChange) -> None:
+        self.changes += 1
         m = change.machine
         code = FREE if change.entitlement is None else self.region.entitlements.code(
             change.entitlement)
         old = int(self.ent[m])
         if old != code:
+            cpu = int(self.total_cpu[m])
             if old != FREE:
-                self.members[old].remove(m, int(self.total_cpu[m]))
+                self.members[old].remove(m, cpu)
             if code != FREE:
-                self._member(code).add(m, int(self.total_cpu[m]))
+                self._member(code).add(m, cpu)
             self.ent[m] = code
-        self.state[m] = STATE_CODES[change.state]
+        state = STATE_CODES[change.state]
+        self.state[m] = state
+        self.hshape[m] = self.shape[m] if state == HEALTHY else self._n_shapes
         self.version[m] = change.version
         self.gen[m] += 1
-        if code == FREE and self.state[m] == HEALTHY and self.tasks[m] == 0:
+        if code == FREE and state == HEALTHY and self.tasks[m] == 0:
             self._free_add(m)
         else:
             self._free_remove(m)
@@ -232,7 +271,7 @@ class MachineIndex:
         columns it reads (totals, domain codes)."""
         own: list[npt.NDArray[Any]] = [
             self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
-            self.state, self.gen, self.shape, self._member_pos, self._head, self._next,
+            self.state, self.gen, self.shape, self.hshape, self._member_pos, self._head, self._next,
             self._prev, self._in_free, *self.free_count.values(), *self.racks_of.values(),
             *self.dc_of.values(), *self.interleave.values(),
         ]
@@ -245,15 +284,28 @@ class MachineIndex:
 
 def _shapes(fleet: Fleet) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int16],
                                    I64, list[dict[str, str]]]:
-    """Group machines into shapes: same type, same resources, same attributes."""
+    """Group machines into shapes: same type, same resources, same attributes.
+
+    Shapes are numbered in the lexicographic order of (type, cpu, memory, disk,
+    attributes...), as ``np.unique(table, axis=0)`` would, but each column is
+    factorised on its own and the codes combined into one integer key: no sort of
+    a million table rows."""
     cols = [fleet.type_code.astype(np.int64), fleet.cpu.astype(np.int64),
             fleet.memory.astype(np.int64), fleet.disk.astype(np.int64)]
     keys = list(fleet.attributes)
     cols += [fleet.attributes[k][0].astype(np.int64) for k in keys]
-    table = np.stack(cols, axis=1)
-    uniq, inverse = np.unique(table, axis=0, return_inverse=True)
-    if uniq.shape[0] >= 2**15:
+    key, size = _factorize(cols[0])
+    for col in cols[1:]:
+        codes, card = _factorize(col)
+        if size * card >= 2**62:  # keep the combined key in range: renumber it densely
+            key, size = _factorize(key)
+        key, size = key * card + codes, size * card
+    inverse, n_shapes = _factorize(key)
+    if n_shapes >= 2**15:
         raise ValueError("too many distinct machine shapes for the index")
+    first = np.empty(n_shapes, np.int64)
+    first[inverse] = np.arange(inverse.size)  # any machine of a shape stands for it
+    uniq = np.stack([c[first] for c in cols], axis=1)
     attrs: list[dict[str, str]] = []
     for row in uniq:
         a: dict[str, str] = {}
@@ -262,8 +314,23 @@ def _shapes(fleet: Fleet) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int16],
             if v >= 0:
                 a[k] = fleet.attributes[k][1][v]
         attrs.append(a)
-    return (inverse.reshape(-1).astype(np.int16), uniq[:, 0].astype(np.int16),
+    return (inverse.astype(np.int16), uniq[:, 0].astype(np.int16),
             uniq[:, 1:4].astype(np.int64), attrs)
+
+
+def _factorize(values: I64) -> tuple[I64, int]:
+    """Dense codes of ``values`` in value order, and how many distinct values. A
+    presence table when the values span a small range (no sort), else ``np.unique``."""
+    if values.size == 0:
+        return values, 0
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo <= 4 * values.size + 1024:
+        present = np.zeros(hi - lo + 1, np.bool_)
+        present[values - lo] = True
+        code = np.cumsum(present, dtype=np.int64) - 1
+        return code[values - lo], int(code[-1]) + 1
+    uniq, inverse = np.unique(values, return_inverse=True)
+    return inverse.reshape(-1).astype(np.int64), int(uniq.size)
 
 
 def _racks_of(fleet: Fleet) -> dict[str, I32]:

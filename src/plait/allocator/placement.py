@@ -15,7 +15,9 @@ The pipeline, one concern per stage:
    tie-breaker, so an allocation never claims a machine it does not need;
 4. **greedy assignment**: each task goes to the bin with the least key (a lazy
    heap: keys only grow, except the popped bin's, which is re-pushed), onto that
-   bin's best machine; free machines are claimed only within the quota.
+   bin's best machine; free machines are claimed only within the quota. A new job
+   under a (spread, stack) policy with no more tasks than bins needs no heap: one
+   task per bin, in key order (``_Placer._one_per_bin``).
 
 Nothing is written: the result is a ``Plan`` that the allocator commits with
 optimistic concurrency.
@@ -25,7 +27,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
@@ -33,7 +37,6 @@ from plait.allocator.index import HEALTHY, MachineIndex
 from plait.allocator.policy import STACK_KEY, TYPE_KEY, CompiledPolicy
 from plait.allocator.request import AllocationRequest, TaskOp
 from plait.model.entitlement import Quota
-from plait.model.topology import DOMAIN_LEVELS
 
 NO_MACHINE = "no machine satisfies the hard requirements with room for the task"
 BIG = 1 << 30
@@ -60,6 +63,8 @@ class Plan:
     #: (machine, broker record version seen) for machines to claim from the free pool
     claims: list[tuple[int, int]] = field(default_factory=list)
     unplaced: list[tuple[int, str]] = field(default_factory=list)
+    #: the index the plan was decided on and its ``changes`` count then
+    snapshot: tuple[MachineIndex, int] | None = field(default=None, repr=False, compare=False)
 
 
 def usable(index: MachineIndex, cp: CompiledPolicy, m: int) -> bool:
@@ -76,22 +81,27 @@ def propose(
     request: AllocationRequest,
 ) -> Plan:
     """Decide a placement for ``request``. Pure: reads the index, writes nothing."""
-    plan = Plan(request, cp, cp.ent_code)
-    placement = job.placement if job is not None else {}
+    plan = Plan(request, cp, cp.ent_code, snapshot=(index, index.changes))
+    placement: dict[int, int] = {}
     to_place: list[int] = []
-    for t, op in request.tasks:
-        m = placement.get(t)
-        if op is TaskOp.FREE:
-            if m is not None:
+    if job is None:  # a new job: nothing to keep, free or move
+        allocate = TaskOp.ALLOCATE
+        to_place = [t for t, op in request.tasks if op is allocate]
+    else:
+        placement = job.placement
+        for t, op in request.tasks:
+            m = placement.get(t)
+            if op is TaskOp.FREE:
+                if m is not None:
+                    plan.frees.append((t, m))
+            elif m is None:
+                to_place.append(t)
+            elif job.units[t] == cp.need and usable(index, cp, m):
+                plan.keep.append((t, m))
+            else:
                 plan.frees.append((t, m))
-        elif m is None:
-            to_place.append(t)
-        elif job is not None and job.units[t] == cp.need and usable(index, cp, m):
-            plan.keep.append((t, m))
-        else:
-            plan.frees.append((t, m))
-            plan.moved.append(t)
-            to_place.append(t)
+                plan.moved.append(t)
+                to_place.append(t)
     if not to_place:
         return plan
     if cp.impossible:
@@ -102,19 +112,30 @@ def propose(
 
 
 class _Placer:
-    """One proposal's working state. Bins are numbered 0..B-1; per bin the
-    candidates are slices of flat lists (entitlement machines in stack order, then
-    free-pool cells in best-fit order), built with NumPy for all bins at once."""
+    """One proposal's working state. Bins are numbered 0..B-1 by the policy's
+    ``Layout``; per bin the candidates are slices of flat lists (entitlement machines
+    in stack order, then free-pool cells in best-fit order), built with NumPy for all
+    bins at once.
+
+    A heap entry is the bin's key flattened, followed by the epoch it was computed
+    in: ``(spread counts before stack..., kind, cpu left, memory left, spread counts
+    after stack..., p, epoch)``. The stack part is the bin's head: kind 0 for a
+    machine of the entitlement (or one claimed by this proposal), 1 for a free-pool
+    cell, then the room left once the task is on it. Heads all have three parts, so
+    the flat tuple orders exactly as (counts, head, p) would; ``p`` is unique, so the
+    epoch is never compared.
+    """
 
     def __init__(self, index: MachineIndex, cp: CompiledPolicy, quota: Quota,
                  placement: dict[int, int], plan: Plan) -> None:
         self.ix, self.cp, self.plan = index, cp, plan
-        leaving = {t for t, _ in plan.frees}
-        if leaving:
-            remaining = [m for t, m in placement.items() if t not in leaving]
+        self.layout = cp.layout
+        if placement:
+            leaving = {t for t, _ in plan.frees}
+            self.remaining = np.asarray(
+                [m for t, m in placement.items() if t not in leaving], np.int64)
         else:
-            remaining = list(placement.values())
-        self.remaining = np.asarray(remaining, np.int64)
+            self.remaining = _EMPTY
         members = index.members.get(cp.ent_code)
         self.ent_machines = members.size if members else 0
         self.ent_rru = members.machines_rru if members else 0
@@ -127,6 +148,9 @@ class _Placer:
         self.stack_at = cp.keys.index(STACK_KEY)
         self.n_types = index.n_types
         self.counts: list[dict[int, int]] = [self._count(k) for k in self.spread]
+        self.anc = [self.layout.anc[k] for k in self.spread]
+        #: (spread one property, stack), the default policy's shape: its bins never
+        #: share a count (one domain or type each), which the inlined paths rely on
         self.simple = len(self.spread) == 1 and self.stack_at == 1
         #: bumped whenever a change can alter the key of a bin other than the one
         #: just placed into (shared ancestors, quota); heap entries of an older
@@ -134,6 +158,7 @@ class _Placer:
         self.epoch = 0
         self.shared_counts = len(self.spread) > 1 or (
             len(self.spread) == 1 and self.spread[0] == TYPE_KEY and cp.finest is not None)
+        assert not (self.simple and self.shared_counts)
 
     # -- stage 2: candidates grouped into bins ----------------------------------------------
     def _count(self, key: str) -> dict[int, int]:
@@ -148,74 +173,46 @@ class _Placer:
         uniq, cnt = count_sorted(codes)
         return dict(zip(uniq.tolist(), cnt.tolist(), strict=True))
 
-    def _entitlement_candidates(self) -> np.ndarray:
-        """Bin per candidate; fills the flat candidate lists (stack order per bin)."""
+    def _entitlement_candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bin, free cpu, free memory) per candidate, sorted by bin then stack order;
+        fills the flat candidate lists in that order."""
         ix, cp = self.ix, self.cp
-        nc, nm, nd = cp.need
-        E = ix.machines_of(cp.ent_code)
         self.m: list[int] = []
         self.cap: list[int] = []
         self.fc: list[int] = []
         self.fm: list[int] = []
-        if E.size == 0:
-            return np.empty(0, np.int64)
-        ok = (ix.state[E] == HEALTHY) & cp.shape_ok[ix.shape[E]]
+        members = ix.members.get(cp.ent_code)
+        if members is None or members.size == 0 or cp.shapes.size == 0:
+            return _EMPTY, _EMPTY, _EMPTY
+        E = members.ids
+        nc, nm, nd = cp.need
+        floor_c, floor_m, floor_d = cp.floor
+        fc = ix.free_cpu[E]
+        fm = ix.free_mem[E]
+        # room for how many more tasks; int32 arithmetic is safe as a policy with an
+        # allowed shape has floor + need below 2**31, and none is skipped
+        cap = _room(fc, nc, floor_c, None)
+        cap = _room(fm, nm, floor_m, cap)
+        if nd or floor_d:
+            cap = _room(ix.free_disk[E], nd, floor_d, cap)
+        if cap is None:
+            cap = np.full(E.size, BIG, np.int64)
+        if cp.max_per_machine is not None:
+            cap = np.minimum(cap, cp.max_per_machine - self._on_machine(E))
+        ok = cap > 0
+        ok &= cp.usable[ix.hshape[E]]  # healthy, and an allowed shape
         if cp.dc is not None:
             ok &= ix.loc["dc"][E] == cp.dc
-        cap = np.full(E.size, BIG, np.int64)
-        for free, need, floor in ((ix.free_cpu, nc, cp.floor[0]), (ix.free_mem, nm, cp.floor[1]),
-                                  (ix.free_disk, nd, cp.floor[2])):
-            if need > 0:
-                np.minimum(cap, (free[E].astype(np.int64) - floor) // need, out=cap)
-            elif floor > 0:
-                cap[free[E] < floor] = 0
-        if cp.max_per_machine is not None:
-            np.minimum(cap, cp.max_per_machine - self._on_machine(E), out=cap)
-        ok &= cap > 0
-        C = E[ok].astype(np.int64)
-        if C.size == 0:
-            return np.empty(0, np.int64)
-        cap = cap[ok]
-        fc = ix.free_cpu[C].astype(np.int64)
-        fm = ix.free_mem[C].astype(np.int64)
+        sel = ok.nonzero()[0]
+        if sel.size == 0:
+            return _EMPTY, _EMPTY, _EMPTY
+        C, cap, fc, fm = E[sel], cap[sel], fc[sel], fm[sel]
         b = self._bin_of_machines(C)
         order = np.lexsort((C, fm, fc, b))
+        fc, fm = fc[order], fm[order]
         self.m, self.cap = C[order].tolist(), cap[order].tolist()
-        self.fc, self.fm = fc[order].tolist(), fm[order].tolist()
-        return b[order]
-
-    def _free_cells(self) -> np.ndarray:
-        """Bin per free-pool cell; fills the flat cell lists (best fit per bin)."""
-        ix, cp = self.ix, self.cp
-        self.cell_dom: list[int] = []
-        self.cell_shape: list[int] = []
-        self.cell_avail: list[int] = []
-        self.cell_head: list[tuple[int, ...]] = []
-        empty = np.empty(0, np.int64)
-        level = cp.finest or "dc"
-        shapes = cp.shapes
-        if shapes.size == 0:
-            return empty
-        cells = ix.free_count[level][:, shapes]
-        if cp.dc is not None:
-            cells = cells * (ix.dc_of[level] == cp.dc)[:, None]
-        dom, col = np.nonzero(cells)
-        if dom.size == 0:
-            return empty
-        shape = shapes[col]
-        avail = cells[dom, col]
-        nc, nm, _ = cp.need
-        lc = ix.shape_units[shape, 0] - nc
-        lm = ix.shape_units[shape, 1] - nm
-        b = dom.astype(np.int64) if cp.finest else np.zeros(dom.size, np.int64)
-        if cp.by_type:
-            b = b * self.n_types + ix.shape_type[shape]
-        order = np.lexsort((shape, dom, lm, lc, b))
-        self.cell_dom, self.cell_shape = dom[order].tolist(), shape[order].tolist()
-        self.cell_avail = avail[order].tolist()
-        self.cell_head = list(zip(itertools.repeat(1), lc[order].tolist(), lm[order].tolist(),
-                                  strict=False))
-        return b[order]
+        self.fc, self.fm = fc.tolist(), fm.tolist()
+        return b[order], fc, fm
 
     def _on_machine(self, machines: np.ndarray) -> np.ndarray:
         """How many of the job's remaining tasks sit on each of ``machines``."""
@@ -226,61 +223,80 @@ class _Placer:
         return np.where(uniq[pos] == machines, cnt[pos], 0)
 
     def _bin_of_machines(self, machines: np.ndarray) -> np.ndarray:
+        """The bin number (``p``) of each machine."""
         cp, ix = self.cp, self.ix
-        b = (ix.loc[cp.finest][machines].astype(np.int64) if cp.finest
-             else np.zeros(machines.size, np.int64))
-        if cp.by_type:
-            b = b * self.n_types + ix.shape_type[ix.shape[machines]]
-        return b
-
-    def _interleave_rank(self, bins: np.ndarray) -> np.ndarray:
-        cp = self.cp
         if cp.finest is None:
-            return bins
-        if cp.by_type:
-            loc, typ = np.divmod(bins, self.n_types)
-            ranked: np.ndarray = self.ix.interleave[cp.finest][loc].astype(np.int64)
-            return ranked * self.n_types + typ
-        rank: np.ndarray = self.ix.interleave[cp.finest][bins]
-        return rank
+            if not cp.by_type:
+                return np.zeros(machines.size, np.int64)
+            b = ix.shape_type[ix.shape[machines]]
+        else:
+            b = ix.loc[cp.finest][machines]
+            if cp.by_type:
+                b = b * self.n_types + ix.shape_type[ix.shape[machines]]
+        bins: np.ndarray = self.layout.pos[b]
+        return bins
 
-    def _build(self) -> None:
-        ent_bins = self._entitlement_candidates()
-        cell_bins = self._free_cells()
-        bins = _sorted_union(ent_bins, cell_bins)
-        # bins are numbered in interleaved order (the first MSB of every DC, then the
-        # second of every DC, ...): the last tie-breaker spreads over DCs too
-        bins = bins[np.argsort(self._interleave_rank(bins), kind="stable")]
-        self.bin_ids: list[int] = bins.tolist()
-        nb = bins.size
-        # per bin: [start, end) into the candidate lists and into the cell lists
-        e_lo = np.searchsorted(ent_bins, bins, "left")
-        e_hi = np.searchsorted(ent_bins, bins, "right")
-        c_lo = np.searchsorted(cell_bins, bins, "left")
-        c_hi = np.searchsorted(cell_bins, bins, "right")
-        self.ptr: list[int] = e_lo.tolist()
-        self.end: list[int] = e_hi.tolist()
-        self.sptr: list[int] = c_lo.tolist()
-        self.send: list[int] = c_hi.tolist()
+    def _start(self) -> list[tuple[int, ...]]:
+        """Build the per-bin slices and every live bin's first key (heap entry), all
+        bins at once: the keys ``_key`` computes one at a time, without a Python call
+        per bin. A NumPy call costs a microsecond or more whatever its size, so this
+        makes few of them, on the request's own few hundred values."""
+        L, cp = self.layout, self.cp
+        nc, nm, _ = cp.need
+        # free pool: the count of every cell of the layout; per bin, its first cell with
+        # a free machine (the cells before it are empty: _head would skip them)
+        avail = self.ix.free_count[L.level].take(L.cell_flat)
+        self.cell_avail: list[int] = avail.tolist()
+        if avail.size and np.count_nonzero(avail.take(L.cell_lo)) == L.n_bins:
+            sptr = L.cell_lo  # the usual case: every bin's best cell has a free machine
+        else:
+            nz = avail.nonzero()[0]
+            sptr = np.minimum(np.append(nz, avail.size)[nz.searchsorted(L.cell_lo)],
+                              L.cell_hi)
+        self.sptr: list[int] = sptr.tolist()
+        self.send = L.cell_end
+        ent_bins, fc, fm = self._entitlement_candidates()
+        bounds = ent_bins.searchsorted(L.edges)
+        lo, hi = bounds[:-1], bounds[1:]
+        self.ptr: list[int] = lo.tolist()
+        self.end: list[int] = hi.tolist()
         self.used = [0] * len(self.m)
         #: machines claimed during this proposal, per bin: [machine, cap, used, fc, fm]
         self.claimed: dict[int, list[int]] = {}
-        # ancestors of every bin for each spread key
-        cp = self.cp
-        if cp.by_type:
-            loc, typ = np.divmod(bins, self.n_types)
+        # heads: a machine of the entitlement (kind 0) before a free-pool cell (kind 1)
+        cell = lo == hi
+        lc, lm = L.cell_cpu_pad[sptr], L.cell_mem_pad[sptr]
+        if ent_bins.size:
+            ent = ~cell
+            first = lo[ent]
+            lc[ent] = fc[first]
+            lm[ent] = fm[first]
+        if sptr is L.cell_lo:
+            bins: list[int] = L.bins  # all of them have a head
         else:
-            loc, typ = bins, np.zeros(nb, np.int64)
-        self.anc: list[list[int]] = []
-        for k in self.spread:
-            if k == TYPE_KEY:
-                self.anc.append(typ.tolist())
-            else:
-                assert cp.finest is not None
-                self.anc.append(_ancestors(self.ix, cp.finest, loc, k).tolist())
+            live = (~cell | (sptr < L.cell_hi)).nonzero()[0]
+            bins = live.tolist()
+            cell, lc, lm = cell[live], lc[live], lm[live]
+        kinds: list[int] = cell.view(np.int8).tolist()
+        lcs: list[int] = (lc - nc).tolist()
+        lms: list[int] = (lm - nm).tolist()
+        if self.quota_rru is not None or (
+                self.quota_machines is not None and self.ent_machines >= self.quota_machines):
+            # claims are limited: let _head check each free cell against the quota
+            heads = [(p, (kinds[k], lcs[k], lms[k]) if kinds[k] == 0 else self._head(p))
+                     for k, p in enumerate(bins)]
+            kept = [(p, head) for p, head in heads if head is not None]
+            bins = [p for p, _ in kept]
+            kinds, lcs, lms = ([head[x] for _, head in kept] for x in range(3))
+        columns: list[Iterable[int]] = [
+            itertools.repeat(0) if not c else [c.get(a[p], 0) for p in bins]
+            for c, a in zip(self.counts, self.anc, strict=True)
+        ]
+        columns[self.stack_at:self.stack_at] = [kinds, lcs, lms]
+        return list(zip(*columns, bins, itertools.repeat(0)))
 
     # -- stage 3: keys ------------------------------------------------------------------------
-    def _head(self, p: int) -> tuple[int, ...] | None:
+    def _head(self, p: int) -> tuple[int, int, int] | None:
         nc, nm, _ = self.cp.need
         claimed = self.claimed.get(p)
         if claimed is not None:
@@ -298,11 +314,12 @@ class _Placer:
             i += 1
         self.ptr[p] = i
         j, send = self.sptr[p], self.send[p]
+        L = self.layout
         while j < send:
             if self.cell_avail[j] > 0:
-                if self._can_claim(self.cell_shape[j]):
+                if self._can_claim(L.cell_shape[j]):
                     self.sptr[p] = j
-                    return self.cell_head[j]
+                    return (1, L.cell_cpu[j] - nc, L.cell_mem[j] - nm)
                 self.quota_blocked = True
             j += 1
         self.sptr[p] = j
@@ -316,18 +333,19 @@ class _Placer:
         cpu = int(self.ix.shape_units[shape, 0])
         return self.ent_rru + self.claimed_rru + cpu <= self.quota_rru
 
-    def _key(self, p: int) -> tuple[object, ...] | None:
-        """The bin's key: per preference, the job's count in the bin's domain
-        (spread) or the bin's best machine (stack); then the bin number."""
+    def _key(self, p: int) -> tuple[int, ...] | None:
+        """The bin's heap entry: per preference, the job's count in the bin's domain
+        (spread) or the bin's head (stack); then the bin number and the epoch."""
         head = self._head(p)
-        if head is None:
-            return None
+        return None if head is None else self._entry(p, head)
+
+    def _entry(self, p: int, head: tuple[int, int, int]) -> tuple[int, ...]:
         if self.simple:  # (spread one property, stack): the default policy's shape
-            return (self.counts[0].get(self.anc[0][p], 0), head, p)
-        parts: list[object] = [c.get(a[p], 0) for c, a in zip(self.counts, self.anc,
-                                                                strict=True)]
-        parts.insert(self.stack_at, head)
+            return (self.counts[0].get(self.anc[0][p], 0), *head, p, self.epoch)
+        parts = [c.get(a[p], 0) for c, a in zip(self.counts, self.anc, strict=True)]
+        parts[self.stack_at:self.stack_at] = head
         parts.append(p)
+        parts.append(self.epoch)
         return tuple(parts)
 
     # -- stage 4: greedy assignment --------------------------------------------------------------
@@ -343,8 +361,9 @@ class _Placer:
             self.used[i] += 1
             m = self.m[i]
         else:
+            L = self.layout
             j = self.sptr[p]
-            found = self._pick_free(self.cell_dom[j], self.cell_shape[j])
+            found = ix.first_free(L.buckets(j), self.taken)
             if found is None:
                 self.cell_avail[j] = 0
                 return None
@@ -352,89 +371,119 @@ class _Placer:
             self.cell_avail[j] -= 1
             self.taken.add(m)
             self.plan.claims.append((m, int(ix.version[m])))
-            self.claimed_rru += int(ix.total_cpu[m])
+            # a free machine's totals are its shape's, which the cell has
+            total_cpu, total_mem = L.cell_cpu[j], L.cell_mem[j]
+            self.claimed_rru += total_cpu
             if self.quota_machines is not None or self.quota_rru is not None:
                 self.epoch += 1  # the quota may now stop other bins from claiming
             cap = BIG
-            for total, need, floor in zip((ix.total_cpu, ix.total_mem, ix.total_disk), cp.need,
+            for total, need, floor in zip((total_cpu, total_mem, L.cell_disk[j]), cp.need,
                                           cp.floor, strict=True):
                 if need > 0:
-                    cap = min(cap, (int(total[m]) - floor) // need)
+                    cap = min(cap, (total - floor) // need)
             if cp.max_per_machine is not None:
                 cap = min(cap, cp.max_per_machine)
-            self.claimed[p] = [m, cap, 1, int(ix.total_cpu[m]), int(ix.total_mem[m])]
+            self.claimed[p] = [m, cap, 1, total_cpu, total_mem]
+        self._count_task(p)
+        return m
+
+    def _count_task(self, p: int) -> None:
         for c, a in zip(self.counts, self.anc, strict=True):
             c[a[p]] = c.get(a[p], 0) + 1
         if self.shared_counts:
             self.epoch += 1
-        return m
-
-    def _pick_free(self, domain: int, shape: int) -> int | None:
-        ix = self.ix
-        level = self.cp.finest or "dc"
-        start = ix.racks_of[level + "_start"]
-        racks = ix.racks_of[level][start[domain]:start[domain + 1]]
-        racks = racks[ix.free_count["rack"][racks, shape] > 0]
-        for rack in racks.tolist():
-            for m in ix.free_in_rack(rack, shape):
-                if m not in self.taken:
-                    return m
-        return None
 
     def run(self, to_place: list[int]) -> None:
-        self._build()
-        heap = self._initial_heap()
-        plan = self.plan
+        entries = self._start()
+        if (self.simple and not self.counts[0] and len(to_place) <= len(entries)
+                and self.quota_rru is None and self.quota_machines is not None):
+            entries.sort()
+            claims = sum(map(itemgetter(1), entries[:len(to_place)]))  # kind 1: a free cell
+            if self.ent_machines + claims <= self.quota_machines:
+                placed = self._one_per_bin(to_place, entries)
+                if placed == len(to_place):
+                    return
+                # a claim found no machine: go on with the heap, keys as they are now
+                to_place = to_place[placed:]
+                entries = [k for k in (self._key(e[-2]) for e in entries) if k is not None]
+        heapq.heapify(entries)
+        self._greedy(to_place, entries)
+
+    def _one_per_bin(self, to_place: list[int], entries: list[tuple[int, ...]]) -> int:
+        """Place the tasks of a new job under a (spread, stack) policy that has no more
+        tasks than bins; ``entries`` are the bins' first keys, sorted. Every key is
+        (0, head, p) and a task makes its bin's (1, ...), above every untouched bin's,
+        so the heap would pop the bins in this order, one task each: no other bin's
+        key moves (counts are per bin, and the caller checked that the quota allows
+        every claim on the way). Returns how many tasks were placed: all of them
+        unless a claim found no free machine."""
+        assign, ptr, end, used, machines = self.plan.assign, self.ptr, self.end, self.used, self.m
+        count0, anc0 = self.counts[0], self.anc[0]
+        for k, t in enumerate(to_place):
+            p = entries[k][-2]
+            i = ptr[p]
+            if i < end[p]:  # a machine of the entitlement (_place, inlined)
+                used[i] += 1
+                assign.append((t, machines[i]))
+                a = anc0[p]
+                count0[a] = count0.get(a, 0) + 1
+                continue
+            m = self._place(p)
+            if m is None:
+                return k
+            assign.append((t, m))
+        return len(to_place)
+
+    def _greedy(self, to_place: list[int], heap: list[tuple[int, ...]]) -> None:
+        """Each task to the bin with the least key (a lazy heap: see ``epoch``)."""
+        assign = self.plan.assign
+        claimed, ptr, end, used, cap = self.claimed, self.ptr, self.end, self.used, self.cap
+        machines, fc, fm = self.m, self.fc, self.fm
+        nc, nm, _ = self.cp.need
+        simple = self.simple
+        if simple:
+            count0, anc0 = self.counts[0], self.anc[0]
         for t in to_place:
-            placed = False
             while heap:
-                k, epoch = heap[0]
-                p: int = k[-1]  # type: ignore[assignment]
-                if epoch != self.epoch:
+                entry = heap[0]
+                p = entry[-2]
+                if entry[-1] != self.epoch:
                     cur = self._key(p)
                     if cur is None:
                         heapq.heappop(heap)
                         continue
-                    if cur != k:
-                        heapq.heapreplace(heap, (cur, self.epoch))
+                    if cur[:-1] != entry[:-1]:
+                        heapq.heapreplace(heap, cur)
                         continue
-                m = self._place(p)
-                nk = self._key(p)
+                i = ptr[p]
+                if i < end[p] and p not in claimed:
+                    # the common case, inlined: the head is a machine of the entitlement
+                    # (what _place then _key would do)
+                    u = used[i] = used[i] + 1
+                    m: int | None = machines[i]
+                    if simple:
+                        a = anc0[p]
+                        n = count0[a] = count0.get(a, 0) + 1
+                        # simple policies never share counts between bins: no epoch
+                        nk: tuple[int, ...] | None = (
+                            (n, 0, fc[i] - (u + 1) * nc, fm[i] - (u + 1) * nm, p, self.epoch)
+                            if u < cap[i] else self._key(p))
+                    else:
+                        self._count_task(p)
+                        nk = (self._entry(p, (0, fc[i] - (u + 1) * nc, fm[i] - (u + 1) * nm))
+                              if u < cap[i] else self._key(p))
+                else:
+                    m = self._place(p)
+                    nk = self._key(p)
                 if nk is None:
                     heapq.heappop(heap)
                 else:
-                    heapq.heapreplace(heap, (nk, self.epoch))
+                    heapq.heapreplace(heap, nk)
                 if m is not None:
-                    plan.assign.append((t, m))
-                    placed = True
+                    assign.append((t, m))
                     break
-            if not placed:
-                plan.unplaced.append((t, self._reason()))
-
-    def _initial_heap(self) -> list[tuple[tuple[object, ...], int]]:
-        """Every bin's first key, built column by column (the same keys ``_key``
-        computes one at a time, without a Python call per bin)."""
-        nc, nm, _ = self.cp.need
-        fc, fm, cell_head = self.fc, self.fm, self.cell_head
-        heads: list[tuple[int, ...] | None] = [
-            (0, fc[i] - nc, fm[i] - nm) if i < e
-            else cell_head[j] if j < se and self.cell_avail[j] > 0 else None
-            for i, e, j, se in zip(self.ptr, self.end, self.sptr, self.send, strict=True)
-        ]
-        if self.quota_rru is not None or (
-                self.quota_machines is not None and self.ent_machines >= self.quota_machines):
-            # claims are limited: let _head check each free cell against the quota
-            for p, head in enumerate(heads):
-                if head is not None and head[0] == 1:
-                    heads[p] = self._head(p)
-        columns: list[list[object]] = [
-            [c.get(x, 0) for x in a] for c, a in zip(self.counts, self.anc, strict=True)
-        ]
-        columns.insert(self.stack_at, heads)  # type: ignore[arg-type]
-        columns.append(list(range(len(heads))))
-        heap = [(k, 0) for k in zip(*columns, strict=True) if k[self.stack_at] is not None]
-        heapq.heapify(heap)
-        return heap
+            else:
+                self.plan.unplaced.append((t, self._reason()))
 
     def _reason(self) -> str:
         if self.quota_blocked:
@@ -443,28 +492,18 @@ class _Placer:
         return NO_MACHINE
 
 
-def _ancestors(index: MachineIndex, level: str, codes: np.ndarray,
-               up_to: str) -> np.ndarray:
-    """Vectorised ``ancestor``: the ``up_to`` domain of each domain of ``level``."""
-    parent = index.fleet.parent
-    depth, target = DOMAIN_LEVELS.index(level), DOMAIN_LEVELS.index(up_to)
-    while depth > target:
-        codes = parent[DOMAIN_LEVELS[depth]][codes]
-        depth -= 1
-    return codes
+_EMPTY = np.empty(0, np.int64)
 
 
-def _sorted_union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Sorted distinct values of two arrays (``np.union1d`` without its overhead
-    on the small arrays a proposal handles)."""
-    x = np.concatenate((a, b))
-    x.sort()
-    if x.size < 2:
-        return x
-    keep = np.empty(x.size, np.bool_)
-    keep[0] = True
-    np.not_equal(x[1:], x[:-1], out=keep[1:])
-    return x[keep]
+def _room(free: np.ndarray, need: int, floor: int, cap: np.ndarray | None) -> np.ndarray | None:
+    """Fold one resource into ``cap`` (tasks that still fit per machine; ``None``: no
+    limit yet): ``(free - floor) // need``, or 0 where a floor alone is not met."""
+    if need > 0:
+        room = (free - floor) // need if floor else free // need
+        return room if cap is None else np.minimum(cap, room)
+    if floor > 0:
+        return np.where(free >= floor, BIG if cap is None else cap, 0)
+    return cap
 
 
 def count_sorted(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -176,30 +176,34 @@ class ResourceBroker:
         or if the machine is not free.
         """
         p = self._pos(machine)
-        if int(self._version[p]) != expected_version:
-            raise Conflict(f"machine {self._name(machine)} version", expected_version,
-                           int(self._version[p]))
-        if self._ent[p] != FREE:
-            raise Conflict(f"machine {self._name(machine)} binding", None,
-                           self._ents.names[int(self._ent[p])])
-        self._ent[p] = self._ents.code(entitlement)
-        self._version[p] += 1
-        self._notify(ChangeKind.CLAIMED, machine, p)
-        return int(self._version[p])
+        version = int(self._version[p])
+        if version != expected_version:
+            raise Conflict(f"machine {self._name(machine)} version", expected_version, version)
+        code = int(self._ent[p])
+        if code != FREE:
+            raise Conflict(f"machine {self._name(machine)} binding", None, self._ents.names[code])
+        code = self._ents.code(entitlement)
+        version += 1
+        self._ent[p] = code
+        self._version[p] = version
+        self._notify_bound(ChangeKind.CLAIMED, machine, entitlement, version, p)
+        return version
 
     def release(self, machine: int, entitlement: str, expected_version: int) -> int:
         """Return a machine of ``entitlement`` to the free pool; returns the new version."""
         p = self._pos(machine)
-        if int(self._version[p]) != expected_version:
-            raise Conflict(f"machine {self._name(machine)} version", expected_version,
-                           int(self._version[p]))
-        actual = None if self._ent[p] == FREE else self._ents.names[int(self._ent[p])]
+        version = int(self._version[p])
+        if version != expected_version:
+            raise Conflict(f"machine {self._name(machine)} version", expected_version, version)
+        code = int(self._ent[p])
+        actual = None if code == FREE else self._ents.names[code]
         if actual != entitlement:
             raise Conflict(f"machine {self._name(machine)} binding", entitlement, actual)
+        version += 1
         self._ent[p] = FREE
-        self._version[p] += 1
-        self._notify(ChangeKind.RELEASED, machine, p)
-        return int(self._version[p])
+        self._version[p] = version
+        self._notify_bound(ChangeKind.RELEASED, machine, None, version, p)
+        return version
 
     # -- unavailability events ------------------------------------------------------------
     def add_event(self, event: UnavailabilityEvent, now: float) -> None:
@@ -287,8 +291,13 @@ class ResourceBroker:
 
     def _notify(self, kind: ChangeKind, machine: int, p: int) -> None:
         code = int(self._ent[p])
-        change = BrokerChange(kind, machine, None if code == FREE else self._ents.names[code],
-                              int(self._version[p]), self._state_at(p))
+        self._notify_bound(kind, machine, None if code == FREE else self._ents.names[code],
+                           int(self._version[p]), p)
+
+    def _notify_bound(self, kind: ChangeKind, machine: int, entitlement: str | None,
+                      version: int, p: int) -> None:
+        """``_notify`` when the caller already has the new binding and version."""
+        change = BrokerChange(kind, machine, entitlement, version, self._state_at(p))
         for subscriber in self._subscribers:
             subscriber(change)
 
