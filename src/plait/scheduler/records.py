@@ -61,6 +61,9 @@ class TaskRecord:
     healthy: bool = False
     #: the acked operation being carried out on this task
     op: TaskOp | None = None
+    #: the operation took the task down (it was available when it started); such
+    #: operations are what max_unavailable bounds
+    op_costly: bool = False
     restart: bool = False
     #: id of the maintenance event it is parked for (stopped, restarts after)
     parked: str | None = None

@@ -714,6 +714,7 @@ class Scheduler:
                 throttled = True
                 break
             del job.acked[op.op_id]
+            rec.op_costly = costs
             self._start(job, rec, op, now)
             if costs:
                 down += 1
