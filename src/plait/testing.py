@@ -105,10 +105,11 @@ def check_invariants(c: Cluster) -> None:
     used = np.zeros((n, 3), np.int64)
     tasks = np.zeros(n, np.int64)
     for job in alloc.jobs.values():
+        assert set(job.ents) == set(job.placement) == set(job.units)
         for t, m in job.placement.items():
             used[m] += job.units[t]
             tasks[m] += 1
-            assert ix.ent[m] == job.entitlement, f"task {t} outside its entitlement"
+            assert ix.ent[m] == job.ents[t], f"task {t} outside its entitlement"
     totals = np.stack([ix.total_cpu, ix.total_mem, ix.total_disk], axis=1).astype(np.int64)
     free = np.stack([ix.free_cpu, ix.free_mem, ix.free_disk], axis=1).astype(np.int64)
     assert (free >= 0).all(), "a machine is over-committed"
@@ -118,6 +119,7 @@ def check_invariants(c: Cluster) -> None:
     for broker in c.region.brokers.values():
         assert (ix.ent[broker.machines] == broker.entitlement_codes()).all()
         assert (ix.state[broker.machines] == broker.state_codes()).all()
+        assert (ix.cordoned[broker.machines] == broker.cordon_flags()).all()
     for code, members in ix.members.items():
         ids = set(members.ids.tolist())
         assert ids == set(np.flatnonzero(ix.ent == code).tolist())
@@ -130,7 +132,7 @@ def check_invariants(c: Cluster) -> None:
             assert members.size <= ent.quota.machines, f"{name} above its machine quota"
         if ent is not None and ent.quota.rru is not None:
             assert members.machines_rru <= round(ent.quota.rru * 1000), f"{name} above RRU"
-    expected_free = (ix.ent == FREE) & (ix.state == 0) & (ix.tasks == 0)
+    expected_free = (ix.ent == FREE) & (ix.state == 0) & ~ix.cordoned & (ix.tasks == 0)
     in_free = np.array([ix.is_free(m) for m in range(n)])
     assert (in_free == expected_free).all(), "free pool out of step"
     for lvl, counts in ix.free_count.items():

@@ -1,7 +1,13 @@
 """Quota, freeing, moving off unusable machines, idempotent retries."""
 
-from plait.model import EventKind, Resources, UnavailabilityEvent
-from plait.testing import Cluster, machine
+from plait.model import (
+    AllocationPolicy,
+    EventKind,
+    Requirements,
+    Resources,
+    UnavailabilityEvent,
+)
+from plait.testing import Cluster, check_invariants, machine
 
 ONE = Resources(cpu=1, memory_gb=2)
 WHOLE = Resources(cpu=16, memory_gb=64)
@@ -100,20 +106,36 @@ def test_failed_machine_invalidates_the_cache_and_its_task_moves():
     assert c.index.is_free(victim)
 
 
-def test_maintenance_takes_machines_out_only_while_it_runs():
+def test_maintenance_keeps_new_work_off_from_announcement_to_end():
     c = Cluster.machines(machine("a", msb="1"), machine("b", msb="2"))
     c.entitlement("e", machines=2)
+    a = c.fleet.index_of("a")
     c.region.add_event(UnavailabilityEvent("mx", EventKind.MAINTENANCE, ("a",), start=10,
                                            end=20), now=0)
     r = c.allocate("j", "e", ONE, allocate=[0])
-    assert r.placements == {0: "a"}  # not yet started
+    assert r.placements == {0: "b"}  # announced: cordoned, though still healthy
+    assert c.index.cordoned[a] and not c.index.is_free(a)
     c.region.tick(10)
     r = c.allocate("k", "e", ONE, allocate=[0])
-    assert r.placements == {0: "b"}
+    assert r.placements == {0: "b"}  # in maintenance
     c.region.tick(20)
-    r = c.allocate("l", "e", ONE, allocate=[0])
-    assert r.placements[0] in {"a", "b"}
-    assert c.index.state[c.fleet.index_of("a")] == 0
+    assert c.index.is_free(a) and not c.index.cordoned[a]
+    spread = AllocationPolicy(requirements=Requirements(max_tasks_per_machine=1))
+    r = c.allocate("l", "e", ONE, allocate=[0, 1], policy=spread)
+    assert sorted(r.placements.values()) == ["a", "b"]  # usable again
+    check_invariants(c)
+
+
+def test_task_on_a_cordoned_machine_moves_when_allocated_again():
+    c = Cluster.machines(machine("a", msb="1"), machine("b", msb="2"))
+    c.entitlement("e", machines=2)
+    first = c.allocate("j", "e", ONE, allocate=[0])
+    where = first.placements[0]
+    c.region.add_event(UnavailabilityEvent("mx", EventKind.MAINTENANCE, (where,), start=10,
+                                           end=20), now=0)
+    again = c.allocate("j", "e", ONE, allocate=[0])
+    assert not again.cached and again.moved == (0,)
+    assert again.placements[0] != where
 
 
 def test_changed_task_resources_move_the_task_when_needed():

@@ -15,9 +15,11 @@ HEALTHY, FAILED, MAINT = MachineState.HEALTHY, MachineState.FAILED, MachineState
 
 
 def region() -> tuple[Region, list[BrokerChange]]:
+    """A region and the state changes its subscribers hear (announcements apart:
+    see test_announced_maintenance_cordons_until_it_starts)."""
     r = Region(generate(SPEC))
     seen: list[BrokerChange] = []
-    r.subscribe(seen.append)
+    r.subscribe(lambda c: seen.append(c) if c.kind is not ChangeKind.NOTICE else None)
     return r, seen
 
 
@@ -98,20 +100,20 @@ def test_maintenance_window() -> None:
     r, seen = region()
     r.add_event(maintenance("mt", 3, 14, start=100.0, end=200.0), now=0.0)
     assert r.states([3, 14]) == [HEALTHY, HEALTHY]
-    assert r.version(3) == 0 and seen == []
+    assert r.version(3) == 1 and seen == []  # announced: cordoned, state unchanged
     assert [e.id for e in r.events()] == ["mt", "mt"]  # one part per DC
     r.tick(99.0)
     assert r.states([3, 14]) == [HEALTHY, HEALTHY]
     r.tick(100.0)
     assert r.states([3, 14]) == [MAINT, MAINT]
-    assert [(c.machine, c.state, c.version) for c in seen] == [(3, MAINT, 1), (14, MAINT, 1)]
+    assert [(c.machine, c.state, c.version) for c in seen] == [(3, MAINT, 2), (14, MAINT, 2)]
     r.tick(150.0)
     r.tick(199.5)
     assert r.states([3, 14]) == [MAINT, MAINT]
     assert len(seen) == 2
     r.tick(200.0)
     assert r.states([3, 14]) == [HEALTHY, HEALTHY]
-    assert r.version(3) == 2 and r.version(14) == 2
+    assert r.version(3) == 3 and r.version(14) == 3
     assert [(c.machine, c.state) for c in seen[2:]] == [(3, HEALTHY), (14, HEALTHY)]
     assert r.events() == []
 
@@ -127,22 +129,22 @@ def test_maintenance_already_over_when_added() -> None:
 
 def test_failure_and_maintenance_overlap_failed_wins() -> None:
     r, seen = region()
-    r.add_event(maintenance("mt", 4, start=10.0, end=100.0), now=0.0)
+    r.add_event(maintenance("mt", 4, start=10.0, end=100.0), now=0.0)  # announced: v1
     r.add_event(failure("f1", 4, start=5.0), now=5.0)
     assert r.states([4]) == [FAILED]
-    assert r.version(4) == 1
-    r.tick(10.0)  # maintenance starts under the failure: still FAILED, no change
+    assert r.version(4) == 2
+    r.tick(10.0)  # maintenance starts under the failure: still FAILED, cordon lifted
     assert r.states([4]) == [FAILED]
-    assert r.version(4) == 1
+    assert r.version(4) == 3
     assert len(seen) == 1
     assert r.brokers["dc1"].state_codes()[4] == 1
     r.end_event("f1", now=20.0)
     assert r.states([4]) == [MAINT]
-    assert r.version(4) == 2
-    assert seen[-1] == BrokerChange(ChangeKind.STATE, 4, None, 2, MAINT)
+    assert r.version(4) == 4
+    assert seen[-1] == BrokerChange(ChangeKind.STATE, 4, None, 4, MAINT)
     r.tick(100.0)
     assert r.states([4]) == [HEALTHY]
-    assert r.version(4) == 3
+    assert r.version(4) == 5
 
 
 def test_maintenance_ends_under_failure_stays_failed() -> None:
@@ -181,7 +183,9 @@ def test_cancelled_maintenance_never_changes_state() -> None:
         r.tick(t)
         assert r.states([3, 4]) == [HEALTHY, HEALTHY]
     assert seen == []
-    assert r.version(3) == 0 and r.version(4) == 0
+    # announced, then withdrawn: two record changes, no state change
+    assert r.version(3) == 2 and r.version(4) == 2
+    assert not r.record(3).cordoned
     with pytest.raises(NotFound):
         r.end_event("mt", now=400.0)
 
@@ -307,9 +311,11 @@ def test_version_bumps_on_every_state_change() -> None:
     versions.append(r.version(8))
     r.tick(20.0)
     versions.append(r.version(8))
-    assert versions == [0, 0, 1, 2, 3, 4]
+    # the announcement bumps the version; the start (cordon lifted, maintenance
+    # begins) is one change
+    assert versions == [0, 1, 2, 3, 4, 5]
     assert [c.state for c in seen] == [MAINT, FAILED, MAINT, HEALTHY]
-    assert [c.version for c in seen] == [1, 2, 3, 4]
+    assert [c.version for c in seen] == [2, 3, 4, 5]
     assert all(c.kind is ChangeKind.STATE for c in seen)
 
 
@@ -338,3 +344,22 @@ def test_columns_agree_with_record() -> None:
             seen_states.add(rec.state)
     assert seen_states == {HEALTHY, FAILED, MAINT}
     assert r.states([0, 1, 2, 13, 14, 15]) == [FAILED, MAINT, HEALTHY, HEALTHY, MAINT, FAILED]
+
+
+def test_announced_maintenance_cordons_until_it_starts() -> None:
+    r = Region(generate(SPEC))
+    heard: list[BrokerChange] = []
+    r.subscribe(heard.append)
+    r.add_event(maintenance("mt", 3, start=100.0, end=200.0), now=0.0)
+    assert r.record(3).cordoned and r.states([3]) == [HEALTHY]
+    assert [(c.kind, c.cordoned, c.state) for c in heard] == [
+        (ChangeKind.NOTICE, True, HEALTHY)]
+    r.tick(100.0)
+    assert not r.record(3).cordoned and r.states([3]) == [MAINT]
+    assert [(c.kind, c.cordoned, c.state) for c in heard[1:]] == [
+        (ChangeKind.STATE, False, MAINT)]
+    # two overlapping announcements: cordoned until the first of them starts
+    r.add_event(maintenance("a", 5, start=300.0, end=400.0), now=250.0)
+    r.add_event(maintenance("b", 5, start=350.0, end=450.0), now=250.0)
+    r.end_event("b", now=260.0)  # withdrawn: still cordoned for "a"
+    assert r.record(5).cordoned

@@ -20,7 +20,7 @@ import numpy as np
 
 from plait.allocator.cache import AllocationCache
 from plait.allocator.index import HEALTHY, MachineIndex
-from plait.allocator.placement import JobState, Plan, propose
+from plait.allocator.placement import JobState, Plan, propose, releasing, usable
 from plait.allocator.policy import CompiledPolicy, compile_policy
 from plait.allocator.request import AllocationRequest, AllocationResult
 from plait.broker import FREE
@@ -62,6 +62,7 @@ class Allocator:
         self.region.entitlements.code(entitlement.name)
         self._compiled = {k: v for k, v in self._compiled.items() if k[1] != entitlement.name}
         self._by_id = {k: v for k, v in self._by_id.items() if k[1] != entitlement.name}
+        self.cache.clear()  # a cached placement may no longer meet the new definition
 
     def usage(self, name: str) -> EntitlementUsage:
         ent = self._entitlement(name)
@@ -153,15 +154,20 @@ class Allocator:
             for m, version in plan.claims:
                 if not (ix.is_free(m) and int(ix.version[m]) == version):
                     raise Conflict(f"machine {ix.fleet.name(m)}", "free", "claimed or changed")
+            for t, m in plan.keep:
+                if not usable(ix, plan.policy, m):
+                    raise Conflict(f"machine {ix.fleet.name(m)} of task {t}", "usable",
+                                   "failed, cordoned or rebound meanwhile")
         members = ix.members.get(plan.ent_code)
-        have = members.size if members else 0
+        gone = releasing(ix, plan.frees, plan.ent_code)
+        have = (members.size if members else 0) - len(gone)
         if ent.quota.machines is not None and plan.claims and (
                 have + len(plan.claims) > ent.quota.machines):
             raise Conflict(f"entitlement {ent.name} machines", ent.quota.machines,
                            have + len(plan.claims))
         if ent.quota.rru is not None and plan.claims:
             rru = (members.machines_rru if members else 0) + sum(
-                int(ix.total_cpu[m]) for m in claimed)
+                int(ix.total_cpu[m]) for m in claimed) - sum(int(ix.total_cpu[m]) for m in gone)
             if rru > round(ent.quota.rru * 1000):
                 raise Conflict(f"entitlement {ent.name} rru", ent.quota.rru, rru / 1000)
         if plan.assign:
@@ -193,6 +199,7 @@ class Allocator:
             raise
         # -- apply ----------------------------------------------------------------------------
         ix.changes += 1
+        self.cache.drop(req.job)  # allocate() stores the new result if it is complete
         job = self.jobs.get(req.job)
         if job is None:
             job = self.jobs[req.job] = JobState(plan.ent_code)
@@ -201,6 +208,7 @@ class Allocator:
         for t, m in plan.frees:
             c, mem, d = job.units.pop(t)
             del job.placement[t]
+            del job.ents[t]
             ix.free_cpu[m] += c
             ix.free_mem[m] += mem
             ix.free_disk[m] += d
@@ -212,7 +220,9 @@ class Allocator:
                     free[uniq] -= cnt * k
             ix.tasks[uniq] += cnt
             job.placement.update(plan.assign)
-            job.units.update(dict.fromkeys(map(itemgetter(0), plan.assign), need))
+            assigned = list(map(itemgetter(0), plan.assign))
+            job.units.update(dict.fromkeys(assigned, need))
+            job.ents.update(dict.fromkeys(assigned, plan.ent_code))
         released: list[int] = []
         for m in sorted(emptied):
             if ix.tasks[m] == 0 and ix.ent[m] != FREE:

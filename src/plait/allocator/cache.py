@@ -54,6 +54,9 @@ class AllocationCache:
     def drop(self, job: str) -> None:
         self._entries.pop(job, None)
 
+    def clear(self) -> None:
+        self._entries.clear()
+
     def __len__(self) -> int:
         return len(self._entries)
 

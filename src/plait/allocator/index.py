@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from plait.broker import FREE, BrokerChange, Region
+from plait.errors import ValidationError
 from plait.model.machine import MachineState
 from plait.model.topology import DOMAIN_LEVELS, Fleet
 
@@ -104,9 +105,14 @@ class MachineIndex:
         self.ent = np.full(n, FREE, np.int32)
         self.version = np.zeros(n, np.int32)
         self.state = np.zeros(n, np.int8)
+        #: maintenance announced and not started: no new work goes there
+        self.cordoned = np.zeros(n, np.bool_)
+        #: the host profile each machine carries (Sidekick switches it)
+        self.profile = fleet.profile_code.copy()
         self.gen = np.zeros(n, np.uint32)
-        #: the shape of a healthy machine, ``n_shapes`` for any other: placement's
-        #: "healthy and an allowed shape" is one lookup (``CompiledPolicy.usable``)
+        #: the shape of an available machine (healthy, not cordoned), ``n_shapes`` for
+        #: any other: "available and an allowed shape" is one lookup
+        #: (``CompiledPolicy.usable``)
         self.hshape = np.zeros(n, np.int16)
         # -- partitions
         self._member_pos = np.full(n, NONE, np.int32)
@@ -142,10 +148,12 @@ class MachineIndex:
             self.ent[idx] = broker.entitlement_codes()
             self.version[idx] = broker.versions()
             self.state[idx] = broker.state_codes()
+            self.cordoned[idx] = broker.cordon_flags()
             for i in idx[self.ent[idx] != FREE].tolist():
                 self._member(int(self.ent[i])).add(i, int(fleet.cpu[i]))
-        self.hshape[:] = np.where(self.state == HEALTHY, self.shape, self._n_shapes)
-        free = np.flatnonzero((self.ent == FREE) & (self.state == HEALTHY))
+        available = (self.state == HEALTHY) & ~self.cordoned
+        self.hshape[:] = np.where(available, self.shape, self._n_shapes)
+        free = np.flatnonzero((self.ent == FREE) & available)
         self._bulk_free(free)
 
     def _bulk_free(self, machines: I64) -> None:
@@ -253,10 +261,12 @@ class MachineIndex:
             self.ent[m] = code
         state = STATE_CODES[change.state]
         self.state[m] = state
-        self.hshape[m] = self.shape[m] if state == HEALTHY else self._n_shapes
+        self.cordoned[m] = change.cordoned
+        available = state == HEALTHY and not change.cordoned
+        self.hshape[m] = self.shape[m] if available else self._n_shapes
         self.version[m] = change.version
         self.gen[m] += 1
-        if code == FREE and state == HEALTHY and self.tasks[m] == 0:
+        if code == FREE and available and self.tasks[m] == 0:
             self._free_add(m)
         else:
             self._free_remove(m)
@@ -271,8 +281,9 @@ class MachineIndex:
         columns it reads (totals, domain codes)."""
         own: list[npt.NDArray[Any]] = [
             self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
-            self.state, self.gen, self.shape, self.hshape, self._member_pos, self._head, self._next,
-            self._prev, self._in_free, *self.free_count.values(), *self.racks_of.values(),
+            self.state, self.cordoned, self.profile, self.gen, self.shape, self.hshape,
+            self._member_pos, self._head, self._next, self._prev, self._in_free,
+            *self.free_count.values(), *self.racks_of.values(),
             *self.dc_of.values(), *self.interleave.values(),
         ]
         read: list[npt.NDArray[Any]] = [
@@ -302,7 +313,8 @@ def _shapes(fleet: Fleet) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int16],
         key, size = key * card + codes, size * card
     inverse, n_shapes = _factorize(key)
     if n_shapes >= 2**15:
-        raise ValueError("too many distinct machine shapes for the index")
+        raise ValidationError("machines", "too many distinct machine shapes (type, resources "
+                              "and attributes) for the index: at most 32,767")
     first = np.empty(n_shapes, np.int64)
     first[inverse] = np.arange(inverse.size)  # any machine of a shape stands for it
     uniq = np.stack([c[first] for c in cols], axis=1)

@@ -33,7 +33,7 @@ from operator import itemgetter
 
 import numpy as np
 
-from plait.allocator.index import HEALTHY, MachineIndex
+from plait.allocator.index import MachineIndex
 from plait.allocator.policy import STACK_KEY, TYPE_KEY, CompiledPolicy
 from plait.allocator.request import AllocationRequest, TaskOp
 from plait.model.entitlement import Quota
@@ -46,9 +46,13 @@ BIG = 1 << 30
 class JobState:
     """The allocator's record of one job: where each task sits and what it holds."""
 
+    #: the entitlement of the latest request (a job moving between entitlements
+    #: has tasks in both until every task has moved)
     entitlement: int
     placement: dict[int, int] = field(default_factory=dict)
     units: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    #: the entitlement each task's machine was taken in
+    ents: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -70,8 +74,8 @@ class Plan:
 def usable(index: MachineIndex, cp: CompiledPolicy, m: int) -> bool:
     """Can a task already on machine ``m`` stay there under this policy?"""
     return bool(
-        index.state[m] == HEALTHY and index.ent[m] == cp.ent_code
-        and cp.shape_ok[index.shape[m]]
+        cp.impossible is None and index.ent[m] == cp.ent_code
+        and cp.usable[index.hshape[m]]  # healthy, not cordoned, an allowed shape
         and (cp.dc is None or index.loc["dc"][m] == cp.dc)
     )
 
@@ -102,6 +106,8 @@ def propose(
                 plan.frees.append((t, m))
                 plan.moved.append(t)
                 to_place.append(t)
+    if cp.max_per_machine is not None and plan.keep:
+        _enforce_max_per_machine(cp.max_per_machine, placement, plan, to_place)
     if not to_place:
         return plan
     if cp.impossible:
@@ -109,6 +115,43 @@ def propose(
         return plan
     _Placer(index, cp, quota, placement, plan).run(to_place)
     return plan
+
+
+def _enforce_max_per_machine(cap: int, placement: dict[int, int], plan: Plan,
+                             to_place: list[int]) -> None:
+    """Tasks kept on a machine that holds more of the job than the policy's cap
+    (the policy changed) are moved, the highest indices first."""
+    leaving = {t for t, _ in plan.frees}
+    keeping = {t for t, _ in plan.keep}
+    per_machine: dict[int, int] = {}
+    for t, m in placement.items():
+        if t not in leaving:
+            per_machine[m] = per_machine.get(m, 0) + 1
+    moved = []
+    for t, m in sorted(plan.keep, reverse=True):
+        if per_machine[m] > cap and t in keeping:
+            per_machine[m] -= 1
+            moved.append((t, m))
+    for t, m in moved:
+        plan.keep.remove((t, m))
+        plan.frees.append((t, m))
+        plan.moved.append(t)
+        to_place.append(t)
+    to_place.sort()
+
+
+def releasing(index: MachineIndex, frees: list[tuple[int, int]], ent_code: int) -> list[int]:
+    """Machines of the entitlement that this plan certainly returns to the free pool:
+    every task on them leaves and they cannot take new ones (failed, in maintenance
+    or cordoned). Their places in the quota are free for this plan's claims."""
+    if not frees:
+        return []
+    leaving: dict[int, int] = {}
+    for _, m in frees:
+        leaving[m] = leaving.get(m, 0) + 1
+    return [m for m, n in leaving.items()
+            if index.ent[m] == ent_code and int(index.tasks[m]) == n
+            and int(index.hshape[m]) == index.shape_type.size]
 
 
 class _Placer:
@@ -137,8 +180,10 @@ class _Placer:
         else:
             self.remaining = _EMPTY
         members = index.members.get(cp.ent_code)
-        self.ent_machines = members.size if members else 0
-        self.ent_rru = members.machines_rru if members else 0
+        gone = releasing(index, plan.frees, cp.ent_code)
+        self.ent_machines = (members.size if members else 0) - len(gone)
+        self.ent_rru = (members.machines_rru if members else 0) - sum(
+            int(index.total_cpu[m]) for m in gone)
         self.quota_machines = quota.machines
         self.quota_rru = None if quota.rru is None else round(quota.rru * 1000)
         self.claimed_rru = 0

@@ -198,8 +198,11 @@ def compile_policy(
     types = set(req.machine_types)
     attrs = dict(req.attributes)
     if "type" in attrs:
-        types = types & {attrs["type"]} if types else {attrs.pop("type")}
-        attrs.pop("type", None)
+        wanted_type = attrs.pop("type")
+        if types and wanted_type not in types:
+            impossible = (f"attribute type={wanted_type!r} contradicts machine_types "
+                          f"{sorted(types)}")
+        types = {wanted_type}
     if types:
         known = set(fleet.type_names)
         allowed = [fleet.type_names.index(t) for t in types if t in known]
@@ -217,7 +220,9 @@ def compile_policy(
         ok &= units[:, r] - floor[r] >= need[r]
 
     dc: int | None = None
-    if len(dc_names) > 1:
+    if impossible is not None:
+        pass
+    elif len(dc_names) > 1:
         impossible = f"conflicting data center pins {sorted(dc_names)}"
     elif dc_names:
         name = dc_names.pop()

@@ -54,6 +54,8 @@ class ChangeKind(enum.StrEnum):
     CLAIMED = "claimed"
     RELEASED = "released"
     STATE = "state"
+    #: maintenance was announced (or the last announcement was withdrawn)
+    NOTICE = "notice"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,8 @@ class BrokerChange:
     entitlement: str | None
     version: int
     state: MachineState
+    #: announced maintenance is pending: keep new work off the machine
+    cordoned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,8 @@ class MachineRecord:
     entitlement: str | None
     version: int
     state: MachineState
+    #: announced maintenance is pending: keep new work off the machine
+    cordoned: bool = False
 
 
 Subscriber = Callable[[BrokerChange], None]
@@ -100,6 +106,9 @@ class ResourceBroker:
         self._version = np.zeros(m, np.int64)
         self._failures = np.zeros(m, np.int32)
         self._maintenance = np.zeros(m, np.int32)
+        #: announced maintenance that has not started yet, per machine
+        self._announced = np.zeros(m, np.int32)
+        self._announced_events: set[str] = set()
         self._events: dict[str, UnavailabilityEvent] = {}
         self._event_machines: dict[str, npt.NDArray[np.int64]] = {}
         self._active: set[str] = set()
@@ -144,7 +153,7 @@ class ResourceBroker:
 
     def record(self, machine: int) -> MachineRecord:
         return MachineRecord(self.fleet.name(machine), self.dc, self.entitlement_of(machine),
-                             self.version(machine), self.state(machine))
+                             self.version(machine), self.state(machine), self.cordoned(machine))
 
     def free_machines(self) -> npt.NDArray[np.int64]:
         return np.asarray(self.machines[self._ent == FREE], np.int64)
@@ -162,6 +171,14 @@ class ResourceBroker:
     def versions(self) -> npt.NDArray[np.int64]:
         """Record version per machine of ``self.machines``; a copy."""
         return self._version.copy()
+
+    def cordoned(self, machine: int) -> bool:
+        """Maintenance is announced on the machine and has not started yet."""
+        return bool(self._announced[self._pos(machine)] > 0)
+
+    def cordon_flags(self) -> npt.NDArray[np.bool_]:
+        """Per machine of ``self.machines``: announced maintenance pending."""
+        return self._announced > 0
 
     def state_codes(self) -> npt.NDArray[np.int8]:
         """Per machine of ``self.machines``: 0 healthy, 1 failed, 2 in maintenance."""
@@ -223,6 +240,8 @@ class ResourceBroker:
         self._schedule(event.start, "start", event.id)
         if event.end is not None:
             self._schedule(event.end, "end", event.id)
+        if event.kind is EventKind.MAINTENANCE and event.start > now:
+            self._announce(event.id, +1)
         self.tick(now)
 
     def end_event(self, event_id: str, now: float) -> None:
@@ -261,6 +280,10 @@ class ResourceBroker:
             return
         counter = self._failures if event.kind is EventKind.FAILURE else self._maintenance
         machines = self._event_machines[event_id]
+        before = {m: (self._state_at(int(self._local[m])), bool(self._announced[
+            int(self._local[m])] > 0)) for m in machines.tolist()}
+        if event_id in self._announced_events:  # it starts, or is withdrawn
+            self._announce(event_id, -1, notify=False)
         if what == "start":
             if event_id in self._active:
                 return
@@ -271,6 +294,7 @@ class ResourceBroker:
                 del self._events[event_id]
                 del self._event_machines[event_id]
                 self._incarnation.pop(event_id, None)
+                self._changed(before)
                 return
             self._active.discard(event_id)
             del self._events[event_id]
@@ -279,11 +303,32 @@ class ResourceBroker:
             delta = -1
         for machine in machines.tolist():
             p = int(self._local[machine])
-            before = self._state_at(p)
             counter[p] = counter[p] + delta
-            if self._state_at(p) is not before:
+        self._changed(before)
+
+    def _changed(self, before: dict[int, tuple[MachineState, bool]]) -> None:
+        """One version bump and one notification per machine whose state or cordon
+        changed (a maintenance start does both at once)."""
+        for machine, (state, cordoned) in before.items():
+            p = int(self._local[machine])
+            now_state, now_cordoned = self._state_at(p), bool(self._announced[p] > 0)
+            if now_state is not state or now_cordoned != cordoned:
                 self._version[p] += 1
-                self._notify(ChangeKind.STATE, machine, p)
+                self._notify(ChangeKind.STATE if now_state is not state else ChangeKind.NOTICE,
+                             machine, p)
+
+    def _announce(self, event_id: str, delta: int, notify: bool = True) -> None:
+        if delta > 0:
+            self._announced_events.add(event_id)
+        else:
+            self._announced_events.discard(event_id)
+        for machine in self._event_machines[event_id].tolist():
+            p = int(self._local[machine])
+            before = self._announced[p] > 0
+            self._announced[p] += delta
+            if notify and (self._announced[p] > 0) != before:
+                self._version[p] += 1
+                self._notify(ChangeKind.NOTICE, machine, p)
 
     # -- subscriptions ----------------------------------------------------------------
     def subscribe(self, subscriber: Subscriber) -> None:
@@ -297,7 +342,8 @@ class ResourceBroker:
     def _notify_bound(self, kind: ChangeKind, machine: int, entitlement: str | None,
                       version: int, p: int) -> None:
         """``_notify`` when the caller already has the new binding and version."""
-        change = BrokerChange(kind, machine, entitlement, version, self._state_at(p))
+        change = BrokerChange(kind, machine, entitlement, version, self._state_at(p),
+                              bool(self._announced[p] > 0))
         for subscriber in self._subscribers:
             subscriber(change)
 
