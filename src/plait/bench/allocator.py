@@ -93,7 +93,7 @@ def run(
     worst = 0.0
     for state in allocator.jobs.values():
         codes = msb[np.fromiter(state.placement.values(), np.int64, len(state.placement))]
-        worst = max(worst, np.bincount(codes).max() / len(state.placement))
+        worst = max(worst, np.bincount(codes).max() / tasks_per_job)  # of the tasks asked
     n_msb = dcs * msbs_per_dc
     return {
         "machines": machines,

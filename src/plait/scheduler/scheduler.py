@@ -606,12 +606,12 @@ class Scheduler:
         count = job.spec.task_count
         cap = job.spec.update.resolve(count)
         tasks = job.tasks
-        budget = (1 if cap is None else cap) - self.unavailable(job) - sum(
-            1 for op in job.acked.values() if not _down(tasks[op.task.index]))
+        down = {i for i, r in tasks.items() if _down(r)}
+        budget = (1 if cap is None else cap) - sum(1 for i in down if i < count) - sum(
+            1 for op in job.acked.values() if op.task.index not in down)
+        free_all = job.deleting
         for index in sorted(job.offers):
-            rec = tasks[index]
-            free = job.deleting or index >= count or _down(rec)
-            if not free:
+            if not (free_all or index >= count or index in down):
                 if budget <= 0:
                     continue
                 budget -= 1
