@@ -189,6 +189,8 @@ class _Placer:
         self.claimed_rru = 0
         self.quota_blocked = False
         self.taken: set[int] = set()
+        #: how many tasks this proposal places (set by ``run``)
+        self.n_place = 0
         self.spread = [k for k in cp.keys if k != STACK_KEY]
         self.stack_at = cp.keys.index(STACK_KEY)
         self.n_types = index.n_types
@@ -254,6 +256,18 @@ class _Placer:
         C, cap, fc, fm = E[sel], cap[sel], fc[sel], fm[sel]
         b = self._bin_of_machines(C)
         order = np.lexsort((C, fm, fc, b))
+        limit = self.n_place
+        if limit and order.size > 4 * limit:
+            # a bin never takes more tasks than the request places, and every
+            # candidate has room for one: its first ``limit`` candidates in stack
+            # order are all it can use (a large entitlement has thousands)
+            sb = b[order]
+            first = np.empty(sb.size, np.bool_)
+            first[0] = True
+            np.not_equal(sb[1:], sb[:-1], out=first[1:])
+            pos = np.arange(sb.size)
+            rank = pos - np.maximum.accumulate(np.where(first, pos, 0))
+            order = order[rank < limit]
         fc, fm = fc[order], fm[order]
         self.m, self.cap = C[order].tolist(), cap[order].tolist()
         self.fc, self.fm = fc.tolist(), fm.tolist()
@@ -439,6 +453,7 @@ class _Placer:
             self.epoch += 1
 
     def run(self, to_place: list[int]) -> None:
+        self.n_place = len(to_place)
         entries = self._start()
         if (self.simple and not self.counts[0] and len(to_place) <= len(entries)
                 and self.quota_rru is None and self.quota_machines is not None):
