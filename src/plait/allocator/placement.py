@@ -257,7 +257,7 @@ class _Placer:
         b = self._bin_of_machines(C)
         order = np.lexsort((C, fm, fc, b))
         limit = self.n_place
-        if limit and order.size > 4 * limit:
+        if limit and order.size > max(2048, 4 * limit):
             # a bin never takes more tasks than the request places, and every
             # candidate has room for one: its first ``limit`` candidates in stack
             # order are all it can use (a large entitlement has thousands)
