@@ -103,3 +103,18 @@ def test_unreachable_controller_is_an_error_not_a_hang():
 def test_leader_endpoint(server):
     assert http_leader(server + "/leader")() == 2
     assert http_leader("http://127.0.0.1:9/leader", timeout=1)() is None
+
+
+def test_an_unreachable_controller_holds_the_rollout_and_the_scheduler_goes_on():
+    from plait.sim.scenarios import job_spec, world
+
+    sim = world()
+    s = sim.scheduler
+    spec = job_spec("web", 3)
+    s.create_job(spec, 0, controller=HttpController("http://127.0.0.1:9/", timeout=0.5))
+    assert sim.run_until(lambda: len(s.discovery("web")) == 3, 60)
+    s.update_job(spec.model_copy(update={"args": ("--v2",)}), sim.now)
+    sim.run(40)
+    assert all(r.spec_version == 1 for r in s.job("web").tasks.values())
+    assert len(s.discovery("web")) == 3  # nothing was taken down without an ack
+    assert s.counters["controller_errors"] >= 2  # asked again after the re-check interval
