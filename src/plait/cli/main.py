@@ -119,7 +119,7 @@ def demo(
     jobs: Annotated[int, typer.Option(min=1)] = 2_000,
 ) -> None:
     """Generate a region, walk through entitlements growing and shrinking (the paper's
-    Figure 7), then run the allocator benchmark."""
+    Figure 7), run the allocator benchmark, then a simulated rolling update."""
     from plait.allocator import AllocationRequest, Allocator, MachineIndex
     from plait.bench import allocator as bench
     from plait.broker import Region
@@ -164,6 +164,10 @@ def demo(
                           total=None)
         result = bench.run(machines=machines, jobs=jobs)
     out.print_json(json.dumps(result))
+    out.rule("[bold]a rolling update on a simulated region, one task at a time, two "
+             "machines failing halfway")
+    sim_rollout(tasks=30, machines=60, controller="one-at-a-time", max_unavailable="10%",
+                fail=2, crash=False, limit=3600, as_json=False)
 
 
 @sim_app.command("rollout")
