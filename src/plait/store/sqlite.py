@@ -1,0 +1,289 @@
+"""The embedded store: one SQLite file, safe across processes on one host.
+
+WAL journal, ``synchronous=FULL`` (a write is acknowledged only once it is on
+disk), every write in ``BEGIN IMMEDIATE`` with a busy timeout. Sessions are rows
+with an expiry that their owner heartbeats; an expired session's ephemeral keys are
+invisible at once and deleted by the next write. Every change appends to a change
+log, which watchers poll (``poll()``, or a background poller) so that a change made
+by another process is seen too; watches are level-triggered.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from plait.errors import Conflict, NotFound
+from plait.store.protocol import Op, Transaction, WatchCallback, check_key
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+    path TEXT PRIMARY KEY, parent TEXT NOT NULL, value BLOB NOT NULL,
+    version INTEGER NOT NULL, session TEXT
+);
+CREATE INDEX IF NOT EXISTS nodes_parent ON nodes(parent);
+CREATE INDEX IF NOT EXISTS nodes_session ON nodes(session);
+CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS changes (zxid INTEGER PRIMARY KEY AUTOINCREMENT, path TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+SCHEMA_VERSION = "1"
+#: change-log rows kept for watchers that poll late
+CHANGES_KEPT = 10_000
+LIVE = "(n.session IS NULL OR n.session IN (SELECT id FROM sessions WHERE expires > ?))"
+
+
+def _parent(key: str) -> str:
+    return key.rsplit("/", 1)[0] or "/"
+
+
+class SqliteSession:
+    def __init__(self, store: SqliteStore, ttl: float) -> None:
+        self.store, self.ttl = store, ttl
+        self.id = uuid.uuid4().hex
+        with store._write() as cur:
+            cur.execute("INSERT INTO sessions VALUES (?, ?)", (self.id, store.clock() + ttl))
+
+    def heartbeat(self) -> None:
+        with self.store._write() as cur:
+            cur.execute("UPDATE sessions SET expires = ? WHERE id = ?",
+                        (self.store.clock() + self.ttl, self.id))
+            if cur.rowcount == 0:
+                raise NotFound("session", self.id)
+
+    def alive(self) -> bool:
+        row = self.store._read("SELECT expires FROM sessions WHERE id = ?", (self.id,))
+        return bool(row) and row[0][0] > self.store.clock()
+
+    def close(self) -> None:
+        with self.store._write() as cur:
+            self.store._end_sessions(cur, [self.id])
+
+
+class SqliteElection:
+    """A host-local lease: the leader holds an ephemeral key of its session."""
+
+    def __init__(self, store: SqliteStore, name: str, identity: str,
+                 session: SqliteSession) -> None:
+        self.store, self.identity, self.session = store, identity, session
+        self.key = check_key(f"/_elections/{name}/leader")
+
+    def campaign(self) -> bool:
+        try:
+            self.store.create(self.key, self.identity.encode(), self.session)
+            return True
+        except Conflict:
+            rows = self.store._read(
+                f"SELECT n.session FROM nodes n WHERE n.path = ? AND {LIVE}",
+                (self.key, self.store.clock()))
+            return bool(rows) and rows[0][0] == self.session.id
+
+    def leader(self) -> str | None:
+        try:
+            value, _ = self.store.get(self.key)
+        except NotFound:
+            return None
+        return value.decode()
+
+    def resign(self) -> None:
+        with self.store._write() as cur:
+            cur.execute("DELETE FROM nodes WHERE path = ? AND session = ?",
+                        (self.key, self.session.id))
+            if cur.rowcount:
+                cur.execute("INSERT INTO changes(path) VALUES (?)", (self.key,))
+
+
+class SqliteStore:
+    def __init__(self, path: str, busy_timeout: float = 30.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path, self.clock = path, clock
+        self._db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
+                                   check_same_thread=False)
+        self._lock = threading.RLock()
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._watches: list[tuple[str, WatchCallback]] = []
+        rows = self._read("SELECT coalesce(max(zxid), 0) FROM changes", ())
+        self._seen = int(rows[0][0])
+        self._poller: threading.Thread | None = None
+        self._stop = threading.Event()
+        with self._write() as cur:
+            cur.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                        (SCHEMA_VERSION,))
+
+    # -- plumbing ------------------------------------------------------------------------
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Cursor]:
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+        self.poll()
+
+    def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def _end_sessions(self, cur: sqlite3.Cursor, ids: list[str]) -> None:
+        for sid in ids:
+            gone = cur.execute("SELECT path FROM nodes WHERE session = ?", (sid,)).fetchall()
+            cur.execute("DELETE FROM nodes WHERE session = ?", (sid,))
+            cur.execute("DELETE FROM sessions WHERE id = ?", (sid,))
+            cur.executemany("INSERT INTO changes(path) VALUES (?)", gone)
+
+    def _expire(self, cur: sqlite3.Cursor) -> None:
+        expired = [r[0] for r in cur.execute("SELECT id FROM sessions WHERE expires <= ?",
+                                             (self.clock(),)).fetchall()]
+        self._end_sessions(cur, expired)
+
+    def _changed(self, cur: sqlite3.Cursor, key: str) -> None:
+        cur.execute("INSERT INTO changes(path) VALUES (?)", (key,))
+
+    # -- reading ---------------------------------------------------------------------------
+    def get(self, key: str) -> tuple[bytes, int]:
+        rows = self._read(f"SELECT n.value, n.version FROM nodes n WHERE n.path = ? AND {LIVE}",
+                          (check_key(key), self.clock()))
+        if not rows:
+            raise NotFound("key", key)
+        return bytes(rows[0][0]), int(rows[0][1])
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.get(key)
+        except NotFound:
+            return False
+        return True
+
+    def children(self, prefix: str) -> list[str]:
+        rows = self._read(f"SELECT n.path FROM nodes n WHERE n.parent = ? AND {LIVE} "
+                          "ORDER BY n.path", (check_key(prefix), self.clock()))
+        return [r[0].rsplit("/", 1)[1] for r in rows]
+
+    # -- writing -----------------------------------------------------------------------------
+    def _apply(self, cur: sqlite3.Cursor, op: Op, session: SqliteSession | None) -> int:
+        key = op.key
+        row = cur.execute(f"SELECT n.version FROM nodes n WHERE n.path = ? AND {LIVE}",
+                          (key, self.clock())).fetchone()
+        if op.kind == "create":
+            if row is not None:
+                raise Conflict(f"key {key}", "absent", "exists")
+            if op.ephemeral and session is None:
+                raise Conflict(f"key {key}", "a session for an ephemeral key", None)
+            cur.execute("DELETE FROM nodes WHERE path = ?", (key,))  # an expired ephemeral
+            # missing parents are created empty (kazoo's makepath=True)
+            parent = _parent(key)
+            while parent != "/":
+                cur.execute("INSERT OR IGNORE INTO nodes VALUES (?, ?, x'', 0, NULL)",
+                            (parent, _parent(parent)))
+                parent = _parent(parent)
+            cur.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, ?)",
+                        (key, _parent(key), op.value,
+                         session.id if op.ephemeral and session else None))
+            self._changed(cur, key)
+            return 0
+        if row is None:
+            raise NotFound("key", key)
+        if op.version != -1 and row[0] != op.version:
+            raise Conflict(f"key {key} version", op.version, row[0])
+        if op.kind == "set":
+            cur.execute("UPDATE nodes SET value = ?, version = version + 1 WHERE path = ?",
+                        (op.value, key))
+            self._changed(cur, key)
+            return int(row[0]) + 1
+        if op.kind == "delete":
+            cur.execute("DELETE FROM nodes WHERE path = ?", (key,))
+            self._changed(cur, key)
+            return -1
+        return int(row[0])  # check
+
+    def create(self, key: str, value: bytes, session: SqliteSession | None = None) -> int:
+        op = Op("create", check_key(key), value, ephemeral=session is not None)
+        with self._write() as cur:
+            self._expire(cur)
+            return self._apply(cur, op, session)
+
+    def set(self, key: str, value: bytes, version: int) -> int:
+        with self._write() as cur:
+            self._expire(cur)
+            return self._apply(cur, Op("set", check_key(key), value, version), None)
+
+    def delete(self, key: str, version: int) -> None:
+        with self._write() as cur:
+            self._expire(cur)
+            self._apply(cur, Op("delete", check_key(key), version=version), None)
+
+    def commit(self, txn: Transaction, session: SqliteSession | None = None) -> None:
+        """All of ``txn`` or nothing: the first failing step raises and rolls back."""
+        with self._write() as cur:
+            self._expire(cur)
+            for op in txn.ops:
+                self._apply(cur, op, session)
+            cur.execute("DELETE FROM changes WHERE zxid <= (SELECT max(zxid) FROM changes) - ?",
+                        (CHANGES_KEPT,))
+
+    # -- sessions and elections ----------------------------------------------------------------
+    def session(self, ttl: float) -> SqliteSession:
+        return SqliteSession(self, ttl)
+
+    def election(self, name: str, identity: str, session: SqliteSession) -> SqliteElection:
+        return SqliteElection(self, name, identity, session)
+
+    # -- watches ---------------------------------------------------------------------------------
+    def watch(self, key: str, callback: WatchCallback) -> Callable[[], None]:
+        entry = (check_key(key), callback)
+        with self._lock:
+            self._watches.append(entry)
+
+        def cancel() -> None:
+            with self._lock:
+                if entry in self._watches:
+                    self._watches.remove(entry)
+
+        return cancel
+
+    def poll(self) -> int:
+        """Fire the watches of every change since the last poll (by any process);
+        expired sessions count as changes of their ephemeral keys."""
+        now = self.clock()
+        with self._lock:
+            expired = self._db.execute(
+                "SELECT n.path FROM nodes n JOIN sessions s ON n.session = s.id "
+                "WHERE s.expires <= ?", (now,)).fetchall()
+            rows = self._db.execute("SELECT zxid, path FROM changes WHERE zxid > ? "
+                                    "ORDER BY zxid", (self._seen,)).fetchall()
+            if rows:
+                self._seen = int(rows[-1][0])
+            watches = list(self._watches)
+        paths = [r[1] for r in rows] + [r[0] for r in expired]
+        fired = 0
+        for path in dict.fromkeys(paths):
+            for key, callback in watches:
+                if path == key or path.startswith(key.rstrip("/") + "/"):
+                    callback(path)
+                    fired += 1
+        return fired
+
+    def start_polling(self, interval: float = 0.2) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                self.poll()
+
+        self._poller = threading.Thread(target=loop, name="plait-store-poll", daemon=True)
+        self._poller.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join(timeout=5)
+        self._db.close()
