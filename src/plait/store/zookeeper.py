@@ -1,0 +1,194 @@
+"""The distributed store: ZooKeeper 3.8 through kazoo, for a control plane that spans
+hosts. kazoo does the hard parts (session keep-alive, reconnection, watch re-arming,
+the Lock recipe used for elections, transactions); this module only maps plait's
+Store protocol onto it.
+
+Sessions are kazoo clients: an ephemeral key belongs to the client that created
+it and vanishes when that client's ZooKeeper session ends. Watches cover a key and
+its direct children (kazoo's DataWatch and ChildrenWatch re-arm themselves);
+events arrive on kazoo's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.protocol.states import KazooState
+from kazoo.recipe.lock import Lock
+from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+
+from plait.errors import Conflict, NotFound, TransientError
+from plait.store.protocol import Transaction, WatchCallback, check_key
+
+
+def _client(hosts: str, timeout: float) -> KazooClient:
+    client = KazooClient(hosts=hosts, timeout=timeout)
+    try:
+        client.start(timeout=max(timeout, 5.0))
+    except Exception as exc:  # kazoo raises its own timeout type
+        raise TransientError(f"ZooKeeper at {hosts} is unreachable: {exc}", 1.0) from exc
+    return client
+
+
+class ZkSession:
+    def __init__(self, hosts: str, ttl: float) -> None:
+        self.client = _client(hosts, ttl)
+        self.id = f"{self.client.client_id[0]:x}"
+
+    def alive(self) -> bool:
+        return bool(self.client.state == KazooState.CONNECTED)
+
+    def close(self) -> None:
+        self.client.stop()
+        self.client.close()
+
+
+class ZkElection:
+    """kazoo's Lock recipe: the holder of the lock leads; the others queue behind."""
+
+    def __init__(self, name: str, identity: str, session: ZkSession) -> None:
+        self._lock = Lock(session.client, f"/_elections/{name}", identity)
+
+    def campaign(self) -> bool:
+        if self._lock.is_acquired:
+            return True
+        return bool(self._lock.acquire(blocking=False))
+
+    def leader(self) -> str | None:
+        contenders = self._lock.contenders()
+        return str(contenders[0]) if contenders else None
+
+    def resign(self) -> None:
+        self._lock.release()
+
+
+class ZkStore:
+    def __init__(self, hosts: str, timeout: float = 10.0) -> None:
+        self.hosts, self.timeout = hosts, timeout
+        self.client = _client(hosts, timeout)
+
+    def get(self, key: str) -> tuple[bytes, int]:
+        try:
+            data, stat = self.client.get(check_key(key))
+        except NoNodeError:
+            raise NotFound("key", key) from None
+        return bytes(data), int(stat.version)
+
+    def exists(self, key: str) -> bool:
+        return self.client.exists(check_key(key)) is not None
+
+    def create(self, key: str, value: bytes, session: ZkSession | None = None) -> int:
+        client = session.client if session is not None else self.client
+        try:
+            client.create(check_key(key), value, ephemeral=session is not None, makepath=True)
+        except NodeExistsError:
+            raise Conflict(f"key {key}", "absent", "exists") from None
+        return 0
+
+    def set(self, key: str, value: bytes, version: int) -> int:
+        try:
+            stat = self.client.set(check_key(key), value, version=version)
+        except NoNodeError:
+            raise NotFound("key", key) from None
+        except BadVersionError:
+            raise Conflict(f"key {key} version", version, self._version(key)) from None
+        return int(stat.version)
+
+    def delete(self, key: str, version: int) -> None:
+        try:
+            self.client.delete(check_key(key), version=version)
+        except NoNodeError:
+            raise NotFound("key", key) from None
+        except BadVersionError:
+            raise Conflict(f"key {key} version", version, self._version(key)) from None
+        except NotEmptyError:
+            raise Conflict(f"key {key}", "no children", "has children") from None
+
+    def _version(self, key: str) -> int | None:
+        stat = self.client.exists(key)
+        return None if stat is None else int(stat.version)
+
+    def children(self, prefix: str) -> list[str]:
+        try:
+            return sorted(self.client.get_children(check_key(prefix)))
+        except NoNodeError:
+            return []
+
+    def commit(self, txn: Transaction, session: ZkSession | None = None) -> None:
+        """One ZooKeeper multi-op: all of it or nothing."""
+        client = session.client if session is not None else self.client
+        for op in txn.ops:  # ZooKeeper wants parents in place; make them first
+            if op.kind == "create":
+                parent = op.key.rsplit("/", 1)[0]
+                if parent:
+                    client.ensure_path(parent)
+        t = client.transaction()
+        for op in txn.ops:
+            if op.kind == "create":
+                t.create(op.key, op.value, ephemeral=op.ephemeral)
+            elif op.kind == "set":
+                t.set_data(op.key, op.value, version=op.version)
+            elif op.kind == "delete":
+                t.delete(op.key, version=op.version)
+            else:
+                t.check(op.key, op.version)
+        results = t.commit()
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            first = next((r for r in failures if type(r).__name__ != "RolledBackError"),
+                         failures[0])
+            raise Conflict("transaction", "every step to apply", type(first).__name__)
+
+    def watch(self, key: str, callback: WatchCallback) -> Callable[[], None]:
+        """Fire ``callback(path)`` after every change of ``key`` or a direct child."""
+        key = check_key(key)
+        self.client.ensure_path(key)
+        active = threading.Event()
+        active.set()
+        watched: set[str] = set()
+
+        def data_watch(path: str) -> None:
+            def on_data(data: Any, stat: Any, event: Any = None) -> bool:
+                if not active.is_set():
+                    return False
+                if event is not None:
+                    callback(path)
+                return stat is not None or path == key
+
+            DataWatch(self.client, path, on_data)
+
+        def on_children(children: list[str], event: Any = None) -> bool:
+            if not active.is_set():
+                return False
+            current = {f"{key}/{c}" for c in children}
+            for path in sorted(current - watched):
+                watched.add(path)
+                data_watch(path)
+                if event is not None:
+                    callback(path)
+            for path in sorted(watched - current):
+                watched.discard(path)
+                callback(path)
+            return True
+
+        data_watch(key)
+        ChildrenWatch(self.client, key, on_children, send_event=True)
+        return active.clear
+
+    def poll(self) -> int:
+        """Nothing to do: ZooKeeper pushes watch events (kept for the protocol)."""
+        return 0
+
+    def session(self, ttl: float) -> ZkSession:
+        return ZkSession(self.hosts, ttl)
+
+    def election(self, name: str, identity: str, session: ZkSession) -> ZkElection:
+        return ZkElection(name, identity, session)
+
+    def close(self) -> None:
+        self.client.stop()
+        self.client.close()
