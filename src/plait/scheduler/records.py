@@ -104,6 +104,8 @@ class JobRecord:
     dirty: bool = True
     #: why the rollout halted, if it did
     halted: str | None = None
+    #: tasks of the target version that exited during the rollout
+    failed_tasks: set[int] = field(default_factory=set)
     rollout_failures: int = 0
     rollout_active: bool = False
     deleting: bool = False

@@ -159,6 +159,7 @@ class Scheduler:
         job = self._job(name)
         job.halted = None
         job.rollout_failures = 0
+        job.failed_tasks.clear()
         job.dirty = True
         self._event(now, name, "rollout_resumed", f"rollout of version {job.target} resumed")
 
@@ -187,13 +188,17 @@ class Scheduler:
         # an update that already restarted its task but is not proven healthy yet
         # is over: the task is offered the new target like any other
         for index in list(job.in_progress):
-            rec = job.tasks[index]
-            if rec.op is not None and rec.op.kind in (OpKind.UPDATE, OpKind.RESTART) and (
+            rec = job.tasks.get(index)
+            if rec is None:
+                job.in_progress.discard(index)
+            elif rec.op is not None and rec.op.kind in (OpKind.UPDATE, OpKind.RESTART) and (
                     rec.state is not TaskState.STOPPING):
                 self._complete(job, rec)
-        job.halted = None
-        job.rollout_failures = 0
-        job.rollout_active = not same_runtime(old, spec)
+        if not same_runtime(old, spec):  # a new runtime: a new rollout
+            job.halted = None
+            job.rollout_failures = 0
+            job.failed_tasks.clear()
+            job.rollout_active = True
         job.dirty = True
         self._event(now, job.name, "updated", what)
 
@@ -301,8 +306,13 @@ class Scheduler:
         rec.serving = False
         job.dirty = True
         if job.rollout_active and rec.spec_version == job.target:
-            job.rollout_failures += 1
-            limit = job.spec.update.halt_after_failures
+            job.failed_tasks.add(rec.index)
+            job.rollout_failures = len(job.failed_tasks)
+            # never more than the tasks pacing lets go down at once, or a bad version
+            # under a small max_unavailable would stall instead of halting
+            update = job.spec.update
+            cap = update.resolve(job.spec.task_count)
+            limit = min(update.halt_after_failures, cap or update.halt_after_failures)
             if job.halted is None and job.rollout_failures >= limit:
                 job.halted = (f"{job.rollout_failures} tasks of version {job.target} failed "
                               "to become healthy")
@@ -320,12 +330,12 @@ class Scheduler:
             return
         if op.kind is OpKind.STOP:
             if op.reason in (_RESIZE, _DELETE):
-                self._free(job, [rec])
+                self._free(job, [rec])  # completes the operation
             else:  # stopped for maintenance: parked until it ends, allocation kept
                 event_id = op.reason.rsplit(" ", 1)[-1]
                 rec.parked = event_id
                 self._parked.setdefault(event_id, set()).add(job.ref(rec.index))
-            self._complete(job, rec)
+                self._complete(job, rec)
             return
         if op.kind is OpKind.UPDATE:
             rec.spec_version = job.target
@@ -376,6 +386,9 @@ class Scheduler:
             self.allocator.allocate(AllocationRequest.of(
                 job.name, job.entitlement, spec.resources, free=indices, policy=spec.policy))
         for rec in recs:
+            if rec.op is not None:
+                self._complete(job, rec)
+            self._drop_acked(job, rec.index)
             if rec.machine is not None:
                 self._unassign(job.ref(rec.index), rec.machine)
             job.offers.pop(rec.index, None)
@@ -405,6 +418,7 @@ class Scheduler:
                         rec.lost_since = None
                         job.lost.discard(rec.index)
                         self._cancel_pending(job, rec.index)
+                        self._drop_acked(job, rec.index)
 
     def _lose(self, ref: TaskRef, now: float) -> None:
         job = self.jobs.get(ref.job)
@@ -412,11 +426,26 @@ class Scheduler:
         if job is None or rec is None:
             return
         if rec.state is TaskState.STOPPING:
-            rec.state = TaskState.STOPPED  # its machine is gone: nothing left to stop
-            self._stopped_unreachable(job, rec, now)
+            op = rec.op
+            if op is not None and op.kind is OpKind.STOP and op.reason in (_RESIZE, _DELETE):
+                rec.state = TaskState.STOPPED  # its machine is gone: nothing left to stop
+                self._stopped_unreachable(job, rec, now)
+                return
+            # stopping to restart, move or wait out maintenance: its machine is gone,
+            # so whatever it was doing is over and it needs a new home
+            if op is not None:
+                self._complete(job, rec)
+            rec.state = TaskState.LOST
+            rec.parked = None
+            rec.lost_since = now
+            job.lost.add(rec.index)
+            self._drop_acked(job, rec.index)
+            self._cancel_pending(job, rec.index)
+            self.counters["tasks_lost"] += 1
             return
         if rec.op is not None and rec.state is not TaskState.PENDING:
             self._complete(job, rec)  # whatever was under way is over: it is down now
+        self._drop_acked(job, rec.index)
         if self._transition(rec, Event.LOST):
             job.lost.add(rec.index)
             rec.serving = False
@@ -470,6 +499,7 @@ class Scheduler:
             if rec.op.kind is OpKind.STOP or rec.state is TaskState.STOPPING:
                 return  # already being stopped
             self._complete(job, rec)  # an update or move under way ends here
+        self._drop_acked(job, rec.index)
         self._take_out(ref, rec)
         rec.state = TaskState.STOPPED
         rec.healthy = False
@@ -605,6 +635,15 @@ class Scheduler:
         return [TaskOp(f"{job.name}/{index}/{_KIND[kind]}/{serial}", ref, kind, reason, machine)
                 for kind, reason in wanted]
 
+    def _drop_acked(self, job: JobRecord, index: int) -> None:
+        """Acked operations of a task whose situation changed no longer apply; a
+        controller is told they are over (so it does not wait for them)."""
+        for op_id in [k for k, op in job.acked.items() if op.task.index == index]:
+            op = job.acked.pop(op_id)
+            if job.controller is not None:
+                job.completed.append(op)
+            job.dirty = True
+
     def _cancel_pending(self, job: JobRecord, index: int) -> None:
         if job.offers.pop(index, None) is not None:
             job.dirty = True
@@ -663,26 +702,29 @@ class Scheduler:
                 job.tasks.values(), key=lambda r: r.index) if _down(r)),
             sequence_number=job.sequence_number,
         )
-        job.completed = []
         job.dirty = False
         job.last_call = now
         self.counters["controller_calls"] += 1
         assert job.controller is not None
         try:
             response = job.controller.process(request)
-            if not isinstance(response, TaskControlResponse) or not all(
-                    isinstance(a, str) for a in response.ack):
+            if not isinstance(response, TaskControlResponse) or isinstance(
+                    response.ack, str) or not all(isinstance(a, str) for a in response.ack):
                 raise TypeError(f"expected a TaskControlResponse, got {response!r}")
         except Exception as exc:  # a controller's failure acks nothing, never crashes us
             self.counters["controller_errors"] += 1
             self._event(now, job.name, "controller_error", f"acked nothing: {exc}")
-            return
-        acked_tasks: set[int] = set()
+            return  # the completions are sent again with the next call
+        job.completed = job.completed[len(request.completed):]
+        chosen: dict[int, TaskOp] = {}
         for op_id in response.ack:
             op = offered.get(op_id)
-            if op is None or op.task.index in acked_tasks or op.task.index not in job.offers:
-                continue  # unknown, already done, or the second op of one task
-            acked_tasks.add(op.task.index)
+            if op is None or op.task.index not in job.offers:
+                continue  # unknown or already done
+            prior = chosen.get(op.task.index)
+            if prior is None or (op.kind is OpKind.MOVE and prior.kind is OpKind.STOP):
+                chosen[op.task.index] = op  # of a maintenance pair, move wins
+        for op in chosen.values():
             self._ack(job, op)
 
     def _notices(self, job: JobRecord,
@@ -719,19 +761,29 @@ class Scheduler:
 
     # stage 3: execution --------------------------------------------------------------------
     def _execute(self, job: JobRecord, now: float) -> None:
+        """Start acked operations. Each is checked again first: it may no longer
+        apply (the task recovered, moved or was updated meanwhile), and whether it
+        takes an available task down is decided now, against max_unavailable (a
+        safety cap under a controller, the pacing itself without one)."""
         if not job.acked:
             return
-        cap = job.spec.update.resolve(job.spec.task_count) if job.controller else None
+        count = job.spec.task_count
+        cap = job.spec.update.resolve(count)
+        if cap is None and job.controller is None:
+            cap = 1
         down = self.unavailable(job) if cap is not None else 0
         throttled = False
         for op in sorted(job.acked.values(), key=lambda o: o.task.index):
             rec = job.tasks.get(op.task.index)
-            if rec is None or rec.op is not None:
+            if rec is None or rec.op is not None or not self._still_applies(job, rec, op):
                 del job.acked[op.op_id]
+                if job.controller is not None:
+                    job.completed.append(op)  # over without being carried out
+                    job.dirty = True
                 continue
-            costs = not _down(rec) and rec.index < job.spec.task_count and not job.deleting
+            costs = not _down(rec) and rec.index < count and not job.deleting
             if cap is not None and costs and down >= cap:
-                continue  # the job's max_unavailable is a safety cap under a controller
+                continue  # waits, acked, until the job is back under its cap
             if not self.bucket.take(now):
                 throttled = True
                 break
@@ -744,6 +796,17 @@ class Scheduler:
             self.counters["throttled"] += 1
             self._event(now, job.name, "throttled",
                         f"{len(job.acked)} acked operations wait for the rate limit")
+
+    def _still_applies(self, job: JobRecord, rec: TaskRecord, op: TaskOp) -> bool:
+        if op.kind is OpKind.MOVE and op.reason == _FAILURE:
+            return rec.state is TaskState.LOST
+        if rec.state is TaskState.LOST:
+            return op.kind is OpKind.STOP and op.reason in (_RESIZE, _DELETE)
+        if op.kind is OpKind.UPDATE:
+            return rec.spec_version != job.target and job.halted is None
+        if op.kind is OpKind.RESTART:
+            return rec.restart
+        return True
 
     def _start(self, job: JobRecord, rec: TaskRecord, op: TaskOp, now: float) -> None:
         self.counters["ops_started"] += 1

@@ -98,10 +98,10 @@ class LeaderLast(PacingController):
         leader = self.leader()
         if leader is None:
             return []
-        followers = [op for op in ops if op.task.index != leader]
-        already_down = [op for op in followers if op.task.index in down]
+        already_down = [op for op in ops if op.task.index in down]
         if already_down:
-            return already_down
+            return already_down  # moving a task that is down costs nothing, leader too
+        followers = [op for op in ops if op.task.index != leader]
         if down:
             return []
         if followers:
