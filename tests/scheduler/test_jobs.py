@@ -68,3 +68,27 @@ def test_delete_stops_everything_and_frees_the_machines():
     assert sim.allocator.machines_of("ent") == []
     assert all(not a.processes for a in sim.agents.values())
     assert any(e.kind == "deleted" for e in s.events)
+
+
+def test_restart_whole_job_restarts_every_task_within_the_pacing():
+    sim = world()
+    s = sim.scheduler
+    from plait.model import UpdatePolicy
+
+    s.create_job(job_spec("web", 6, update=UpdatePolicy(max_unavailable=2)), 0)
+    assert settled(sim, "web", 6)
+    started = {i: next(a.processes[s.job("web").ref(i)].started_at
+                       for a in sim.agents.values() if s.job("web").ref(i) in a.processes)
+               for i in range(6)}
+    worst = [0]
+    sim.observers.append(lambda sm: worst.__setitem__(
+        0, max(worst[0], 6 - len(sm.scheduler.discovery("web")))))
+    s.restart("web", sim.now)
+    assert sim.run_until(lambda: not any(r.restart or r.op for r in s.job("web").tasks.values())
+                         and len(s.discovery("web")) == 6, 300)
+    for i in range(6):  # a new process everywhere
+        ref = s.job("web").ref(i)
+        now_started = next(a.processes[ref].started_at for a in sim.agents.values()
+                           if ref in a.processes)
+        assert now_started > started[i]
+    assert worst[0] == 2

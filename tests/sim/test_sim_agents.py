@@ -1,0 +1,74 @@
+"""Simulated agents: the agent contract on the simulated clock."""
+
+from plait.model import TaskRef
+from plait.scheduler import Assignment, Phase
+from plait.sim import Behaviour, SimAgent
+from plait.sim.scenarios import job_spec, world
+
+SPEC = job_spec("web", 1)
+
+
+def assign(index=0, revision=1, spec=SPEC):
+    return Assignment("web", index, revision, revision, spec)
+
+
+def phases(statuses):
+    return [(s.index, s.phase.value) for s in statuses]
+
+
+def test_start_latency_then_running():
+    agent = SimAgent("m1", lambda a: Behaviour(start_seconds=2))
+    assert phases(agent.step(0, [assign()])) == [(0, "starting")]
+    assert phases(agent.step(1, [assign()])) == [(0, "starting")]
+    st = agent.step(2, [assign()])
+    assert phases(st) == [(0, "running")] and st[0].healthy
+
+
+def test_fencing_stops_what_is_no_longer_assigned_after_the_stop_latency():
+    agent = SimAgent("m1", lambda a: Behaviour(start_seconds=0, stop_seconds=3))
+    agent.step(0, [assign()])
+    agent.step(1, [assign()])
+    assert agent.running(TaskRef("web", 0)) is not None
+    agent.step(2, [])  # taken out of the desired set
+    assert agent.running(TaskRef("web", 0)) is None  # stopping: not serving any more
+    assert phases(agent.step(4, [])) == [(0, "running")]  # still winding down
+    assert phases(agent.step(5, [])) == [(0, "stopped")]
+    assert agent.processes == {}
+
+
+def test_a_new_revision_replaces_the_process_after_the_old_one_stops():
+    agent = SimAgent("m1", lambda a: Behaviour(start_seconds=0, stop_seconds=1))
+    agent.step(0, [assign(revision=1)])
+    agent.step(1, [assign(revision=1)])
+    agent.step(2, [assign(revision=2)])
+    st = agent.step(2.5, [assign(revision=2)])
+    assert [(s.revision, s.phase) for s in st] == [(1, Phase.RUNNING)]  # old one stopping
+    st = agent.step(3, [assign(revision=2)])  # stopped, and the new one starts at once
+    assert [(s.revision, s.phase) for s in st] == [(1, Phase.STOPPED), (2, Phase.STARTING)]
+
+
+def test_crash_then_restart_after_backoff():
+    agent = SimAgent("m1", lambda a: Behaviour(start_seconds=0, crash=True, crash_after=1,
+                                               restart_backoff=5))
+    agent.step(0, [assign()])
+    agent.step(0.5, [assign()])
+    st = agent.step(1.5, [assign()])
+    assert phases(st) == [(0, "exited")] and st[0].exit_code == 1
+    assert phases(agent.step(3, [assign()])) == [(0, "exited")]  # backing off
+    assert phases(agent.step(7, [assign()])) == [(0, "running")]  # restarted
+    assert phases(agent.step(8, [assign()])) == [(0, "exited")]  # and crashed again
+
+
+def test_a_failed_machine_loses_its_processes_and_starts_afresh_after_repair():
+    sim = world(machines=6)
+    s = sim.scheduler
+    s.create_job(job_spec("web", 2, cpu=16), 0)
+    assert sim.run_until(lambda: len(s.discovery("web")) == 2, 60)
+    index, where = s.discovery("web")[0]
+    event = sim.fail([where])
+    assert sim.running_copies(s.job("web").ref(index)) == []  # died with the machine
+    assert sim.run_until(lambda: len(s.discovery("web")) == 2, 60)  # moved
+    sim.repair(event)
+    sim.run(10)
+    ref = s.job("web").ref(index)
+    assert len(sim.running_copies(ref)) == 1  # never two copies
