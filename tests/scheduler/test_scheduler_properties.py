@@ -26,7 +26,30 @@ actions = st.lists(st.one_of(
     st.tuples(st.just("maintenance"), st.integers(0, 29), st.integers(5, 40),
               st.integers(10, 60)),
     st.tuples(st.just("wait"), st.integers(1, 30)),
+    st.tuples(st.just("restart"), st.sampled_from(sorted(JOBS))),
+    st.tuples(st.just("rollback"), st.sampled_from(sorted(JOBS))),
 ), min_size=1, max_size=12)
+
+
+def watch_starts(sim, starts):
+    """Independently of the scheduler's own bookkeeping: when an operation starts on
+    a task that is available, the job must be below its cap at that moment."""
+    s = sim.scheduler
+    original = s._start
+
+    def start(job, rec, op, now):
+        count = job.spec.task_count
+        available = rec.state.value == "running" and rec.healthy and rec.serving
+        if available and rec.index < count and not job.deleting:
+            cap = job.spec.update.resolve(count)
+            if cap is None and job.controller is None:
+                cap = 1
+            if cap is not None:
+                starts.append((job.name, s.unavailable(job), cap))
+                assert s.unavailable(job) < cap, f"{job.name}: started at the cap"
+        return original(job, rec, op, now)
+
+    s._start = start
 
 
 def check(sim, started_log):
@@ -61,6 +84,8 @@ def test_invariants_under_random_operations(actions, with_controller):
         s.create_job(specs[name], 0, controller=controller)
     log: list = []
     sim.observers.append(lambda sm: check(sm, log))
+    starts: list = []
+    watch_starts(sim, starts)
     sim.run(20)
     failures: list[str] = []
     version = 1
@@ -80,6 +105,11 @@ def test_invariants_under_random_operations(actions, with_controller):
         elif kind == "maintenance":
             _, m, start, length = action
             sim.maintenance([sim.fleet.name(m)], sim.now + start, sim.now + start + length)
+        elif kind == "restart":
+            s.restart(action[1], sim.now)
+        elif kind == "rollback":
+            s.rollback(action[1], 1, sim.now)
+            specs[action[1]] = s.job(action[1]).spec
         sim.run(action[1] if kind == "wait" else 5)
     for event_id in failures:
         sim.repair(event_id)
