@@ -14,9 +14,12 @@ WHOLE = Resources(cpu=16, memory_gb=64)
 
 
 def test_figure7_entitlement_grows_and_shrinks_with_its_jobs():
-    c = Cluster.machines(machine("M7", msb="msb1"), machine("M8", msb="msb2"))
+    # the figure's region has three free machines; the entitlement starts empty
+    c = Cluster.machines(machine("M7", msb="msb1"), machine("M8", msb="msb2"),
+                         machine("M9", msb="msb3"))
     c.entitlement("ent", machines=10)
-    assert c.machines_of("ent") == set()  # initially no machine is assigned
+    assert c.machines_of("ent") == set()
+    assert len(c.region.free_machines()) == 3
 
     d = c.allocate("D", "ent", HALF, allocate=[0])
     assert d.placements == {0: "M7"}
@@ -34,6 +37,7 @@ def test_figure7_entitlement_grows_and_shrinks_with_its_jobs():
     assert c.machines_of("ent") == {"M7"}  # D still runs on M7
     assert c.allocator.placement("D") == {0: "M7"}
     assert c.region.record(c.fleet.index_of("M8")).entitlement is None
+    assert len(c.region.free_machines()) == 2  # (2) free machines again, as in the figure
 
 
 def test_figure6_jobs_of_one_entitlement_stack_and_another_grows():
