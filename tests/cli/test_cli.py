@@ -62,3 +62,29 @@ def test_region_flags_out_of_range_are_one_line_errors():
     res = runner.invoke(app, ["bench", "allocator", "--dcs", "100", "--machines", "1000"])
     assert res.exit_code == 2
     assert "dcs" in res.output and "Traceback" not in res.output
+
+
+def test_admin_backup_and_restore(tmp_path):
+    from plait.store import SqliteStore
+
+    src = tmp_path / "a.db"
+    s = SqliteStore(str(src))
+    s.create("/scheduler/jobs/web", b"v1")
+    s.create("/broker/dc1/m1", b"free")
+    s.close()
+    backup = tmp_path / "backup.json"
+    res = runner.invoke(app, ["admin", "backup", str(backup), "--store", f"sqlite://{src}"])
+    assert res.exit_code == 0, res.output
+    dst = tmp_path / "b.db"
+    res = runner.invoke(app, ["admin", "restore", str(backup), "--store", str(dst)])
+    assert res.exit_code == 0, res.output
+    restored = SqliteStore(str(dst))
+    assert restored.get("/scheduler/jobs/web")[0] == b"v1"
+    assert restored.children("/broker/dc1") == ["m1"]
+    restored.close()
+    again = runner.invoke(app, ["admin", "restore", str(backup), "--store", str(dst)])
+    assert again.exit_code == 2 and "empty store" in " ".join(again.output.split())
+    (tmp_path / "junk.json").write_text("{not json")
+    bad = runner.invoke(app, ["admin", "restore", str(tmp_path / "junk.json"),
+                              "--store", str(tmp_path / "c.db")])
+    assert bad.exit_code == 2 and "junk.json" in bad.output

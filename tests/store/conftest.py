@@ -140,7 +140,7 @@ class _Rooted:
 
     def __getattr__(self, name: str) -> Any:
         if name in ("get", "exists", "create", "set", "delete", "children", "commit",
-                    "watch"):
+                    "watch", "is_ephemeral"):
             return getattr(self._ns, name)
         return getattr(self._store, name)
 

@@ -122,3 +122,19 @@ def test_namespaces_keep_components_apart(env):
     assert s.children("/scheduler/jobs") == ["web"]
     sched.commit(Transaction().create("/jobs/db", b""))
     assert s.exists("/scheduler/jobs/db")
+
+
+def test_backup_and_restore_round_trip(env):
+    from plait.store.backup import backup, restore
+
+    s = env.store
+    s.create("/scheduler/jobs/web", b"spec \x00 bytes")
+    s.create("/broker/dc1/m1", b"free")
+    session = s.session(ttl=60)
+    s.create("/agents/m1", b"alive", session)  # ephemeral: not in a backup
+    document = backup(s)
+    keys = {e["key"] for e in document["keys"]}
+    assert "/scheduler/jobs/web" in keys and "/agents/m1" not in keys
+    with pytest.raises(Conflict):
+        restore(s, document)  # only into an empty store
+    session.close()

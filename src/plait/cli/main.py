@@ -170,6 +170,58 @@ def demo(
                 fail=2, crash=False, limit=3600, as_json=False)
 
 
+admin_app = typer.Typer(help="Operations on the control plane's store.", no_args_is_help=True)
+app.add_typer(admin_app, name="admin")
+STORE_HELP = "sqlite:///path/plait.db (or a path) or zk://host:port[,host:port]"
+
+
+@admin_app.command("backup")
+def admin_backup(
+    file: Annotated[str, typer.Argument(help="where to write the backup (JSON)")],
+    store: Annotated[str, typer.Option(envvar="PLAIT_STORE", help=STORE_HELP)] = "plait.db",
+) -> None:
+    """Write a consistent snapshot of every persistent key to FILE."""
+    from plait.store.backup import backup, dumps, open_store
+
+    try:
+        st = open_store(store)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    try:
+        document = backup(st)
+    finally:
+        st.close()
+    with open(file, "w") as out:
+        out.write(dumps(document))
+    console.print(f"{len(document['keys'])} keys written to {file}")
+
+
+@admin_app.command("restore")
+def admin_restore(
+    file: Annotated[str, typer.Argument(help="a backup written by 'plait admin backup'")],
+    store: Annotated[str, typer.Option(envvar="PLAIT_STORE", help=STORE_HELP)] = "plait.db",
+) -> None:
+    """Load FILE into an empty store (all keys in one transaction, or none)."""
+    from plait.store.backup import open_store, restore
+
+    try:
+        with open(file) as src:
+            document = json.load(src)
+    except (OSError, ValueError) as exc:
+        raise _refuse(PlaitError(f"{file}: {exc}")) from None
+    try:
+        st = open_store(store)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    try:
+        n = restore(st, document)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    finally:
+        st.close()
+    console.print(f"{n} keys restored from {file}")
+
+
 @sim_app.command("rollout")
 def sim_rollout(
     tasks: Annotated[int, typer.Option(min=1)] = 30,

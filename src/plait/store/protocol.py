@@ -122,13 +122,16 @@ class Namespace:
         self.prefix = check_key(prefix)
 
     def _k(self, key: str) -> str:
-        return self.prefix + check_key(key)
+        return self.prefix if check_key(key) == "/" else self.prefix + key
 
     def get(self, key: str) -> tuple[bytes, int]:
         return self.store.get(self._k(key))
 
     def exists(self, key: str) -> bool:
         return self.store.exists(self._k(key))
+
+    def is_ephemeral(self, key: str) -> bool:
+        return bool(self.store.is_ephemeral(self._k(key)))  # type: ignore[attr-defined]
 
     def create(self, key: str, value: bytes, session: Session | None = None) -> int:
         return self.store.create(self._k(key), value, session)

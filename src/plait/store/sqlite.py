@@ -158,6 +158,10 @@ class SqliteStore:
             raise NotFound("key", key)
         return bytes(rows[0][0]), int(rows[0][1])
 
+    def is_ephemeral(self, key: str) -> bool:
+        rows = self._read("SELECT session FROM nodes WHERE path = ?", (check_key(key),))
+        return bool(rows) and rows[0][0] is not None
+
     def exists(self, key: str) -> bool:
         try:
             self.get(key)
@@ -169,6 +173,21 @@ class SqliteStore:
         rows = self._read(f"SELECT n.path FROM nodes n WHERE n.parent = ? AND {LIVE} "
                           "ORDER BY n.path", (check_key(prefix), self.clock()))
         return [r[0].rsplit("/", 1)[1] for r in rows]
+
+    def snapshot(self) -> list[tuple[str, bytes]]:
+        """Every persistent key and its value, read in one transaction (consistent
+        even while other processes write); parents before children."""
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN")
+            try:
+                rows = cur.execute("SELECT path, value FROM nodes WHERE session IS NULL "
+                                   "ORDER BY length(path) - length(replace(path, '/', '')), "
+                                   "path").fetchall()
+            finally:
+                cur.execute("COMMIT")
+        return [(str(p), bytes(v)) for p, v in rows
+                if not str(p).startswith("/_elections")]  # elections are session-bound
 
     # -- writing -----------------------------------------------------------------------------
     def _apply(self, cur: sqlite3.Cursor, op: Op, session: SqliteSession | None) -> int:

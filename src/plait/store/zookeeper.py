@@ -81,6 +81,10 @@ class ZkStore:
     def exists(self, key: str) -> bool:
         return self.client.exists(check_key(key)) is not None
 
+    def is_ephemeral(self, key: str) -> bool:
+        stat = self.client.exists(check_key(key))
+        return stat is not None and bool(stat.ephemeralOwner)
+
     def create(self, key: str, value: bytes, session: ZkSession | None = None) -> int:
         client = session.client if session is not None else self.client
         try:
@@ -121,9 +125,12 @@ class ZkStore:
     def commit(self, txn: Transaction, session: ZkSession | None = None) -> None:
         """One ZooKeeper multi-op: all of it or nothing."""
         client = session.client if session is not None else self.client
-        for op in txn.ops:  # ZooKeeper wants parents in place; make them first
+        created = {op.key for op in txn.ops if op.kind == "create"}
+        for op in txn.ops:  # ZooKeeper wants parents in place; make the missing ones
             if op.kind == "create":
                 parent = op.key.rsplit("/", 1)[0]
+                while parent and parent in created:
+                    parent = parent.rsplit("/", 1)[0]
                 if parent:
                     client.ensure_path(parent)
         t = client.transaction()
