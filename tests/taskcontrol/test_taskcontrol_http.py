@@ -3,6 +3,7 @@ open a socket, on 127.0.0.1)."""
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
@@ -34,7 +35,10 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Handler.seen.append(body)
-        if Handler.mode == "garbage":
+        if Handler.mode == "slow":
+            time.sleep(1.5)  # longer than the client's timeout
+            self._reply(200, {"ack": []})
+        elif Handler.mode == "garbage":
             self._raw(200, b"this is not json")
         elif Handler.mode == "wrong-shape":
             self._reply(200, {"ack": "op-1"})
@@ -118,3 +122,10 @@ def test_an_unreachable_controller_holds_the_rollout_and_the_scheduler_goes_on()
     assert all(r.spec_version == 1 for r in s.job("web").tasks.values())
     assert len(s.discovery("web")) == 3  # nothing was taken down without an ack
     assert s.counters["controller_errors"] >= 2  # asked again after the re-check interval
+
+
+def test_a_controller_that_times_out_is_an_error(server):
+    Handler.mode = "slow"
+    with pytest.raises(TaskControlError) as err:
+        HttpController(server, timeout=0.3).process(request())
+    assert "Timeout" in str(err.value)
