@@ -35,8 +35,8 @@ def _plan_once(big_tasks: int) -> tuple[float, int, int]:
         r.serving for r in s.job("big").tasks.values()), 600)
     s.update_job(spec.model_copy(update={"args": ("--v2",)}), sim.now)
     # a long-running control plane keeps its long-lived objects out of the cyclic
-    # collector (gc.freeze); without that, a full collection of the 15,000 task
-    # records may land inside the timed call
+    # collector (gc.freeze after start-up); without that, a full collection of the
+    # 15,000 task records and the simulator's objects may land inside the timed call
     gc.collect()
     gc.freeze()
     try:

@@ -88,10 +88,13 @@ class JobRecord:
     target: int
     controller: TaskController | None = None
     tasks: dict[int, TaskRecord] = field(default_factory=dict)
-    #: operations offered and not yet acked, per task: the (kind, reason) pairs and
-    #: the serial that makes their op ids; TaskOp objects are made only when sent
-    #: or acked (a 15,000-task update offers 15,000 of them)
-    offers: dict[int, tuple[Wanted, int]] = field(default_factory=dict)
+    #: operations offered and not yet acked, per task: the (kind, reason) pairs (a
+    #: shared tuple); TaskOp objects are made only when sent or acked (a 15,000-task
+    #: update offers 15,000 of them)
+    offers: dict[int, Wanted] = field(default_factory=dict)
+    #: the serial of each offer (kept apart: ints are not tracked by the cyclic GC,
+    #: so offering 15,000 operations allocates nothing it has to scan)
+    serials: dict[int, int] = field(default_factory=dict)
     #: tasks currently lost (on a failed machine)
     lost: set[int] = field(default_factory=set)
     #: acked operations waiting for a token or for the safety cap

@@ -392,6 +392,7 @@ class Scheduler:
             if rec.machine is not None:
                 self._unassign(job.ref(rec.index), rec.machine)
             job.offers.pop(rec.index, None)
+            job.serials.pop(rec.index, None)
             job.lost.discard(rec.index)
             del job.tasks[rec.index]
             if rec.index < spec.task_count and not job.deleting:
@@ -556,7 +557,7 @@ class Scheduler:
         update: Wanted = ((OpKind.UPDATE, f"update to version {target}"),)
         maintenance: dict[str, Wanted] = {}
         none: Wanted = ()
-        offers = job.offers
+        offers, serials = job.offers, job.serials
         dropped: list[TaskRecord] = []
         gone: list[TaskRecord] = []
         # one pass over the tasks, with everything it touches in locals: this loop
@@ -603,18 +604,21 @@ class Scheduler:
                 wanted = maintenance.get(event_id) or maintenance.setdefault(
                     event_id, ((OpKind.MOVE, f"maintenance {event_id}"),
                                (OpKind.STOP, f"maintenance {event_id}")))
-            offer = offers.get(i)
-            if offer is None:
+            have = offers.get(i)
+            if have is None:
                 if wanted:
                     serial += 1
-                    offers[i] = (wanted, serial)
+                    offers[i] = wanted
+                    serials[i] = serial
                     dirty = True
-            elif offer[0] is not wanted and offer[0] != wanted:
+            elif have is not wanted and have != wanted:
                 if wanted:
                     serial += 1
-                    offers[i] = (wanted, serial)
+                    offers[i] = wanted
+                    serials[i] = serial
                 else:
                     del offers[i]
+                    del serials[i]
                 dirty = True
         job.op_counter = serial
         if dirty:
@@ -624,11 +628,12 @@ class Scheduler:
             self._free(job, [rec])
         for rec in gone:
             offers.pop(rec.index, None)
+            serials.pop(rec.index, None)
             del job.tasks[rec.index]
 
     def _ops(self, job: JobRecord, index: int) -> list[TaskOp]:
         """The TaskOps offered for one task (made on demand; ids are stable)."""
-        wanted, serial = job.offers[index]
+        wanted, serial = job.offers[index], job.serials[index]
         rec = job.tasks[index]
         machine = self.fleet.name(rec.machine) if rec.machine is not None else None
         ref = job.ref(index)
@@ -646,6 +651,7 @@ class Scheduler:
 
     def _cancel_pending(self, job: JobRecord, index: int) -> None:
         if job.offers.pop(index, None) is not None:
+            job.serials.pop(index, None)
             job.dirty = True
 
     # stage 2: acks -------------------------------------------------------------------------
@@ -664,14 +670,15 @@ class Scheduler:
         budget = (1 if cap is None else cap) - sum(1 for i in down if i < count) - sum(
             1 for op in job.acked.values() if op.task.index not in down)
         free_all = job.deleting
-        offers, acked, name, fleet = job.offers, job.acked, job.name, self.fleet
+        offers, serials, acked = job.offers, job.serials, job.acked
+        name, fleet = job.name, self.fleet
         for index in sorted(offers):
             if not (free_all or index >= count or index in down):
                 if budget <= 0:
                     continue
                 budget -= 1
             # the first offer: a move before a stop for maintenance (``_ops`` inlined)
-            wanted, serial = offers.pop(index)
+            wanted, serial = offers.pop(index), serials.pop(index)
             kind, reason = wanted[0]
             machine = tasks[index].machine
             op = TaskOp(f"{name}/{index}/{_KIND[kind]}/{serial}", TaskRef(name, index), kind,
@@ -743,13 +750,14 @@ class Scheduler:
 
     def _ack(self, job: JobRecord, op: TaskOp) -> None:
         job.offers.pop(op.task.index, None)
+        job.serials.pop(op.task.index, None)
         job.acked[op.op_id] = op
 
     def _failure_deadline(self, job: JobRecord, now: float) -> None:
         for index in sorted(job.lost):
             rec = job.tasks.get(index)
-            offer = job.offers.get(index)
-            if rec is None or offer is None or offer[0][0] != (OpKind.MOVE, _FAILURE):
+            wanted = job.offers.get(index)
+            if rec is None or wanted is None or wanted[0] != (OpKind.MOVE, _FAILURE):
                 continue
             if rec.lost_since is not None and (
                     now - rec.lost_since >= self.config.failure_deadline):
