@@ -1,0 +1,123 @@
+"""The Resource Brokers' records, written through to the store.
+
+``PersistentRegion`` is a ``Region`` whose binding changes and events are stored
+(compare-and-swap on the stored record) before they take effect in memory, so a
+claim acknowledged to the allocator survives a crash, and two control-plane
+processes sharing the store cannot both claim one machine. ``load`` rebuilds the
+in-memory brokers from the store after a restart.
+
+Layout in the ``/broker`` namespace (records carry a schema version):
+
+    /broker/machines/{machine id}   {"schema": 1, "entitlement": name | null}
+    /broker/events/{event id}       {"schema": 1, "kind", "machines", "start", "end", "reason"}
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from plait.broker import Region
+from plait.errors import Conflict, NotFound
+from plait.model.events import UnavailabilityEvent
+from plait.model.topology import Fleet
+from plait.store.protocol import Namespace, Store
+
+SCHEMA = 1
+
+
+def _record(**fields: Any) -> bytes:
+    return json.dumps({"schema": SCHEMA, **fields}, sort_keys=True).encode()
+
+
+def _read(value: bytes) -> dict[str, Any]:
+    data = json.loads(value)
+    if not isinstance(data, dict) or int(data.get("schema", 0)) > SCHEMA:
+        raise ValueError("a broker record of a newer schema than this plait reads")
+    return data
+
+
+class PersistentRegion(Region):
+    def __init__(self, fleet: Fleet, store: Store) -> None:
+        super().__init__(fleet)
+        self.ns = Namespace(store, "/broker")
+        #: the stored version of each machine record this process has seen
+        self._stored: dict[int, int] = {}
+
+    # -- write-through --------------------------------------------------------------------
+    def _write_binding(self, machine: int, entitlement: str | None) -> None:
+        key = f"/machines/{self.fleet.name(machine)}"
+        data = _record(entitlement=entitlement)
+        seen = self._stored.get(machine)
+        try:
+            if seen is None:
+                if self.ns.exists(key):  # written by another process since we loaded
+                    raise Conflict(f"machine {self.fleet.name(machine)} record", "unseen",
+                                   "changed in the store")
+                self._stored[machine] = self.ns.create(key, data)
+            else:
+                self._stored[machine] = self.ns.set(key, data, seen)
+        except NotFound:
+            raise Conflict(f"machine {self.fleet.name(machine)} record", seen,
+                           "deleted") from None
+
+    def claim(self, machine: int, entitlement: str, expected_version: int) -> int:
+        broker = self.broker_of(machine)
+        if broker.version(machine) != expected_version or broker.entitlement_of(machine):
+            return broker.claim(machine, entitlement, expected_version)  # raises Conflict
+        self._write_binding(machine, entitlement)
+        return super().claim(machine, entitlement, expected_version)
+
+    def release(self, machine: int, entitlement: str, expected_version: int) -> int:
+        broker = self.broker_of(machine)
+        if (broker.version(machine) != expected_version
+                or broker.entitlement_of(machine) != entitlement):
+            return broker.release(machine, entitlement, expected_version)  # raises Conflict
+        self._write_binding(machine, None)
+        return super().release(machine, entitlement, expected_version)
+
+    def add_event(self, event: UnavailabilityEvent, now: float) -> None:
+        self.ns.create(f"/events/{event.id}", _record(
+            kind=event.kind.value, machines=list(event.machines), start=event.start,
+            end=event.end, reason=event.reason))
+        try:
+            super().add_event(event, now)
+        except Exception:
+            _, version = self.ns.get(f"/events/{event.id}")
+            self.ns.delete(f"/events/{event.id}", version)
+            raise
+
+    def end_event(self, event_id: str, now: float) -> None:
+        super().end_event(event_id, now)
+        try:
+            _, version = self.ns.get(f"/events/{event_id}")
+            self.ns.delete(f"/events/{event_id}", version)
+        except NotFound:
+            pass
+
+    # -- rebuild ----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, fleet: Fleet, store: Store, now: float) -> PersistentRegion:
+        """Rebuild the brokers from the store (after a restart, or in another
+        process). Events whose end has passed are applied and ended, and dropped
+        from the store."""
+        region = cls(fleet, store)
+        for name in region.ns.children("/machines"):
+            value, version = region.ns.get(f"/machines/{name}")
+            m = fleet.index_of(name)
+            region._stored[m] = version
+            ent = _read(value)["entitlement"]
+            if ent is not None:
+                Region.claim(region, m, ent, region.version(m))
+        for event_id in region.ns.children("/events"):
+            value, version = region.ns.get(f"/events/{event_id}")
+            data = _read(value)
+            event = UnavailabilityEvent(event_id, data["kind"], tuple(data["machines"]),
+                                        float(data["start"]),
+                                        None if data["end"] is None else float(data["end"]),
+                                        str(data["reason"]))
+            if event.end is not None and event.end <= now:
+                region.ns.delete(f"/events/{event_id}", version)  # over while we were down
+                continue
+            Region.add_event(region, event, now)
+        return region
