@@ -257,12 +257,3 @@ def compile_policy(
         layout=layout_of(index, finest, by_type, dc, shapes), impossible=impossible,
     )
 
-
-def ancestor(index: MachineIndex, level: str, code: int, up_to: str) -> int:
-    """The code of the ``up_to`` domain that contains domain ``code`` of ``level``."""
-    parent = index.fleet.parent
-    depth = _DEPTH[level]
-    while depth > _DEPTH[up_to]:
-        code = int(parent[DOMAIN_LEVELS[depth]][code])
-        depth -= 1
-    return code

@@ -429,8 +429,7 @@ class Scheduler:
         if rec.state is TaskState.STOPPING:
             op = rec.op
             if op is not None and op.kind is OpKind.STOP and op.reason in (_RESIZE, _DELETE):
-                rec.state = TaskState.STOPPED  # its machine is gone: nothing left to stop
-                self._stopped_unreachable(job, rec, now)
+                self._stopped(job, rec, now)  # its machine is gone: nothing left to stop
                 return
             # stopping to restart, move or wait out maintenance: its machine is gone,
             # so whatever it was doing is over and it needs a new home
@@ -456,10 +455,6 @@ class Scheduler:
             job.dirty = True
             self.counters["tasks_lost"] += 1
             self._cancel_pending(job, rec.index)
-
-    def _stopped_unreachable(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
-        rec.state = TaskState.STOPPING
-        self._stopped(job, rec, now)
 
     def _maintenance(self, now: float) -> dict[int, tuple[str, float]]:
         """Stop what still runs at a maintenance deadline; bring parked tasks back when
