@@ -109,6 +109,8 @@ class ResourceBroker:
         #: announced maintenance that has not started yet, per machine
         self._announced = np.zeros(m, np.int32)
         self._announced_events: set[str] = set()
+        #: cordoned by an operator (no new tasks; the ones there keep running)
+        self._cordon = np.zeros(m, np.bool_)
         self._events: dict[str, UnavailabilityEvent] = {}
         self._event_machines: dict[str, npt.NDArray[np.int64]] = {}
         self._active: set[str] = set()
@@ -173,12 +175,27 @@ class ResourceBroker:
         return self._version.copy()
 
     def cordoned(self, machine: int) -> bool:
-        """Maintenance is announced on the machine and has not started yet."""
-        return bool(self._announced[self._pos(machine)] > 0)
+        """Takes no new tasks: maintenance is announced on the machine and has not
+        started yet, or an operator cordoned it."""
+        p = self._pos(machine)
+        return bool(self._announced[p] > 0 or self._cordon[p])
 
     def cordon_flags(self) -> npt.NDArray[np.bool_]:
-        """Per machine of ``self.machines``: announced maintenance pending."""
-        return self._announced > 0
+        """Per machine of ``self.machines``: cordoned (announced maintenance pending, or
+        an operator's cordon)."""
+        return (self._announced > 0) | self._cordon
+
+    def set_cordon(self, machine: int, cordoned: bool) -> None:
+        """An operator's cordon: the machine takes no new tasks while it is set."""
+        p = self._pos(machine)
+        before = self.cordoned(machine)
+        self._cordon[p] = cordoned
+        if self.cordoned(machine) != before:
+            self._version[p] += 1
+            self._notify(ChangeKind.NOTICE, machine, p)
+
+    def operator_cordoned(self, machine: int) -> bool:
+        return bool(self._cordon[self._pos(machine)])
 
     def state_codes(self) -> npt.NDArray[np.int8]:
         """Per machine of ``self.machines``: 0 healthy, 1 failed, 2 in maintenance."""
@@ -280,8 +297,8 @@ class ResourceBroker:
             return
         counter = self._failures if event.kind is EventKind.FAILURE else self._maintenance
         machines = self._event_machines[event_id]
-        before = {m: (self._state_at(int(self._local[m])), bool(self._announced[
-            int(self._local[m])] > 0)) for m in machines.tolist()}
+        before = {m: (self._state_at(int(self._local[m])), self.cordoned(m))
+                  for m in machines.tolist()}
         if event_id in self._announced_events:  # it starts, or is withdrawn
             self._announce(event_id, -1, notify=False)
         if what == "start":
@@ -311,7 +328,7 @@ class ResourceBroker:
         changed (a maintenance start does both at once)."""
         for machine, (state, cordoned) in before.items():
             p = int(self._local[machine])
-            now_state, now_cordoned = self._state_at(p), bool(self._announced[p] > 0)
+            now_state, now_cordoned = self._state_at(p), self.cordoned(machine)
             if now_state is not state or now_cordoned != cordoned:
                 self._version[p] += 1
                 self._notify(ChangeKind.STATE if now_state is not state else ChangeKind.NOTICE,
@@ -324,9 +341,9 @@ class ResourceBroker:
             self._announced_events.discard(event_id)
         for machine in self._event_machines[event_id].tolist():
             p = int(self._local[machine])
-            before = self._announced[p] > 0
+            before = self.cordoned(machine)
             self._announced[p] += delta
-            if notify and (self._announced[p] > 0) != before:
+            if notify and self.cordoned(machine) != before:
                 self._version[p] += 1
                 self._notify(ChangeKind.NOTICE, machine, p)
 
@@ -343,7 +360,7 @@ class ResourceBroker:
                       version: int, p: int) -> None:
         """``_notify`` when the caller already has the new binding and version."""
         change = BrokerChange(kind, machine, entitlement, version, self._state_at(p),
-                              bool(self._announced[p] > 0))
+                              bool(self._announced[p] > 0 or self._cordon[p]))
         for subscriber in self._subscribers:
             subscriber(change)
 
@@ -421,6 +438,9 @@ class Region:
 
     def events(self) -> list[UnavailabilityEvent]:
         return [e for b in self.brokers.values() for e in b.events()]
+
+    def set_cordon(self, machine: int, cordoned: bool) -> None:
+        self.broker_of(machine).set_cordon(machine, cordoned)
 
     def tick(self, now: float) -> None:
         for broker in self.brokers.values():

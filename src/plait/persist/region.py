@@ -8,7 +8,8 @@ in-memory brokers from the store after a restart.
 
 Layout in the ``/broker`` namespace (records carry a schema version):
 
-    /broker/machines/{machine id}   {"schema": 1, "entitlement": name | null}
+    /broker/machines/{machine id}   {"schema": 1, "entitlement": name | null,
+                                     "cordoned": bool}
     /broker/events/{event id}       {"schema": 1, "kind", "machines", "start", "end", "reason"}
 """
 
@@ -45,9 +46,12 @@ class PersistentRegion(Region):
         self._stored: dict[int, int] = {}
 
     # -- write-through --------------------------------------------------------------------
-    def _write_binding(self, machine: int, entitlement: str | None) -> None:
+    def _write_binding(self, machine: int, entitlement: str | None,
+                       cordoned: bool | None = None) -> None:
         key = f"/machines/{self.fleet.name(machine)}"
-        data = _record(entitlement=entitlement)
+        broker = self.broker_of(machine)
+        data = _record(entitlement=entitlement, cordoned=broker.operator_cordoned(machine)
+                       if cordoned is None else cordoned)
         seen = self._stored.get(machine)
         try:
             if seen is None:
@@ -75,6 +79,10 @@ class PersistentRegion(Region):
             return broker.release(machine, entitlement, expected_version)  # raises Conflict
         self._write_binding(machine, None)
         return super().release(machine, entitlement, expected_version)
+
+    def set_cordon(self, machine: int, cordoned: bool) -> None:
+        self._write_binding(machine, self.broker_of(machine).entitlement_of(machine), cordoned)
+        super().set_cordon(machine, cordoned)
 
     def add_event(self, event: UnavailabilityEvent, now: float) -> None:
         self.ns.create(f"/events/{event.id}", _record(
@@ -106,9 +114,12 @@ class PersistentRegion(Region):
             value, version = region.ns.get(f"/machines/{name}")
             m = fleet.index_of(name)
             region._stored[m] = version
-            ent = _read(value)["entitlement"]
+            data = _read(value)
+            ent = data["entitlement"]
             if ent is not None:
                 Region.claim(region, m, ent, region.version(m))
+            if data.get("cordoned"):
+                Region.set_cordon(region, m, True)
         for event_id in region.ns.children("/events"):
             value, version = region.ns.get(f"/events/{event_id}")
             data = _read(value)

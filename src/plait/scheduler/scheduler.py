@@ -135,8 +135,17 @@ class Scheduler:
                                                  "supported by update")
         if spec == job.spec:
             return job.target
+        return self.append_version(spec, now, f"version {len(job.versions) + 1}")
+
+    def append_version(self, spec: JobSpec, now: float, what: str) -> int:
+        """Add ``spec`` as the job's next version and roll it out, even when it equals
+        the current one (a rollback, or an operation replayed from the store)."""
+        job = self._job(spec.name)
+        if spec.entitlement != job.entitlement:
+            raise ValidationError("entitlement", "moving a job between entitlements is not "
+                                                 "supported by update")
         job.versions.append(spec)
-        self._retarget(job, len(job.versions), now, f"version {len(job.versions)}")
+        self._retarget(job, len(job.versions), now, what)
         return job.target
 
     def resize(self, name: str, task_count: int, now: float) -> int:
@@ -150,10 +159,9 @@ class Scheduler:
         job = self._job(name)
         if not 1 <= version <= len(job.versions):
             raise ValidationError("version", f"job {name} has versions 1..{len(job.versions)}")
-        job.versions.append(job.versions[version - 1])
-        self._retarget(job, len(job.versions), now,
-                       f"version {len(job.versions)}: rollback to version {version}")
-        return job.target
+        return self.append_version(job.versions[version - 1], now,
+                                   f"version {len(job.versions) + 1}: rollback to version "
+                                   f"{version}")
 
     def resume(self, name: str, now: float) -> None:
         job = self._job(name)
@@ -201,6 +209,32 @@ class Scheduler:
             job.rollout_active = True
         job.dirty = True
         self._event(now, job.name, "updated", what)
+
+    def restore(self, job: JobRecord, desired: Iterable[int]) -> None:
+        """Take back a job rebuilt from a store: its tasks' machines, operations under
+        way, losses and parking come from the records; ``desired`` lists the tasks
+        that were in their machine's desired set."""
+        if job.name in self.jobs:
+            raise Conflict(f"job {job.name}", "absent", "exists")
+        self.jobs[job.name] = job
+        wanted = set(desired)
+        for rec in job.tasks.values():
+            if rec.op is not None:
+                job.in_progress.add(rec.index)
+            if rec.state is TaskState.LOST:
+                job.lost.add(rec.index)
+            if rec.parked is not None:
+                self._parked.setdefault(rec.parked, set()).add(job.ref(rec.index))
+            if rec.machine is None:
+                continue
+            ref = job.ref(rec.index)
+            self.placed.setdefault(rec.machine, set()).add(ref)
+            self.touched.add(rec.machine)
+            if rec.index in wanted:
+                self.desired.setdefault(rec.machine, {})[ref] = Assignment(
+                    job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
+                    job.versions[rec.spec_version - 1])
+        job.dirty = True
 
     # -- reading -----------------------------------------------------------------------------
     def job(self, name: str) -> JobRecord:

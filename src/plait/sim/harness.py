@@ -25,15 +25,21 @@ Observer = Callable[["Simulation"], None]
 
 class Simulation:
     def __init__(self, fleet: Fleet, behaviour: BehaviourFn = default_behaviour,
-                 config: SchedulerConfig | None = None, tick: float = 1.0) -> None:
+                 config: SchedulerConfig | None = None, tick: float = 1.0,
+                 scheduler: Scheduler | None = None, now: float = 0.0) -> None:
+        """A new region, or simulated agents for the machines of an existing
+        ``scheduler`` (a control plane running without real agents)."""
         self.fleet = fleet
-        self.region = Region(fleet)
-        self.index = MachineIndex(fleet, self.region)
-        self.allocator = Allocator(self.index)
-        self.scheduler = Scheduler(self.allocator, config)
+        if scheduler is None:
+            region = Region(fleet)
+            scheduler = Scheduler(Allocator(MachineIndex(fleet, region)), config)
+        self.scheduler = scheduler
+        self.allocator = scheduler.allocator
+        self.index = scheduler.allocator.index
+        self.region = scheduler.region
         self.behaviour = behaviour
         self.tick = tick
-        self.now = 0.0
+        self.now = now
         self.agents: dict[int, SimAgent] = {}
         self._busy: set[int] = set()
         self.observers: list[Observer] = []
@@ -46,8 +52,9 @@ class Simulation:
         return agent
 
     # -- the clock -----------------------------------------------------------------------
-    def step(self) -> None:
-        self.now += self.tick
+    def step(self, now: float | None = None) -> None:
+        """One tick: to ``now``, or ``tick`` seconds later."""
+        self.now = self.now + self.tick if now is None else now
         now = self.now
         self.region.tick(now)
         sched = self.scheduler

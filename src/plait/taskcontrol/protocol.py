@@ -169,3 +169,11 @@ def response_from_wire(data: Any) -> TaskControlResponse:
 
 def response_to_wire(response: TaskControlResponse) -> dict[str, Any]:
     return {"ack": list(response.ack)}
+
+
+def op_to_wire(op: TaskOp) -> dict[str, Any]:
+    return _op(op)
+
+
+def op_from_wire(data: Any, field: str = "op") -> TaskOp:
+    return _op_from(data, field)

@@ -1,0 +1,386 @@
+"""The scheduler's records in the store, and the rebuild after a restart.
+
+Layout in the ``/scheduler`` namespace (records carry a schema version):
+
+    /scheduler/jobs/{job}    what users asked for: every spec version and a log of the
+                             operations on the job (create, update, resize, rollback,
+                             restart, resume, delete), each with a sequence number.
+                             Written by the front end with compare-and-swap; a write
+                             that returned is an acknowledged operation.
+    /scheduler/state/{job}   the scheduler's view of its tasks: version, state, machine,
+                             discovery flag, the operation under way; and the last
+                             operation of the log it applied. Written by the scheduler.
+
+The scheduler follows the job records (level-triggered): ``sync`` applies every
+logged operation it has not applied yet, ``save`` writes the state of the jobs
+that changed, and ``load`` rebuilds a scheduler from both after a restart. Offers
+and acks that were not carried out yet are not kept: the rebuilt scheduler offers
+them again under new operation ids (``op_counter`` is kept, so ids never repeat).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.errors import Conflict, NotFound, PlaitError, ValidationError
+from plait.model import JobSpec, parse
+from plait.model.task import TaskState
+from plait.scheduler import Scheduler
+from plait.scheduler.records import JobRecord, TaskRecord
+from plait.store.protocol import Namespace, Store, Transaction
+from plait.taskcontrol.protocol import TaskController, op_from_wire, op_to_wire
+
+SCHEMA = 1
+#: operations kept in a job's log (its history)
+LOG_LIMIT = 200
+_ATTEMPTS = 20
+
+ControllerFor = Callable[[JobSpec], TaskController | None]
+
+
+@dataclass
+class JobDoc:
+    """A job as its users asked for it."""
+
+    name: str
+    entitlement: str
+    versions: list[JobSpec]
+    seq: int = 0
+    log: list[dict[str, Any]] = field(default_factory=list)
+    deleting: bool = False
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.versions[-1]
+
+    def record(self, now: float, op: str, message: str, **args: Any) -> dict[str, Any]:
+        self.seq += 1
+        entry = {"seq": self.seq, "time": now, "op": op, "message": message, **args}
+        self.log.append(entry)
+        del self.log[:-LOG_LIMIT]
+        return entry
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({
+            "schema": SCHEMA, "name": self.name, "entitlement": self.entitlement,
+            "versions": [v.model_dump(mode="json") for v in self.versions],
+            "seq": self.seq, "log": self.log, "deleting": self.deleting,
+        }, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, value: bytes) -> JobDoc:
+        data = json.loads(value)
+        if int(data.get("schema", 1)) > SCHEMA:
+            raise ValidationError("schema", f"job record schema {data['schema']} is newer than "
+                                            f"this plait ({SCHEMA})")
+        return cls(data["name"], data["entitlement"],
+                   [parse(JobSpec, v) for v in data["versions"]], int(data["seq"]),
+                   list(data["log"]), bool(data.get("deleting", False)))
+
+
+class JobStore:
+    """Job operations as durable writes: each returns once the job record is stored."""
+
+    def __init__(self, store: Store) -> None:
+        self.ns = Namespace(store, "/scheduler")
+
+    def names(self) -> list[str]:
+        return sorted(self.ns.children("/jobs"))
+
+    def get(self, name: str) -> JobDoc:
+        return self._read(name)[0]
+
+    def _read(self, name: str) -> tuple[JobDoc, int]:
+        try:
+            value, version = self.ns.get(f"/jobs/{name}")
+        except NotFound:
+            raise NotFound("job", name) from None
+        return JobDoc.from_bytes(value), version
+
+    def create(self, spec: JobSpec, now: float) -> tuple[JobDoc, bool]:
+        """Store a new job; ``(doc, False)`` when the same job already exists (creates
+        are idempotent); a job of that name with another spec is a conflict."""
+        doc = JobDoc(spec.name, spec.entitlement, [spec])
+        doc.record(now, "create", f"created with {spec.task_count} tasks")
+        try:
+            self.ns.create(f"/jobs/{spec.name}", doc.to_bytes())
+            return doc, True
+        except Conflict:
+            existing = self.get(spec.name)
+            if existing.deleting:
+                raise Conflict(f"job {spec.name}", "absent", "being deleted") from None
+            if existing.spec != spec:
+                raise Conflict(f"job {spec.name}", "absent or the same spec",
+                               "a job with another spec (use update)") from None
+            return existing, False
+
+    def change(self, name: str, now: float,
+               edit: Callable[[JobDoc], dict[str, Any] | None]) -> JobDoc:
+        """Read, edit and write back with compare-and-swap, retrying on a race.
+        ``edit`` returns the log entry it made, or None for no change."""
+        for _ in range(_ATTEMPTS):
+            doc, version = self._read(name)
+            if doc.deleting:
+                raise Conflict(f"job {name}", "a live job", "being deleted")
+            if edit(doc) is None:
+                return doc
+            try:
+                self.ns.set(f"/jobs/{name}", doc.to_bytes(), version)
+                return doc
+            except Conflict:
+                continue
+        raise Conflict(f"job {name}", "a quiet record", "too many concurrent writers")
+
+    def update(self, spec: JobSpec, now: float) -> JobDoc:
+        def edit(doc: JobDoc) -> dict[str, Any] | None:
+            if spec.entitlement != doc.entitlement:
+                raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
+                                      f"{doc.entitlement!r}; update cannot move it")
+            if spec == doc.spec:
+                return None
+            doc.versions.append(spec)
+            return doc.record(now, "update", f"version {len(doc.versions)}",
+                              version=len(doc.versions))
+        return self.change(spec.name, now, edit)
+
+    def resize(self, name: str, task_count: int, now: float) -> JobDoc:
+        def edit(doc: JobDoc) -> dict[str, Any] | None:
+            spec = parse(JobSpec, {**doc.spec.model_dump(mode="json"), "task_count": task_count})
+            if spec == doc.spec:
+                return None
+            doc.versions.append(spec)
+            return doc.record(now, "resize", f"version {len(doc.versions)}: "
+                              f"{doc.versions[-2].task_count} -> {task_count} tasks",
+                              version=len(doc.versions))
+        return self.change(name, now, edit)
+
+    def rollback(self, name: str, version: int, now: float) -> JobDoc:
+        def edit(doc: JobDoc) -> dict[str, Any] | None:
+            if not 1 <= version <= len(doc.versions):
+                raise ValidationError("version", f"job {name} has versions 1..{len(doc.versions)}")
+            doc.versions.append(doc.versions[version - 1])
+            return doc.record(now, "rollback", f"version {len(doc.versions)}: rollback to "
+                              f"version {version}", version=len(doc.versions))
+        return self.change(name, now, edit)
+
+    def restart(self, name: str, index: int | None, now: float) -> JobDoc:
+        def edit(doc: JobDoc) -> dict[str, Any] | None:
+            if index is not None and not 0 <= index < doc.spec.task_count:
+                raise ValidationError("index", f"job {name} has tasks 0..{doc.spec.task_count - 1}")
+            what = "whole job" if index is None else f"task {index}"
+            return doc.record(now, "restart", what, index=index)
+        return self.change(name, now, edit)
+
+    def resume(self, name: str, now: float) -> JobDoc:
+        return self.change(name, now, lambda doc: doc.record(now, "resume", "rollout resumed"))
+
+    def delete(self, name: str, now: float) -> JobDoc:
+        def edit(doc: JobDoc) -> dict[str, Any] | None:
+            doc.deleting = True
+            return doc.record(now, "delete", "stopping every task")
+        return self.change(name, now, edit)
+
+
+# -- the scheduler's side ------------------------------------------------------------------
+_TASK_STATES = {s.value: s for s in TaskState}
+
+
+def _task_state(job: JobRecord, rec: TaskRecord, desired: bool, fleet_name: Callable[[int], str]
+                ) -> list[Any]:
+    return [rec.spec_version, rec.state.value,
+            None if rec.machine is None else fleet_name(rec.machine), desired, rec.serving,
+            rec.healthy, None if rec.op is None else op_to_wire(rec.op), rec.op_costly,
+            rec.restart, rec.parked, rec.lost_since, rec.healthy_since]
+
+
+class PersistentScheduler:
+    """Keeps a scheduler and the store in step: ``sync`` applies stored operations,
+    ``save`` writes the state of the jobs that changed."""
+
+    def __init__(self, scheduler: Scheduler, store: Store,
+                 controller_for: ControllerFor = lambda spec: None) -> None:
+        self.scheduler = scheduler
+        self.jobs = JobStore(store)
+        self.ns = self.jobs.ns
+        self.controller_for = controller_for
+        #: per job: the last logged operation applied
+        self.applied: dict[str, int] = {}
+        #: per job: (stored version, bytes) of its state record
+        self._saved: dict[str, tuple[int, bytes]] = {}
+
+    # -- stored operations -> scheduler ----------------------------------------------------
+    def sync(self, now: float, names: list[str] | None = None) -> list[str]:
+        """Apply the operations of ``names`` (every stored job if None) not applied yet.
+        Returns the errors met (an operation that cannot apply is skipped and reported)."""
+        errors: list[str] = []
+        for name in self.jobs.names() if names is None else names:
+            try:
+                doc = self.jobs.get(name)
+            except NotFound:
+                continue
+            errors.extend(self._apply(doc, now))
+        return errors
+
+    def _apply(self, doc: JobDoc, now: float) -> Iterator[str]:
+        sched = self.scheduler
+        done = self.applied.get(doc.name, 0)
+        if doc.seq <= done:
+            return
+        entries = [e for e in doc.log if e["seq"] > done]
+        if doc.name not in sched.jobs:
+            if done:  # finished and removed; the record is gone or about to be
+                return
+            # the first entries may have been trimmed from the log: start at the
+            # latest version
+            if len(doc.versions) == 1:
+                sched.create_job(doc.spec, now, self.controller_for(doc.spec))
+            else:
+                target = len(doc.versions)
+                job = JobRecord(doc.name, doc.entitlement, list(doc.versions), target,
+                                self.controller_for(doc.spec))
+                job.tasks = {i: TaskRecord(i, target) for i in range(doc.spec.task_count)}
+                sched.restore(job, ())
+            entries = [e for e in entries if e["op"] in ("restart", "resume", "delete")]
+        for entry in entries:
+            try:
+                self._apply_one(doc, entry, now)
+            except PlaitError as exc:
+                yield f"job {doc.name}: operation {entry['seq']} ({entry['op']}): {exc}"
+        self.applied[doc.name] = doc.seq
+
+    def _apply_one(self, doc: JobDoc, entry: dict[str, Any], now: float) -> None:
+        sched = self.scheduler
+        op = entry["op"]
+        job = sched.job(doc.name)
+        if op in ("update", "resize", "rollback"):
+            version = int(entry["version"])
+            if version > len(job.versions):
+                for v in range(len(job.versions) + 1, version + 1):
+                    sched.append_version(doc.versions[v - 1], now,
+                                         entry["message"] if v == version else f"version {v}")
+        elif op == "restart":
+            sched.restart(doc.name, now, entry.get("index"))
+        elif op == "resume":
+            sched.resume(doc.name, now)
+        elif op == "delete":
+            if not job.deleting:
+                sched.delete_job(doc.name, now)
+
+    # -- scheduler -> stored state ---------------------------------------------------------
+    def snapshot(self, job: JobRecord) -> bytes:
+        sched = self.scheduler
+        name = sched.fleet.name
+        tasks = {}
+        for index, rec in job.tasks.items():
+            desired = rec.machine is not None and job.ref(index) in sched.desired.get(
+                rec.machine, {})
+            tasks[str(index)] = _task_state(job, rec, desired, name)
+        return json.dumps({
+            "schema": SCHEMA, "applied": self.applied.get(job.name, 0),
+            "versions": len(job.versions), "target": job.target, "deleting": job.deleting,
+            "halted": job.halted, "rollout_active": job.rollout_active,
+            "rollout_failures": job.rollout_failures, "failed_tasks": sorted(job.failed_tasks),
+            "op_counter": job.op_counter, "sequence_number": job.sequence_number,
+            "tasks": tasks,
+        }, sort_keys=True).encode()
+
+    def save(self) -> int:
+        """Write the state of every job that changed, and drop the records of jobs whose
+        deletion finished, in one transaction. Returns the records written."""
+        sched = self.scheduler
+        txn = Transaction()
+        pending: dict[str, bytes | None] = {}
+        for name, job in sched.jobs.items():
+            data = self.snapshot(job)
+            saved = self._saved.get(name)
+            if saved is not None and saved[1] == data:
+                continue
+            if saved is None:
+                txn.create(f"/state/{name}", data)
+            else:
+                txn.set(f"/state/{name}", data, saved[0])
+            pending[name] = data
+        for name in [n for n in self.applied if n not in sched.jobs]:
+            # the deletion finished: both records go
+            saved = self._saved.get(name)
+            if saved is not None:
+                txn.delete(f"/state/{name}", saved[0])
+            try:
+                _, version = self.ns.get(f"/jobs/{name}")
+                txn.delete(f"/jobs/{name}", version)
+            except NotFound:
+                pass
+            pending[name] = None
+        if not txn.ops:
+            return 0
+        self.ns.commit(txn)
+        for name, data in pending.items():
+            if data is None:
+                self._saved.pop(name, None)
+                self.applied.pop(name, None)
+            else:
+                saved = self._saved.get(name)
+                self._saved[name] = (0 if saved is None else saved[0] + 1, data)
+        return len(pending)
+
+    def state(self, name: str) -> dict[str, Any] | None:
+        saved = self._saved.get(name)
+        return None if saved is None else dict(json.loads(saved[1]))
+
+    # -- rebuild ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, scheduler: Scheduler, store: Store, now: float,
+             controller_for: ControllerFor = lambda spec: None) -> PersistentScheduler:
+        """Rebuild ``scheduler`` (over an allocator already loaded) from the store, then
+        apply the operations stored after the state was last written."""
+        self = cls(scheduler, store, controller_for)
+        for name in self.jobs.names():
+            doc = self.jobs.get(name)
+            try:
+                value, version = self.ns.get(f"/state/{name}")
+            except NotFound:
+                continue  # never applied: sync creates it
+            data = json.loads(value)
+            if int(data.get("schema", 1)) > SCHEMA:
+                raise ValidationError("schema", f"state record of job {name} has schema "
+                                      f"{data['schema']}, newer than this plait ({SCHEMA})")
+            self._saved[name] = (version, value)
+            self.applied[name] = int(data["applied"])
+            self._restore(doc, data)
+        self.sync(now)
+        return self
+
+    def _restore(self, doc: JobDoc, data: dict[str, Any]) -> None:
+        sched = self.scheduler
+        fleet = sched.fleet
+        versions = doc.versions[: int(data["versions"])]
+        job = JobRecord(doc.name, doc.entitlement, versions, int(data["target"]),
+                        self.controller_for(versions[-1]))
+        job.deleting = bool(data["deleting"])
+        job.halted = data["halted"]
+        job.rollout_active = bool(data["rollout_active"])
+        job.rollout_failures = int(data["rollout_failures"])
+        job.failed_tasks = set(data["failed_tasks"])
+        job.op_counter = int(data["op_counter"])
+        job.sequence_number = int(data["sequence_number"])
+        booked = sched.allocator.jobs.get(doc.name)
+        placement = booked.placement if booked is not None else {}
+        desired = []
+        for key, (version, state, machine, want, serving, healthy, op, costly, restart,
+                  parked, lost_since, healthy_since) in data["tasks"].items():
+            index = int(key)
+            m = None if machine is None else fleet.index_of(machine)
+            if placement.get(index) != m:
+                # the allocator's booking is the truth: a task it holds nowhere waits
+                # for placement, one it holds elsewhere is placed there again
+                m, state, want, serving, op = None, TaskState.PENDING.value, False, False, None
+            rec = TaskRecord(index, int(version), _TASK_STATES[state], m, bool(serving),
+                             bool(healthy), None if op is None else op_from_wire(op),
+                             bool(costly), bool(restart), parked, lost_since, healthy_since)
+            job.tasks[index] = rec
+            if want:
+                desired.append(index)
+        sched.restore(job, desired)

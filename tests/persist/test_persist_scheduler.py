@@ -1,0 +1,151 @@
+"""The scheduler follows the stored job records and rebuilds after a restart."""
+
+import json
+
+import pytest
+
+from plait.allocator import MachineIndex
+from plait.errors import Conflict, NotFound, ValidationError
+from plait.model import Entitlement, Quota, RegionSpec, generate
+from plait.model.task import TaskState
+from plait.persist import PersistentAllocator, PersistentRegion
+from plait.persist.scheduler import LOG_LIMIT, JobStore, PersistentScheduler
+from plait.scheduler import Scheduler
+from plait.sim import Simulation
+from plait.sim.scenarios import job_spec
+from plait.store import SqliteStore
+
+FLEET = generate(RegionSpec(dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2,
+                            machines_per_rack=3))
+
+
+class Plane:
+    """A control plane over a store: persistent brokers, allocator and scheduler,
+    with simulated agents."""
+
+    def __init__(self, path, now=0.0):
+        self.store = SqliteStore(path)
+        region = PersistentRegion.load(FLEET, self.store, now)
+        allocator = PersistentAllocator.load(MachineIndex(FLEET, region), self.store)
+        self.scheduler = Scheduler(allocator, now=now)
+        self.persist = PersistentScheduler.load(self.scheduler, self.store, now)
+        self.sim = Simulation(FLEET, scheduler=self.scheduler, now=now)
+        self.jobs = JobStore(self.store)
+
+    def run(self, seconds):
+        end = self.sim.now + seconds
+        while self.sim.now < end:
+            self.persist.sync(self.sim.now)
+            self.sim.step()
+            self.persist.save()
+
+    def running(self, name):
+        job = self.scheduler.jobs.get(name)
+        if job is None:
+            return {}
+        return {i: r.machine for i, r in job.tasks.items() if r.state is TaskState.RUNNING}
+
+
+def test_a_stored_job_runs_and_comes_back_after_a_restart(tmp_path):
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    doc, created = a.jobs.create(job_spec("web", 6), now=0)
+    assert created and doc.seq == 1
+    a.run(10)
+    placed = a.running("web")
+    assert len(placed) == 6
+    serving = a.scheduler.discovery("web")
+    assert len(serving) == 6
+    a.store.close()
+
+    b = Plane(path, now=a.sim.now)  # a restarted control plane
+    assert b.running("web") == placed
+    assert b.scheduler.discovery("web") == serving
+    assert b.persist.applied["web"] == 1
+    # the agents still run the same tasks: nothing is restarted
+    b.sim.agents = a.sim.agents
+    before = {ref: p.started_at for ag in a.sim.agents.values() for ref, p in ag.processes.items()}
+    b.run(5)
+    after = {ref: p.started_at for ag in b.sim.agents.values() for ref, p in ag.processes.items()}
+    assert after == before
+    # and it goes on following the stored operations
+    b.jobs.update(job_spec("web", 6, command="serve-v2"), now=b.sim.now)
+    b.run(60)
+    job = b.scheduler.job("web")
+    assert job.target == 2 and all(r.spec_version == 2 for r in job.tasks.values())
+    assert len(b.running("web")) == 6
+    b.store.close()
+
+
+def test_operations_stored_while_the_scheduler_was_down_are_applied(tmp_path):
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    a.jobs.create(job_spec("web", 4), now=0)
+    a.run(10)
+    a.store.close()
+
+    jobs = JobStore(SqliteStore(path))  # the front end goes on while the scheduler is down
+    jobs.resize("web", 6, now=11)
+    jobs.restart("web", 0, now=11)
+    jobs.create(job_spec("api", 2), now=11)  # never seen by the scheduler before
+    jobs.ns.store.close()
+
+    b = Plane(path, now=12)
+    assert b.scheduler.job("web").spec.task_count == 6
+    assert b.scheduler.job("web").tasks[0].restart
+    assert "api" in b.scheduler.jobs
+    b.run(30)
+    assert len(b.running("web")) == 6 and len(b.running("api")) == 2
+    assert [e["op"] for e in b.jobs.get("web").log] == ["create", "resize", "restart"]
+
+
+def test_a_deleted_job_leaves_no_record(tmp_path):
+    p = Plane(str(tmp_path / "plait.db"))
+    p.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    p.jobs.create(job_spec("web", 3), now=0)
+    p.run(10)
+    p.jobs.delete("web", now=p.sim.now)
+    with pytest.raises(Conflict):  # no change while it is being deleted
+        p.jobs.resize("web", 5, now=p.sim.now)
+    p.run(20)
+    assert "web" not in p.scheduler.jobs
+    assert p.store.children("/scheduler/jobs") == []
+    assert p.store.children("/scheduler/state") == []
+    assert p.store.children("/allocator/jobs") == []
+    with pytest.raises(NotFound):
+        p.jobs.get("web")
+
+
+def test_creates_are_idempotent_and_a_different_spec_conflicts(tmp_path):
+    jobs = JobStore(SqliteStore(str(tmp_path / "plait.db")))
+    first, created = jobs.create(job_spec("web", 3), now=0)
+    again, created_again = jobs.create(job_spec("web", 3), now=5)
+    assert created and not created_again and again.seq == first.seq
+    with pytest.raises(Conflict, match="another spec"):
+        jobs.create(job_spec("web", 4), now=5)
+    with pytest.raises(ValidationError, match="entitlement"):
+        jobs.update(job_spec("web", 3, entitlement="other"), now=6)
+    with pytest.raises(ValidationError, match="versions 1..1"):
+        jobs.rollback("web", 2, now=6)
+    with pytest.raises(ValidationError, match="tasks 0..2"):
+        jobs.restart("web", 3, now=6)
+    # an update to the same spec changes nothing
+    assert jobs.update(job_spec("web", 3), now=7).seq == 1
+
+
+def test_the_log_is_bounded_and_records_carry_a_schema(tmp_path):
+    jobs = JobStore(SqliteStore(str(tmp_path / "plait.db")))
+    jobs.create(job_spec("web", 1), now=0)
+    for i in range(LOG_LIMIT + 10):
+        jobs.restart("web", None, now=i)
+    doc = jobs.get("web")
+    assert len(doc.log) == LOG_LIMIT and doc.seq == LOG_LIMIT + 11
+    raw = json.loads(jobs.ns.get("/jobs/web")[0])
+    assert raw["schema"] == 1
+    raw["schema"] = 99
+    _, version = jobs.ns.get("/jobs/web")
+    jobs.ns.set("/jobs/web", json.dumps(raw).encode(), version)
+    with pytest.raises(ValidationError, match="newer"):
+        jobs.get("web")
