@@ -127,9 +127,9 @@ def test_creates_are_idempotent_and_a_different_spec_conflicts(tmp_path):
         jobs.create(job_spec("web", 4), now=5)
     with pytest.raises(ValidationError, match="entitlement"):
         jobs.update(job_spec("web", 3, entitlement="other"), now=6)
-    with pytest.raises(ValidationError, match="versions 1..1"):
+    with pytest.raises(ValidationError, match=r"versions 1\.\.1"):
         jobs.rollback("web", 2, now=6)
-    with pytest.raises(ValidationError, match="tasks 0..2"):
+    with pytest.raises(ValidationError, match=r"tasks 0\.\.2"):
         jobs.restart("web", 3, now=6)
     # an update to the same spec changes nothing
     assert jobs.update(job_spec("web", 3), now=7).seq == 1

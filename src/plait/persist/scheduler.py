@@ -265,9 +265,8 @@ class PersistentScheduler:
             sched.restart(doc.name, now, entry.get("index"))
         elif op == "resume":
             sched.resume(doc.name, now)
-        elif op == "delete":
-            if not job.deleting:
-                sched.delete_job(doc.name, now)
+        elif op == "delete" and not job.deleting:
+            sched.delete_job(doc.name, now)
 
     # -- scheduler -> stored state ---------------------------------------------------------
     def snapshot(self, job: JobRecord) -> bytes:
@@ -317,13 +316,13 @@ class PersistentScheduler:
         if not txn.ops:
             return 0
         self.ns.commit(txn)
-        for name, data in pending.items():
-            if data is None:
+        for name, written in pending.items():
+            if written is None:
                 self._saved.pop(name, None)
                 self.applied.pop(name, None)
             else:
                 saved = self._saved.get(name)
-                self._saved[name] = (0 if saved is None else saved[0] + 1, data)
+                self._saved[name] = (0 if saved is None else saved[0] + 1, written)
         return len(pending)
 
     def state(self, name: str) -> dict[str, Any] | None:
