@@ -21,6 +21,9 @@ bench_app = typer.Typer(help="Reproducible benchmarks; each prints one JSON obje
 region_app = typer.Typer(help="Generated regions (fleet topologies).", no_args_is_help=True)
 sim_app = typer.Typer(help="Run the real scheduler and allocator on a simulated region.",
                       no_args_is_help=True)
+from plait.cli.commands import register  # noqa: E402
+
+register(app)
 app.add_typer(bench_app, name="bench")
 app.add_typer(region_app, name="region")
 app.add_typer(sim_app, name="sim")

@@ -70,6 +70,9 @@ class JobSpec(Value):
     env: Mapping[str, str] = pydantic.Field(default_factory=dict)
     policy: AllocationPolicy = AllocationPolicy()
     update: UpdatePolicy = UpdatePolicy()
+    #: URL of the job's TaskController (``http(s)://...``), called with the paper's
+    #: TaskControl API; none: the built-in policy paces
+    task_controller: str | None = pydantic.Field(default=None, max_length=2048)
 
     _names = pydantic.field_validator("name", "entitlement")(check_name)
 
@@ -78,6 +81,13 @@ class JobSpec(Value):
     def _nonzero(cls, value: Resources) -> Resources:
         if value.to_units()[0] < 1:
             raise ValueError("a task must ask for some cpu (at least 0.001 RRU)")
+        return value
+
+    @pydantic.field_validator("task_controller")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+(/\S*)?$", value):
+            raise ValueError(f"{value!r} is not an http(s) URL")
         return value
 
     @pydantic.field_validator("env")
@@ -90,4 +100,5 @@ class JobSpec(Value):
 
     def __hash__(self) -> int:
         return hash((self.name, self.entitlement, self.task_count, self.resources, self.command,
-                     self.args, tuple(sorted(self.env.items())), self.policy, self.update))
+                     self.args, tuple(sorted(self.env.items())), self.policy, self.update,
+                     self.task_controller))

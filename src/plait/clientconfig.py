@@ -1,0 +1,95 @@
+"""The client configuration: named contexts of (API URL, token), like a kubeconfig.
+
+Kept in ``$PLAIT_CONFIG`` or ``~/.config/plait/config.yaml``, file mode 0600 (it
+holds tokens)::
+
+    current_context: local
+    contexts:
+      local: {url: "http://127.0.0.1:7070", token: "plait_..."}
+
+``PLAIT_URL`` and ``PLAIT_TOKEN`` override the current context's values, and flags
+override both.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from plait.errors import ValidationError
+
+
+def default_path() -> Path:
+    env = os.environ.get("PLAIT_CONFIG")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "plait" / \
+        "config.yaml"
+
+
+@dataclass
+class Context:
+    url: str
+    token: str | None = None
+
+
+@dataclass
+class ClientConfig:
+    current_context: str | None = None
+    contexts: dict[str, Context] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> ClientConfig:
+        path = path or default_path()
+        if not path.exists():
+            return cls()
+        try:
+            data: Any = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValidationError(str(path), f"not valid YAML: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("contexts", {}), dict):
+            raise ValidationError(str(path), "expected current_context and a contexts mapping")
+        contexts = {}
+        for name, ctx in (data.get("contexts") or {}).items():
+            if not isinstance(ctx, dict) or not isinstance(ctx.get("url"), str):
+                raise ValidationError(f"{path}: contexts.{name}", "expected {url, token}")
+            contexts[str(name)] = Context(ctx["url"], ctx.get("token"))
+        return cls(data.get("current_context"), contexts)
+
+    def save(self, path: Path | None = None) -> Path:
+        path = path or default_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = yaml.safe_dump({
+            "current_context": self.current_context,
+            "contexts": {n: {"url": c.url, "token": c.token} for n, c in self.contexts.items()},
+        }, sort_keys=True)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+        return path
+
+    def set_context(self, name: str, url: str, token: str | None, use: bool = True) -> None:
+        self.contexts[name] = Context(url, token)
+        if use or self.current_context is None:
+            self.current_context = name
+
+    def resolve(self, context: str | None = None, url: str | None = None,
+                token: str | None = None) -> Context:
+        """The URL and token to use: flags, then PLAIT_URL/PLAIT_TOKEN, then the context."""
+        name = context or self.current_context
+        base = self.contexts.get(name) if name else None
+        if context and base is None:
+            raise ValidationError("context", f"no context {context!r} in the configuration")
+        final_url = url or os.environ.get("PLAIT_URL") or (base.url if base else None)
+        final_token = token or os.environ.get("PLAIT_TOKEN") or (base.token if base else None)
+        if not final_url:
+            raise ValidationError("url", "no API URL: start `plait serve`, or set PLAIT_URL or "
+                                         "--url")
+        return Context(final_url.rstrip("/"), final_token)

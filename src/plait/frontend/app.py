@@ -1,0 +1,488 @@
+"""The REST API (FastAPI): validation, authentication, authorization, and the calls
+into the control plane.
+
+Every endpoint but ``/healthz`` needs a bearer token. Errors are JSON
+``{"error": kind, "message": ..., "field": ...}`` with a 4xx status: 401 without a
+valid token, 403 outside the token's rights (both recorded as events), 404 for an
+unknown name, 409 for a conflict (another spec under the same job name, a job being
+deleted), 413 for a body over the limit, 422 for a malformed request (the field is
+named). A job operation is acknowledged once it is durably stored; the scheduler
+applies it asynchronously, and its progress shows in the job's status and events.
+"""
+
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import pydantic
+from fastapi import Body, Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from plait import __version__
+from plait.errors import Conflict, NotFound, PlaitError, TransientError, ValidationError
+from plait.model import Entitlement, JobSpec
+from plait.scheduler.records import Phase, TaskStatus
+from plait.server.auth import AuthError, Principal, Role
+from plait.server.controlplane import ControlPlane
+from plait.server.events import Event
+
+#: the largest request body accepted (a job spec is a few KB)
+MAX_BODY = 1 << 20
+
+NAME = Annotated[str, pydantic.StringConstraints(pattern=r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")]
+
+
+class Resize(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    task_count: int = pydantic.Field(ge=0, le=100_000)
+
+
+class Rollback(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    version: int = pydantic.Field(ge=1)
+
+
+class Restart(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    index: int | None = pydantic.Field(default=None, ge=0)
+
+
+class Drain(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    deadline_seconds: float | None = pydantic.Field(default=None, ge=0, le=30 * 86400)
+
+
+class Maintenance(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    machines: list[str] = pydantic.Field(min_length=1, max_length=100_000)
+    #: unix time; default: now
+    start: float | None = pydantic.Field(default=None, ge=0, le=1e11)
+    duration_seconds: float = pydantic.Field(gt=0, le=365 * 86400)
+    reason: str = pydantic.Field(default="maintenance", max_length=200)
+
+
+class TokenRequest(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    role: Role = Role.OWNER
+    #: the owner (role owner), or a label for admin and join tokens
+    name: NAME
+    description: str = pydantic.Field(default="", max_length=200)
+
+
+class Join(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    machine: str = pydantic.Field(min_length=1, max_length=128)
+
+
+class StatusIn(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    job: str = pydantic.Field(min_length=1, max_length=64)
+    index: int = pydantic.Field(ge=0)
+    revision: int = pydantic.Field(ge=1)
+    phase: Phase
+    healthy: bool = True
+    exit_code: int | None = None
+
+
+class Report(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    tasks: list[StatusIn] = pydantic.Field(default_factory=list, max_length=10_000)
+
+
+def _error(status: int, kind: str, message: str, field: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"error": kind, "message": message}
+    if field:
+        body["field"] = field
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _event(e: Event) -> dict[str, Any]:
+    return {"seq": e.seq, "time": e.time, "source": e.source, "kind": e.kind,
+            "message": e.message, "job": e.job, "entitlement": e.entitlement,
+            "machine": e.machine}
+
+
+def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
+    """The API over a control plane; with ``run_loop`` the app starts and stops the
+    control plane's loop with its own lifespan."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        if run_loop:
+            cp.start()
+        yield
+        if run_loop:
+            cp.stop()
+
+    app = FastAPI(title="plait", version=__version__, lifespan=lifespan,
+                  description="The plait control plane: entitlements, jobs, tasks, machines, "
+                              "maintenance, events and service discovery.")
+
+    # -- errors ----------------------------------------------------------------------------
+    @app.exception_handler(AuthError)
+    async def _auth(request: Request, exc: AuthError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return _error(exc.status, "unauthorized" if exc.status == 401 else "forbidden",
+                      exc.reason, headers=headers)
+
+    @app.exception_handler(ValidationError)
+    async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
+        return _error(422, "invalid", str(exc), exc.field)
+
+    @app.exception_handler(NotFound)
+    async def _missing(request: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, "not_found", str(exc))
+
+    @app.exception_handler(Conflict)
+    async def _conflict(request: Request, exc: Conflict) -> JSONResponse:
+        return _error(409, "conflict", str(exc))
+
+    @app.exception_handler(TransientError)
+    async def _transient(request: Request, exc: TransientError) -> JSONResponse:
+        return _error(503, "unavailable", str(exc),
+                      headers={"Retry-After": str(max(1, round(exc.retry_after)))})
+
+    @app.exception_handler(PlaitError)
+    async def _plait(request: Request, exc: PlaitError) -> JSONResponse:
+        return _error(400, "rejected", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        field = ".".join(loc)
+        message = f"{field}: {first.get('msg', 'invalid')}" if field else str(
+            first.get("msg", "invalid request"))
+        return _error(422, "invalid", message, field)
+
+    @app.middleware("http")
+    async def _limit(request: Request,
+                     call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        size = request.headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
+            return _error(413, "too_large", f"request body over {MAX_BODY} bytes")
+        return await call_next(request)
+
+    # -- authentication and authorization --------------------------------------------------
+    def refuse(request: Request, status: int, reason: str) -> AuthError:
+        cp.record("auth", "unauthorized" if status == 401 else "forbidden",
+                  f"{request.method} {request.url.path}: {reason}")
+        return AuthError(status, reason)
+
+    def principal(request: Request) -> Principal:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise refuse(request, 401, "missing bearer token (Authorization: Bearer <token>)")
+        try:
+            who = cp.tokens.verify(token.strip())
+        except AuthError as exc:
+            raise refuse(request, 401, exc.reason) from None
+        request.state.principal = who
+        return who
+
+    Who = Annotated[Principal, Depends(principal)]
+
+    def admin(request: Request, who: Who) -> Principal:
+        if who.role is not Role.ADMIN:
+            raise refuse(request, 403, f"{who} may not do this (admin only)")
+        return who
+
+    Admin = Annotated[Principal, Depends(admin)]
+
+    def user(request: Request, who: Who) -> Principal:
+        if who.role not in (Role.ADMIN, Role.OWNER):
+            raise refuse(request, 403, f"{who} may not do this (admin or owner tokens only)")
+        return who
+
+    User = Annotated[Principal, Depends(user)]
+
+    def owned(who: Principal) -> set[str] | None:
+        """The entitlements a principal may see (None: all)."""
+        if who.role is Role.ADMIN:
+            return None
+        return {e.name for e in list(cp.allocator.entitlements.values()) if e.owner == who.name}
+
+    def may_entitlement(request: Request, who: Principal, name: str) -> None:
+        if who.role is Role.ADMIN:
+            return
+        ent = cp.entitlement(name) if name in cp.allocator.entitlements else None
+        if ent is None or ent.owner != who.name:
+            raise refuse(request, 403, f"{who} does not own entitlement {name!r}")
+
+    def may_job(request: Request, who: Principal, job: str) -> None:
+        if who.role is Role.ADMIN:
+            return
+        may_entitlement(request, who, cp.jobs.get(job).entitlement)
+
+    # -- health ----------------------------------------------------------------------------
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, Any]:
+        """Liveness; needs no token."""
+        return {"ok": True, "version": __version__, "steps": cp.steps}
+
+    # -- entitlements ----------------------------------------------------------------------
+    @app.post("/v1/entitlements", tags=["entitlements"], status_code=201)
+    def create_entitlement(ent: Entitlement, who: Admin, response: Response) -> dict[str, Any]:
+        """Create an entitlement, or change its quota and settings (admin)."""
+        if not cp.define_entitlement(ent):
+            response.status_code = 200
+        return cp.entitlement_view(ent.name)
+
+    @app.get("/v1/entitlements", tags=["entitlements"])
+    def list_entitlements(who: User) -> dict[str, Any]:
+        mine = owned(who)
+        names = sorted(n for n in list(cp.allocator.entitlements) if mine is None or n in mine)
+        return {"entitlements": [cp.entitlement_view(n) for n in names]}
+
+    @app.get("/v1/entitlements/{name}", tags=["entitlements"])
+    def get_entitlement(name: str, who: User, request: Request) -> dict[str, Any]:
+        cp.entitlement(name)
+        may_entitlement(request, who, name)
+        return cp.entitlement_view(name)
+
+    # -- jobs ------------------------------------------------------------------------------
+    def ack(doc: Any, created: bool | None = None) -> dict[str, Any]:
+        body = {"name": doc.name, "entitlement": doc.entitlement, "version": len(doc.versions),
+                "operation": doc.seq, "deleting": doc.deleting}
+        if created is not None:
+            body["created"] = created
+        return body
+
+    @app.post("/v1/jobs", tags=["jobs"], status_code=201)
+    def create_job(spec: JobSpec, who: User, request: Request, response: Response,
+                   dry_run: bool = False) -> dict[str, Any]:
+        """Create a job from a spec. Acknowledged once stored; tasks are placed
+        asynchronously. The same spec again returns 200 and changes nothing; another
+        spec under the same name is a 409. ``dry_run`` returns the plan only."""
+        may_entitlement(request, who, spec.entitlement)
+        if dry_run:
+            response.status_code = 200
+            return cp.plan(spec)
+        doc, created = cp.create_job(spec)
+        if not created:
+            response.status_code = 200
+        return ack(doc, created)
+
+    @app.get("/v1/jobs", tags=["jobs"])
+    def list_jobs(who: User, entitlement: str | None = None) -> dict[str, Any]:
+        mine = owned(who)
+        if entitlement is not None:
+            mine = {entitlement} if mine is None or entitlement in mine else set()
+        views = []
+        for name in cp.job_names(mine):
+            try:
+                views.append(cp.job_view(name))
+            except NotFound:
+                continue  # deleted meanwhile
+        return {"jobs": views}
+
+    @app.get("/v1/jobs/{name}", tags=["jobs"])
+    def get_job(name: str, who: User, request: Request) -> dict[str, Any]:
+        may_job(request, who, name)
+        return cp.job_view(name)
+
+    @app.put("/v1/jobs/{name}", tags=["jobs"])
+    def update_job(name: str, spec: JobSpec, who: User, request: Request,
+                   dry_run: bool = False) -> dict[str, Any]:
+        """A new spec version, rolled out at the pace of its update policy."""
+        if spec.name != name:
+            raise ValidationError("name", f"the spec names job {spec.name!r}, the path {name!r}")
+        may_job(request, who, name)
+        if dry_run:
+            return cp.plan(spec)
+        return ack(cp.update_job(spec))
+
+    @app.post("/v1/jobs/{name}/resize", tags=["jobs"])
+    def resize_job(name: str, body: Resize, who: User, request: Request) -> dict[str, Any]:
+        may_job(request, who, name)
+        return ack(cp.resize_job(name, body.task_count))
+
+    @app.post("/v1/jobs/{name}/rollback", tags=["jobs"])
+    def rollback_job(name: str, body: Rollback, who: User, request: Request) -> dict[str, Any]:
+        may_job(request, who, name)
+        return ack(cp.rollback_job(name, body.version))
+
+    @app.post("/v1/jobs/{name}/restart", tags=["jobs"])
+    def restart_job(name: str, who: User, request: Request,
+                    body: Annotated[Restart | None, Body()] = None) -> dict[str, Any]:
+        """Restart every task (or one, with ``index``), paced like an update."""
+        may_job(request, who, name)
+        return ack(cp.restart_job(name, body.index if body else None))
+
+    @app.post("/v1/jobs/{name}/resume", tags=["jobs"])
+    def resume_job(name: str, who: User, request: Request) -> dict[str, Any]:
+        """Resume a halted rollout."""
+        may_job(request, who, name)
+        return ack(cp.resume_job(name))
+
+    @app.delete("/v1/jobs/{name}", tags=["jobs"], status_code=202)
+    def delete_job(name: str, who: User, request: Request) -> dict[str, Any]:
+        """Stop every task, then forget the job."""
+        may_job(request, who, name)
+        return ack(cp.delete_job(name))
+
+    @app.get("/v1/jobs/{name}/history", tags=["jobs"])
+    def job_history(name: str, who: User, request: Request) -> dict[str, Any]:
+        may_job(request, who, name)
+        doc = cp.jobs.get(name)
+        return {"name": name, "versions": len(doc.versions), "operations": doc.log}
+
+    @app.get("/v1/jobs/{name}/versions/{version}", tags=["jobs"])
+    def job_version(name: str, version: int, who: User, request: Request) -> dict[str, Any]:
+        may_job(request, who, name)
+        doc = cp.jobs.get(name)
+        if not 1 <= version <= len(doc.versions):
+            raise NotFound("version", f"{name} version {version}")
+        return doc.versions[version - 1].model_dump(mode="json")
+
+    @app.get("/v1/jobs/{name}/tasks", tags=["tasks"])
+    def job_tasks(name: str, who: User, request: Request) -> dict[str, Any]:
+        may_job(request, who, name)
+        return {"job": name, "tasks": cp.tasks_view(name)}
+
+    @app.post("/v1/jobs/{name}/tasks/{index}/restart", tags=["tasks"])
+    def restart_task(name: str, index: int, who: User, request: Request) -> dict[str, Any]:
+        may_job(request, who, name)
+        return ack(cp.restart_job(name, index))
+
+    @app.get("/v1/discovery/{job}", tags=["discovery"])
+    def discovery(job: str, who: User, request: Request) -> dict[str, Any]:
+        """The tasks enabled in service discovery: at most one entry per task index."""
+        may_job(request, who, job)
+        return {"job": job, "endpoints": cp.discovery(job)}
+
+    # -- machines and maintenance (admin) --------------------------------------------------
+    @app.get("/v1/machines", tags=["machines"])
+    def list_machines(who: Admin, state: str | None = None, entitlement: str | None = None,
+                      offset: Annotated[int, Query(ge=0)] = 0,
+                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+        found, total = cp.machines(state, entitlement, offset, limit)
+        return {"machines": found, "total": total, "offset": offset}
+
+    @app.get("/v1/machines/{machine}", tags=["machines"])
+    def get_machine(machine: str, who: Admin) -> dict[str, Any]:
+        return cp.machine(machine)
+
+    @app.post("/v1/machines/{machine}/fail", tags=["machines"])
+    def fail_machine(machine: str, who: Admin) -> dict[str, Any]:
+        """Mark a machine failed (as the health check would): its tasks move."""
+        return {"machine": machine, "event": cp.fail_machine(machine)}
+
+    @app.post("/v1/machines/{machine}/repair", tags=["machines"])
+    def repair_machine(machine: str, who: Admin) -> dict[str, Any]:
+        return {"machine": machine, "ended": cp.repair_machine(machine)}
+
+    @app.post("/v1/machines/{machine}/cordon", tags=["machines"])
+    def cordon(machine: str, who: Admin) -> dict[str, Any]:
+        """No new tasks on the machine; the ones there keep running."""
+        return cp.cordon(machine, True)
+
+    @app.post("/v1/machines/{machine}/uncordon", tags=["machines"])
+    def uncordon(machine: str, who: Admin) -> dict[str, Any]:
+        return cp.cordon(machine, False)
+
+    @app.post("/v1/machines/{machine}/drain", tags=["machines"])
+    def drain(machine: str, who: Admin,
+              body: Annotated[Drain | None, Body()] = None) -> dict[str, Any]:
+        """Cordon, then move the tasks off through TaskControl; at the deadline what is
+        left is stopped."""
+        return {"machine": machine,
+                "event": cp.drain(machine, body.deadline_seconds if body else None)}
+
+    @app.post("/v1/maintenance", tags=["maintenance"], status_code=201)
+    def schedule_maintenance(body: Maintenance, who: Admin) -> dict[str, Any]:
+        start = cp.clock() if body.start is None else body.start
+        return {"event": cp.schedule_maintenance(body.machines, start, body.duration_seconds,
+                                                 body.reason)}
+
+    @app.get("/v1/maintenance", tags=["maintenance"])
+    def list_maintenance(who: Admin) -> dict[str, Any]:
+        return {"events": cp.maintenance()}
+
+    # -- events ----------------------------------------------------------------------------
+    @app.get("/v1/events", tags=["events"])
+    def events(who: User, after: Annotated[int, Query(ge=0)] = 0,
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100, job: str | None = None,
+               kind: str | None = None, source: str | None = None,
+               entitlement: str | None = None, machine: str | None = None,
+               since: Annotated[float | None, Query(ge=0)] = None) -> dict[str, Any]:
+        """Events oldest first; page with ``after`` = the ``next`` of the last page."""
+        found, cursor = cp.events.query(after, limit, job, kind, source, entitlement, machine,
+                                        since, owned(who))
+        return {"events": [_event(e) for e in found], "next": cursor,
+                "last_seq": cp.events.last_seq}
+
+    # -- tokens (admin) --------------------------------------------------------------------
+    def token_view(info: Any, token: str | None = None) -> dict[str, Any]:
+        body = {"id": info.id, "role": info.role.value, "name": info.name,
+                "created": info.created, "revoked": info.revoked,
+                "description": info.description}
+        if token is not None:
+            body["token"] = token
+        return body
+
+    @app.post("/v1/tokens", tags=["tokens"], status_code=201)
+    def create_token(body: TokenRequest, who: Admin) -> dict[str, Any]:
+        """A new token; the secret is returned once and stored only as a hash."""
+        if body.role is Role.MACHINE:
+            raise ValidationError("role", "machine credentials come from /v1/agents/join")
+        info, token = cp.tokens.create(body.role, body.name, cp.clock(), body.description)
+        cp.record("auth", "token_created", f"{info.role.value} token {info.id} for {info.name}")
+        return token_view(info, token)
+
+    @app.get("/v1/tokens", tags=["tokens"])
+    def list_tokens(who: Admin) -> dict[str, Any]:
+        return {"tokens": [token_view(t) for t in cp.tokens.list()]}
+
+    @app.delete("/v1/tokens/{token_id}", tags=["tokens"])
+    def revoke_token(token_id: str, who: Admin) -> dict[str, Any]:
+        info = cp.tokens.revoke(token_id)
+        cp.record("auth", "token_revoked", f"token {token_id} ({info.role.value} {info.name})")
+        return token_view(info)
+
+    @app.post("/v1/tokens/{token_id}/rotate", tags=["tokens"])
+    def rotate_token(token_id: str, who: Admin) -> dict[str, Any]:
+        info, token = cp.tokens.rotate(token_id, cp.clock())
+        cp.record("auth", "token_rotated", f"token {token_id} replaced by {info.id}")
+        return token_view(info, token)
+
+    # -- agents ----------------------------------------------------------------------------
+    @app.post("/v1/agents/join", tags=["agents"], status_code=201)
+    def join(body: Join, who: Who, request: Request) -> dict[str, Any]:
+        """Trade the cluster join token for this machine's own credential."""
+        if who.role is not Role.JOIN:
+            raise refuse(request, 403, f"{who} is not a join token")
+        cp.machine_index(body.machine)
+        info, token = cp.tokens.create(Role.MACHINE, body.machine, cp.clock(),
+                                       f"joined with {who.token_id}")
+        cp.record("auth", "machine_joined", f"{body.machine} (credential {info.id})",
+                  machine=body.machine)
+        return {"machine": body.machine, "token": token, "id": info.id}
+
+    def machine_only(request: Request, who: Principal, machine: str) -> None:
+        if who.role is Role.ADMIN or (who.role is Role.MACHINE and who.name == machine):
+            return
+        raise refuse(request, 403, f"{who} may not act for machine {machine}")
+
+    @app.get("/v1/machines/{machine}/desired", tags=["agents"])
+    def desired(machine: str, who: Who, request: Request) -> dict[str, Any]:
+        """The machine's desired task set, which its agent converges to."""
+        machine_only(request, who, machine)
+        return {"machine": machine, "tasks": [
+            {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
+             "spec": a.spec.model_dump(mode="json")} for a in cp.desired(machine)]}
+
+    @app.post("/v1/machines/{machine}/status", tags=["agents"])
+    def status(machine: str, body: Report, who: Who, request: Request) -> dict[str, Any]:
+        """An agent's report of the tasks on its machine."""
+        machine_only(request, who, machine)
+        cp.report(machine, [TaskStatus(t.job, t.index, t.revision, t.phase, t.healthy,
+                                       t.exit_code) for t in body.tasks])
+        return {"machine": machine, "accepted": len(body.tasks)}
+
+    return app

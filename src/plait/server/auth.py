@@ -1,0 +1,156 @@
+"""Bearer tokens, stored only as hashes.
+
+A token reads ``plait_<id>_<secret>``: the id finds the record, the secret is checked
+against its SHA-256 (tokens are 256 random bits, so a fast hash is enough; a slow
+password hash protects guessable secrets, which these are not). Records live in the
+``/auth`` namespace:
+
+    /auth/tokens/{id}   {"schema": 1, "id", "role", "name", "hash", "created", "revoked"}
+
+Roles:
+
+* ``admin``: everything;
+* ``owner``: the entitlements whose owner is ``name``, and the jobs in them;
+* ``join``: only joins a machine to the cluster (``POST /v1/agents/join``);
+* ``machine``: the credential a joined agent uses, for machine ``name`` only.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+
+from plait.errors import Conflict, NotFound, ValidationError
+from plait.model.entitlement import check_name
+from plait.store.protocol import Namespace, Store
+
+SCHEMA = 1
+PREFIX = "plait_"
+
+
+class Role(enum.StrEnum):
+    ADMIN = "admin"
+    OWNER = "owner"
+    JOIN = "join"
+    MACHINE = "machine"
+
+
+@dataclass(frozen=True)
+class Principal:
+    token_id: str
+    role: Role
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.role.value}:{self.name}"
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    id: str
+    role: Role
+    name: str
+    created: float
+    revoked: bool
+    description: str = ""
+
+
+class AuthError(Exception):
+    """A request without a valid token (401) or outside its rights (403)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        self.status = status
+        self.reason = reason
+        super().__init__(reason)
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class TokenStore:
+    def __init__(self, store: Store) -> None:
+        self.ns = Namespace(store, "/auth")
+        #: token id -> (record version, info, hash): verified requests read no store
+        self._cache: dict[str, tuple[TokenInfo, str]] = {}
+
+    def create(self, role: Role | str, name: str, now: float,
+               description: str = "") -> tuple[TokenInfo, str]:
+        """A new token; returns its record and the token itself (shown once)."""
+        role = Role(role)
+        if role is not Role.MACHINE:
+            try:
+                check_name(name)
+            except ValueError as exc:
+                raise ValidationError("name", str(exc)) from None
+        token_id = secrets.token_hex(8)
+        secret = secrets.token_urlsafe(32)
+        info = TokenInfo(token_id, role, name, now, False, description)
+        self.ns.create(f"/tokens/{token_id}", json.dumps({
+            "schema": SCHEMA, "id": token_id, "role": role.value, "name": name,
+            "hash": _hash(secret), "created": now, "revoked": False,
+            "description": description}).encode())
+        return info, f"{PREFIX}{token_id}_{secret}"
+
+    def _read(self, token_id: str) -> tuple[TokenInfo, str, int]:
+        try:
+            value, version = self.ns.get(f"/tokens/{token_id}")
+        except NotFound:
+            raise NotFound("token", token_id) from None
+        data = json.loads(value)
+        return (TokenInfo(data["id"], Role(data["role"]), data["name"], float(data["created"]),
+                          bool(data["revoked"]), data.get("description", "")),
+                data["hash"], version)
+
+    def verify(self, token: str) -> Principal:
+        """The principal a token stands for; AuthError(401) with the reason if none."""
+        if not token.startswith(PREFIX) or token.count("_") < 2:
+            raise AuthError(401, "malformed token (expected plait_<id>_<secret>)")
+        token_id, secret = token[len(PREFIX):].split("_", 1)
+        cached = self._cache.get(token_id)
+        if cached is None:
+            try:
+                info, digest, _ = self._read(token_id)
+            except (NotFound, ValueError):
+                raise AuthError(401, "unknown token") from None
+            self._cache[token_id] = (info, digest)
+        else:
+            info, digest = cached
+        if not hmac.compare_digest(digest, _hash(secret)):
+            raise AuthError(401, "wrong token secret")
+        if info.revoked:
+            raise AuthError(401, f"token {token_id} was revoked")
+        return Principal(token_id, info.role, info.name)
+
+    def list(self) -> list[TokenInfo]:
+        found = []
+        for token_id in sorted(self.ns.children("/tokens")):
+            found.append(self._read(token_id)[0])
+        return found
+
+    def revoke(self, token_id: str) -> TokenInfo:
+        for _ in range(10):
+            info, digest, version = self._read(token_id)
+            data = {"schema": SCHEMA, "id": info.id, "role": info.role.value, "name": info.name,
+                    "hash": digest, "created": info.created, "revoked": True,
+                    "description": info.description}
+            try:
+                self.ns.set(f"/tokens/{token_id}", json.dumps(data).encode(), version)
+            except Conflict:
+                continue
+            self._cache.pop(token_id, None)
+            return self._read(token_id)[0]
+        raise Conflict(f"token {token_id}", "a quiet record", "too many concurrent writers")
+
+    def rotate(self, token_id: str, now: float) -> tuple[TokenInfo, str]:
+        """Revoke a token and issue a new one with the same role and name."""
+        info = self.revoke(token_id)
+        return self.create(info.role, info.name, now, info.description)
+
+    def forget(self) -> None:
+        """Drop cached records (another process may have revoked a token)."""
+        self._cache.clear()

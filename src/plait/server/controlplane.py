@@ -1,0 +1,506 @@
+"""The control plane of one region in one process: brokers, allocator and scheduler
+over a store, the event log, tokens, and the loop that drives them.
+
+Requests and the loop meet here. A job operation is a durable write of the job
+record (``JobStore``), acknowledged once stored; the loop then applies it to the
+scheduler (``PersistentScheduler.sync``), reconciles (``tick``), and writes back the
+tasks' state. Machine operations (fail, cordon, drain, maintenance) go to the brokers,
+which write them through. Everything that touches the in-memory core holds
+``self.lock``; job creates do not, so they are not slowed by a long reconcile.
+
+Without real agents (``sim_agents``), simulated agents run the tasks, so a region
+can be tried on one box before any machine joins.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.allocator import AllocationRequest, MachineIndex
+from plait.errors import Conflict, NotFound, ValidationError
+from plait.model import Entitlement, JobSpec, RegionSpec, generate, parse
+from plait.model.events import EventKind, UnavailabilityEvent
+from plait.model.machine import MachineState
+from plait.model.task import TaskState
+from plait.persist import PersistentAllocator, PersistentRegion
+from plait.persist.scheduler import JobDoc, JobStore, PersistentScheduler
+from plait.scheduler import Scheduler, SchedulerConfig
+from plait.scheduler.records import Assignment, TaskStatus
+from plait.server.auth import Role, TokenStore
+from plait.server.events import EventLog, Retention
+from plait.sim import Simulation
+from plait.store.protocol import Namespace, Store
+from plait.taskcontrol.http import HttpController
+from plait.taskcontrol.protocol import TaskController
+
+EventTuple = tuple[float, str, str, str, str | None, str | None, str | None]
+
+
+@dataclass(frozen=True)
+class ControlPlaneConfig:
+    #: the region's machines on first start (later starts use the stored one)
+    region: RegionSpec = field(default_factory=lambda: RegionSpec.sized(
+        48, dcs=2, msbs_per_dc=3, rows_per_msb=1, racks_per_row=2))
+    #: seconds between reconcile passes (a job operation wakes the loop at once)
+    tick_seconds: float = 0.5
+    #: run simulated agents on every machine (no real agents needed)
+    sim_agents: bool = False
+    retention: Retention = field(default_factory=Retention)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    #: how long a drain leaves TaskControl to move tasks before they are stopped
+    drain_deadline_seconds: float = 300.0
+
+
+def _controller_for(spec: JobSpec) -> TaskController | None:
+    return None if spec.task_controller is None else HttpController(spec.task_controller)
+
+
+class ControlPlane:
+    def __init__(self, store: Store, config: ControlPlaneConfig | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.config = config = config or ControlPlaneConfig()
+        self.clock = clock
+        self.lock = threading.RLock()
+        now = clock()
+        meta = Namespace(store, "/region")
+        try:
+            self.region_spec = parse(RegionSpec, json.loads(meta.get("/spec")[0]))
+        except NotFound:
+            self.region_spec = config.region
+            meta.create("/spec", config.region.model_dump_json().encode())
+        self.fleet = generate(self.region_spec)
+        self.region = PersistentRegion.load(self.fleet, store, now)
+        self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store)
+        self.scheduler = Scheduler(self.allocator, config.scheduler, now)
+        self.persist = PersistentScheduler.load(self.scheduler, store, now, _controller_for)
+        self.jobs: JobStore = self.persist.jobs
+        self.events = EventLog(store, config.retention)
+        self.tokens = TokenStore(store)
+        self.sim = Simulation(self.fleet, scheduler=self.scheduler, now=now) \
+            if config.sim_agents else None
+        self._pending: list[EventTuple] = []
+        self._pending_lock = threading.Lock()
+        self._inbox: set[str] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self._drains = 0
+
+    # -- the loop --------------------------------------------------------------------------
+    def step(self) -> None:
+        """One pass: apply stored job operations, reconcile, store the outcome."""
+        with self.lock:
+            now = self.clock()
+            names = self._take_inbox()
+            for error in self.persist.sync(now, names):
+                self.record("scheduler", "operation_failed", error)
+            if self.sim is not None:
+                self.sim.step(now)
+            else:
+                self.region.tick(now)
+                self.scheduler.tick(now)
+            self.persist.save()
+            events, self.scheduler.events[:] = list(self.scheduler.events), []
+            for ev in events:
+                job = self.scheduler.jobs.get(ev.job)
+                ent = job.entitlement if job is not None else self._entitlement_of(ev.job)
+                self.record("scheduler", ev.kind, ev.message, job=ev.job, entitlement=ent,
+                            at=ev.time)
+            self.steps += 1
+        self.flush_events()
+
+    def _entitlement_of(self, job: str) -> str | None:
+        try:
+            return self.jobs.get(job).entitlement
+        except NotFound:
+            return None
+
+    def _take_inbox(self) -> list[str] | None:
+        if self.steps == 0:
+            return None  # the first pass reads every stored job
+        with self._pending_lock:
+            names, self._inbox = sorted(self._inbox), set()
+        return names
+
+    def notify(self, job: str) -> None:
+        """A job's record changed: apply it on the next pass, which starts now."""
+        with self._pending_lock:
+            self._inbox.add(job)
+        self._wake.set()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                self.step()
+            except Exception as exc:  # the loop must outlive one bad pass
+                self.record("controlplane", "step_failed", f"{type(exc).__name__}: {exc}")
+                self.flush_events()
+            self._wake.wait(self.config.tick_seconds)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self.run, name="plait-loop", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    # -- events ----------------------------------------------------------------------------
+    def record(self, source: str, kind: str, message: str, job: str | None = None,
+               entitlement: str | None = None, machine: str | None = None,
+               at: float | None = None) -> None:
+        with self._pending_lock:
+            self._pending.append((self.clock() if at is None else at, source, kind, message,
+                                  job, entitlement, machine))
+
+    def flush_events(self) -> None:
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        self.events.append(batch)
+
+    # -- tokens ----------------------------------------------------------------------------
+    def bootstrap_admin(self) -> str | None:
+        """At first start, an admin token (returned once); None if one exists."""
+        if any(t.role is Role.ADMIN and not t.revoked for t in self.tokens.list()):
+            return None
+        _, token = self.tokens.create(Role.ADMIN, "admin", self.clock(), "created at first start")
+        self.record("auth", "token_created", "admin token created at first start")
+        self.flush_events()
+        return token
+
+    # -- entitlements ----------------------------------------------------------------------
+    def define_entitlement(self, ent: Entitlement) -> bool:
+        """Create an entitlement, or change its quota and settings. True if new."""
+        with self.lock:
+            old = self.allocator.entitlements.get(ent.name)
+            if old == ent:
+                return False
+            if old is not None and old.owner != ent.owner:
+                raise Conflict(f"entitlement {ent.name}", f"owner {old.owner}",
+                               f"owner {ent.owner} (owners do not change)")
+            self.allocator.define(ent)
+        self.record("api", "entitlement_created" if old is None else "entitlement_changed",
+                    f"{ent.name}: quota {ent.quota}, owner {ent.owner}", entitlement=ent.name)
+        return old is None
+
+    def entitlement(self, name: str) -> Entitlement:
+        ent = self.allocator.entitlements.get(name)
+        if ent is None:
+            raise NotFound("entitlement", name)
+        return ent
+
+    def entitlement_view(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            ent = self.entitlement(name)
+            usage = self.allocator.usage(name)
+            jobs = sorted(j.name for j in self.scheduler.jobs.values() if j.entitlement == name)
+        return {**ent.model_dump(mode="json"), "machines": usage.machines,
+                "rru": round(usage.rru, 3), "jobs": jobs}
+
+    # -- jobs: writes ----------------------------------------------------------------------
+    def _check_job(self, spec: JobSpec) -> None:
+        if spec.entitlement not in self.allocator.entitlements:
+            raise ValidationError("entitlement",
+                                  f"entitlement {spec.entitlement!r} does not exist")
+
+    def create_job(self, spec: JobSpec) -> tuple[JobDoc, bool]:
+        self._check_job(spec)
+        doc, created = self.jobs.create(spec, self.clock())
+        if created:
+            self.notify(spec.name)
+        return doc, created
+
+    def _changed(self, doc: JobDoc) -> JobDoc:
+        self.notify(doc.name)
+        return doc
+
+    def update_job(self, spec: JobSpec) -> JobDoc:
+        self._check_job(spec)
+        return self._changed(self.jobs.update(spec, self.clock()))
+
+    def resize_job(self, name: str, task_count: int) -> JobDoc:
+        return self._changed(self.jobs.resize(name, task_count, self.clock()))
+
+    def rollback_job(self, name: str, version: int) -> JobDoc:
+        return self._changed(self.jobs.rollback(name, version, self.clock()))
+
+    def restart_job(self, name: str, index: int | None = None) -> JobDoc:
+        return self._changed(self.jobs.restart(name, index, self.clock()))
+
+    def resume_job(self, name: str) -> JobDoc:
+        return self._changed(self.jobs.resume(name, self.clock()))
+
+    def delete_job(self, name: str) -> JobDoc:
+        return self._changed(self.jobs.delete(name, self.clock()))
+
+    # -- jobs: reads -----------------------------------------------------------------------
+    def job_view(self, name: str) -> dict[str, Any]:
+        doc = self.jobs.get(name)
+        with self.lock:
+            job = self.scheduler.jobs.get(name)
+            counts: dict[str, int] = {}
+            serving = updated = 0
+            if job is not None:
+                for rec in job.tasks.values():
+                    counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
+                    serving += rec.serving
+                    updated += (rec.spec_version == job.target
+                                and rec.state is TaskState.RUNNING and rec.healthy)
+            view = {
+                "name": name, "entitlement": doc.entitlement, "version": len(doc.versions),
+                "applied_version": job.target if job else 0,
+                "spec": doc.spec.model_dump(mode="json"), "deleting": doc.deleting,
+                "task_count": doc.spec.task_count, "tasks": counts, "serving": serving,
+                "updated": updated, "halted": job.halted if job else None,
+                "rollout_active": bool(job and job.rollout_active),
+                "unplaced_reason": job.unplaced_reason if job else None,
+                "unavailable": self.scheduler.unavailable(job) if job else doc.spec.task_count,
+                "settled": bool(job and job.target == len(doc.versions) and not doc.deleting
+                                and updated == doc.spec.task_count
+                                and len(job.tasks) == doc.spec.task_count),
+            }
+        return view
+
+    def job_names(self, entitlements: set[str] | None = None) -> list[str]:
+        names = self.jobs.names()
+        if entitlements is None:
+            return names
+        return [n for n in names if self._entitlement_of(n) in entitlements]
+
+    def tasks_view(self, name: str) -> list[dict[str, Any]]:
+        self.jobs.get(name)  # NotFound for an unknown job
+        with self.lock:
+            job = self.scheduler.jobs.get(name)
+            if job is None:
+                return []
+            fleet = self.fleet
+            return [{"index": r.index, "state": r.state.value, "version": r.spec_version,
+                     "machine": None if r.machine is None else fleet.name(r.machine),
+                     "serving": r.serving, "healthy": r.healthy,
+                     "operation": None if r.op is None else r.op.kind.value}
+                    for r in sorted(job.tasks.values(), key=lambda r: r.index)]
+
+    def discovery(self, name: str) -> list[dict[str, Any]]:
+        self.jobs.get(name)
+        with self.lock:
+            if name not in self.scheduler.jobs:
+                return []
+            return [{"index": i, "machine": m} for i, m in self.scheduler.discovery(name)]
+
+    def plan(self, spec: JobSpec) -> dict[str, Any]:
+        """What deploying ``spec`` would do, changing nothing: the spec fields that
+        differ from the current version, and where new tasks would go."""
+        self._check_job(spec)
+        try:
+            current: JobSpec | None = self.jobs.get(spec.name).spec
+        except NotFound:
+            current = None
+        changes = {}
+        if current is not None:
+            old, new = current.model_dump(mode="json"), spec.model_dump(mode="json")
+            changes = {k: {"from": old.get(k), "to": new.get(k)}
+                       for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+        with self.lock:
+            job = self.scheduler.jobs.get(spec.name)
+            have = set(job.tasks) if job is not None else set()
+            request = AllocationRequest.of(
+                spec.name, spec.entitlement, spec.resources,
+                allocate=[i for i in range(spec.task_count)], policy=spec.policy)
+            plan = self.allocator.propose(request)
+            fleet = self.fleet
+            by_dc: dict[str, int] = {}
+            for _, m in plan.assign + plan.keep:
+                dc = fleet.fault_domain(m).dc
+                by_dc[dc] = by_dc.get(dc, 0) + 1
+            runtime_changed = current is not None and any(
+                k not in ("task_count",) for k in changes)
+            return {
+                "job": spec.name, "action": "create" if current is None else (
+                    "none" if not changes else "update"),
+                "changes": changes,
+                "tasks_added": max(0, spec.task_count - len(have)),
+                "tasks_removed": max(0, len(have) - spec.task_count),
+                "tasks_updated": min(len(have), spec.task_count) if runtime_changed else 0,
+                "max_unavailable": spec.update.resolve(spec.task_count),
+                "placement": {"placeable": len(plan.assign) + len(plan.keep),
+                              "machines_to_claim": len(plan.claims), "by_dc": by_dc,
+                              "unplaced": len(plan.unplaced),
+                              "unplaced_reason": plan.unplaced[0][1] if plan.unplaced else None},
+            }
+
+    # -- machines --------------------------------------------------------------------------
+    def machine_index(self, machine: str) -> int:
+        try:
+            return self.fleet.index_of(machine)
+        except (KeyError, ValueError, NotFound):
+            raise NotFound("machine", machine) from None
+
+    def machine_view(self, m: int) -> dict[str, Any]:
+        fleet = self.fleet
+        broker = self.region.broker_of(m)
+        fd = fleet.fault_domain(m)
+        res = fleet.resources(m)
+        name = fleet.name(m)
+        return {
+            "id": name, "state": broker.state(m).value, "cordoned": broker.cordoned(m),
+            "entitlement": broker.entitlement_of(m),
+            "fault_domain": {"dc": fd.dc, "msb": fd.msb, "row": fd.row, "rack": fd.rack},
+            "type": fleet.type_names[int(fleet.type_code[m])],
+            "cpu": res.cpu, "memory_gb": res.memory_gb,
+            "tasks": len(self.scheduler.desired.get(m, {})),
+            "events": [e.id for e in broker.events_for(m)],
+        }
+
+    def machines(self, state: str | None = None, entitlement: str | None = None,
+                 offset: int = 0, limit: int = 100) -> tuple[list[dict[str, Any]], int]:
+        with self.lock:
+            found = []
+            total = 0
+            for m in range(len(self.fleet)):
+                broker = self.region.broker_of(m)
+                if state is not None and broker.state(m).value != state:
+                    continue
+                if entitlement is not None and broker.entitlement_of(m) != entitlement:
+                    continue
+                if offset <= total < offset + limit:
+                    found.append(self.machine_view(m))
+                total += 1
+            return found, total
+
+    def machine(self, machine: str) -> dict[str, Any]:
+        m = self.machine_index(machine)
+        with self.lock:
+            view = self.machine_view(m)
+            view["assigned"] = [f"{a.job}/{a.index}" for a in self.scheduler.desired_for(machine)]
+            return view
+
+    def _event_id(self, prefix: str, machine: str) -> str:
+        with self.lock:
+            self._drains += 1
+            return f"{prefix}-{machine}-{int(self.clock() * 1000)}-{self._drains}"
+
+    def fail_machine(self, machine: str, reason: str = "marked failed by an operator") -> str:
+        m = self.machine_index(machine)
+        with self.lock:
+            if self.region.broker_of(m).state(m) is MachineState.FAILED:
+                raise Conflict(f"machine {machine}", "healthy", "failed")
+            now = self.clock()
+            event_id = self._event_id("failure", machine)
+            self.region.add_event(UnavailabilityEvent(event_id, EventKind.FAILURE, (machine,),
+                                                      now, None, reason), now)
+            if self.sim is not None:
+                self.sim.agent(m).fail()
+        self.record("broker", "machine_failed", f"{machine}: {reason}", machine=machine)
+        self._wake.set()
+        return event_id
+
+    def repair_machine(self, machine: str) -> list[str]:
+        m = self.machine_index(machine)
+        with self.lock:
+            now = self.clock()
+            ended = [e.id for e in self.region.broker_of(m).events_for(m)
+                     if e.kind is EventKind.FAILURE]
+            for event_id in ended:
+                self.region.end_event(event_id, now)
+            if self.sim is not None:
+                self.sim.agent(m).repair()
+                self.sim._busy.add(m)
+        if not ended:
+            raise Conflict(f"machine {machine}", "failed", "not failed")
+        self.record("broker", "machine_repaired", machine, machine=machine)
+        self._wake.set()
+        return ended
+
+    def cordon(self, machine: str, cordoned: bool) -> dict[str, Any]:
+        m = self.machine_index(machine)
+        with self.lock:
+            self.region.set_cordon(m, cordoned)
+            ended = []
+            if not cordoned:  # uncordon also ends drains that have not finished
+                now = self.clock()
+                for event in self.region.broker_of(m).events_for(m):
+                    if event.reason == "drain":
+                        self.region.end_event(event.id, now)
+                        ended.append(event.id)
+            view = self.machine_view(m)
+        self.record("broker", "machine_cordoned" if cordoned else "machine_uncordoned",
+                    machine + (f" (ended {', '.join(ended)})" if ended else ""), machine=machine)
+        self._wake.set()
+        return view
+
+    def drain(self, machine: str, deadline_seconds: float | None = None) -> str:
+        """Move every task off the machine through TaskControl; what is left at the
+        deadline is stopped. The machine stays out of service until uncordoned."""
+        m = self.machine_index(machine)
+        deadline = self.config.drain_deadline_seconds if deadline_seconds is None \
+            else deadline_seconds
+        if deadline < 0:
+            raise ValidationError("deadline_seconds", "must be >= 0")
+        with self.lock:
+            now = self.clock()
+            self.region.set_cordon(m, True)
+            event_id = self._event_id("drain", machine)
+            self.region.add_event(UnavailabilityEvent(event_id, EventKind.MAINTENANCE,
+                                                      (machine,), now + deadline, None,
+                                                      "drain"), now)
+        self.record("broker", "machine_drain", f"{machine}: tasks move within {deadline:g}s "
+                    f"({event_id})", machine=machine)
+        self._wake.set()
+        return event_id
+
+    def schedule_maintenance(self, machines: list[str], start: float, duration: float,
+                             reason: str = "maintenance") -> str:
+        if not machines:
+            raise ValidationError("machines", "give at least one machine")
+        if duration <= 0:
+            raise ValidationError("duration_seconds", "must be > 0")
+        for machine in machines:
+            self.machine_index(machine)
+        with self.lock:
+            now = self.clock()
+            self._drains += 1
+            event_id = f"maintenance-{int(now * 1000)}-{self._drains}"
+            self.region.add_event(UnavailabilityEvent(event_id, EventKind.MAINTENANCE,
+                                                      tuple(machines), start, start + duration,
+                                                      reason), now)
+        self.record("broker", "maintenance_scheduled",
+                    f"{event_id}: {len(machines)} machines from {start:.0f} for {duration:g}s "
+                    f"({reason})")
+        self._wake.set()
+        return event_id
+
+    def maintenance(self) -> list[dict[str, Any]]:
+        with self.lock:
+            events: dict[str, UnavailabilityEvent] = {}
+            machines: dict[str, list[str]] = {}
+            for event in self.region.events():
+                events[event.id] = event
+                machines.setdefault(event.id, []).extend(event.machines)
+        return [{"id": e.id, "kind": e.kind.value, "machines": sorted(machines[e.id]),
+                 "start": e.start, "end": e.end, "reason": e.reason}
+                for e in sorted(events.values(), key=lambda e: (e.start, e.id))]
+
+    # -- agents ----------------------------------------------------------------------------
+    def desired(self, machine: str) -> list[Assignment]:
+        self.machine_index(machine)
+        with self.lock:
+            return self.scheduler.desired_for(machine)
+
+    def report(self, machine: str, statuses: list[TaskStatus]) -> None:
+        self.machine_index(machine)
+        with self.lock:
+            self.scheduler.report(machine, statuses, self.clock())
+        self._wake.set()

@@ -1,0 +1,134 @@
+"""The region's event log: what happened to jobs, machines and requests.
+
+Events are stored in the ``/events`` namespace, one record per event under a
+sequence number, and kept under a retention limit (a count and an age, both
+configurable): older ones are dropped as new ones arrive. Appends are batched, one
+transaction per batch. Readers page with ``after`` (the last sequence number they
+saw), so a client that follows the log misses nothing still retained.
+
+The process that writes also keeps the retained events in memory for queries.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from plait.errors import NotFound
+from plait.store.protocol import Namespace, Store, Transaction
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    time: float
+    #: who raised it: scheduler, broker, api, auth
+    source: str
+    kind: str
+    message: str
+    job: str | None = None
+    entitlement: str | None = None
+    machine: str | None = None
+
+
+@dataclass(frozen=True)
+class Retention:
+    max_count: int = 10_000
+    max_age_seconds: float = 7 * 86400.0
+
+
+class EventLog:
+    def __init__(self, store: Store, retention: Retention | None = None) -> None:
+        self.ns = Namespace(store, "/events")
+        self.retention = retention or Retention()
+        self._lock = threading.Lock()
+        self._events: deque[Event] = deque()
+        self._seq = 0
+        self._seq_version: int | None = None
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            value, self._seq_version = self.ns.get("/seq")
+            self._seq = int(value)
+        except NotFound:
+            self._seq_version = None
+        for key in sorted(self.ns.children("/log")):
+            value, _ = self.ns.get(f"/log/{key}")
+            self._events.append(Event(**json.loads(value)))
+
+    def append(self, events: list[tuple[float, str, str, str, str | None, str | None,
+                                        str | None]]) -> list[Event]:
+        """Store a batch of (time, source, kind, message, job, entitlement, machine)."""
+        if not events:
+            return []
+        with self._lock:
+            txn = Transaction()
+            made = []
+            seq = self._seq
+            for time, source, kind, message, job, entitlement, machine in events:
+                seq += 1
+                event = Event(seq, time, source, kind, message, job, entitlement, machine)
+                made.append(event)
+                txn.create(f"/log/{seq:012d}", json.dumps(asdict(event)).encode())
+            if self._seq_version is None:
+                txn.create("/seq", str(seq).encode())
+            else:
+                txn.set("/seq", str(seq).encode(), self._seq_version)
+            now = events[-1][0]
+            dropped = self._expired(made, now)
+            for old in dropped:
+                txn.delete(f"/log/{old.seq:012d}", 0)
+            self.ns.commit(txn)
+            self._seq_version = 0 if self._seq_version is None else self._seq_version + 1
+            self._seq = seq
+            for _ in dropped:
+                self._events.popleft()
+            self._events.extend(made)
+            return made
+
+    def _expired(self, incoming: list[Event], now: float) -> list[Event]:
+        """The oldest events that the retention limits drop once ``incoming`` is in."""
+        keep = self.retention.max_count - len(incoming)
+        oldest = now - self.retention.max_age_seconds
+        dropped: list[Event] = []
+        total = len(self._events)
+        for event in self._events:
+            if total - len(dropped) > max(keep, 0) or event.time < oldest:
+                dropped.append(event)
+            else:
+                break
+        return dropped
+
+    def query(self, after: int = 0, limit: int = 100, job: str | None = None,
+              kind: str | None = None, source: str | None = None,
+              entitlement: str | None = None, machine: str | None = None,
+              since: float | None = None, entitlements: set[str] | None = None,
+              ) -> tuple[list[Event], int | None]:
+        """Events after sequence ``after`` that match every filter given, oldest first,
+        at most ``limit``; and the cursor for the next page (None at the end).
+        ``entitlements`` restricts to events of those entitlements (an owner's view)."""
+        found: list[Event] = []
+        with self._lock:
+            snapshot = list(self._events)
+        for event in snapshot:
+            if event.seq <= after:
+                continue
+            if ((job is not None and event.job != job)
+                    or (kind is not None and event.kind != kind)
+                    or (source is not None and event.source != source)
+                    or (entitlement is not None and event.entitlement != entitlement)
+                    or (machine is not None and event.machine != machine)
+                    or (since is not None and event.time < since)
+                    or (entitlements is not None and event.entitlement not in entitlements)):
+                continue
+            if len(found) == limit:
+                return found, found[-1].seq
+            found.append(event)
+        return found, None
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq

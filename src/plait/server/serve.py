@@ -1,0 +1,112 @@
+"""Running the control plane with its API: ``plait serve``, and an in-process server
+for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from plait.clientconfig import ClientConfig
+from plait.frontend import create_app
+from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.store.backup import open_store
+from plait.store.protocol import Store
+
+
+def store_for(data_dir: str | Path, url: str | None = None) -> Store:
+    """The store at ``url`` (sqlite:///path, zk://hosts), or SQLite in ``data_dir``."""
+    if url:
+        store: Store = open_store(url)
+        return store
+    path = Path(data_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    local: Store = open_store(f"sqlite://{(path / 'plait.db').resolve()}")
+    return local
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Started:
+    url: str
+    control_plane: ControlPlane
+    #: the admin token, when this start created it (first start)
+    admin_token: str | None
+    config_path: Path | None
+
+
+class ApiServer:
+    """The API and the control-plane loop in this process, uvicorn in a thread."""
+
+    def __init__(self, cp: ControlPlane, host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning") -> None:
+        self.cp = cp
+        self.host = host
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        config = uvicorn.Config(create_app(cp), host=host, port=self.port, log_level=log_level,
+                                access_log=False, timeout_keep_alive=30)
+        self.server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 30.0) -> ApiServer:
+        self._thread = threading.Thread(target=self.server.run, name="plait-api", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the API did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> ApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def prepare(data_dir: str | Path, store_url: str | None = None,
+            config: ControlPlaneConfig | None = None, host: str = "127.0.0.1", port: int = 7070,
+            write_config: bool = True, context: str = "local",
+            config_path: Path | None = None) -> Started:
+    """Open the store and the control plane; at first start create the admin token and
+    write it, with the URL, to the client configuration (mode 0600)."""
+    cp = ControlPlane(store_for(data_dir, store_url), config)
+    url = f"http://{host}:{port}"
+    token = cp.bootstrap_admin()
+    written = None
+    if token is not None:
+        # kept beside the store too, so a lost client configuration can be recovered
+        admin_file = Path(data_dir) / "admin-token"
+        admin_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(admin_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    if write_config:
+        client = ClientConfig.load(config_path)
+        old = client.contexts.get(context)
+        if token is None and old is not None:
+            token = old.token  # the same region again: keep its token
+        if token is None:
+            admin_file = Path(data_dir) / "admin-token"
+            token = admin_file.read_text().strip() if admin_file.exists() else None
+        client.set_context(context, url, token)
+        written = client.save(config_path)
+    return Started(url, cp, token, written)
