@@ -45,7 +45,7 @@ def wait_for(check: Callable[[], bool], timeout: float = 60.0) -> None:
 
 def start_live(data_dir, sim_agents: bool = True) -> Live:
     cp = ControlPlane(store_for(data_dir), ControlPlaneConfig(
-        region=REGION, tick_seconds=0.05, sim_agents=sim_agents))
+        region=REGION, tick_seconds=0.05, sim_agents=sim_agents, sim_start_seconds=0.2))
     token = cp.bootstrap_admin()
     assert token is not None
     server = ApiServer(cp).start()
@@ -54,10 +54,23 @@ def start_live(data_dir, sim_agents: bool = True) -> Live:
     return Live(server.url, cp, admin, token, server)
 
 
+def stop_live(api: Live) -> None:
+    api.admin.close()
+    api.server.stop()
+    api.cp.store.close()
+
+
 @pytest.fixture
 def live(tmp_path) -> Iterator[Live]:
     api = start_live(tmp_path / "data")
     yield api
-    api.admin.close()
-    api.server.stop()
-    api.cp.store.close()
+    stop_live(api)
+
+
+@pytest.fixture(scope="module")
+def live_module(tmp_path_factory) -> Iterator[Live]:
+    """One live API shared by a module's tests (for tests that build on each other's
+    state, such as the schema fuzzing and the checks after it)."""
+    api = start_live(tmp_path_factory.mktemp("live") / "data")
+    yield api
+    stop_live(api)

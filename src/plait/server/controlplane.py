@@ -33,10 +33,13 @@ from plait.scheduler import Scheduler, SchedulerConfig
 from plait.scheduler.records import Assignment, TaskStatus
 from plait.server.auth import Role, TokenStore
 from plait.server.events import EventLog, Retention
-from plait.sim import Simulation
+from plait.sim import Behaviour, Simulation
 from plait.store.protocol import Namespace, Store
 from plait.taskcontrol.http import HttpController
 from plait.taskcontrol.protocol import TaskController
+
+#: a drained machine stays out of service until uncordoned (at most this long)
+DRAIN_HOLD = 365 * 86400.0
 
 EventTuple = tuple[float, str, str, str, str | None, str | None, str | None]
 
@@ -50,6 +53,8 @@ class ControlPlaneConfig:
     tick_seconds: float = 0.5
     #: run simulated agents on every machine (no real agents needed)
     sim_agents: bool = False
+    #: seconds a simulated task takes to start (half that to stop)
+    sim_start_seconds: float = 2.0
     retention: Retention = field(default_factory=Retention)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     #: how long a drain leaves TaskControl to move tasks before they are stopped
@@ -82,7 +87,12 @@ class ControlPlane:
         self.jobs: JobStore = self.persist.jobs
         self.events = EventLog(store, config.retention)
         self.tokens = TokenStore(store)
-        self.sim = Simulation(self.fleet, scheduler=self.scheduler, now=now) \
+        start = config.sim_start_seconds
+
+        def behaviour(a: Assignment) -> Behaviour:
+            return Behaviour(start_seconds=start, stop_seconds=start / 2,
+                             crash=a.spec.command == "crash", crash_after=start)
+        self.sim = Simulation(self.fleet, behaviour, scheduler=self.scheduler, now=now) \
             if config.sim_agents else None
         self._pending: list[EventTuple] = []
         self._pending_lock = threading.Lock()
@@ -454,8 +464,9 @@ class ControlPlane:
             self.region.set_cordon(m, True)
             event_id = self._event_id("drain", machine)
             self.region.add_event(UnavailabilityEvent(event_id, EventKind.MAINTENANCE,
-                                                      (machine,), now + deadline, None,
-                                                      "drain"), now)
+                                                      (machine,), now + deadline,
+                                                      now + deadline + DRAIN_HOLD, "drain"),
+                                  now)
         self.record("broker", "machine_drain", f"{machine}: tasks move within {deadline:g}s "
                     f"({event_id})", machine=machine)
         self._wake.set()

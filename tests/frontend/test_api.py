@@ -1,0 +1,369 @@
+"""The REST API through a real HTTP client on loopback."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from conftest import REGION, start_live, wait_for
+
+from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.server.events import Retention
+from plait.server.serve import ApiServer, store_for
+
+SPEC = {"name": "web", "entitlement": "web", "task_count": 6,
+        "resources": {"cpu": 1, "memory_gb": 1}, "command": "serve",
+        "update": {"max_unavailable": 1}}
+
+
+def entitlement(live, name="web", owner="alice", machines=12):
+    r = live.admin.post("/v1/entitlements", json={"name": name, "owner": owner,
+                                                  "quota": {"machines": machines}})
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+def settled(client, name):
+    r = client.get(f"/v1/jobs/{name}")
+    return r.status_code == 200 and r.json()["settled"]
+
+
+def events(client, **params):
+    found, after = [], 0
+    while True:
+        page = client.get("/v1/events", params={"after": after, "limit": 1000, **params}).json()
+        found.extend(page["events"])
+        if page["next"] is None:
+            return found
+        after = page["next"]
+
+
+# -- authentication -------------------------------------------------------------------------
+def test_every_endpoint_but_healthz_needs_a_token_and_refusals_are_events(live):
+    anon = live.client(None)
+    assert anon.get("/healthz").json()["ok"] is True
+    for method, path in [("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/entitlements"),
+                         ("GET", "/v1/machines"), ("GET", "/v1/events"),
+                         ("POST", "/v1/machines/m0000000/fail"), ("GET", "/v1/tokens")]:
+        r = anon.request(method, path)
+        assert r.status_code == 401, (method, path)
+        assert r.json()["error"] == "unauthorized"
+        assert "bearer" in r.json()["message"]
+        assert r.headers["www-authenticate"] == "Bearer"
+    assert live.client("nonsense").get("/v1/jobs").json()["message"].startswith("malformed")
+    forged = live.admin_token[:-4] + "AAAA"
+    assert live.client(forged).get("/v1/jobs").json()["message"] == "wrong token secret"
+    wait_for(lambda: len(events(live.admin, kind="unauthorized")) >= 9)
+    refused = events(live.admin, kind="unauthorized")
+    assert any("POST /v1/machines/m0000000/fail" in e["message"] for e in refused)
+
+
+def test_tokens_are_stored_only_as_hashes_and_can_be_revoked_and_rotated(live):
+    r = live.admin.post("/v1/tokens", json={"role": "owner", "name": "alice"})
+    assert r.status_code == 201
+    token, token_id = r.json()["token"], r.json()["id"]
+    secret = token.split("_", 2)[2]
+    stored = b"".join(live.cp.store.get(f"/auth/tokens/{t}")[0]
+                      for t in live.cp.store.children("/auth/tokens"))
+    assert secret.encode() not in stored and live.admin_token.split("_", 2)[2].encode() \
+        not in stored
+    alice = live.client(token)
+    assert alice.get("/v1/jobs").status_code == 200
+    listed = live.admin.get("/v1/tokens").json()["tokens"]
+    assert {"id": token_id, "role": "owner", "name": "alice"}.items() <= next(
+        t for t in listed if t["id"] == token_id).items()
+    assert all("token" not in t and "hash" not in t for t in listed)
+
+    rotated = live.admin.post(f"/v1/tokens/{token_id}/rotate").json()
+    assert alice.get("/v1/jobs").status_code == 401  # the old one is revoked
+    assert live.client(rotated["token"]).get("/v1/jobs").status_code == 200
+    live.admin.delete(f"/v1/tokens/{rotated['id']}")
+    r = live.client(rotated["token"]).get("/v1/jobs")
+    assert r.status_code == 401 and "revoked" in r.json()["message"]
+
+
+def test_owners_see_and_manage_only_their_own_entitlements_and_jobs(live):
+    entitlement(live, "web", "alice")
+    entitlement(live, "db", "bob")
+    alice, bob = live.owner("alice"), live.owner("bob")
+    assert [e["name"] for e in alice.get("/v1/entitlements").json()["entitlements"]] == ["web"]
+    assert alice.get("/v1/entitlements/db").status_code == 403
+    assert alice.post("/v1/jobs", json={**SPEC, "entitlement": "db"}).status_code == 403
+    assert alice.post("/v1/jobs", json=SPEC).status_code == 201
+    # bob cannot see, change or delete alice's job
+    assert bob.get("/v1/jobs").json()["jobs"] == []
+    for method, path, body in [("GET", "/v1/jobs/web", None), ("DELETE", "/v1/jobs/web", None),
+                               ("POST", "/v1/jobs/web/resize", {"task_count": 1}),
+                               ("PUT", "/v1/jobs/web", SPEC), ("GET", "/v1/discovery/web", None)]:
+        r = bob.request(method, path, json=body)
+        assert r.status_code == 403, (method, path, r.text)
+        assert "does not own entitlement 'web'" in r.json()["message"]
+    # owners do not grant themselves quota or touch machines and tokens
+    assert alice.post("/v1/entitlements", json={"name": "more", "owner": "alice",
+                                                "quota": {"machines": 99}}).status_code == 403
+    assert alice.get("/v1/machines").status_code == 403
+    assert alice.post("/v1/tokens", json={"role": "admin", "name": "me"}).status_code == 403
+    assert live.admin.get("/v1/jobs/web").json()["spec"]["task_count"] == 6  # unchanged
+    wait_for(lambda: len(events(live.admin, kind="forbidden")) >= 10)
+    # and events are scoped like everything else
+    wait_for(lambda: any(e["job"] == "web" for e in events(alice)))
+    assert all(e["entitlement"] == "web" for e in events(alice))
+    assert not any(e["job"] == "web" for e in events(bob))
+
+
+# -- jobs -----------------------------------------------------------------------------------
+def test_a_job_is_created_once_placed_asynchronously_and_served(live):
+    entitlement(live)
+    r = live.admin.post("/v1/jobs", json=SPEC)
+    assert r.status_code == 201 and r.json()["created"] is True
+    again = live.admin.post("/v1/jobs", json=SPEC)
+    assert again.status_code == 200 and again.json()["created"] is False
+    other = live.admin.post("/v1/jobs", json={**SPEC, "task_count": 7})
+    assert other.status_code == 409 and "another spec" in other.json()["message"]
+    wait_for(lambda: settled(live.admin, "web"))
+    endpoints = live.admin.get("/v1/discovery/web").json()["endpoints"]
+    assert sorted(e["index"] for e in endpoints) == list(range(6))
+    tasks = live.admin.get("/v1/jobs/web/tasks").json()["tasks"]
+    assert {t["state"] for t in tasks} == {"running"}
+    assert len(live.admin.get("/v1/jobs").json()["jobs"]) == 1
+
+
+def test_bad_input_gets_a_4xx_naming_the_field_and_writes_nothing(live):
+    entitlement(live)
+    cases = [
+        ({**SPEC, "task_count": -1}, "task_count"),
+        ({**SPEC, "name": "Bad Name"}, "name"),
+        ({**SPEC, "resources": {"cpu": 0}}, "resources"),
+        ({**SPEC, "update": {"max_unavailable": "200%"}}, "update.max_unavailable"),
+        ({**SPEC, "surprise": 1}, "surprise"),
+        ({**SPEC, "task_controller": "ftp://x"}, "task_controller"),
+    ]
+    for body, field in cases:
+        r = live.admin.post("/v1/jobs", json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert r.json()["field"] == field, r.json()
+        assert field.split(".")[-1] in r.json()["message"]
+    r = live.admin.post("/v1/jobs", json={**SPEC, "entitlement": "nope"})
+    assert r.status_code == 422 and "entitlement 'nope' does not exist" in r.json()["message"]
+    r = live.admin.post("/v1/jobs", content=b"{not json", headers={
+        "content-type": "application/json"})
+    assert r.status_code == 422
+    r = live.admin.post("/v1/jobs", content=b"x" * (2 << 20), headers={
+        "content-type": "application/json"})
+    assert r.status_code == 413 and "over" in r.json()["message"]
+    assert live.admin.get("/v1/jobs/nope").status_code == 404
+    assert live.admin.post("/v1/jobs/nope/resize", json={"task_count": 1}).status_code == 404
+    assert live.cp.jobs.names() == []  # nothing half-written
+    # a bad change to an existing job leaves it as it was
+    assert live.admin.post("/v1/jobs", json=SPEC).status_code == 201
+    bad = [("PUT", "/v1/jobs/web", {**SPEC, "name": "other"}, "name"),
+           ("PUT", "/v1/jobs/web", {**SPEC, "entitlement": "web2"}, "entitlement"),
+           ("POST", "/v1/jobs/web/rollback", {"version": 5}, "version"),
+           ("POST", "/v1/jobs/web/restart", {"index": 99}, "index"),
+           ("POST", "/v1/jobs/web/resize", {"task_count": "many"}, "task_count")]
+    entitlement(live, "web2")
+    for method, path, body, field in bad:
+        r = live.admin.request(method, path, json=body)
+        assert r.status_code == 422, (path, r.text)
+        assert r.json()["field"] == field
+    doc = live.cp.jobs.get("web")
+    assert len(doc.versions) == 1 and doc.seq == 1
+
+
+def test_update_resize_restart_rollback_and_delete(live):
+    entitlement(live)
+    live.admin.post("/v1/jobs", json=SPEC)
+    wait_for(lambda: settled(live.admin, "web"))
+    r = live.admin.put("/v1/jobs/web", json={**SPEC, "command": "serve-v2"})
+    assert r.status_code == 200 and r.json()["version"] == 2
+    wait_for(lambda: settled(live.admin, "web"))
+    tasks = live.admin.get("/v1/jobs/web/tasks").json()["tasks"]
+    assert {t["version"] for t in tasks} == {2}
+    assert live.admin.post("/v1/jobs/web/resize", json={"task_count": 3}).json()["version"] == 3
+    wait_for(lambda: settled(live.admin, "web"))
+    assert len(live.admin.get("/v1/jobs/web/tasks").json()["tasks"]) == 3
+    assert live.admin.post("/v1/jobs/web/rollback", json={"version": 1}).json()["version"] == 4
+    wait_for(lambda: settled(live.admin, "web"))
+    job = live.admin.get("/v1/jobs/web").json()
+    assert job["spec"]["command"] == "serve" and job["task_count"] == 6
+    assert live.admin.post("/v1/jobs/web/restart").status_code == 200
+    assert live.admin.post("/v1/jobs/web/tasks/2/restart").status_code == 200
+    wait_for(lambda: any(e["kind"] == "restart" for e in events(live.admin, job="web")))
+    wait_for(lambda: settled(live.admin, "web"))
+    history = live.admin.get("/v1/jobs/web/history").json()
+    assert [o["op"] for o in history["operations"]] == [
+        "create", "update", "resize", "rollback", "restart", "restart"]
+    assert live.admin.get("/v1/jobs/web/versions/2").json()["command"] == "serve-v2"
+    r = live.admin.delete("/v1/jobs/web")
+    assert r.status_code == 202 and r.json()["deleting"] is True
+    assert live.admin.post("/v1/jobs/web/resize", json={"task_count": 1}).status_code == 409
+    wait_for(lambda: live.admin.get("/v1/jobs/web").status_code == 404)
+    assert live.cp.store.children("/scheduler/jobs") == []
+    assert live.admin.get("/v1/entitlements/web").json()["machines"] == 0
+
+
+def test_dry_run_shows_the_plan_and_changes_nothing(live):
+    entitlement(live)
+    plan = live.admin.post("/v1/jobs", params={"dry_run": "true"}, json=SPEC).json()
+    assert plan["action"] == "create" and plan["tasks_added"] == 6
+    assert plan["placement"]["placeable"] == 6
+    assert 1 <= plan["placement"]["machines_to_claim"] <= 6
+    assert live.cp.jobs.names() == []
+    live.admin.post("/v1/jobs", json=SPEC)
+    wait_for(lambda: settled(live.admin, "web"))
+    plan = live.admin.put("/v1/jobs/web", params={"dry_run": "true"},
+                          json={**SPEC, "command": "v2", "task_count": 8}).json()
+    assert plan["action"] == "update"
+    assert set(plan["changes"]) == {"command", "task_count"}
+    assert plan["changes"]["command"] == {"from": "serve", "to": "v2"}
+    assert plan["tasks_added"] == 2 and plan["tasks_updated"] == 6
+    assert len(live.cp.jobs.get("web").versions) == 1
+
+
+def test_an_acknowledged_create_is_stored_before_the_scheduler_sees_it(tmp_path):
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(region=REGION))
+    token = cp.bootstrap_admin()
+    with ApiServer(cp) as server:  # the loop is not running: nothing applies the create
+        cp.stop()
+        admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"})
+        admin.post("/v1/entitlements", json={"name": "web", "owner": "a",
+                                             "quota": {"machines": 5}})
+        assert admin.post("/v1/jobs", json=SPEC).status_code == 201
+        assert "web" not in cp.scheduler.jobs
+        job = admin.get("/v1/jobs/web").json()
+        assert job["applied_version"] == 0 and job["version"] == 1
+    cp.store.close()
+    # another process reading the same store sees the job
+    again = ControlPlane(store_for(tmp_path))
+    assert again.jobs.get("web").spec.task_count == 6
+    again.step()
+    assert "web" in again.scheduler.jobs
+    again.store.close()
+
+
+# -- machines, maintenance ------------------------------------------------------------------
+def test_a_failed_machine_moves_its_tasks_and_a_cordoned_one_takes_none(live):
+    entitlement(live, machines=24)
+    live.admin.post("/v1/jobs", json=SPEC)
+    wait_for(lambda: settled(live.admin, "web"))
+    before = {e["index"]: e["machine"] for e in
+              live.admin.get("/v1/discovery/web").json()["endpoints"]}
+    victim = before[0]
+    assert live.admin.post(f"/v1/machines/{victim}/fail").status_code == 200
+    assert live.admin.post(f"/v1/machines/{victim}/fail").status_code == 409
+
+    def moved():
+        now = {e["index"]: e["machine"] for e in
+               live.admin.get("/v1/discovery/web").json()["endpoints"]}
+        return len(now) == 6 and victim not in now.values()
+    wait_for(moved)
+    assert live.admin.get(f"/v1/machines/{victim}").json()["state"] == "failed"
+    assert live.admin.get("/v1/machines", params={"state": "failed"}).json()["total"] == 1
+    assert live.admin.post(f"/v1/machines/{victim}/repair").json()["ended"]
+    # cordon: nothing new lands there, what runs stays
+    on = before[1]
+    there = sorted(t["index"] for t in live.admin.get("/v1/jobs/web/tasks").json()["tasks"]
+                   if t["machine"] == on)
+    live.admin.post(f"/v1/machines/{on}/cordon")
+    assert live.admin.get(f"/v1/machines/{on}").json()["cordoned"] is True
+    live.admin.post("/v1/jobs/web/resize", json={"task_count": 12})
+    wait_for(lambda: settled(live.admin, "web"))
+    mine = [t for t in live.admin.get("/v1/jobs/web/tasks").json()["tasks"] if t["machine"] == on]
+    assert [t["index"] for t in mine] == there
+    live.admin.post(f"/v1/machines/{on}/uncordon")
+    assert live.admin.get(f"/v1/machines/{on}").json()["cordoned"] is False
+    # drain: the tasks move off before the deadline
+    r = live.admin.post(f"/v1/machines/{on}/drain", json={"deadline_seconds": 3600})
+    assert r.status_code == 200
+    wait_for(lambda: settled(live.admin, "web") and all(
+        t["machine"] != on for t in live.admin.get("/v1/jobs/web/tasks").json()["tasks"]))
+    assert any(e["kind"] == "maintenance" for e in live.admin.get("/v1/maintenance").json()[
+        "events"])
+    assert live.admin.post("/v1/machines/m9999999/fail").status_code == 404
+
+
+def test_scheduled_maintenance_is_listed(live):
+    r = live.admin.post("/v1/maintenance", json={"machines": ["m0000001", "m0000002"],
+                                                 "duration_seconds": 600,
+                                                 "start": live.cp.clock() + 3600})
+    assert r.status_code == 201
+    listed = live.admin.get("/v1/maintenance").json()["events"]
+    assert [e["machines"] for e in listed] == [["m0000001", "m0000002"]]
+    assert live.admin.get("/v1/machines/m0000001").json()["cordoned"] is True
+    bad = live.admin.post("/v1/maintenance", json={"machines": ["nope"],
+                                                   "duration_seconds": 5})
+    assert bad.status_code == 404
+
+
+# -- agents ---------------------------------------------------------------------------------
+def test_agents_join_with_the_join_token_and_act_only_for_their_machine(live):
+    join = live.admin.post("/v1/tokens", json={"role": "join", "name": "cluster"}).json()["token"]
+    r = live.client(join).post("/v1/agents/join", json={"machine": "m0000003"})
+    assert r.status_code == 201
+    machine = live.client(r.json()["token"])
+    assert machine.get("/v1/machines/m0000003/desired").json()["tasks"] == []
+    assert machine.get("/v1/machines/m0000004/desired").status_code == 403
+    assert machine.get("/v1/jobs").status_code == 403
+    assert live.client(join).get("/v1/jobs").status_code == 403
+    # only a join token joins
+    assert live.admin.post("/v1/agents/join", json={"machine": "m0000003"}).status_code == 403
+    assert live.client(join).post("/v1/agents/join", json={"machine": "zz"}).status_code == 404
+
+
+# -- events ---------------------------------------------------------------------------------
+def test_events_are_filtered_paged_and_kept_under_the_retention_limit(tmp_path):
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
+        region=REGION, tick_seconds=0.05, sim_agents=True, sim_start_seconds=0.2,
+        retention=Retention(max_count=20, max_age_seconds=3600)))
+    token = cp.bootstrap_admin()
+    with ApiServer(cp) as server:
+        admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"})
+        for i in range(30):
+            admin.post("/v1/entitlements", json={"name": f"e{i}", "owner": "o",
+                                                 "quota": {"machines": 1}})
+        wait_for(lambda: admin.get("/v1/events").json()["last_seq"] >= 31)
+        page = admin.get("/v1/events", params={"limit": 7}).json()
+        assert len(page["events"]) == 7 and page["next"] == page["events"][-1]["seq"]
+        rest = admin.get("/v1/events", params={"after": page["next"], "limit": 1000}).json()
+        seqs = [e["seq"] for e in page["events"] + rest["events"]]
+        assert seqs == sorted(seqs) and len(seqs) == 20 and seqs[-1] == rest["last_seq"]
+        assert rest["next"] is None
+        only = admin.get("/v1/events", params={"entitlement": "e29"}).json()["events"]
+        assert [e["kind"] for e in only] == ["entitlement_created"]
+        assert len(cp.store.children("/events/log")) == 20
+        assert admin.get("/v1/events", params={"limit": 0}).status_code == 422
+    cp.store.close()
+
+
+# -- restart --------------------------------------------------------------------------------
+def test_a_restarted_control_plane_has_every_job_task_and_token(tmp_path):
+    live = start_live(tmp_path)
+    entitlement(live)
+    live.admin.post("/v1/jobs", json=SPEC)
+    wait_for(lambda: settled(live.admin, "web"))
+    before = live.admin.get("/v1/jobs/web/tasks").json()["tasks"]
+    live.server.stop()
+    live.cp.store.close()
+
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(region=REGION, tick_seconds=0.05))
+    assert cp.bootstrap_admin() is None  # the admin token exists already
+    with ApiServer(cp) as server:
+        admin = httpx.Client(base_url=server.url,
+                             headers={"Authorization": f"Bearer {live.admin_token}"})
+        after = admin.get("/v1/jobs/web/tasks").json()["tasks"]
+        assert [(t["index"], t["machine"], t["version"]) for t in after] == [
+            (t["index"], t["machine"], t["version"]) for t in before]
+        assert admin.get("/v1/entitlements/web").json()["machines"] == len(
+            {t["machine"] for t in before})
+        assert len(admin.get("/v1/discovery/web").json()["endpoints"]) == 6
+    cp.store.close()
+
+
+@pytest.mark.parametrize("path", ["/openapi.json", "/docs"])
+def test_the_openapi_document_is_served(live, path):
+    r = live.client(None).get(path)
+    assert r.status_code == 200
+    if path == "/openapi.json":
+        paths = r.json()["paths"]
+        for p in ["/v1/entitlements", "/v1/jobs", "/v1/jobs/{name}/tasks", "/v1/machines",
+                  "/v1/maintenance", "/v1/events", "/v1/discovery/{job}", "/healthz"]:
+            assert p in paths
