@@ -1,0 +1,190 @@
+"""The client verbs through Typer's runner against a live API on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from plait.clientconfig import ClientConfig
+from plait.model import RegionSpec
+from plait.server.controlplane import ControlPlaneConfig
+from plait.server.serve import ApiServer, free_port, prepare
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+REGION = RegionSpec.sized(24, dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2)
+
+
+@pytest.fixture
+def plane(tmp_path, monkeypatch):
+    """A control plane started as `plait serve` would: first start writes the admin
+    token into the client configuration."""
+    config = tmp_path / "config.yaml"
+    monkeypatch.setenv("PLAIT_CONFIG", str(config))
+    monkeypatch.delenv("PLAIT_URL", raising=False)
+    monkeypatch.delenv("PLAIT_TOKEN", raising=False)
+    port = free_port()
+    started = prepare(tmp_path / "data", None, ControlPlaneConfig(
+        region=REGION, tick_seconds=0.05, sim_agents=True, sim_start_seconds=0.2),
+        port=port)
+    server = ApiServer(started.control_plane, port=port).start()
+    yield started
+    server.stop()
+    started.control_plane.store.close()
+
+
+def plait(*args: str, ok: bool = True):
+    from plait.cli.main import app
+
+    result = CliRunner().invoke(app, list(args))
+    if ok:
+        assert result.exit_code == 0, (args, result.output, result.exception)
+    return result
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_first_start_writes_a_private_client_configuration(plane):
+    assert plane.config_path is not None
+    mode = stat.S_IMODE(os.stat(plane.config_path).st_mode)
+    assert mode == 0o600
+    cfg = ClientConfig.load(plane.config_path)
+    assert cfg.current_context == "local"
+    assert cfg.contexts["local"].url == plane.url
+    assert cfg.contexts["local"].token == plane.admin_token
+    assert json.loads(plait("context", "list", "-o", "json").stdout)["current_context"] == \
+        "local"
+
+
+def test_deploy_a_yaml_job_follow_it_and_inspect_it(plane, tmp_path):
+    plait("entitlement", "create", str(EXAMPLES / "entitlements.yaml"))
+    ents = json.loads(plait("entitlement", "list", "-o", "json").stdout)["entitlements"]
+    assert [e["name"] for e in ents] == ["batch", "web"]
+
+    dry = plait("job", "deploy", str(EXAMPLES / "web.yaml"), "--dry-run")
+    assert "create job web: +6 tasks" in dry.stdout
+    assert plane.control_plane.jobs.names() == []  # a dry run changes nothing
+    res = plait("job", "deploy", str(EXAMPLES / "web.yaml"), "--wait", "--timeout", "60")
+    assert "version 1 stored (created)" in res.output
+    jobs = json.loads(plait("job", "list", "-o", "json").stdout)["jobs"]
+    assert [(j["name"], j["settled"], j["serving"]) for j in jobs] == [("web", True, 6)]
+    table = plait("job", "list").stdout
+    assert "web" in table and "settled" in table
+
+    # a new version: the plan diff names the changed field, then the rollout
+    text = (EXAMPLES / "web.yaml").read_text().replace("PYTHONUNBUFFERED: \"1\"",
+                                                       "PYTHONUNBUFFERED: \"1\", V: \"2\"")
+    v2 = write(tmp_path, "web-v2.yaml", text)
+    dry = plait("job", "deploy", str(v2), "--dry-run", "-o", "json")
+    plan = json.loads(dry.stdout)
+    assert plan["action"] == "update" and list(plan["changes"]) == ["env"]
+    plait("job", "deploy", str(v2), "--wait", "--timeout", "60")
+    show = json.loads(plait("job", "show", "web", "-o", "json").stdout)
+    assert show["version"] == 2 and show["settled"]
+    assert {t["version"] for t in show["task_list"]} == {2}
+    assert "web" in plait("job", "show", "web").stdout
+
+    plait("job", "resize", "web", "4", "--wait", "--timeout", "60")
+    assert len(json.loads(plait("task", "list", "web", "-o", "json").stdout)["tasks"]) == 4
+    plait("job", "rollback", "web", "1", "--wait", "--timeout", "60")
+    plait("task", "restart", "web", "0")
+    plait("job", "restart", "web", "--wait", "--timeout", "60")
+    history = json.loads(plait("job", "history", "web", "-o", "json").stdout)
+    assert [o["op"] for o in history["operations"]] == [
+        "create", "update", "resize", "rollback", "restart", "restart"]
+    endpoints = json.loads(plait("discover", "web", "-o", "json").stdout)["endpoints"]
+    assert sorted(e["index"] for e in endpoints) == list(range(6))
+    events = plait("events", "--job", "web", "-o", "json").stdout.splitlines()
+    assert any(json.loads(line)["kind"] == "created" for line in events)
+    plait("job", "delete", "web", "--wait", "--timeout", "60")
+    assert json.loads(plait("job", "list", "-o", "json").stdout)["jobs"] == []
+
+
+def test_machines_maintenance_and_tokens(plane):
+    machines = json.loads(plait("machine", "list", "--limit", "5", "-o", "json").stdout)
+    assert machines["total"] == 24 and len(machines["machines"]) == 5
+    plait("machine", "cordon", "m0000002")
+    assert json.loads(plait("machine", "show", "m0000002", "-o", "json").stdout)["cordoned"]
+    plait("machine", "uncordon", "m0000002")
+    plait("machine", "fail", "m0000003")
+    failed = json.loads(plait("machine", "list", "--state", "failed", "-o", "json").stdout)
+    assert [m["id"] for m in failed["machines"]] == ["m0000003"]
+    plait("machine", "repair", "m0000003")
+    plait("machine", "drain", "m0000004", "--deadline", "10m")
+    plait("maintenance", "schedule", "m0000005", "m0000006", "--start", "+1h",
+          "--duration", "30m", "--reason", "kernel")
+    listed = json.loads(plait("maintenance", "list", "-o", "json").stdout)["events"]
+    kinds = {e["reason"]: e for e in listed}
+    assert kinds["kernel"]["machines"] == ["m0000005", "m0000006"]
+    assert kinds["kernel"]["end"] - kinds["kernel"]["start"] == pytest.approx(1800)
+    assert "drain" in kinds
+
+    token = plait("token", "create", "--owner", "web-team").stdout.strip()
+    assert token.startswith("plait_")
+    tokens = json.loads(plait("token", "list", "-o", "json").stdout)["tokens"]
+    owner = next(t for t in tokens if t["name"] == "web-team")
+    # the owner's token works through PLAIT_TOKEN, and sees nothing of admin's
+    res = plait("--token", token, "machine", "list", ok=False)
+    assert res.exit_code == 4 and "admin only" in res.output
+    plait("token", "revoke", owner["id"])
+    res = plait("--token", token, "job", "list", ok=False)
+    assert res.exit_code == 4 and "revoked" in res.output
+
+
+def test_errors_are_one_line_with_an_exit_code(plane, tmp_path, monkeypatch):
+    res = plait("job", "show", "nope", ok=False)
+    assert res.exit_code == 1 and "job 'nope' not found" in res.output
+    bad = write(tmp_path, "bad.yaml", "name: web\nentitlement: web\ntask_count: -3\n"
+                                      "resources: {cpu: 1}\ncommand: x\n")
+    res = plait("job", "deploy", str(bad), ok=False)
+    assert res.exit_code == 2 and "task_count" in res.output
+    res = plait("job", "deploy", str(write(tmp_path, "x.yaml", "a: [b")), ok=False)
+    assert res.exit_code == 2 and "not valid YAML" in res.output
+    res = plait("job", "deploy", str(tmp_path / "missing.yaml"), ok=False)
+    assert res.exit_code == 2 and "cannot read" in res.output
+    res = plait("job", "list", "-o", "xml", ok=False)
+    assert res.exit_code == 2 and "--output" in res.output
+    monkeypatch.setenv("PLAIT_TOKEN", "plait_0000_wrong")
+    res = plait("job", "list", ok=False)
+    assert res.exit_code == 4 and "unknown token" in res.output
+    monkeypatch.delenv("PLAIT_TOKEN")
+    res = plait("--url", f"http://127.0.0.1:{free_port()}", "job", "list", ok=False)
+    assert res.exit_code == 3 and "cannot reach the API" in res.output
+    res = plait("--context", "nowhere", "job", "list", ok=False)
+    assert res.exit_code == 2 and "no context 'nowhere'" in res.output
+
+
+def test_named_contexts_and_environment_overrides(plane, monkeypatch):
+    plait("context", "set", "other", "--url", "http://127.0.0.1:1", "--token", "plait_x_y")
+    assert ClientConfig.load().current_context == "local"  # set does not switch
+    plait("context", "use", "other")
+    assert plait("job", "list", ok=False).exit_code == 3  # the other context's URL
+    monkeypatch.setenv("PLAIT_URL", plane.url)
+    monkeypatch.setenv("PLAIT_TOKEN", plane.admin_token)
+    plait("job", "list")  # the environment overrides the context
+    monkeypatch.delenv("PLAIT_URL")
+    monkeypatch.delenv("PLAIT_TOKEN")
+    plait("--context", "local", "job", "list")
+    plait("context", "use", "local")
+
+
+def test_wait_reports_a_halted_rollout(plane, tmp_path):
+    plait("entitlement", "create", "--name", "web", "--owner", "o", "--machines", "12")
+    spec = ("name: bad\nentitlement: web\ntask_count: 3\nresources: {{cpu: 1}}\n"
+            "command: {cmd}\nupdate: {{max_unavailable: 1, halt_after_failures: 1}}\n")
+    plait("job", "deploy", str(write(tmp_path, "ok.yaml", spec.format(cmd="serve"))),
+          "--wait", "--timeout", "60")
+    start = time.monotonic()
+    res = plait("job", "deploy", str(write(tmp_path, "bad.yaml", spec.format(cmd="crash"))),
+                "--wait", "--timeout", "60", ok=False)
+    assert res.exit_code == 1 and "halted" in res.output, res.output
+    assert time.monotonic() - start < 60  # it stopped at the halt, not at the timeout
