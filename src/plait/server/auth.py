@@ -22,6 +22,8 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from plait.errors import Conflict, NotFound, ValidationError
@@ -73,10 +75,14 @@ def _hash(secret: str) -> str:
 
 
 class TokenStore:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, cache_seconds: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.ns = Namespace(store, "/auth")
-        #: token id -> (record version, info, hash): verified requests read no store
-        self._cache: dict[str, tuple[TokenInfo, str]] = {}
+        #: token id -> (info, hash, read at): most requests read no store; a token
+        #: revoked by another process is refused within ``cache_seconds``
+        self._cache: dict[str, tuple[TokenInfo, str, float]] = {}
+        self.cache_seconds = cache_seconds
+        self._clock = clock
 
     def create(self, role: Role | str, name: str, now: float,
                description: str = "") -> tuple[TokenInfo, str]:
@@ -112,14 +118,17 @@ class TokenStore:
             raise AuthError(401, "malformed token (expected plait_<id>_<secret>)")
         token_id, secret = token[len(PREFIX):].split("_", 1)
         cached = self._cache.get(token_id)
-        if cached is None:
+        now = self._clock()
+        if cached is None or now - cached[2] > self.cache_seconds:
             try:
                 info, digest, _ = self._read(token_id)
             except (NotFound, ValueError):
                 raise AuthError(401, "unknown token") from None
-            self._cache[token_id] = (info, digest)
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[token_id] = (info, digest, now)
         else:
-            info, digest = cached
+            info, digest, _ = cached
         if not hmac.compare_digest(digest, _hash(secret)):
             raise AuthError(401, "wrong token secret")
         if info.revoked:
