@@ -83,6 +83,35 @@ def bench_scheduler(
                                    sim_seconds=sim_seconds, repeat=repeat, seed=seed)))
 
 
+@bench_app.command("api")
+def bench_api(
+    rate: Annotated[float, typer.Option(min=0.001, help="offered job creates per second "
+                                                        "(open loop)")] = 200.0,
+    seconds: Annotated[float, typer.Option(min=0.001, help="measured seconds of the "
+                                                           "base run")] = 20.0,
+    connections: Annotated[int, typer.Option(min=1, help="HTTP connections at most")] = 50,
+    machines: Annotated[int, typer.Option(min=1, help="machines of the served region")] = 2000,
+    search: Annotated[bool, typer.Option(help="search for the highest rate with p99 <= 1 s "
+                                              "and no errors")] = True,
+    max_rate: Annotated[float, typer.Option(min=0.001, help="highest rate searched")] = 6400.0,
+    step_seconds: Annotated[float, typer.Option(min=0.001, help="measured seconds of a "
+                                                                "search step")] = 5.0,
+    search_budget: Annotated[float, typer.Option(min=0, help="seconds the search may "
+                                                             "take")] = 240.0,
+) -> None:
+    """Durable job creates per second through the REST API of a `plait serve` process,
+    under an open-loop load from another process (one JSON object on stdout)."""
+    from plait.bench import api
+
+    try:
+        result = api.run(rate=rate, seconds=seconds, connections=connections,
+                         machines=machines, sustained_search=search, max_rate=max_rate,
+                         step_seconds=step_seconds, search_budget_seconds=search_budget)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    print(json.dumps(result))
+
+
 @region_app.command("describe")
 def region_describe(
     machines: Annotated[int, typer.Option(min=1)] = 100_000,
@@ -121,14 +150,16 @@ def demo(
     machines: Annotated[int, typer.Option(min=100)] = 100_000,
     jobs: Annotated[int, typer.Option(min=1)] = 2_000,
 ) -> None:
-    """Generate a region, walk through entitlements growing and shrinking (the paper's
-    Figure 7), run the allocator benchmark, then a simulated rolling update."""
+    """Run a control plane on this box and drive it with the CLI (deploy, rolling
+    update, a machine failure), then walk through entitlements growing and shrinking
+    (the paper's Figure 7), run the allocator benchmark and a simulated rollout."""
     from plait.allocator import AllocationRequest, Allocator, MachineIndex
     from plait.bench import allocator as bench
     from plait.broker import Region
     from plait.model import Entitlement, Quota, RegionSpec, Resources, generate
 
     out = Console()
+    control_plane_demo(out)
     fleet = generate(RegionSpec.sized(machines))
     region = Region(fleet)
     index = MachineIndex(fleet, region)
@@ -171,6 +202,64 @@ def demo(
              "machines failing halfway")
     sim_rollout(tasks=30, machines=60, controller="one-at-a-time", max_unavailable="10%",
                 fail=2, crash=False, limit=3600, as_json=False)
+
+
+def control_plane_demo(out: Console) -> None:
+    """A control plane on this box (API, SQLite store, scheduler, allocator, brokers,
+    simulated agents), driven through the CLI's own verbs."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from plait.model import RegionSpec
+    from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+    from plait.server.serve import ApiServer, store_for
+
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    if not (examples / "web.yaml").exists():
+        out.print("(examples/ not found: skipping the control-plane walkthrough)")
+        return
+
+    def run(*args: str) -> None:
+        out.print(f"[bold cyan]$ plait {' '.join(args)}")
+        code = app(list(args), standalone_mode=False)
+        if code not in (None, 0):
+            raise typer.Exit(code)
+
+    with tempfile.TemporaryDirectory() as data:
+        cp = ControlPlane(store_for(data), ControlPlaneConfig(
+            region=RegionSpec.sized(48, dcs=2, msbs_per_dc=3, rows_per_msb=1,
+                                    racks_per_row=2),
+            tick_seconds=0.1, sim_agents=True, sim_start_seconds=0.5))
+        token = cp.bootstrap_admin()
+        saved = {k: os.environ.get(k) for k in ("PLAIT_URL", "PLAIT_TOKEN")}
+        with ApiServer(cp) as server:
+            out.rule(f"[bold]a control plane on {server.url}: 48 machines, simulated agents")
+            os.environ["PLAIT_URL"], os.environ["PLAIT_TOKEN"] = server.url, token or ""
+            try:
+                run("entitlement", "create", str(examples / "entitlements.yaml"))
+                run("job", "deploy", str(examples / "web.yaml"), "--dry-run")
+                run("job", "deploy", str(examples / "web.yaml"), "--wait", "--timeout", "120")
+                run("discover", "web")
+                v2 = Path(data) / "web-v2.yaml"
+                v2.write_text((examples / "web.yaml").read_text().replace(
+                    'PYTHONUNBUFFERED: "1"', 'PYTHONUNBUFFERED: "1", RELEASE: "2"'))
+                run("job", "deploy", str(v2), "--dry-run")
+                run("job", "deploy", str(v2), "--wait", "--timeout", "120")
+                victim = cp.discovery("web")[0]["machine"]
+                run("machine", "fail", victim)
+                time.sleep(0.5)
+                run("job", "update", str(v2), "--wait", "--timeout", "120")
+                run("task", "list", "web")
+                run("job", "history", "web")
+                run("events", "--job", "web", "--limit", "12")
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        cp.store.close()
 
 
 admin_app = typer.Typer(help="Operations on the control plane's store.", no_args_is_help=True)

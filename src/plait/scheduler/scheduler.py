@@ -489,6 +489,8 @@ class Scheduler:
             job.dirty = True
             self.counters["tasks_lost"] += 1
             self._cancel_pending(job, rec.index)
+            where = self.fleet.name(rec.machine) if rec.machine is not None else "?"
+            self._event(now, job.name, "task_lost", f"task {rec.index}: machine {where} is down")
 
     def _maintenance(self, now: float) -> dict[int, tuple[str, float]]:
         """Stop what still runs at a maintenance deadline; bring parked tasks back when
