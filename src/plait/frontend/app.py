@@ -18,6 +18,7 @@ import pydantic
 from fastapi import Body, Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from plait import __version__
 from plait.errors import Conflict, NotFound, PlaitError, TransientError, ValidationError
@@ -90,6 +91,32 @@ class Report(pydantic.BaseModel):
     tasks: list[StatusIn] = pydantic.Field(default_factory=list, max_length=10_000)
 
 
+class ErrorBody(pydantic.BaseModel):
+    """The body of every error response."""
+
+    error: str = pydantic.Field(description="the kind: unauthorized, forbidden, not_found, "
+                                "conflict, too_large, invalid, rejected, unavailable")
+    message: str
+    field: str | None = pydantic.Field(default=None, description="the offending field, for "
+                                       "invalid (a dotted path)")
+
+
+#: the error responses, documented on every operation
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "Refused by the control plane"},
+    401: {"model": ErrorBody, "description": "No valid bearer token"},
+    403: {"model": ErrorBody, "description": "Outside the token's rights"},
+    404: {"model": ErrorBody, "description": "No such object (or path)"},
+    409: {"model": ErrorBody, "description": "Conflicts with the current state"},
+    413: {"model": ErrorBody, "description": f"Request body over {MAX_BODY} bytes"},
+    422: {"model": ErrorBody, "description": "Malformed request; the field is named"},
+    503: {"model": ErrorBody, "description": "Store unavailable; retry after Retry-After"},
+}
+
+_HTTP_KINDS = {400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 413: "too_large"}
+
+
 def _error(status: int, kind: str, message: str, field: str | None = None,
            headers: dict[str, str] | None = None) -> JSONResponse:
     body: dict[str, Any] = {"error": kind, "message": message}
@@ -117,7 +144,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
         if run_loop:
             cp.stop()
 
-    app = FastAPI(title="plait", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="plait", version=__version__, lifespan=lifespan, responses=ERRORS,
                   description="The plait control plane: entitlements, jobs, tasks, machines, "
                               "maintenance, events and service discovery.")
 
@@ -149,10 +176,25 @@ def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
     async def _plait(request: Request, exc: PlaitError) -> JSONResponse:
         return _error(400, "rejected", str(exc))
 
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        """The framework's own errors (unknown path, wrong method, unreadable body) in
+        the same shape as ours."""
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            # not even text (FastAPI reads JSON errors as 422 already)
+            return _error(422, "invalid", "the request body is not valid JSON (UTF-8)")
+        kind = _HTTP_KINDS.get(exc.status_code, "error")
+        return _error(exc.status_code, kind, str(exc.detail),
+                      headers=dict(exc.headers) if exc.headers else None)
+
     @app.exception_handler(RequestValidationError)
     async def _malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            reason = first.get("ctx", {}).get("error", "JSON decode error")
+            return _error(422, "invalid", f"the request body is not valid JSON: {reason} "
+                                          f"(at character {first['loc'][-1]})")
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         field = ".".join(loc)
         message = f"{field}: {first.get('msg', 'invalid')}" if field else str(
@@ -226,7 +268,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
         return {"ok": True, "version": __version__, "steps": cp.steps}
 
     # -- entitlements ----------------------------------------------------------------------
-    @app.post("/v1/entitlements", tags=["entitlements"], status_code=201)
+    @app.post("/v1/entitlements", tags=["entitlements"], status_code=201,
+              responses={200: {"description": "An existing entitlement, changed or the same"}})
     def create_entitlement(ent: Entitlement, who: Admin, response: Response) -> dict[str, Any]:
         """Create an entitlement, or change its quota and settings (admin)."""
         if not cp.define_entitlement(ent):
@@ -253,7 +296,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
             body["created"] = created
         return body
 
-    @app.post("/v1/jobs", tags=["jobs"], status_code=201)
+    @app.post("/v1/jobs", tags=["jobs"], status_code=201,
+              responses={200: {"description": "The same spec again, or a dry run's plan"}})
     def create_job(spec: JobSpec, who: User, request: Request, response: Response,
                    dry_run: bool = False) -> dict[str, Any]:
         """Create a job from a spec. Acknowledged once stored; tasks are placed

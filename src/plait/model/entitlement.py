@@ -30,7 +30,8 @@ class Quota(Value):
     """A count of machines, or an amount of RRU; exactly one of the two."""
 
     machines: int | None = pydantic.Field(default=None, ge=0)
-    rru: float | None = pydantic.Field(default=None, ge=0)
+    #: bounded so that the allocator's milli-RRU stay inside 64-bit integers
+    rru: float | None = pydantic.Field(default=None, ge=0, le=1e12)
 
     @pydantic.model_validator(mode="after")
     def _exactly_one(self) -> Quota:

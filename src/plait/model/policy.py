@@ -77,8 +77,9 @@ class Requirements(Value):
     attributes: Mapping[str, str] = pydantic.Field(default_factory=dict)
     #: pin to one data center.
     dc: str | None = None
-    #: at most this many of the job's tasks on one machine (anti-affinity).
-    max_tasks_per_machine: int | None = pydantic.Field(default=None, ge=1)
+    #: at most this many of the job's tasks on one machine (anti-affinity); at most a
+    #: job's largest task count.
+    max_tasks_per_machine: int | None = pydantic.Field(default=None, ge=1, le=100_000)
 
     @pydantic.field_validator("attributes")
     @classmethod

@@ -14,12 +14,16 @@ from plait.model.base import Value
 
 CPU_UNITS_PER_RRU = 1000
 MB_PER_GB = 1024
+#: the largest amount of one resource (RRU or GB): far beyond any machine (whose units
+#: the index holds in 32 bits), yet small enough that a task's units, and the sum over
+#: a job's tasks, stay well inside 64-bit integers
+MAX_AMOUNT = 1e9
 
 
 class Resources(Value):
-    cpu: float = pydantic.Field(ge=0, description="CPU in RRU")
-    memory_gb: float = pydantic.Field(default=0.0, ge=0)
-    disk_gb: float = pydantic.Field(default=0.0, ge=0)
+    cpu: float = pydantic.Field(ge=0, le=MAX_AMOUNT, description="CPU in RRU")
+    memory_gb: float = pydantic.Field(default=0.0, ge=0, le=MAX_AMOUNT)
+    disk_gb: float = pydantic.Field(default=0.0, ge=0, le=MAX_AMOUNT)
 
     def to_units(self) -> tuple[int, int, int]:
         """(milli-RRU, memory MB, disk MB), the allocator index's integer units."""
