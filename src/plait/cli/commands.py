@@ -417,7 +417,8 @@ def job_show(name: str, output: Output = "table") -> None:
                   "states": ", ".join(f"{k} {v}" for k, v in sorted(d["tasks"].items())),
                   "serving": d["serving"], "unavailable": d["unavailable"],
                   "command": " ".join([d["spec"]["command"], *d["spec"]["args"]]),
-                  "halted": d["halted"] or "-", "unplaced": d["unplaced_reason"] or "-"},
+                  "halted": d["halted"] or "-", "unplaced": d["unplaced_reason"] or "-",
+                  "error": d.get("error") or "-"},
                  f"job {name}")
         _task_rows(d["task_list"])
         for e in d["recent_events"]:

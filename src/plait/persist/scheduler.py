@@ -27,6 +27,7 @@ from typing import Any
 
 from plait.errors import Conflict, NotFound, PlaitError, ValidationError
 from plait.model import JobSpec, parse
+from plait.model.entitlement import NAME_RE
 from plait.model.task import TaskState
 from plait.scheduler import Scheduler
 from plait.scheduler.records import JobRecord, TaskRecord
@@ -94,6 +95,8 @@ class JobStore:
         return self._read(name)[0]
 
     def _read(self, name: str) -> tuple[JobDoc, int]:
+        if not NAME_RE.match(name):
+            raise NotFound("job", name)  # no stored job has such a name
         try:
             value, version = self.ns.get(f"/jobs/{name}")
         except NotFound:
@@ -219,9 +222,11 @@ class PersistentScheduler:
         for name in self.jobs.names() if names is None else names:
             try:
                 doc = self.jobs.get(name)
+                errors.extend(self._apply(doc, now))
             except NotFound:
                 continue
-            errors.extend(self._apply(doc, now))
+            except Exception as exc:  # a record that cannot apply must not stall the rest
+                errors.append(f"job {name}: {type(exc).__name__}: {exc}")
         return errors
 
     def _apply(self, doc: JobDoc, now: float) -> Iterator[str]:

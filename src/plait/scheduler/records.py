@@ -114,6 +114,8 @@ class JobRecord:
     deleting: bool = False
     op_counter: int = 0
     unplaced_reason: str | None = None
+    #: why the last reconcile of this job failed, if it did
+    error: str | None = None
     notices: tuple[str, ...] = ()
     #: indices of tasks with an operation in progress
     in_progress: set[int] = field(default_factory=set)

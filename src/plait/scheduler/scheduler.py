@@ -100,7 +100,7 @@ class Scheduler:
         self.counters: dict[str, int] = {
             "ops_started": 0, "ops_completed": 0, "throttled": 0, "deadline_stops": 0,
             "failure_deadline_moves": 0, "controller_errors": 0, "controller_calls": 0,
-            "tasks_lost": 0,
+            "tasks_lost": 0, "reconcile_errors": 0,
         }
         #: machines whose desired set changed since the shell last looked
         self.touched: set[int] = set()
@@ -551,7 +551,16 @@ class Scheduler:
         notice = self._maintenance(now)
         for name in sorted(self.jobs):
             job = self.jobs[name]
-            self._reconcile(job, notice, now)
+            try:
+                self._reconcile(job, notice, now)
+            except Exception as exc:  # one job's failure must not stall the region
+                self.counters["reconcile_errors"] += 1
+                error = f"{type(exc).__name__}: {exc}"
+                if error != job.error:
+                    job.error = error
+                    self._event(now, name, "reconcile_failed", error)
+                continue
+            job.error = None
             if job.deleting and not job.tasks:
                 del self.jobs[name]
                 self.allocator.cache.drop(name)

@@ -94,6 +94,7 @@ class ControlPlane:
                              crash=a.spec.command == "crash", crash_after=start)
         self.sim = Simulation(self.fleet, behaviour, scheduler=self.scheduler, now=now) \
             if config.sim_agents else None
+        self._sync_errors: set[str] = set()
         self._pending: list[EventTuple] = []
         self._pending_lock = threading.Lock()
         self._inbox: set[str] = set()
@@ -110,7 +111,9 @@ class ControlPlane:
             now = self.clock()
             names = self._take_inbox()
             for error in self.persist.sync(now, names):
-                self.record("scheduler", "operation_failed", error)
+                if error not in self._sync_errors:  # once, not on every pass
+                    self._sync_errors.add(error)
+                    self.record("scheduler", "operation_failed", error)
             if self.sim is not None:
                 self.sim.step(now)
             else:
@@ -277,6 +280,7 @@ class ControlPlane:
                 "updated": updated, "halted": job.halted if job else None,
                 "rollout_active": bool(job and job.rollout_active),
                 "unplaced_reason": job.unplaced_reason if job else None,
+                "error": job.error if job else None,
                 "unavailable": self.scheduler.unavailable(job) if job else doc.spec.task_count,
                 "settled": bool(job and job.target == len(doc.versions) and not doc.deleting
                                 and updated == doc.spec.task_count
