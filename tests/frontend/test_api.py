@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from livecp import REGION, start_live, wait_for
 
-from conftest import REGION, start_live, wait_for
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.events import Retention
 from plait.server.serve import ApiServer, store_for

@@ -24,9 +24,9 @@ import hypothesis.strategies as st
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from livecp import REGION, Live, wait_for
 from schemathesis import GenerationMode
 
-from conftest import REGION, Live, wait_for
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.store.backup import backup, restore
 from plait.store.sqlite import SqliteStore

@@ -3,33 +3,15 @@ and ZooKeeper 3.8 (Debian's package) started standalone on 127.0.0.1 for the run
 
 import os
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from zkutil import ZK_SERVER, _free_port, wait_until
 
 from plait.store import SqliteStore
-
-ZK_SERVER = "/usr/share/zookeeper/bin/zkServer.sh"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 15.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,7 @@ import socket
 import subprocess
 
 import pytest
-
-from conftest import ZK_SERVER, _free_port, wait_until  # type: ignore[import-not-found]
+from zkutil import ZK_SERVER, _free_port, wait_until
 
 
 def _mode(port: int) -> str:

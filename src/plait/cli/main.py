@@ -98,6 +98,9 @@ def bench_api(
                                                                 "search step")] = 5.0,
     search_budget: Annotated[float, typer.Option(min=0, help="seconds the search may "
                                                              "take")] = 240.0,
+    min_achieved_ratio: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="a sustained rate must also be answered at this share of "
+                               "the offered rate (0: p99 and errors only)")] = 0.9,
 ) -> None:
     """Durable job creates per second through the REST API of a `plait serve` process,
     under an open-loop load from another process (one JSON object on stdout)."""
@@ -106,7 +109,8 @@ def bench_api(
     try:
         result = api.run(rate=rate, seconds=seconds, connections=connections,
                          machines=machines, sustained_search=search, max_rate=max_rate,
-                         step_seconds=step_seconds, search_budget_seconds=search_budget)
+                         step_seconds=step_seconds, search_budget_seconds=search_budget,
+                         min_achieved_ratio=min_achieved_ratio)
     except PlaitError as exc:
         raise _refuse(exc) from None
     print(json.dumps(result))

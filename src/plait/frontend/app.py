@@ -11,14 +11,15 @@ applies it asynchronously, and its progress shows in the job's status and events
 """
 
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import pydantic
 from fastapi import Body, Depends, FastAPI, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plait import __version__
 from plait.errors import Conflict, NotFound, PlaitError, TransientError, ValidationError
@@ -125,6 +126,53 @@ def _error(status: int, kind: str, message: str, field: str | None = None,
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """Refuse bodies over ``MAX_BODY`` with a 413, by their Content-Length or, for a
+    chunked body, as soon as the bytes read pass the limit (plain ASGI: cheaper than
+    an HTTP middleware on every request)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = _error(413, "too_large", f"request body over {MAX_BODY} bytes")
+        size = dict(scope["headers"]).get(b"content-length")
+        if size is not None:
+            if not size.isdigit() or int(size) > MAX_BODY:
+                await too_large(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        seen = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > MAX_BODY:
+                raise _TooLarge
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited, tracked)
+        except _TooLarge:
+            if not started:
+                await too_large(scope, receive, send)
+
+
 def _event(e: Event) -> dict[str, Any]:
     return {"seq": e.seq, "time": e.time, "source": e.source, "kind": e.kind,
             "message": e.message, "job": e.job, "entitlement": e.entitlement,
@@ -201,13 +249,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
             first.get("msg", "invalid request"))
         return _error(422, "invalid", message, field)
 
-    @app.middleware("http")
-    async def _limit(request: Request,
-                     call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        size = request.headers.get("content-length")
-        if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
-            return _error(413, "too_large", f"request body over {MAX_BODY} bytes")
-        return await call_next(request)
+    app.add_middleware(BodyLimit)
 
     # -- authentication and authorization --------------------------------------------------
     def refuse(request: Request, status: int, reason: str) -> AuthError:
@@ -215,13 +257,16 @@ def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
                   f"{request.method} {request.url.path}: {reason}")
         return AuthError(status, reason)
 
-    def principal(request: Request) -> Principal:
+    async def principal(request: Request) -> Principal:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise refuse(request, 401, "missing bearer token (Authorization: Bearer <token>)")
         try:
-            who = cp.tokens.verify(token.strip())
+            # the cached record needs no store read; otherwise read it off the event loop
+            who = cp.tokens.verify_cached(token.strip())
+            if who is None:
+                who = await run_in_threadpool(cp.tokens.verify, token.strip())
         except AuthError as exc:
             raise refuse(request, 401, exc.reason) from None
         request.state.principal = who
@@ -229,14 +274,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
 
     Who = Annotated[Principal, Depends(principal)]
 
-    def admin(request: Request, who: Who) -> Principal:
+    async def admin(request: Request, who: Who) -> Principal:
         if who.role is not Role.ADMIN:
             raise refuse(request, 403, f"{who} may not do this (admin only)")
         return who
 
     Admin = Annotated[Principal, Depends(admin)]
 
-    def user(request: Request, who: Who) -> Principal:
+    async def user(request: Request, who: Who) -> Principal:
         if who.role not in (Role.ADMIN, Role.OWNER):
             raise refuse(request, 403, f"{who} may not do this (admin or owner tokens only)")
         return who

@@ -13,12 +13,13 @@ the job placements come back and their resources are taken again on the index.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from plait.allocator import AllocationResult, Allocator, JobState, MachineIndex, Plan
 from plait.errors import NotFound
 from plait.model import Entitlement, parse
-from plait.store.protocol import Namespace, Store
+from plait.store.protocol import Namespace, Store, Transaction
 
 SCHEMA = 1
 
@@ -28,6 +29,8 @@ class PersistentAllocator(Allocator):
         super().__init__(index, max_attempts)
         self.ns = Namespace(store, "/allocator")
         self._stored: dict[str, int] = {}
+        #: jobs whose placement changed and is not written yet (None: written at once)
+        self.deferred: set[str] | None = None
 
     def _put(self, key: str, data: bytes) -> None:
         seen = self._stored.get(key)
@@ -55,21 +58,65 @@ class PersistentAllocator(Allocator):
 
     def commit(self, plan: Plan, attempt: int = 1) -> AllocationResult:
         result = super().commit(plan, attempt)
-        self._save(plan.request.job)
+        if self.deferred is None:
+            self._save(plan.request.job)
+        else:
+            self.deferred.add(plan.request.job)
         return result
 
-    def _save(self, job: str) -> None:
+    def defer(self) -> None:
+        """Stop writing each job's placement at its commit; ``flush_into`` adds the
+        placements changed since the last flush to the caller's transaction (the
+        control plane writes them with the scheduler's state, in one commit)."""
+        self.deferred = set()
+
+    def flush_into(self, txn: Transaction) -> Callable[[], None]:
+        """Add the changed placements to ``txn`` (full keys); returns what to call
+        once ``txn`` is committed."""
+        done: list[tuple[str, int | None]] = []
+        for job in sorted(self.deferred or ()):
+            key = f"/jobs/{job}"
+            data = self._record(job)
+            seen = self._stored.get(key)
+            if data is None:
+                if seen is not None:
+                    txn.delete(self.ns.prefix + key, seen)
+                    done.append((key, None))
+                continue
+            if seen is None:
+                txn.create(self.ns.prefix + key, data)
+                done.append((key, 0))
+            else:
+                txn.set(self.ns.prefix + key, data, seen)
+                done.append((key, seen + 1))
+
+        def committed() -> None:
+            for key, version in done:
+                if version is None:
+                    self._stored.pop(key, None)
+                else:
+                    self._stored[key] = version
+            if self.deferred is not None:
+                self.deferred.clear()
+        return committed
+
+    def _record(self, job: str) -> bytes | None:
         state = self.jobs.get(job)
-        key = f"/jobs/{job}"
         if state is None:
-            self._drop(key)
-            return
+            return None
         names = self.region.entitlements.names
         fleet = self.index.fleet
         tasks = {str(t): [fleet.name(m), *state.units[t], names[state.ents[t]]]
                  for t, m in state.placement.items()}
-        self._put(key, json.dumps({"schema": SCHEMA, "entitlement": names[state.entitlement],
-                                   "tasks": tasks}, sort_keys=True).encode())
+        return json.dumps({"schema": SCHEMA, "entitlement": names[state.entitlement],
+                           "tasks": tasks}, sort_keys=True).encode()
+
+    def _save(self, job: str) -> None:
+        data = self._record(job)
+        if data is None:
+            self._drop(f"/jobs/{job}")
+        else:
+            self._put(f"/jobs/{job}", data)
 
     @classmethod
     def load(cls, index: MachineIndex, store: Store) -> PersistentAllocator:

@@ -29,6 +29,7 @@ from plait.errors import Conflict, NotFound, PlaitError, ValidationError
 from plait.model import JobSpec, parse
 from plait.model.entitlement import NAME_RE
 from plait.model.task import TaskState
+from plait.persist.allocator import PersistentAllocator
 from plait.scheduler import Scheduler
 from plait.scheduler.records import JobRecord, TaskRecord
 from plait.store.protocol import Namespace, Store, Transaction
@@ -213,6 +214,8 @@ class PersistentScheduler:
         self.applied: dict[str, int] = {}
         #: per job: (stored version, bytes) of its state record
         self._saved: dict[str, tuple[int, bytes]] = {}
+        #: from now on the scheduler tells which jobs changed (the first save writes all)
+        scheduler.changed_jobs = set(scheduler.jobs)
 
     # -- stored operations -> scheduler ----------------------------------------------------
     def sync(self, now: float, names: list[str] | None = None) -> list[str]:
@@ -291,36 +294,51 @@ class PersistentScheduler:
             "tasks": tasks,
         }, sort_keys=True).encode()
 
-    def save(self) -> int:
-        """Write the state of every job that changed, and drop the records of jobs whose
-        deletion finished, in one transaction. Returns the records written."""
+    def save(self, allocator: PersistentAllocator | None = None) -> int:
+        """Write the state of every job that changed, drop the records of jobs whose
+        deletion finished, and (given a deferring allocator) write the placements
+        that changed, all in one transaction. Returns the job records written."""
         sched = self.scheduler
+        changed = sched.changed_jobs
+        sched.changed_jobs = set()
+        names = sched.jobs.keys() if changed is None else changed
         txn = Transaction()
+        p = self.ns.prefix
         pending: dict[str, bytes | None] = {}
-        for name, job in sched.jobs.items():
+        for name in sorted(names):
+            job = sched.jobs.get(name)
+            if job is None:
+                continue
             data = self.snapshot(job)
             saved = self._saved.get(name)
             if saved is not None and saved[1] == data:
                 continue
             if saved is None:
-                txn.create(f"/state/{name}", data)
+                txn.create(f"{p}/state/{name}", data)
             else:
-                txn.set(f"/state/{name}", data, saved[0])
+                txn.set(f"{p}/state/{name}", data, saved[0])
             pending[name] = data
         for name in [n for n in self.applied if n not in sched.jobs]:
             # the deletion finished: both records go
             saved = self._saved.get(name)
             if saved is not None:
-                txn.delete(f"/state/{name}", saved[0])
+                txn.delete(f"{p}/state/{name}", saved[0])
             try:
                 _, version = self.ns.get(f"/jobs/{name}")
-                txn.delete(f"/jobs/{name}", version)
+                txn.delete(f"{p}/jobs/{name}", version)
             except NotFound:
                 pass
             pending[name] = None
+        placed = allocator.flush_into(txn) if allocator is not None else None
         if not txn.ops:
             return 0
-        self.ns.commit(txn)
+        try:
+            self.ns.store.commit(txn)
+        except BaseException:
+            sched.changed_jobs |= set(pending)  # try again on the next pass
+            raise
+        if placed is not None:
+            placed()
         for name, written in pending.items():
             if written is None:
                 self._saved.pop(name, None)

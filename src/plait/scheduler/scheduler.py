@@ -104,6 +104,9 @@ class Scheduler:
         }
         #: machines whose desired set changed since the shell last looked
         self.touched: set[int] = set()
+        #: when a set (the shell that persists the scheduler sets it): the jobs whose
+        #: records may have changed since the shell last emptied it
+        self.changed_jobs: set[str] | None = None
         self._changes: list[BrokerChange] = []
         self._parked: dict[str, set[TaskRef]] = {}
         self.region.subscribe(self._changes.append)
@@ -217,6 +220,7 @@ class Scheduler:
         if job.name in self.jobs:
             raise Conflict(f"job {job.name}", "absent", "exists")
         self.jobs[job.name] = job
+        self._mark(job.name)
         wanted = set(desired)
         for rec in job.tasks.values():
             if rec.op is not None:
@@ -266,7 +270,22 @@ class Scheduler:
             raise NotFound("task", f"{job.name}/{index}")
         return rec
 
+    def _mark(self, job: str) -> None:
+        if self.changed_jobs is not None:
+            self.changed_jobs.add(job)
+
+    def _quiet(self, job: JobRecord) -> bool:
+        """Nothing under way: every task runs the target, serving, with nothing
+        offered or acked; such a job changes only through an outside input."""
+        if job.offers or job.acked or job.in_progress or job.lost or job.deleting or (
+                len(job.tasks) != job.spec.task_count):
+            return False
+        running = TaskState.RUNNING
+        return all(r.state is running and r.serving and r.op is None
+                   for r in job.tasks.values())
+
     def _event(self, now: float, job: str, kind: str, message: str) -> None:
+        self._mark(job)
         self.events.append(SchedulerEvent(now, job, kind, message))
         if len(self.events) > self.config.event_limit:
             del self.events[: len(self.events) - self.config.event_limit]
@@ -284,6 +303,10 @@ class Scheduler:
             if job is None or rec is None or rec.machine != m:
                 continue  # a stale copy; the agent stops it (not in its desired set)
             seen.add(ref)
+            if self.changed_jobs is not None and st.job not in self.changed_jobs and (
+                    st.phase is not Phase.RUNNING or rec.state is not TaskState.RUNNING
+                    or st.healthy != rec.healthy or not rec.serving):
+                self.changed_jobs.add(st.job)
             if st.phase is Phase.STOPPED:
                 self._stopped(job, rec, now)
             elif st.revision != job.revision(rec.spec_version):
@@ -305,6 +328,7 @@ class Scheduler:
             job = self.jobs.get(ref.job)
             rec = job.tasks.get(ref.index) if job is not None else None
             if job is not None and rec is not None and rec.state is TaskState.STOPPING:
+                self._mark(job.name)
                 self._stopped(job, rec, now)
 
     def _transition(self, rec: TaskRecord, event: Event) -> bool:
@@ -551,16 +575,21 @@ class Scheduler:
         notice = self._maintenance(now)
         for name in sorted(self.jobs):
             job = self.jobs[name]
+            tracked = self.changed_jobs is not None and name not in self.changed_jobs
+            quiet = tracked and self._quiet(job)
             try:
                 self._reconcile(job, notice, now)
             except Exception as exc:  # one job's failure must not stall the region
                 self.counters["reconcile_errors"] += 1
                 error = f"{type(exc).__name__}: {exc}"
+                self._mark(name)
                 if error != job.error:
                     job.error = error
                     self._event(now, name, "reconcile_failed", error)
                 continue
             job.error = None
+            if tracked and not (quiet and self._quiet(job)):
+                self._mark(name)
             if job.deleting and not job.tasks:
                 del self.jobs[name]
                 self.allocator.cache.drop(name)

@@ -112,11 +112,33 @@ class TokenStore:
                           bool(data["revoked"]), data.get("description", "")),
                 data["hash"], version)
 
-    def verify(self, token: str) -> Principal:
-        """The principal a token stands for; AuthError(401) with the reason if none."""
+    def verify_cached(self, token: str) -> Principal | None:
+        """``verify`` without reading the store: None when the token's record is not
+        cached (then call ``verify``)."""
+        token_id, secret = self._split(token)
+        cached = self._cache.get(token_id)
+        if cached is None or self._clock() - cached[2] > self.cache_seconds:
+            return None
+        return self._check(token_id, secret, cached[0], cached[1])
+
+    @staticmethod
+    def _split(token: str) -> tuple[str, str]:
         if not token.startswith(PREFIX) or token.count("_") < 2:
             raise AuthError(401, "malformed token (expected plait_<id>_<secret>)")
         token_id, secret = token[len(PREFIX):].split("_", 1)
+        return token_id, secret
+
+    @staticmethod
+    def _check(token_id: str, secret: str, info: TokenInfo, digest: str) -> Principal:
+        if not hmac.compare_digest(digest, _hash(secret)):
+            raise AuthError(401, "wrong token secret")
+        if info.revoked:
+            raise AuthError(401, f"token {token_id} was revoked")
+        return Principal(token_id, info.role, info.name)
+
+    def verify(self, token: str) -> Principal:
+        """The principal a token stands for; AuthError(401) with the reason if none."""
+        token_id, secret = self._split(token)
         cached = self._cache.get(token_id)
         now = self._clock()
         if cached is None or now - cached[2] > self.cache_seconds:
@@ -129,11 +151,7 @@ class TokenStore:
             self._cache[token_id] = (info, digest, now)
         else:
             info, digest, _ = cached
-        if not hmac.compare_digest(digest, _hash(secret)):
-            raise AuthError(401, "wrong token secret")
-        if info.revoked:
-            raise AuthError(401, f"token {token_id} was revoked")
-        return Principal(token_id, info.role, info.name)
+        return self._check(token_id, secret, info, digest)
 
     def list(self) -> list[TokenInfo]:
         found = []

@@ -82,6 +82,7 @@ class ControlPlane:
         self.fleet = generate(self.region_spec)
         self.region = PersistentRegion.load(self.fleet, store, now)
         self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store)
+        self.allocator.defer()  # placements are written with the scheduler's state
         self.scheduler = Scheduler(self.allocator, config.scheduler, now)
         self.persist = PersistentScheduler.load(self.scheduler, store, now, _controller_for)
         self.jobs: JobStore = self.persist.jobs
@@ -119,7 +120,7 @@ class ControlPlane:
             else:
                 self.region.tick(now)
                 self.scheduler.tick(now)
-            self.persist.save()
+            self.persist.save(self.allocator)
             events, self.scheduler.events[:] = list(self.scheduler.events), []
             for ev in events:
                 job = self.scheduler.jobs.get(ev.job)

@@ -109,6 +109,8 @@ class SqliteStore:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
         self._watches: list[tuple[str, WatchCallback]] = []
+        self._parents: set[str] = set()
+        self._new_parents: list[str] = []
         rows = self._read("SELECT coalesce(max(zxid), 0) FROM changes", ())
         self._seen = int(rows[0][0])
         self._poller: threading.Thread | None = None
@@ -123,13 +125,18 @@ class SqliteStore:
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
+            self._new_parents = []
             try:
                 yield cur
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
-        self.poll()
+            # keys known to exist, so later creates below them skip re-inserting them
+            # (keys that hold children are never deleted by plait)
+            self._parents.update(self._new_parents)
+        if self._watches:  # nothing to tell otherwise (watches level-trigger on register)
+            self.poll()
 
     def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -202,9 +209,10 @@ class SqliteStore:
             cur.execute("DELETE FROM nodes WHERE path = ?", (key,))  # an expired ephemeral
             # missing parents are created empty (kazoo's makepath=True)
             parent = _parent(key)
-            while parent != "/":
+            while parent != "/" and parent not in self._parents:
                 cur.execute("INSERT OR IGNORE INTO nodes VALUES (?, ?, x'', 0, NULL)",
                             (parent, _parent(parent)))
+                self._new_parents.append(parent)
                 parent = _parent(parent)
             cur.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, ?)",
                         (key, _parent(key), op.value,
@@ -221,6 +229,7 @@ class SqliteStore:
             self._changed(cur, key)
             return int(row[0]) + 1
         if op.kind == "delete":
+            self._parents.discard(key)
             cur.execute("DELETE FROM nodes WHERE path = ?", (key,))
             self._changed(cur, key)
             return -1
