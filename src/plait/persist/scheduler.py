@@ -318,7 +318,9 @@ class PersistentScheduler:
             else:
                 txn.set(f"{p}/state/{name}", data, saved[0])
             pending[name] = data
-        for name in [n for n in self.applied if n not in sched.jobs]:
+        gone = [n for n in self.applied if n not in sched.jobs] if changed is None else [
+            n for n in changed if n not in sched.jobs and n in self.applied]
+        for name in gone:
             # the deletion finished: both records go
             saved = self._saved.get(name)
             if saved is not None:

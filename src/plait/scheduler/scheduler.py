@@ -107,6 +107,9 @@ class Scheduler:
         #: when a set (the shell that persists the scheduler sets it): the jobs whose
         #: records may have changed since the shell last emptied it
         self.changed_jobs: set[str] | None = None
+        #: jobs left quiet by their last reconcile and untouched since: ``tick`` skips
+        #: them (a region's settled jobs cost nothing per tick)
+        self._idle: set[str] = set()
         self._changes: list[BrokerChange] = []
         self._parked: dict[str, set[TaskRef]] = {}
         self.region.subscribe(self._changes.append)
@@ -271,6 +274,9 @@ class Scheduler:
         return rec
 
     def _mark(self, job: str) -> None:
+        """Something about the job changed: reconcile it on the next tick (and tell a
+        shell that persists it)."""
+        self._idle.discard(job)
         if self.changed_jobs is not None:
             self.changed_jobs.add(job)
 
@@ -283,6 +289,17 @@ class Scheduler:
         running = TaskState.RUNNING
         return all(r.state is running and r.serving and r.op is None
                    for r in job.tasks.values())
+
+    def _waiting(self, job: JobRecord) -> bool:
+        """Nothing for the scheduler to do until an input arrives (an agent's report, a
+        machine change, a job operation): every task is placed at the target version
+        and runs or is being started by its agent, with nothing offered or under way."""
+        if job.offers or job.acked or job.in_progress or job.lost or job.deleting or (
+                len(job.tasks) != job.spec.task_count):
+            return False
+        target, live = job.target, _LIVE
+        return all(r.state in live and r.op is None and not r.restart
+                   and r.spec_version == target for r in job.tasks.values())
 
     def _event(self, now: float, job: str, kind: str, message: str) -> None:
         self._mark(job)
@@ -303,10 +320,11 @@ class Scheduler:
             if job is None or rec is None or rec.machine != m:
                 continue  # a stale copy; the agent stops it (not in its desired set)
             seen.add(ref)
-            if self.changed_jobs is not None and st.job not in self.changed_jobs and (
-                    st.phase is not Phase.RUNNING or rec.state is not TaskState.RUNNING
-                    or st.healthy != rec.healthy or not rec.serving):
-                self.changed_jobs.add(st.job)
+            phase = st.phase
+            if not ((phase is Phase.STARTING and rec.state is TaskState.STARTING)
+                    or (phase is Phase.RUNNING and rec.state is TaskState.RUNNING
+                        and st.healthy == rec.healthy and rec.serving and rec.op is None)):
+                self._mark(st.job)  # a heartbeat that changes nothing leaves the job idle
             if st.phase is Phase.STOPPED:
                 self._stopped(job, rec, now)
             elif st.revision != job.revision(rec.spec_version):
@@ -472,6 +490,7 @@ class Scheduler:
                     rec = job.tasks.get(ref.index) if job else None
                     if job is None or rec is None or rec.state is not TaskState.LOST:
                         continue
+                    self._mark(job.name)
                     if rec.op is None and self._transition(rec, Event.RECOVERED):
                         self._assign(job, rec, m)
                         rec.lost_since = None
@@ -484,6 +503,7 @@ class Scheduler:
         rec = job.tasks.get(ref.index) if job else None
         if job is None or rec is None:
             return
+        self._mark(job.name)
         if rec.state is TaskState.STOPPING:
             op = rec.op
             if op is not None and op.kind is OpKind.STOP and op.reason in (_RESIZE, _DELETE):
@@ -540,6 +560,7 @@ class Scheduler:
                 if job is None or rec is None or rec.parked != event_id:
                     continue
                 rec.parked = None
+                self._mark(job.name)
                 if rec.machine is not None and self._transition(rec, Event.ALLOCATED):
                     self._assign(job, rec, rec.machine)
         return notice
@@ -573,10 +594,12 @@ class Scheduler:
         self.bucket.refill(now)
         self._on_machines(now)
         notice = self._maintenance(now)
+        idle = self._idle
         for name in sorted(self.jobs):
+            if name in idle and not notice:
+                continue  # nothing under way and nothing new: its reconcile is a no-op
             job = self.jobs[name]
-            tracked = self.changed_jobs is not None and name not in self.changed_jobs
-            quiet = tracked and self._quiet(job)
+            quiet = self._quiet(job)
             try:
                 self._reconcile(job, notice, now)
             except Exception as exc:  # one job's failure must not stall the region
@@ -588,8 +611,11 @@ class Scheduler:
                     self._event(now, name, "reconcile_failed", error)
                 continue
             job.error = None
-            if tracked and not (quiet and self._quiet(job)):
+            quiet_now = self._quiet(job)
+            if not (quiet and quiet_now):
                 self._mark(name)
+            if job.controller is None and (quiet_now or self._waiting(job)):
+                idle.add(name)  # (a controller is called again every recheck_interval)
             if job.deleting and not job.tasks:
                 del self.jobs[name]
                 self.allocator.cache.drop(name)
@@ -939,6 +965,9 @@ class Scheduler:
                                 f"{len(result.unplaced)} tasks: {reason}")
             else:
                 job.unplaced_reason = None
+
+
+_LIVE = (TaskState.ALLOCATED, TaskState.STARTING, TaskState.RUNNING)
 
 
 def _down(rec: TaskRecord) -> bool:

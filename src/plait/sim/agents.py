@@ -46,6 +46,8 @@ class Process:
     reported_stop: bool = False
     #: waiting to be restarted after a crash
     backoff_until: float | None = None
+    #: how it behaves (decided once, when it starts)
+    behaviour: Behaviour | None = None
 
 
 class SimAgent:
@@ -75,10 +77,14 @@ class SimAgent:
             a = want.get(ref)
             if not p.stopping and (a is None or a.revision != p.assignment.revision):
                 p.stopping = True
-                p.until = now + self.behaviour(p.assignment).stop_seconds
+                if p.behaviour is None:
+                    p.behaviour = self.behaviour(p.assignment)
+                p.until = now + p.behaviour.stop_seconds
         statuses: list[TaskStatus] = []
         for ref, p in list(self.processes.items()):
-            b = self.behaviour(p.assignment)
+            b = p.behaviour
+            if b is None:
+                b = p.behaviour = self.behaviour(p.assignment)
             a = p.assignment
             if p.stopping:
                 if now >= p.until:
@@ -110,7 +116,8 @@ class SimAgent:
         for ref, a in want.items():
             if ref not in self.processes:
                 b = self.behaviour(a)
-                self.processes[ref] = Process(a, Phase.STARTING, now + b.start_seconds, now)
+                self.processes[ref] = Process(a, Phase.STARTING, now + b.start_seconds, now,
+                                              behaviour=b)
                 statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.STARTING,
                                            False))
         return statuses
