@@ -111,6 +111,7 @@ class ControlPlane:
         self._thread: threading.Thread | None = None
         self.steps = 0
         self._drains = 0
+        self._last_full = self._last_freeze = 0.0
 
     # -- the loop --------------------------------------------------------------------------
     def step(self) -> None:
