@@ -168,8 +168,10 @@ def serve(
     err.print(f"plait control plane: {len(cp.fleet)} machines, API on {started.url}")
     if started.config_path is not None:
         err.print(f"client configuration: {started.config_path} (context {context})")
-    uvicorn.run(create_app(cp), host=host, port=port, log_level="warning", access_log=False)
-    cp.store.close()
+    # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
+    # signal that stopped it, so nothing after run() would run)
+    uvicorn.run(create_app(cp, close_store=True), host=host, port=port, log_level="warning",
+                access_log=False)
 
 
 # -- context -------------------------------------------------------------------------------

@@ -179,9 +179,10 @@ def _event(e: Event) -> dict[str, Any]:
             "machine": e.machine}
 
 
-def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
+def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = False) -> FastAPI:
     """The API over a control plane; with ``run_loop`` the app starts and stops the
-    control plane's loop with its own lifespan."""
+    control plane's loop with its own lifespan (and with ``close_store`` closes the
+    store at shutdown)."""
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
@@ -191,6 +192,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True) -> FastAPI:
         yield
         if run_loop:
             cp.stop()
+        if close_store:
+            cp.store.close()
 
     app = FastAPI(title="plait", version=__version__, lifespan=lifespan, responses=ERRORS,
                   description="The plait control plane: entitlements, jobs, tasks, machines, "
