@@ -188,3 +188,12 @@ def test_wait_reports_a_halted_rollout(plane, tmp_path):
                 "--wait", "--timeout", "60", ok=False)
     assert res.exit_code == 1 and "halted" in res.output, res.output
     assert time.monotonic() - start < 60  # it stopped at the halt, not at the timeout
+
+
+def test_task_logs_prints_what_the_task_printed(plane):
+    plait("entitlement", "create", "--name", "web", "--owner", "o", "--machines", "4")
+    plait("job", "deploy", str(EXAMPLES / "web.yaml"), "--wait", "--timeout", "60")
+    out = plait("task", "logs", "web", "3").stdout
+    assert "starting sh -c exec python3 -m http.server" in out and "running on m" in out
+    res = plait("task", "logs", "nope", "0", ok=False)
+    assert res.exit_code == 1 and "not found" in res.output

@@ -519,6 +519,26 @@ def task_restart(job: str, index: int, output: Output = "table") -> None:
          False, 0, output)
 
 
+@task_app.command("logs")
+@guarded
+def task_logs(job: str, index: int, follow_: Annotated[bool, typer.Option(
+        "--follow", "-f", help="keep printing new output")] = False) -> None:
+    """What a task printed (the tail kept by the control plane)."""
+    a = api()
+    after = 0
+    while True:
+        page = a.get(f"/v1/jobs/{job}/tasks/{index}/logs", after=after)
+        if page["skipped"]:
+            err.print("[dim](older output dropped)[/dim]")
+        sys.stdout.write(page["data"])
+        sys.stdout.flush()
+        after = page["next"]
+        if not follow_:
+            return
+        if not page["data"]:
+            time.sleep(1.0)
+
+
 # -- discovery -----------------------------------------------------------------------------
 def discover(job: str, output: Output = "table") -> None:
     """The task endpoints enabled in service discovery."""

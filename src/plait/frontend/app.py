@@ -87,6 +87,18 @@ class StatusIn(pydantic.BaseModel):
     exit_code: int | None = None
 
 
+class OutputChunk(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    job: str = pydantic.Field(min_length=1, max_length=64)
+    index: int = pydantic.Field(ge=0, le=100_000)
+    data: str = pydantic.Field(max_length=256 * 1024)
+
+
+class Output(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    chunks: list[OutputChunk] = pydantic.Field(max_length=10_000)
+
+
 class Report(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     tasks: list[StatusIn] = pydantic.Field(default_factory=list, max_length=10_000)
@@ -442,6 +454,17 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         may_job(request, who, name)
         return ack(cp.restart_job(name, index))
 
+    @app.get("/v1/jobs/{name}/tasks/{index}/logs", tags=["tasks"])
+    def task_logs(name: str, index: int, who: User, request: Request,
+                  after: Annotated[int, Query(ge=0)] = 0,
+                  limit: Annotated[int, Query(ge=1, le=1 << 20)] = 1 << 16) -> dict[str, Any]:
+        """The tail of a task's output (the agent keeps the whole log); follow it by
+        asking again with ``after`` = the ``next`` of the last answer."""
+        may_job(request, who, name)
+        text, nxt, skipped, machine = cp.task_logs(name, index, after, limit)
+        return {"job": name, "index": index, "machine": machine, "data": text, "next": nxt,
+                "skipped": skipped}
+
     @app.get("/v1/discovery/{job}", tags=["discovery"])
     def discovery(job: str, who: User, request: Request) -> dict[str, Any]:
         """The tasks enabled in service discovery: at most one entry per task index."""
@@ -568,6 +591,13 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return {"machine": machine, "tasks": [
             {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
              "spec": a.spec.model_dump(mode="json")} for a in cp.desired(machine)]}
+
+    @app.post("/v1/machines/{machine}/output", tags=["agents"])
+    def output(machine: str, body: Output, who: Who, request: Request) -> dict[str, Any]:
+        """An agent sends what its tasks printed (kept as a tail per task)."""
+        machine_only(request, who, machine)
+        taken = cp.task_output(machine, [(c.job, c.index, c.data) for c in body.chunks])
+        return {"machine": machine, "accepted": taken, "refused": len(body.chunks) - taken}
 
     @app.post("/v1/machines/{machine}/status", tags=["agents"])
     def status(machine: str, body: Report, who: Who, request: Request) -> dict[str, Any]:

@@ -27,13 +27,14 @@ from plait.errors import Conflict, NotFound, ValidationError
 from plait.model import Entitlement, JobSpec, RegionSpec, generate, parse
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.model.machine import MachineState
-from plait.model.task import TaskState
+from plait.model.task import TaskRef, TaskState
 from plait.persist import PersistentAllocator, PersistentRegion
 from plait.persist.scheduler import JobDoc, JobStore, PersistentScheduler
 from plait.scheduler import Scheduler, SchedulerConfig
 from plait.scheduler.records import Assignment, TaskStatus
 from plait.server.auth import Role, TokenStore
 from plait.server.events import EventLog, Retention
+from plait.server.logs import TaskLogs
 from plait.sim import Behaviour, Simulation
 from plait.store.protocol import Namespace, Store
 from plait.taskcontrol.http import HttpController
@@ -102,6 +103,9 @@ class ControlPlane:
                              crash=a.spec.command == "crash", crash_after=start)
         self.sim = Simulation(self.fleet, behaviour, scheduler=self.scheduler, now=now) \
             if config.sim_agents else None
+        self.logs = TaskLogs()
+        if self.sim is not None:
+            self.sim.output = []  # the simulated processes' output goes to the task logs
         self._sync_errors: set[str] = set()
         self._pending: list[EventTuple] = []
         self._pending_lock = threading.Lock()
@@ -125,6 +129,7 @@ class ControlPlane:
                     self.record("scheduler", "operation_failed", error)
             if self.sim is not None:
                 self.sim.step(now)
+                self._sim_output()
             else:
                 self.region.tick(now)
                 self.scheduler.tick(now)
@@ -137,6 +142,18 @@ class ControlPlane:
                             at=ev.time)
             self.steps += 1
         self.flush_events()
+
+    def _sim_output(self) -> None:
+        assert self.sim is not None and self.sim.output is not None
+        lines, self.sim.output[:] = list(self.sim.output), []
+        job_of = self.scheduler.jobs.get
+        for ref, at, line in lines:
+            job = job_of(ref.job)
+            rec = job.tasks.get(ref.index) if job is not None else None
+            machine = self.fleet.name(rec.machine) if rec is not None and (
+                rec.machine is not None) else "?"
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at))
+            self.logs.append(ref.job, ref.index, machine, f"{stamp} {line}\n")
 
     def _entitlement_of(self, job: str) -> str | None:
         try:
@@ -548,6 +565,23 @@ class ControlPlane:
         self.machine_index(machine)
         with self.lock:
             return self.scheduler.desired_for(machine)
+
+    def task_output(self, machine: str, chunks: list[tuple[str, int, str]]) -> int:
+        """An agent's output of the tasks on its machine; output of a task the machine
+        does not hold (any more) is refused. Returns the chunks taken."""
+        m = self.machine_index(machine)
+        with self.lock:
+            placed = self.scheduler.placed.get(m, set())
+            taken = [(job, index, text) for job, index, text in chunks
+                     if TaskRef(job, index) in placed]
+        for job, index, text in taken:
+            self.logs.append(job, index, machine, text)
+        return len(taken)
+
+    def task_logs(self, job: str, index: int, after: int,
+                  limit: int) -> tuple[str, int, bool, str | None]:
+        self.jobs.get(job)
+        return self.logs.read(job, index, after, limit)
 
     def report(self, machine: str, statuses: list[TaskStatus]) -> None:
         self.machine_index(machine)

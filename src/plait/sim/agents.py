@@ -56,6 +56,12 @@ class SimAgent:
         self.behaviour = behaviour
         self.up = True
         self.processes: dict[TaskRef, Process] = {}
+        #: when a list: what the simulated processes print, as (task, time, line)
+        self.output: list[tuple[TaskRef, float, str]] | None = None
+
+    def _say(self, ref: TaskRef, now: float, line: str) -> None:
+        if self.output is not None:
+            self.output.append((ref, now, line))
 
     def busy(self) -> bool:
         """Has something in flight that needs further steps."""
@@ -90,6 +96,7 @@ class SimAgent:
                 if now >= p.until:
                     statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.STOPPED))
                     del self.processes[ref]
+                    self._say(ref, now, f"stopped (revision {a.revision})")
                 else:
                     statuses.append(TaskStatus(a.job, a.index, a.revision, p.phase,
                                                p.phase is Phase.RUNNING))
@@ -98,6 +105,7 @@ class SimAgent:
                 if now >= p.backoff_until:
                     p.backoff_until = None
                     p.phase, p.until, p.started_at = Phase.STARTING, now + b.start_seconds, now
+                    self._say(ref, now, f"restarting {a.spec.command} after a crash")
                 else:
                     statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.EXITED,
                                                False, 1))
@@ -105,9 +113,11 @@ class SimAgent:
             if p.phase is Phase.STARTING and now >= p.until:
                 p.phase = Phase.RUNNING
                 p.until = now + b.crash_after
+                self._say(ref, now, f"running on {self.machine}")
             if p.phase is Phase.RUNNING and b.crash and now >= p.until:
                 p.phase = Phase.EXITED
                 p.backoff_until = now + b.restart_backoff
+                self._say(ref, now, "exited with code 1")
                 statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.EXITED,
                                            False, 1))
                 continue
@@ -118,6 +128,8 @@ class SimAgent:
                 b = self.behaviour(a)
                 self.processes[ref] = Process(a, Phase.STARTING, now + b.start_seconds, now,
                                               behaviour=b)
+                self._say(ref, now, f"starting {' '.join([a.spec.command, *a.spec.args])} "
+                                    f"(version {a.spec_version}, revision {a.revision})")
                 statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.STARTING,
                                            False))
         return statuses

@@ -43,12 +43,15 @@ class Simulation:
         self.agents: dict[int, SimAgent] = {}
         self._busy: set[int] = set()
         self.observers: list[Observer] = []
+        #: when a list, the simulated processes' output lands here: (task, time, line)
+        self.output: list[tuple[TaskRef, float, str]] | None = None
         self._event_seq = 0
 
     def agent(self, machine: int) -> SimAgent:
         agent = self.agents.get(machine)
         if agent is None:
             agent = self.agents[machine] = SimAgent(self.fleet.name(machine), self.behaviour)
+            agent.output = self.output
         return agent
 
     # -- the clock -----------------------------------------------------------------------
