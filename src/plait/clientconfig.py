@@ -7,13 +7,14 @@ holds tokens)::
     contexts:
       local: {url: "http://127.0.0.1:7070", token: "plait_..."}
 
-``PLAIT_URL`` and ``PLAIT_TOKEN`` override the current context's values, and flags
-override both.
+``PLAIT_URL`` and ``PLAIT_TOKEN`` override the current context's values (not a
+context named with ``--context``), and flags override both.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,12 +68,16 @@ class ClientConfig:
             "current_context": self.current_context,
             "contexts": {n: {"url": c.url, "token": c.token} for n, c in self.contexts.items()},
         }, sort_keys=True)
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        # a new private file beside it (mkstemp: mode 0600, never an existing file or a
+        # symlink), then renamed over the old one
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return path
 
     def set_context(self, name: str, url: str, token: str | None, use: bool = True) -> None:
@@ -87,8 +92,11 @@ class ClientConfig:
         base = self.contexts.get(name) if name else None
         if context and base is None:
             raise ValidationError("context", f"no context {context!r} in the configuration")
-        final_url = url or os.environ.get("PLAIT_URL") or (base.url if base else None)
-        final_token = token or os.environ.get("PLAIT_TOKEN") or (base.token if base else None)
+        # an explicit --context beats the environment (never one's token to another's URL)
+        env_url = None if context else os.environ.get("PLAIT_URL")
+        env_token = None if context else os.environ.get("PLAIT_TOKEN")
+        final_url = url or env_url or (base.url if base else None)
+        final_token = token or env_token or (base.token if base else None)
         if not final_url:
             raise ValidationError("url", "no API URL: start `plait serve`, or set PLAIT_URL or "
                                          "--url")

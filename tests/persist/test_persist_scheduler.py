@@ -149,3 +149,37 @@ def test_the_log_is_bounded_and_records_carry_a_schema(tmp_path):
     jobs.ns.set("/jobs/web", json.dumps(raw).encode(), version)
     with pytest.raises(ValidationError, match="newer"):
         jobs.get("web")
+
+
+def test_a_version_whose_log_entry_was_trimmed_is_still_rolled_out(tmp_path):
+    p = Plane(str(tmp_path / "plait.db"))
+    p.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    p.jobs.create(job_spec("web", 2), now=0)
+    p.run(10)
+    p.jobs.update(job_spec("web", 2, command="v2"), now=p.sim.now)
+    for _i in range(LOG_LIMIT + 5):  # the update's entry falls out of the log
+        p.jobs.restart("web", None, now=p.sim.now)
+    assert all(e["op"] == "restart" for e in p.jobs.get("web").log)
+    p.run(120)
+    job = p.scheduler.job("web")
+    assert job.target == 2 and {r.spec_version for r in job.tasks.values()} == {2}
+
+
+def test_an_update_that_names_a_task_controller_uses_it_from_then_on(tmp_path):
+    made = []
+
+    def controller_for(spec):
+        if spec.task_controller is None:
+            return None
+        made.append(spec.task_controller)
+        return object()  # never called here: the test only looks at the wiring
+
+    p = Plane(str(tmp_path / "plait.db"))
+    p.persist.controller_for = controller_for
+    p.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    p.jobs.create(job_spec("web", 2), now=0)
+    p.persist.sync(0)
+    assert p.scheduler.job("web").controller is None
+    p.jobs.update(job_spec("web", 2, task_controller="http://127.0.0.1:9/tc"), now=1)
+    p.persist.sync(1)
+    assert made == ["http://127.0.0.1:9/tc"] and p.scheduler.job("web").controller is not None

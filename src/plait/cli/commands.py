@@ -34,7 +34,14 @@ err = Console(stderr=True)
 out = Console()
 target = Target()
 
-Output = Annotated[str, typer.Option("--output", "-o", help="table or json")]
+def _output_format(value: str) -> str:
+    if value not in ("table", "json"):  # checked before anything is sent
+        raise typer.BadParameter(f"must be table or json, not {value!r}")
+    return value
+
+
+Output = Annotated[str, typer.Option("--output", "-o", help="table or json",
+                                     callback=_output_format)]
 Wait = Annotated[bool, typer.Option("--wait", help="follow the rollout until it settles")]
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds --wait waits at most")]
 
@@ -761,6 +768,8 @@ def token_create(
     label = owner or name
     if label is None:
         raise CliError("give --owner O (or --role admin|join --name N)", EXIT_INVALID)
+    if owner and role != "owner":
+        raise CliError(f"--owner makes an owner token; not with --role {role}", EXIT_INVALID)
     data = api().post("/v1/tokens", {"role": "owner" if owner else role, "name": label,
                                      "description": description})
 

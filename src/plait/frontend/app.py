@@ -267,9 +267,23 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     app.add_middleware(BodyLimit)
 
     # -- authentication and authorization --------------------------------------------------
+    refusals = {"second": 0.0, "count": 0, "suppressed": 0}
+
     def refuse(request: Request, status: int, reason: str) -> AuthError:
-        cp.record("auth", "unauthorized" if status == 401 else "forbidden",
-                  f"{request.method} {request.url.path}: {reason}")
+        # at most 20 refusals a second are recorded, so a flood of bad requests cannot
+        # push everything else out of the retained events; the rest are counted
+        now = cp.clock()
+        if now - refusals["second"] >= 1.0:
+            if refusals["suppressed"]:
+                cp.record("auth", "refusals_suppressed",
+                          f"{refusals['suppressed']:.0f} more refusals not recorded")
+            refusals.update(second=now, count=0, suppressed=0)
+        if refusals["count"] < 20:
+            refusals["count"] += 1
+            cp.record("auth", "unauthorized" if status == 401 else "forbidden",
+                      f"{request.method} {request.url.path}: {reason}")
+        else:
+            refusals["suppressed"] += 1
         return AuthError(status, reason)
 
     async def principal(request: Request) -> Principal:
@@ -323,9 +337,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
 
     # -- health ----------------------------------------------------------------------------
     @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, Any]:
-        """Liveness; needs no token."""
-        return {"ok": True, "version": __version__, "steps": cp.steps}
+    def healthz(response: Response) -> dict[str, Any]:
+        """Health; needs no token. 503 when the control-plane loop has stopped passing
+        (acknowledged operations would not be applied)."""
+        ok, why = cp.health()
+        if not ok:
+            response.status_code = 503
+        return {"ok": ok, "status": why, "version": __version__, "steps": cp.steps,
+                "failed_passes": cp.failures}
 
     # -- entitlements ----------------------------------------------------------------------
     @app.post("/v1/entitlements", tags=["entitlements"], status_code=201,
@@ -366,6 +385,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         may_entitlement(request, who, spec.entitlement)
         if dry_run:
             response.status_code = 200
+            if spec.name in cp.jobs.names_cached():
+                may_job(request, who, spec.name)  # a plan diffs against that job's spec
             return cp.plan(spec)
         doc, created = cp.create_job(spec)
         if not created:
@@ -397,6 +418,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         if spec.name != name:
             raise ValidationError("name", f"the spec names job {spec.name!r}, the path {name!r}")
         may_job(request, who, name)
+        may_entitlement(request, who, spec.entitlement)
         if dry_run:
             return cp.plan(spec)
         return ack(cp.update_job(spec))

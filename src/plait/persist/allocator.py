@@ -51,10 +51,10 @@ class PersistentAllocator(Allocator):
         self._stored.pop(key, None)
 
     def define(self, entitlement: Entitlement) -> None:
-        super().define(entitlement)
-        if hasattr(self, "ns"):  # not during the base class's construction
+        if hasattr(self, "ns"):  # stored first: a failed write changes nothing
             self._put(f"/entitlements/{entitlement.name}",
                       entitlement.model_dump_json().encode())
+        super().define(entitlement)
 
     def commit(self, plan: Plan, attempt: int = 1) -> AllocationResult:
         result = super().commit(plan, attempt)

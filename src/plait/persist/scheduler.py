@@ -92,6 +92,10 @@ class JobStore:
     def names(self) -> list[str]:
         return sorted(self.ns.children("/jobs"))
 
+    def names_cached(self) -> set[str]:
+        """The stored job names (read from the store; a set for membership tests)."""
+        return set(self.ns.children("/jobs"))
+
     def get(self, name: str) -> JobDoc:
         return self._read(name)[0]
 
@@ -216,12 +220,15 @@ class PersistentScheduler:
         self._saved: dict[str, tuple[int, bytes]] = {}
         #: from now on the scheduler tells which jobs changed (the first save writes all)
         scheduler.changed_jobs = set(scheduler.jobs)
+        #: jobs whose records could not be read or applied by the last ``sync``
+        self.failed: set[str] = set()
 
     # -- stored operations -> scheduler ----------------------------------------------------
     def sync(self, now: float, names: list[str] | None = None) -> list[str]:
         """Apply the operations of ``names`` (every stored job if None) not applied yet.
         Returns the errors met (an operation that cannot apply is skipped and reported)."""
         errors: list[str] = []
+        self.failed = set()
         for name in self.jobs.names() if names is None else names:
             try:
                 doc = self.jobs.get(name)
@@ -229,6 +236,7 @@ class PersistentScheduler:
             except NotFound:
                 continue
             except Exception as exc:  # a record that cannot apply must not stall the rest
+                self.failed.add(name)  # the caller tries it again
                 errors.append(f"job {name}: {type(exc).__name__}: {exc}")
         return errors
 
@@ -255,8 +263,14 @@ class PersistentScheduler:
         for entry in entries:
             try:
                 self._apply_one(doc, entry, now)
-            except PlaitError as exc:
+            except PlaitError as exc:  # refused for good: reported, not retried
                 yield f"job {doc.name}: operation {entry['seq']} ({entry['op']}): {exc}"
+            self.applied[doc.name] = entry["seq"]  # an unexpected error retries from here
+        current = sched.jobs.get(doc.name)
+        if current is not None and len(doc.versions) > len(current.versions):
+            # versions whose log entries were trimmed away before they were applied
+            for v in range(len(current.versions) + 1, len(doc.versions) + 1):
+                sched.append_version(doc.versions[v - 1], now, f"version {v}")
         self.applied[doc.name] = doc.seq
 
     def _apply_one(self, doc: JobDoc, entry: dict[str, Any], now: float) -> None:
@@ -267,7 +281,10 @@ class PersistentScheduler:
             version = int(entry["version"])
             if version > len(job.versions):
                 for v in range(len(job.versions) + 1, version + 1):
-                    sched.append_version(doc.versions[v - 1], now,
+                    spec = doc.versions[v - 1]
+                    if spec.task_controller != job.spec.task_controller:
+                        job.controller = self.controller_for(spec)  # paces from now on
+                    sched.append_version(spec, now,
                                          entry["message"] if v == version else f"version {v}")
         elif op == "restart":
             sched.restart(doc.name, now, entry.get("index"))
@@ -301,6 +318,15 @@ class PersistentScheduler:
         sched = self.scheduler
         changed = sched.changed_jobs
         sched.changed_jobs = set()
+        try:
+            return self._save(changed, allocator)
+        except BaseException:
+            # nothing was written: those jobs are saved on the next pass
+            sched.changed_jobs |= set(sched.jobs) if changed is None else changed
+            raise
+
+    def _save(self, changed: set[str] | None, allocator: PersistentAllocator | None) -> int:
+        sched = self.scheduler
         names = sched.jobs.keys() if changed is None else changed
         txn = Transaction()
         p = self.ns.prefix
@@ -334,11 +360,7 @@ class PersistentScheduler:
         placed = allocator.flush_into(txn) if allocator is not None else None
         if not txn.ops:
             return 0
-        try:
-            self.ns.store.commit(txn)
-        except BaseException:
-            sched.changed_jobs |= set(pending)  # try again on the next pass
-            raise
+        self.ns.store.commit(txn)
         if placed is not None:
             placed()
         for name, written in pending.items():

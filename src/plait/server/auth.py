@@ -144,7 +144,7 @@ class TokenStore:
         if cached is None or now - cached[2] > self.cache_seconds:
             try:
                 info, digest, _ = self._read(token_id)
-            except (NotFound, ValueError):
+            except (NotFound, ValueError, ValidationError):  # (an id no key can hold)
                 raise AuthError(401, "unknown token") from None
             if len(self._cache) > 10_000:
                 self._cache.clear()

@@ -14,6 +14,7 @@ can be tried on one box before any machine joins.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import threading
@@ -43,6 +44,9 @@ from plait.taskcontrol.protocol import TaskController
 #: a drained machine stays out of service until uncordoned (at most this long)
 DRAIN_HOLD = 365 * 86400.0
 
+#: an inbox entry that asks for every stored job
+_RESYNC = "/all"
+
 EventTuple = tuple[float, str, str, str, str | None, str | None, str | None]
 
 
@@ -55,6 +59,9 @@ class ControlPlaneConfig:
     tick_seconds: float = 0.5
     #: but passes start at least this far apart
     min_pass_gap: float = 0.05
+    #: every this many passes, look at every stored job (a safety net for a missed
+    #: wake-up)
+    resync_passes: int = 600
     #: move long-lived objects out of the garbage collector's reach this often, and
     #: run a full collection this often (see ``ControlPlane._collect``)
     gc_freeze_seconds: float = 5.0
@@ -106,7 +113,7 @@ class ControlPlane:
         self.logs = TaskLogs()
         if self.sim is not None:
             self.sim.output = []  # the simulated processes' output goes to the task logs
-        self._sync_errors: set[str] = set()
+        self._sync_errors: dict[str, None] = {}
         self._pending: list[EventTuple] = []
         self._pending_lock = threading.Lock()
         self._inbox: set[str] = set()
@@ -114,6 +121,8 @@ class ControlPlane:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.steps = 0
+        self.failures = 0
+        self.last_step: float | None = None
         self._drains = 0
         self._last_full = self._last_freeze = 0.0
 
@@ -123,9 +132,16 @@ class ControlPlane:
         with self.lock:
             now = self.clock()
             names = self._take_inbox()
-            for error in self.persist.sync(now, names):
+            try:
+                errors = self.persist.sync(now, names)
+            finally:  # what could not be read or applied is tried again next pass
+                with self._pending_lock:
+                    self._inbox |= self.persist.failed
+            for error in errors:
                 if error not in self._sync_errors:  # once, not on every pass
-                    self._sync_errors.add(error)
+                    self._sync_errors[error] = None
+                    while len(self._sync_errors) > 1000:
+                        del self._sync_errors[next(iter(self._sync_errors))]
                     self.record("scheduler", "operation_failed", error)
             if self.sim is not None:
                 self.sim.step(now)
@@ -133,14 +149,19 @@ class ControlPlane:
             else:
                 self.region.tick(now)
                 self.scheduler.tick(now)
-            self.persist.save(self.allocator)
+            # events are attributed before the save drops the records of deleted jobs
             events, self.scheduler.events[:] = list(self.scheduler.events), []
             for ev in events:
                 job = self.scheduler.jobs.get(ev.job)
                 ent = job.entitlement if job is not None else self._entitlement_of(ev.job)
                 self.record("scheduler", ev.kind, ev.message, job=ev.job, entitlement=ent,
                             at=ev.time)
+            self.persist.save(self.allocator)
+            if self.steps % self.config.resync_passes == 0 and self.steps:
+                with self._pending_lock:  # a safety net: every stored job is looked at
+                    self._inbox.add(_RESYNC)
             self.steps += 1
+            self.last_step = time.monotonic()
         self.flush_events()
 
     def _sim_output(self) -> None:
@@ -162,11 +183,11 @@ class ControlPlane:
             return None
 
     def _take_inbox(self) -> list[str] | None:
-        if self.steps == 0:
-            return None  # the first pass reads every stored job
         with self._pending_lock:
-            names, self._inbox = sorted(self._inbox), set()
-        return names
+            names, self._inbox = self._inbox, set()
+        if self.steps == 0 or _RESYNC in names:
+            return None  # every stored job
+        return sorted(names)
 
     def notify(self, job: str) -> None:
         """A job's record changed: apply it on the next pass, which starts now."""
@@ -201,9 +222,11 @@ class ControlPlane:
             try:
                 self.step()
                 self._collect(started)
-            except Exception as exc:  # the loop must outlive one bad pass
+            except Exception as exc:  # the loop must outlive one bad pass (a store outage)
+                self.failures += 1
                 self.record("controlplane", "step_failed", f"{type(exc).__name__}: {exc}")
-                self.flush_events()
+                with contextlib.suppress(Exception):  # the store is still down: the
+                    self.flush_events()                # events wait for the next flush
             self._wake.wait(self.config.tick_seconds)
             # a burst of requests is taken in batches, not one pass per request
             rest = self.config.min_pass_gap - (time.monotonic() - started)
@@ -215,6 +238,18 @@ class ControlPlane:
             self._stop.clear()
             self._thread = threading.Thread(target=self.run, name="plait-loop", daemon=True)
             self._thread.start()
+
+    def health(self) -> tuple[bool, str]:
+        """Is the loop passing? (Not if no pass ended within 20 ticks, 10 s at least.)"""
+        if self._thread is None:
+            return True, "loop not running in this process"
+        if self.last_step is None:
+            return False, "no pass finished yet"
+        late = time.monotonic() - self.last_step
+        limit = max(10.0, 20 * self.config.tick_seconds)
+        if late > limit:
+            return False, f"no pass finished for {late:.0f}s ({self.failures} passes failed)"
+        return True, "ok"
 
     def stop(self) -> None:
         self._stop.set()
@@ -234,7 +269,12 @@ class ControlPlane:
     def flush_events(self) -> None:
         with self._pending_lock:
             batch, self._pending = self._pending, []
-        self.events.append(batch)
+        try:
+            self.events.append(batch)
+        except BaseException:
+            with self._pending_lock:  # kept for the next flush
+                self._pending[:0] = batch[-self.config.retention.max_count:]
+            raise
 
     # -- tokens ----------------------------------------------------------------------------
     def bootstrap_admin(self) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -96,9 +97,10 @@ def prepare(data_dir: str | Path, store_url: str | None = None,
         # kept beside the store too, so a lost client configuration can be recovered
         admin_file = Path(data_dir) / "admin-token"
         admin_file.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(admin_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd, tmp = tempfile.mkstemp(dir=admin_file.parent, prefix=".admin-token.")  # 0600
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
+        os.replace(tmp, admin_file)
     if write_config:
         client = ClientConfig.load(config_path)
         old = client.contexts.get(context)

@@ -1,0 +1,114 @@
+"""The control plane's loop outlives store outages and bad records, and retries what
+it could not apply."""
+
+from __future__ import annotations
+
+import httpx
+from livecp import REGION, wait_for
+
+from plait.errors import TransientError
+from plait.model import Entitlement, JobSpec, Quota, parse
+from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.server.serve import ApiServer, store_for
+
+SPEC = parse(JobSpec, {"name": "web", "entitlement": "web", "task_count": 2,
+                       "resources": {"cpu": 1, "memory_gb": 1}, "command": "serve"})
+
+
+def plane(tmp_path, **config):
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
+        region=REGION, tick_seconds=0.05, sim_agents=True, sim_start_seconds=0.2, **config))
+    cp.define_entitlement(Entitlement(name="web", owner="alice", quota=Quota(machines=6)))
+    return cp
+
+
+def test_the_loop_survives_a_store_outage_and_health_says_so(tmp_path):
+    cp = plane(tmp_path)
+    store = cp.store
+    real = store.commit
+    down = {"on": False}
+
+    def commit(txn, session=None):
+        if down["on"]:
+            raise TransientError("store unreachable")
+        return real(txn, session)
+
+    store.commit = commit
+    token = cp.bootstrap_admin()
+    with ApiServer(cp) as server:
+        client = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"})
+        wait_for(lambda: cp.steps > 2)
+        down["on"] = True
+        cp.record("test", "ping", "written during the outage")
+        wait_for(lambda: cp.failures >= 5)
+        last = cp.last_step
+        assert client.get("/healthz").json()["failed_passes"] >= 5
+        down["on"] = False
+        cp.create_job(SPEC)
+        wait_for(lambda: cp.job_view("web")["settled"])
+        assert cp.last_step != last
+        assert client.get("/healthz").json()["ok"] is True
+        # what happened while the store was down was recorded once it came back
+        kinds = [e.kind for e in cp.events.query(limit=1000)[0]]
+        assert "step_failed" in kinds and "ping" in kinds
+    store.close()
+
+
+def test_a_stalled_loop_makes_healthz_fail(tmp_path):
+    cp = plane(tmp_path)
+    token = cp.bootstrap_admin()
+    with ApiServer(cp) as server:
+        anon = httpx.Client(base_url=server.url)
+        wait_for(lambda: anon.get("/healthz").json()["ok"])
+        cp.last_step = -1e9  # as if no pass had ended for ages
+        r = anon.get("/healthz")
+        assert r.status_code == 503 and "no pass finished" in r.json()["status"]
+        assert token
+    cp.store.close()
+
+
+def test_a_job_record_that_could_not_be_read_is_tried_again(tmp_path):
+    cp = plane(tmp_path)
+    cp.step()
+    real = cp.jobs.get
+    fail = {"left": 1}
+
+    def get(name):
+        if name == "web" and fail["left"]:
+            fail["left"] -= 1
+            raise TransientError("read timed out")
+        return real(name)
+
+    cp.jobs.get = get
+    cp.create_job(SPEC)
+    cp.step()  # the read fails: web is not applied yet
+    assert "web" not in cp.scheduler.jobs
+    cp.step()  # and is tried again without another request
+    assert "web" in cp.scheduler.jobs
+    cp.store.close()
+
+
+def test_owners_see_the_last_events_of_a_deleted_job(live):
+    live.admin.post("/v1/entitlements", json={"name": "web", "owner": "alice",
+                                              "quota": {"machines": 6}})
+    alice = live.owner("alice")
+    alice.post("/v1/jobs", json=SPEC.model_dump(mode="json"))
+    wait_for(lambda: alice.get("/v1/jobs/web").json()["settled"])
+    alice.delete("/v1/jobs/web")
+    wait_for(lambda: alice.get("/v1/jobs/web").status_code == 404)
+    wait_for(lambda: "deleted" in [e["kind"] for e in alice.get(
+        "/v1/events", params={"job": "web"}).json()["events"]])
+
+
+def test_a_dry_run_does_not_show_another_owners_job(live):
+    for name, owner in (("web", "alice"), ("db", "bob")):
+        live.admin.post("/v1/entitlements", json={"name": name, "owner": owner,
+                                                  "quota": {"machines": 6}})
+    secret = {**SPEC.model_dump(mode="json"), "env": {"DB_PASSWORD": "hunter2"}}
+    assert live.owner("alice").post("/v1/jobs", json=secret).status_code == 201
+    bob = live.owner("bob")
+    probe = {**SPEC.model_dump(mode="json"), "entitlement": "db"}
+    r = bob.post("/v1/jobs", params={"dry_run": "true"}, json=probe)
+    assert r.status_code == 403 and "hunter2" not in r.text
+    r = bob.put("/v1/jobs/web", params={"dry_run": "true"}, json=probe)
+    assert r.status_code == 403
