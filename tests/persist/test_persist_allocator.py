@@ -4,6 +4,7 @@ from plait.allocator import AllocationRequest, MachineIndex
 from plait.model import Entitlement, Quota, RegionSpec, Resources, generate
 from plait.persist import PersistentAllocator, PersistentRegion
 from plait.store import SqliteStore
+from plait.store.protocol import Transaction
 from plait.testing import Cluster, check_invariants
 
 FLEET = generate(RegionSpec(dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2,
@@ -41,4 +42,43 @@ def test_placements_and_usage_come_back_after_a_restart(tmp_path):
     check_invariants(d)
     d.allocator.allocate(AllocationRequest.of("a", "web", TASK, free=range(6)))
     assert "a" not in store.children("/allocator/jobs")
+    store.close()
+
+
+def test_a_crash_between_a_binding_and_the_placements_is_mended_on_load(tmp_path):
+    """Bindings are written at once, placements at the end of a pass (deferred): a
+    crash in between leaves them apart, and ``load`` puts them back together."""
+    path = str(tmp_path / "plait.db")
+    store, c = start(path)
+    c.allocator.defer()
+    c.allocator.define(Entitlement(name="web", owner="o", quota=Quota(machines=8)))
+    c.allocator.define(Entitlement(name="db", owner="o", quota=Quota(machines=8)))
+    c.allocator.allocate(AllocationRequest.of("a", "web", TASK, allocate=range(4)))
+    txn = Transaction()
+    c.allocator.flush_into(txn)()  # the pass's placements are written...
+    store.commit(txn)
+    held = set(c.allocator.placement("a").values())
+    # ...then a freed (its machines released at once) and b placed (machines claimed
+    # at once), and the process dies before the pass writes its placements
+    c.allocator.allocate(AllocationRequest.of("a", "web", TASK, free=range(4)))
+    c.allocator.allocate(AllocationRequest.of("b", "db", TASK, allocate=range(3)))
+    claimed_for_b = set(c.allocator.placement("b").values())
+    assert claimed_for_b and all(c.region.record(c.fleet.index_of(m)).entitlement == "db"
+                                 for m in claimed_for_b)
+    store.close()
+
+    store, d = start(path)
+    # a's stored placements stand, and their machines are web's again
+    assert set(d.allocator.placement("a").values()) == held
+    for m in held:
+        assert d.region.record(d.fleet.index_of(m)).entitlement == "web"
+    # b was never stored: the machines claimed for it are free again
+    assert "b" not in d.allocator.jobs
+    for m in claimed_for_b - held:
+        assert d.region.record(d.fleet.index_of(m)).entitlement is None
+    check_invariants(d)
+    store.close()
+    store, e = start(path)  # the repair was written through
+    assert {m: e.region.record(e.fleet.index_of(m)).entitlement for m in held | claimed_for_b} \
+        == {m: d.region.record(d.fleet.index_of(m)).entitlement for m in held | claimed_for_b}
     store.close()

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plait.allocator import AllocationResult, Allocator, JobState, MachineIndex, Plan
-from plait.errors import NotFound
+from plait.errors import Conflict, NotFound
 from plait.model import Entitlement, parse
 from plait.store.protocol import Namespace, Store, Transaction
 
@@ -127,16 +127,23 @@ class PersistentAllocator(Allocator):
             Allocator.define(allocator, parse(Entitlement, json.loads(value)))
         codes = allocator.region.entitlements
         fleet = index.fleet
+        records: list[tuple[str, dict[str, Any]]] = []
         for job in allocator.ns.children("/jobs"):
             value, version = allocator.ns.get(f"/jobs/{job}")
             allocator._stored[f"/jobs/{job}"] = version
             data: dict[str, Any] = json.loads(value)
             if int(data.get("schema", 0)) > SCHEMA:
                 raise ValueError(f"job {job}: a record of a newer schema than this plait reads")
+            records.append((job, data))
+        allocator._release_unused({(fleet.index_of(machine), ent) for _, data in records
+                                   for machine, *_, ent in data["tasks"].values()})
+        for job, data in records:
             state = JobState(codes.code(data["entitlement"]))
             for t, (machine, cpu, mem, disk, ent) in data["tasks"].items():
                 m = fleet.index_of(machine)
                 task = int(t)
+                if not allocator._bound(m, ent):
+                    continue  # its machine went to another entitlement: placed again
                 state.placement[task] = m
                 state.units[task] = (int(cpu), int(mem), int(disk))
                 state.ents[task] = codes.code(ent)
@@ -147,3 +154,32 @@ class PersistentAllocator(Allocator):
             allocator.jobs[job] = state
         index.changes += 1
         return allocator
+
+    # -- repair after a crash -------------------------------------------------------------
+    # A machine's binding is written when it is claimed or released, the placements at
+    # the end of the pass: a crash in between leaves a placement on a machine its
+    # entitlement no longer holds, or a machine bound with no tasks. ``load`` mends both.
+    def _bound(self, m: int, entitlement: str) -> bool:
+        """Is machine ``m`` bound to ``entitlement`` (claiming it if it is free)?"""
+        region = self.region
+        bound = region.broker_of(m).entitlement_of(m)
+        if bound == entitlement:
+            return True
+        if bound is not None:
+            return False
+        try:
+            region.claim(m, entitlement, region.version(m))
+        except Conflict:
+            return False
+        return True
+
+    def _release_unused(self, used: set[tuple[int, str]]) -> None:
+        """Machines bound to an entitlement that no stored placement of it uses go back
+        to the free pool (the allocator releases emptied machines at once, so only a
+        crash leaves them)."""
+        region, index = self.region, self.index
+        names = region.entitlements.names
+        for code, members in list(index.members.items()):
+            for m in members.ids.tolist():
+                if (m, names[code]) not in used:
+                    region.release(m, names[code], region.version(m))
