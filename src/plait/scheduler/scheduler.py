@@ -596,9 +596,10 @@ class Scheduler:
         notice = self._maintenance(now)
         idle = self._idle
         for name in sorted(self.jobs):
-            if name in idle and not notice:
-                continue  # nothing under way and nothing new: its reconcile is a no-op
             job = self.jobs[name]
+            if name in idle and not (notice and any(
+                    r.machine in notice for r in job.tasks.values())):
+                continue  # nothing under way and nothing new: its reconcile is a no-op
             quiet = self._quiet(job)
             try:
                 self._reconcile(job, notice, now)
