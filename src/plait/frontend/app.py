@@ -85,6 +85,8 @@ class StatusIn(pydantic.BaseModel):
     phase: Phase
     healthy: bool = True
     exit_code: int | None = None
+    #: host:port the task listens on (its PLAIT_PORT), for service discovery
+    endpoint: str | None = pydantic.Field(default=None, max_length=300)
 
 
 class OutputChunk(pydantic.BaseModel):
@@ -599,6 +601,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                                        f"joined with {who.token_id}")
         cp.record("auth", "machine_joined", f"{body.machine} (credential {info.id})",
                   machine=body.machine)
+        cp.joined(body.machine)
         return {"machine": body.machine, "token": token, "id": info.id}
 
     def machine_only(request: Request, who: Principal, machine: str) -> None:
@@ -626,7 +629,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """An agent's report of the tasks on its machine."""
         machine_only(request, who, machine)
         cp.report(machine, [TaskStatus(t.job, t.index, t.revision, t.phase, t.healthy,
-                                       t.exit_code) for t in body.tasks])
+                                       t.exit_code) for t in body.tasks],
+                  {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint})
         return {"machine": machine, "accepted": len(body.tasks)}
 
     return app

@@ -25,6 +25,7 @@ from typing import Any
 
 from plait.allocator import AllocationRequest, MachineIndex
 from plait.errors import Conflict, NotFound, ValidationError
+from plait.health import HealthCheck
 from plait.model import Entitlement, JobSpec, RegionSpec, generate, parse
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.model.machine import MachineState
@@ -74,6 +75,8 @@ class ControlPlaneConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     #: how long a drain leaves TaskControl to move tasks before they are stopped
     drain_deadline_seconds: float = 300.0
+    #: a machine whose agent has not heartbeated this long is unavailable (real agents)
+    heartbeat_timeout: float = 5.0
 
 
 def _controller_for(spec: JobSpec) -> TaskController | None:
@@ -111,6 +114,19 @@ class ControlPlane:
         self.sim = Simulation(self.fleet, behaviour, scheduler=self.scheduler, now=now) \
             if config.sim_agents else None
         self.logs = TaskLogs()
+        #: (job, index) -> "host:port" the task's agent reported
+        self.endpoints: dict[tuple[str, int], str] = {}
+        self.liveness = HealthCheck(config.heartbeat_timeout)
+        if self.sim is None:  # real agents: a machine is up only while its agent beats
+            down = {e.id[len("health-"):] for e in self.region.events()
+                    if e.id.startswith("health-")}
+            for m in range(len(self.fleet)):
+                name = self.fleet.name(m)
+                if name in down:
+                    self.liveness.last[name] = float("-inf")
+                    self.liveness.down.add(name)
+                else:
+                    self.liveness.watch(name, now)  # its agent has a timeout to come back
         if self.sim is not None:
             self.sim.output = []  # the simulated processes' output goes to the task logs
         self._sync_errors: dict[str, None] = {}
@@ -147,6 +163,7 @@ class ControlPlane:
                 self.sim.step(now)
                 self._sim_output()
             else:
+                self._check_health(now)
                 self.region.tick(now)
                 self.scheduler.tick(now)
             # events are attributed before the save drops the records of deleted jobs
@@ -163,6 +180,25 @@ class ControlPlane:
             self.steps += 1
             self.last_step = time.monotonic()
         self.flush_events()
+
+    def _check_health(self, now: float) -> None:
+        """Flow 2: a machine whose agent stopped heartbeating fails in its broker (its
+        tasks are disabled in discovery and replaced per TaskControl); one that is
+        back is healthy again."""
+        went, came = self.liveness.check(now)
+        for machine in went:
+            self.region.add_event(UnavailabilityEvent(
+                f"health-{machine}", EventKind.FAILURE, (machine,), now, None,
+                f"no heartbeat for {self.liveness.timeout:g}s"), now)
+            self.record("health", "machine_unreachable",
+                        f"{machine}: no heartbeat for {self.liveness.timeout:g}s", machine=machine)
+        for machine in came:
+            try:
+                self.region.end_event(f"health-{machine}", now)
+            except NotFound:
+                pass
+            self.record("health", "machine_back", f"{machine}: heartbeating again",
+                        machine=machine)
 
     def _sim_output(self) -> None:
         assert self.sim is not None and self.sim.output is not None
@@ -404,7 +440,8 @@ class ControlPlane:
         with self.lock:
             if name not in self.scheduler.jobs:
                 return []
-            return [{"index": i, "machine": m} for i, m in self.scheduler.discovery(name)]
+            return [{"index": i, "machine": m, "endpoint": self.endpoints.get((name, i))}
+                    for i, m in self.scheduler.discovery(name)]
 
     def plan(self, spec: JobSpec) -> dict[str, Any]:
         """What deploying ``spec`` would do, changing nothing: the spec fields that
@@ -623,8 +660,18 @@ class ControlPlane:
         self.jobs.get(job)
         return self.logs.read(job, index, after, limit)
 
-    def report(self, machine: str, statuses: list[TaskStatus]) -> None:
+    def report(self, machine: str, statuses: list[TaskStatus],
+               endpoints: dict[tuple[str, int], str] | None = None) -> None:
+        """An agent's heartbeat: its tasks' statuses and where they listen."""
         self.machine_index(machine)
         with self.lock:
-            self.scheduler.report(machine, statuses, self.clock())
+            now = self.clock()
+            self.liveness.beat(machine, now)
+            self.scheduler.report(machine, statuses, now)
+            for key, endpoint in (endpoints or {}).items():
+                self.endpoints[key] = endpoint
         self._wake.set()
+
+    def joined(self, machine: str) -> None:
+        with self.lock:
+            self.liveness.watch(machine, self.clock())

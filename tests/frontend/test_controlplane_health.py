@@ -1,0 +1,50 @@
+"""With real agents, a machine is available only while its agent heartbeats."""
+
+from livecp import REGION
+
+from plait.model import Entitlement, JobSpec, Quota, parse
+from plait.scheduler.records import Phase, TaskStatus
+from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.server.serve import store_for
+
+SPEC = parse(JobSpec, {"name": "web", "entitlement": "web", "task_count": 2,
+                       "resources": {"cpu": 1, "memory_gb": 1}, "command": "serve"})
+
+
+def test_silent_machines_fail_heartbeating_ones_take_the_tasks_and_come_back(tmp_path):
+    now = [1000.0]
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(region=REGION,
+                                                              heartbeat_timeout=5),
+                      clock=lambda: now[0])
+    alive = ["m0000001", "m0000007"]
+
+    def beat():
+        for m in alive:
+            statuses = [TaskStatus(a.job, a.index, a.revision, Phase.RUNNING)
+                        for a in cp.desired(m)]
+            cp.report(m, statuses, {(s.job, s.index): f"127.0.0.1:{9000 + s.index}"
+                                    for s in statuses})
+
+    cp.define_entitlement(Entitlement(name="web", owner="o", quota=Quota(machines=4)))
+    for _ in range(8):  # past the timeout: only the two heartbeating machines are up
+        now[0] += 1
+        beat()
+        cp.step()
+    states = {m["id"]: m["state"] for m in cp.machines(limit=1000)[0]}
+    assert {m for m, s in states.items() if s == "healthy"} == set(alive)
+    cp.create_job(SPEC)
+    for _ in range(4):
+        now[0] += 1
+        cp.step()
+        beat()
+    assert {t["machine"] for t in cp.tasks_view("web")} <= set(alive)
+    assert sorted(e["endpoint"] for e in cp.discovery("web")) == ["127.0.0.1:9000",
+                                                                  "127.0.0.1:9001"]
+    alive.append("m0000002")  # an agent starts: its machine is back
+    now[0] += 1
+    beat()
+    cp.step()
+    assert cp.machine("m0000002")["state"] == "healthy"
+    kinds = [e.kind for e in cp.events.query(limit=1000)[0]]
+    assert "machine_unreachable" in kinds and "machine_back" in kinds
+    cp.store.close()
