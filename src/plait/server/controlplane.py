@@ -193,10 +193,8 @@ class ControlPlane:
             self.record("health", "machine_unreachable",
                         f"{machine}: no heartbeat for {self.liveness.timeout:g}s", machine=machine)
         for machine in came:
-            try:
+            with contextlib.suppress(NotFound):
                 self.region.end_event(f"health-{machine}", now)
-            except NotFound:
-                pass
             self.record("health", "machine_back", f"{machine}: heartbeating again",
                         machine=machine)
 
