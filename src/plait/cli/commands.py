@@ -10,8 +10,10 @@ for scripts. Errors are one line on stderr and a non-zero exit code (see
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+import os
 import re
 import sys
 import time
@@ -148,6 +150,8 @@ def serve(
     event_retention: Annotated[int, typer.Option(min=1, help="events kept")] = 10_000,
     event_max_age: Annotated[float, typer.Option(min=1, help="seconds events are kept")]
     = 7 * 86400.0,
+    heartbeat_timeout: Annotated[float, typer.Option(
+        min=0.5, help="seconds without a heartbeat before a machine is unavailable")] = 5.0,
     context: Annotated[str, typer.Option(help="client context to write")] = "local",
     write_config: Annotated[bool, typer.Option(help="write URL and admin token to the "
                                                     "client configuration")] = True,
@@ -166,7 +170,8 @@ def serve(
         region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc,
                                   rows_per_msb=1, racks_per_row=2)
         config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
-                                    retention=Retention(event_retention, event_max_age))
+                                    retention=Retention(event_retention, event_max_age),
+                                    heartbeat_timeout=heartbeat_timeout)
         started = prepare(data_dir, store, config, host, port, write_config, context)
     except PlaitError as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -179,6 +184,154 @@ def serve(
     # signal that stopped it, so nothing after run() would run)
     uvicorn.run(create_app(cp, close_store=True), host=host, port=port, log_level="warning",
                 access_log=False)
+
+
+# -- agent ---------------------------------------------------------------------------------
+def agent(
+    machine_id: Annotated[str, typer.Option(help="this machine's id in the region")],
+    control_plane: Annotated[str, typer.Option(help="front-end URL(s), comma-separated")],
+    data_dir: Annotated[Path, typer.Option(help="the agent's state, task dirs and logs")],
+    join_token: Annotated[str | None, typer.Option(
+        envvar="PLAIT_JOIN_TOKEN", help="the cluster join token (first start only)")] = None,
+    advertise: Annotated[str, typer.Option(help="address tasks are reached at")] = "127.0.0.1",
+    interval: Annotated[float, typer.Option(min=0.05, help="seconds between steps")] = 1.0,
+) -> None:
+    """Run the agent of one machine: join, pull the desired task set, run the tasks as
+    processes, report their statuses and output. Tasks keep running if the control
+    plane is unreachable, and a restarted agent adopts them."""
+    import signal
+    import threading
+
+    from plait.agent.daemon import Agent
+
+    try:
+        a = Agent(machine_id, control_plane.split(","), join_token, data_dir, advertise)
+    except (ValueError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    err.print(f"plait agent {machine_id}: isolation {a.runtime.describe()}; "
+              f"{len(a.handles)} running tasks adopted")
+    stop = threading.Event()
+    shutdown = {"tasks": False}
+
+    def stop_tasks(*_: object) -> None:  # Ctrl-C (SIGINT): stop the tasks too
+        shutdown["tasks"] = True
+        stop.set()
+
+    # SIGTERM stops the agent alone: its tasks keep running, and a new agent adopts them
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, stop_tasks)
+    (data_dir / "agent.pid").write_text(f"{os.getpid()}\n")
+    a.run(interval, stop)
+    if shutdown["tasks"]:
+        a.shutdown()
+        err.print(f"plait agent {machine_id}: tasks stopped")
+
+
+# -- up ------------------------------------------------------------------------------------
+def up(
+    data_dir: Annotated[Path, typer.Option(help="store, tokens and agents' state")]
+    = Path(".plait"),
+    machines: Annotated[int, typer.Option(min=1, max=200, help="agents (one per machine)")]
+    = 6,
+    dcs: Annotated[int, typer.Option(min=1)] = 2,
+    msbs_per_dc: Annotated[int, typer.Option(min=1)] = 3,
+    host: str = "127.0.0.1",
+    port: int = 7070,
+    heartbeat_timeout: Annotated[float, typer.Option(min=0.5)] = 5.0,
+) -> None:
+    """A whole region on this box: the control plane (API, scheduler, allocator,
+    brokers, health checks) and one agent process per machine, each with its own
+    fault domain. Ctrl-C stops the agents and their tasks; `plait up` again on the same
+    data dir brings every job back. Agents that still run (the control plane alone was
+    killed) are adopted, with their tasks, instead of started again."""
+    import signal
+    import subprocess
+    import threading
+
+    from plait.model import RegionSpec
+    from plait.server.controlplane import ControlPlaneConfig
+    from plait.server.serve import ApiServer, prepare
+
+    region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc, rows_per_msb=1,
+                              racks_per_row=1)
+    config = ControlPlaneConfig(region=region, tick_seconds=0.2,
+                                heartbeat_timeout=heartbeat_timeout)
+    started = prepare(data_dir, None, config, host, port)
+    cp = started.control_plane
+    join_file = data_dir / "join-token"
+    if not join_file.exists():
+        _, token = cp.tokens.create("join", "plait-up", cp.clock(), "agents of plait up")
+        fd = os.open(join_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    join = join_file.read_text().strip()
+    server = ApiServer(cp, host, port, log_level="warning").start()
+    agents: dict[str, subprocess.Popen[bytes] | int] = {}
+    adopted = 0
+    for m in range(len(cp.fleet)):
+        name = cp.fleet.name(m)
+        home = data_dir / "agents" / name
+        home.mkdir(parents=True, exist_ok=True)
+        pid = _alive_pid(home / "agent.pid")
+        if pid is not None:
+            agents[name] = pid  # still running from before: adopted with its tasks
+            adopted += 1
+            continue
+        log = open(home / "agent.log", "ab")  # noqa: SIM115 (the agent's lifetime)
+        agents[name] = subprocess.Popen(
+            [sys.executable, "-m", "plait.cli.main", "agent", "--machine-id", name,
+             "--control-plane", server.url, "--join-token", join, "--data-dir", str(home),
+             "--interval", "0.5"],
+            stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
+    out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
+              f"({len(agents) - adopted} agents started, {adopted} adopted), "
+              f"API on {server.url}")
+    out.print(f"CLI configured ({started.config_path}): try "
+              "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    done.wait()
+    out.print("stopping the agents and their tasks ...")
+    for agent in agents.values():
+        pid = agent if isinstance(agent, int) else agent.pid
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 30
+    for agent in agents.values():
+        pid = agent if isinstance(agent, int) else agent.pid
+        while time.monotonic() < deadline and _alive(pid):
+            if not isinstance(agent, int):
+                agent.poll()
+            time.sleep(0.1)
+    server.stop()
+    cp.store.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a zombie child is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _alive_pid(path: Path) -> int | None:
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not _alive(pid):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return pid if b"agent" in cmdline else None
 
 
 # -- context -------------------------------------------------------------------------------
@@ -823,6 +976,8 @@ def register(app: typer.Typer) -> None:
         target.context, target.url, target.token = context, url, token
 
     app.command()(serve)
+    app.command()(agent)
+    app.command()(up)
     app.command()(discover)
     app.command()(events)
     app.add_typer(context_app, name="context")

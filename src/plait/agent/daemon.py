@@ -1,0 +1,239 @@
+"""The agent: one per machine. It joins with the cluster join token, then pulls its
+machine's desired task set from the control plane, converges to it with real
+processes, and reports their statuses, endpoints and output (DESIGN.md "Agents and
+the control plane").
+
+Everything the agent needs to keep its tasks running is on its own disk
+(``DATA/agent.json``): a restarted agent adopts its running processes without
+restarting them, and while the control plane is unreachable nothing is stopped.
+When it reaches the control plane again, whatever is no longer assigned to its
+machine is stopped (the agent fences itself: never two serving copies of a task).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from plait.agent.runtime import Handle, ProcessRuntime
+
+#: restart backoff after a crash: 1, 2, 4 ... seconds, at most this
+MAX_BACKOFF = 30.0
+
+
+@dataclass
+class Task:
+    job: str
+    index: int
+    revision: int
+    port: int
+    handle: dict[str, Any] | None = None
+    log_offset: int = 0
+    exit_code: int | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.job}.{self.index}"
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class Agent:
+    def __init__(self, machine: str, urls: list[str], join_token: str | None, data_dir: Path,
+                 advertise: str = "127.0.0.1", timeout: float = 5.0,
+                 runtime: ProcessRuntime | None = None) -> None:
+        self.machine = machine
+        self.urls = [u.rstrip("/") for u in urls]
+        self.join_token = join_token
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.advertise = advertise
+        self.http = httpx.Client(timeout=timeout)
+        self.runtime = runtime or ProcessRuntime(self.data_dir)
+        self.state_path = self.data_dir / "agent.json"
+        self.token: str | None = None
+        self.tasks: dict[str, Task] = {}
+        self.handles: dict[str, Handle] = {}
+        self.reachable = False
+        self._load()
+
+    # -- local state -----------------------------------------------------------------------
+    def _load(self) -> None:
+        if not self.state_path.exists():
+            return
+        data = json.loads(self.state_path.read_text())
+        if data.get("machine") != self.machine:
+            raise ValueError(f"{self.state_path} belongs to machine {data.get('machine')}")
+        self.token = data.get("token")
+        for key, raw in data.get("tasks", {}).items():
+            task = Task(**raw)
+            handle = self.runtime.adopt(task.handle) if task.handle else None
+            if handle is not None:
+                self.handles[key] = handle  # still running: adopted, not restarted
+            else:
+                task.handle = None
+            self.tasks[key] = task
+
+    def _save(self) -> None:
+        data = {"machine": self.machine, "token": self.token,
+                "tasks": {k: asdict(t) for k, t in self.tasks.items()}}
+        fd, tmp = tempfile.mkstemp(dir=self.data_dir, prefix=".agent.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.state_path)
+
+    # -- the control plane -----------------------------------------------------------------
+    def _call(self, method: str, path: str, token: str | None, body: Any = None) -> Any:
+        last: Exception | None = None
+        for url in self.urls:  # any front end will do
+            try:
+                r = self.http.request(method, url + path, json=body,
+                                      headers={"Authorization": f"Bearer {token}"})
+            except httpx.TransportError as exc:
+                last = exc
+                continue
+            r.raise_for_status()
+            return r.json()
+        raise ConnectionError(f"no control plane reachable at {', '.join(self.urls)}: {last}")
+
+    def join(self) -> None:
+        if self.token is not None:
+            return
+        if not self.join_token:
+            raise ValueError("this agent has no machine credential yet: give --join-token")
+        self.token = self._call("POST", "/v1/agents/join", self.join_token,
+                                {"machine": self.machine})["token"]
+        self._save()
+
+    # -- one step --------------------------------------------------------------------------
+    def step(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.join()
+        try:
+            desired = self._call("GET", f"/v1/machines/{self.machine}/desired", self.token)
+            self.reachable = True
+        except (ConnectionError, httpx.HTTPStatusError):
+            self.reachable = False  # keep everything running, as it is
+            self._supervise(now)
+            return
+        want = {f"{a['job']}.{a['index']}": a for a in desired["tasks"]}
+        for key in [k for k in self.tasks if k not in want]:
+            self._remove(key)  # no longer assigned here: stopped (fencing)
+        for key, a in want.items():
+            task = self.tasks.get(key)
+            if task is not None and task.revision != a["revision"]:
+                self._stop(key)  # a new revision: restart on it
+                task.revision = a["revision"]
+                task.restarts, task.next_start, task.exit_code = 0, 0.0, None
+            if task is None:
+                task = self.tasks[key] = Task(a["job"], a["index"], a["revision"],
+                                              _free_port(self.advertise))
+            if key not in self.handles and now >= task.next_start and task.exit_code is None:
+                self._start(task, a["spec"])
+        self._supervise(now)
+        self._report()
+        self._save()
+
+    def _start(self, task: Task, spec: dict[str, Any]) -> None:
+        home = self.data_dir / "tasks" / task.key
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **spec.get("env", {}), "PLAIT_PORT": str(task.port),
+               "PLAIT_JOB": task.job, "PLAIT_TASK_INDEX": str(task.index),
+               "PLAIT_MACHINE": self.machine, "PLAIT_DATA_DIR": str(home)}
+        res = spec["resources"]
+        handle = self.runtime.start(task.key, spec["command"], list(spec.get("args", [])), env,
+                                    home, float(res["cpu"]),
+                                    max(16, int(float(res.get("memory_gb", 0)) * 1024)))
+        self.handles[task.key] = handle
+        task.handle = handle.to_dict()
+
+    def _supervise(self, now: float) -> None:
+        """Notice exits; restart crashed tasks after a backoff (restart policy: always)."""
+        for key, handle in list(self.handles.items()):
+            code = self.runtime.poll(handle)
+            if code is None:
+                continue
+            task = self.tasks[key]
+            del self.handles[key]
+            task.handle = None
+            task.exit_code = code
+            task.restarts += 1
+            task.next_start = now + min(MAX_BACKOFF, 2.0 ** (task.restarts - 1))
+        for task in self.tasks.values():
+            if task.exit_code is not None and now >= task.next_start:
+                task.exit_code = None  # started again on the next step
+
+    def _stop(self, key: str) -> None:
+        handle = self.handles.pop(key, None)
+        if handle is not None:
+            self.runtime.stop(handle, grace=10.0)
+        task = self.tasks.get(key)
+        if task is not None:
+            task.handle = None
+
+    def _remove(self, key: str) -> None:
+        self._stop(key)
+        self.tasks.pop(key, None)
+        self.runtime.cleanup(key)
+        shutil.rmtree(self.data_dir / "tasks" / key, ignore_errors=True)
+
+    def _report(self) -> None:
+        statuses, chunks = [], []
+        for key, task in self.tasks.items():
+            handle = self.handles.get(key)
+            if handle is not None:
+                statuses.append({"job": task.job, "index": task.index,
+                                 "revision": task.revision, "phase": "running",
+                                 "endpoint": f"{self.advertise}:{task.port}"})
+                data, offset = self.runtime.read_log(handle, task.log_offset)
+                if data:
+                    chunks.append({"job": task.job, "index": task.index,
+                                   "data": data.decode(errors="replace")})
+                    task.log_offset = offset
+            elif task.exit_code is not None:
+                statuses.append({"job": task.job, "index": task.index,
+                                 "revision": task.revision, "phase": "exited",
+                                 "healthy": False, "exit_code": task.exit_code})
+        try:
+            self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
+                       {"tasks": statuses})
+            if chunks:
+                self._call("POST", f"/v1/machines/{self.machine}/output", self.token,
+                           {"chunks": chunks})
+        except (ConnectionError, httpx.HTTPStatusError):
+            self.reachable = False
+
+    def run(self, interval: float = 1.0, stop: Any = None) -> None:
+        """Step every ``interval`` seconds until ``stop`` (a threading.Event) is set."""
+        while stop is None or not stop.is_set():
+            try:
+                self.step()
+            except (ConnectionError, httpx.HTTPError) as exc:
+                print(f"plait agent {self.machine}: {exc}", flush=True)
+            if stop is None:
+                time.sleep(interval)
+            else:
+                stop.wait(interval)
+
+    def shutdown(self) -> None:
+        """Stop every task (Ctrl-C of `plait up`), keeping nothing running."""
+        for key in list(self.handles):
+            self._stop(key)
+        self._save()
