@@ -134,3 +134,52 @@ def test_agents_run_a_job_as_processes_and_adopt_them_after_a_restart(region):
     for pid in before.values():
         os.kill(pid, 0)  # still the same, running process
     assert all(answers(e) for e in region.endpoints().values())
+
+
+def test_a_dead_machine_is_replaced_and_a_returning_agent_stops_its_stale_copies(region):
+    for machine in AGENTS:
+        region.start_agent(machine)
+    wait_for(lambda: region.admin.get("/v1/machines", params={"state": "failed"}).json()[
+        "total"] == 4, what="agentless machines fail")
+    region.admin.post("/v1/entitlements", json={"name": "web", "owner": "o",
+                                                "quota": {"machines": 8}})
+    region.admin.post("/v1/jobs", json=WEB)
+    wait_for(lambda: len(region.endpoints()) == 3 and all(
+        answers(e) for e in region.endpoints().values()), what="every task answers HTTP")
+    tasks = region.admin.get("/v1/jobs/web/tasks").json()["tasks"]
+    victim = tasks[0]["machine"]
+    stale = region.task_pids(victim)
+    seen: list[dict[int, str]] = []
+
+    # the agent dies and stays away past the heartbeat timeout; its task keeps running
+    # (a partitioned machine), is disabled in discovery and replaced elsewhere
+    region.agents[victim].kill()
+    region.agents[victim].wait(timeout=30)
+
+    def replaced() -> bool:
+        now = region.endpoints()
+        seen.append(now)
+        placed = {t["index"]: t["machine"] for t in region.admin.get(
+            "/v1/jobs/web/tasks").json()["tasks"]}
+        return len(now) == 3 and victim not in placed.values() and all(
+            answers(e) for e in now.values())
+    wait_for(replaced, what="the lost task runs and answers elsewhere")
+    assert all(len(s) == len(set(s)) for s in seen)  # one entry per task index, always
+    assert all(alive(pid) for pid in stale.values())  # the stale copy still runs...
+
+    # ...until its agent is back and fences itself
+    region.start_agent(victim)
+    wait_for(lambda: not any(alive(pid) for pid in stale.values()),
+             what="the returning agent stops the replaced copy")
+    assert len(region.endpoints()) == 3
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False

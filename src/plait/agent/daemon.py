@@ -12,6 +12,7 @@ machine is stopped (the agent fences itself: never two serving copies of a task)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -66,6 +67,8 @@ class Agent:
         self.http = httpx.Client(timeout=timeout)
         self.runtime = runtime or ProcessRuntime(self.data_dir)
         self.state_path = self.data_dir / "agent.json"
+        digest = hashlib.sha1(str(self.data_dir.resolve()).encode()).hexdigest()[:8]
+        self.prefix = f"{machine}.{digest}"
         self.token: str | None = None
         self.tasks: dict[str, Task] = {}
         self.handles: dict[str, Handle] = {}
@@ -158,9 +161,18 @@ class Agent:
                "PLAIT_JOB": task.job, "PLAIT_TASK_INDEX": str(task.index),
                "PLAIT_MACHINE": self.machine, "PLAIT_DATA_DIR": str(home)}
         res = spec["resources"]
-        handle = self.runtime.start(task.key, spec["command"], list(spec.get("args", [])), env,
-                                    home, float(res["cpu"]),
-                                    max(16, int(float(res.get("memory_gb", 0)) * 1024)))
+        try:
+            # runtime keys carry the machine and the data dir: agents of several
+            # machines may share a host (`plait up`), and with it the cgroup hierarchy
+            handle = self.runtime.start(
+                f"{self.prefix}/{task.key}", spec["command"], list(spec.get("args", [])), env,
+                home, float(res["cpu"]), max(16, int(float(res.get("memory_gb", 0)) * 1024)))
+        except (OSError, RuntimeError, ValueError) as exc:  # reported as a failed start
+            print(f"plait agent {self.machine}: cannot start {task.key}: {exc}", flush=True)
+            task.exit_code = 127
+            task.restarts += 1
+            task.next_start = time.monotonic() + min(MAX_BACKOFF, 2.0 ** (task.restarts - 1))
+            return
         self.handles[task.key] = handle
         task.handle = handle.to_dict()
 
@@ -191,7 +203,7 @@ class Agent:
     def _remove(self, key: str) -> None:
         self._stop(key)
         self.tasks.pop(key, None)
-        self.runtime.cleanup(key)
+        self.runtime.cleanup(f"{self.prefix}/{key}")
         shutil.rmtree(self.data_dir / "tasks" / key, ignore_errors=True)
 
     def _report(self) -> None:
