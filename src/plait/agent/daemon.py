@@ -151,6 +151,7 @@ class Agent:
             if key not in self.handles and now >= task.next_start and task.exit_code is None:
                 self._start(task, a["spec"])
         self._supervise(now)
+        self.runtime.rotate_logs()  # (the agent keeps the whole logs, rotated)
         self._report()
         self._save()
 
