@@ -284,9 +284,10 @@ def up(
              "--control-plane", server.url, "--join-token", join, "--data-dir", str(home),
              "--interval", "0.5"],
             stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
+    ready = cp.wait_for_agents(list(agents), timeout=60)
     out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
-              f"({len(agents) - adopted} agents started, {adopted} adopted), "
-              f"API on {server.url}")
+              f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
+              f"heartbeating), API on {server.url}")
     out.print(f"CLI configured ({started.config_path}): try "
               "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
     done = threading.Event()

@@ -670,6 +670,18 @@ class ControlPlane:
                 self.endpoints[key] = endpoint
         self._wake.set()
 
+    def wait_for_agents(self, machines: list[str], timeout: float) -> int:
+        """Wait (at most ``timeout`` seconds) until every machine's agent has
+        heartbeated since this call; returns how many have."""
+        since = self.clock()
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                beating = sum(1 for m in machines if self.liveness.last.get(m, since) > since)
+            if beating == len(machines) or time.monotonic() > deadline:
+                return beating
+            time.sleep(0.05)
+
     def joined(self, machine: str) -> None:
         with self.lock:
             self.liveness.watch(machine, self.clock())
