@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
-from test_e2e_agents import WEB, answers, wait_for
+from test_e2e_agents import WEB, alive, answers, wait_for
 
 from plait.server.serve import free_port
 
@@ -24,17 +24,6 @@ def task_pids(data: Path) -> dict[str, int]:
             if task["handle"]:
                 pids[key] = task["handle"]["pid"]
     return pids
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def test_up_stop_up_again_and_survive_a_killed_control_plane(tmp_path):
