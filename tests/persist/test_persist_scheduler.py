@@ -183,3 +183,25 @@ def test_an_update_that_names_a_task_controller_uses_it_from_then_on(tmp_path):
     p.jobs.update(job_spec("web", 2, task_controller="http://127.0.0.1:9/tc"), now=1)
     p.persist.sync(1)
     assert made == ["http://127.0.0.1:9/tc"] and p.scheduler.job("web").controller is not None
+
+
+def test_finished_batch_tasks_stay_finished_after_a_restart(tmp_path):
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    a.jobs.create(job_spec("ok", 2, command="finish", restart={"policy": "on-failure"}), now=0)
+    a.jobs.create(job_spec("bad", 1, command="fail", restart={"policy": "never"}), now=0)
+    a.run(30)
+    finished = {n: {i: (r.state, r.exit_code) for i, r in a.scheduler.jobs[n].tasks.items()}
+                for n in ("ok", "bad")}
+    assert finished == {"ok": {0: (TaskState.SUCCEEDED, 0), 1: (TaskState.SUCCEEDED, 0)},
+                        "bad": {0: (TaskState.DEAD, 1)}}
+    a.store.close()
+
+    b = Plane(path, now=a.sim.now)
+    assert {n: {i: (r.state, r.exit_code) for i, r in b.scheduler.jobs[n].tasks.items()}
+            for n in ("ok", "bad")} == finished
+    b.run(30)  # and nothing runs them again
+    assert {n: {i: (r.state, r.exit_code) for i, r in b.scheduler.jobs[n].tasks.items()}
+            for n in ("ok", "bad")} == finished
+    assert not any(b.scheduler.desired.values())

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from plait.agent.probe import Prober
 from plait.agent.runtime import Handle, ProcessRuntime
 
 #: restart backoff after a crash: 1, 2, 4 ... seconds, at most this
@@ -42,6 +43,11 @@ class Task:
     exit_code: int | None = None
     restarts: int = 0
     next_start: float = 0.0
+    #: the process exited and will not be started again (restart policy)
+    final: bool = False
+    #: the job's restart policy: always, on-failure (with max_retries) or never
+    policy: str = "always"
+    max_retries: int = 3
 
     @property
     def key(self) -> str:
@@ -72,6 +78,11 @@ class Agent:
         self.token: str | None = None
         self.tasks: dict[str, Task] = {}
         self.handles: dict[str, Handle] = {}
+        #: the last spec seen per task (for its health probe)
+        self.specs: dict[str, dict[str, Any]] = {}
+        self.prober = Prober()
+        #: output read from tasks that exited, not sent yet
+        self._output: list[dict[str, Any]] = []
         self.reachable = False
         self._load()
 
@@ -145,22 +156,25 @@ class Agent:
                 self._stop(key)  # a new revision: restart on it
                 task.revision = a["revision"]
                 task.restarts, task.next_start, task.exit_code = 0, 0.0, None
+                task.final = False
             if task is None:
                 task = self.tasks[key] = Task(a["job"], a["index"], a["revision"],
                                               _free_port(self.advertise))
+            restart = a["spec"].get("restart") or {}
+            task.policy = restart.get("policy", "always")
+            task.max_retries = int(restart.get("max_retries", 3))
+            self.specs[key] = a["spec"]
             if key not in self.handles and now >= task.next_start and task.exit_code is None:
                 self._start(task, a["spec"])
         self._supervise(now)
         self.runtime.rotate_logs()  # (the agent keeps the whole logs, rotated)
-        self._report()
+        self._report(now)
         self._save()
 
     def _start(self, task: Task, spec: dict[str, Any]) -> None:
         home = self.data_dir / "tasks" / task.key
         home.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **spec.get("env", {}), "PLAIT_PORT": str(task.port),
-               "PLAIT_JOB": task.job, "PLAIT_TASK_INDEX": str(task.index),
-               "PLAIT_MACHINE": self.machine, "PLAIT_DATA_DIR": str(home)}
+        env = self._env(task, spec)
         res = spec["resources"]
         try:
             # runtime keys carry the machine and the data dir: agents of several
@@ -176,21 +190,38 @@ class Agent:
             return
         self.handles[task.key] = handle
         task.handle = handle.to_dict()
+        self.prober.forget(task.key)  # unhealthy until its probe passes
+
+    def _env(self, task: Task, spec: dict[str, Any]) -> dict[str, str]:
+        return {**os.environ, **spec.get("env", {}), "PLAIT_PORT": str(task.port),
+                "PLAIT_JOB": task.job, "PLAIT_TASK_INDEX": str(task.index),
+                "PLAIT_MACHINE": self.machine,
+                "PLAIT_DATA_DIR": str(self.data_dir / "tasks" / task.key)}
 
     def _supervise(self, now: float) -> None:
-        """Notice exits; restart crashed tasks after a backoff (restart policy: always)."""
+        """Notice exits and apply the restart policy: ``always`` starts the task again
+        after a backoff; ``on-failure`` too, unless it exited 0 or used its retries;
+        ``never`` does not. A task not started again is final."""
         for key, handle in list(self.handles.items()):
             code = self.runtime.poll(handle)
             if code is None:
                 continue
             task = self.tasks[key]
+            data, task.log_offset = self.runtime.read_log(handle, task.log_offset)
+            if data:  # what it printed last (a batch task's result) is not lost
+                self._output.append({"job": task.job, "index": task.index,
+                                     "data": data.decode(errors="replace")})
             del self.handles[key]
             task.handle = None
             task.exit_code = code
+            if task.policy == "never" or (task.policy == "on-failure" and (
+                    code == 0 or task.restarts >= task.max_retries)):
+                task.final = True
+                continue
             task.restarts += 1
             task.next_start = now + min(MAX_BACKOFF, 2.0 ** (task.restarts - 1))
         for task in self.tasks.values():
-            if task.exit_code is not None and now >= task.next_start:
+            if task.exit_code is not None and not task.final and now >= task.next_start:
                 task.exit_code = None  # started again on the next step
 
     def _stop(self, key: str) -> None:
@@ -204,16 +235,30 @@ class Agent:
     def _remove(self, key: str) -> None:
         self._stop(key)
         self.tasks.pop(key, None)
+        self.specs.pop(key, None)
+        self.prober.forget(key)
         self.runtime.cleanup(f"{self.prefix}/{key}")
         shutil.rmtree(self.data_dir / "tasks" / key, ignore_errors=True)
 
-    def _report(self) -> None:
-        statuses, chunks = [], []
+    def _healthy(self, task: Task, now: float) -> bool:
+        spec = self.specs.get(task.key)
+        probe = spec.get("health") if spec else None
+        if not probe:
+            return True  # no probe: healthy while the process runs
+        return self.prober.check(task.key, probe, self.advertise, task.port,
+                                 self._env(task, spec or {}),
+                                 self.data_dir / "tasks" / task.key, now)
+
+    def _report(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        statuses: list[dict[str, Any]] = []
+        chunks, self._output = self._output, []
         for key, task in self.tasks.items():
             handle = self.handles.get(key)
             if handle is not None:
                 statuses.append({"job": task.job, "index": task.index,
                                  "revision": task.revision, "phase": "running",
+                                 "healthy": self._healthy(task, now),
                                  "endpoint": f"{self.advertise}:{task.port}"})
                 data, offset = self.runtime.read_log(handle, task.log_offset)
                 if data:
@@ -223,15 +268,26 @@ class Agent:
             elif task.exit_code is not None:
                 statuses.append({"job": task.job, "index": task.index,
                                  "revision": task.revision, "phase": "exited",
-                                 "healthy": False, "exit_code": task.exit_code})
+                                 "healthy": False, "exit_code": task.exit_code,
+                                 "final": task.final})
         try:
-            self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
-                       {"tasks": statuses})
+            # output first: the control plane takes a task's output only while the task
+            # is on this machine, and a final status takes a batch task off it
             if chunks:
                 self._call("POST", f"/v1/machines/{self.machine}/output", self.token,
                            {"chunks": chunks})
+            self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
+                       {"tasks": statuses})
+            # the control plane took the finished tasks off this machine as it took the
+            # report: forget them now, so a rerun it asks for is started, not reported
+            # as finished again
+            for key in [k for k, t in self.tasks.items() if t.final]:
+                self._remove(key)
         except (ConnectionError, httpx.HTTPStatusError):
             self.reachable = False
+            # sent with the next report (the agent keeps the whole logs on disk; this is
+            # only the control plane's tail, so a long outage keeps the newest chunks)
+            self._output = (chunks + self._output)[-256:]
 
     def run(self, interval: float = 1.0, stop: Any = None) -> None:
         """Step every ``interval`` seconds until ``stop`` (a threading.Event) is set."""

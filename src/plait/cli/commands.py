@@ -443,6 +443,8 @@ def _status(j: dict[str, Any]) -> str:
         return "deleting"
     if j["halted"]:
         return "halted"
+    if j.get("batch") and j["phase"] != "running":
+        return str(j["phase"])  # complete, or failed
     if j["settled"]:
         return "settled"
     if j["unplaced_reason"]:
@@ -495,6 +497,16 @@ def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[st
                 left = sum(job["tasks"].values())
                 progress.update(bar, total=max(left, 1), completed=0,
                                 detail=f"{left} tasks left")
+            elif job.get("batch"):  # a batch job: until every task exited 0
+                progress.update(bar, total=job["task_count"], completed=job["succeeded"],
+                                description=f"{name} v{job['version']}",
+                                detail=f"{job['running']} running, {job['failed']} failed")
+                if job["phase"] == "failed":
+                    raise CliError(f"batch job {name} failed: {job['failed']} tasks exited "
+                                   f"non-zero with no retries left (plait job show {name})",
+                                   EXIT_FAILED)
+                if job["phase"] == "complete" and job["applied_version"] == job["version"]:
+                    return job
             else:
                 progress.update(bar, total=job["task_count"], completed=job["updated"],
                                 description=f"{name} v{job['version']}",
@@ -579,6 +591,9 @@ def job_show(name: str, output: Output = "table") -> None:
                   "status": _status(d), "tasks": d["task_count"],
                   "states": ", ".join(f"{k} {v}" for k, v in sorted(d["tasks"].items())),
                   "serving": d["serving"], "unavailable": d["unavailable"],
+                  **({"succeeded / failed / running":
+                      f"{d['succeeded']} / {d['failed']} / {d['running']}"}
+                     if d.get("batch") else {}),
                   "command": " ".join([d["spec"]["command"], *d["spec"]["args"]]),
                   "halted": d["halted"] or "-", "unplaced": d["unplaced_reason"] or "-",
                   "error": d.get("error") or "-"},
@@ -659,10 +674,11 @@ task_app = typer.Typer(help="The tasks of a job.", no_args_is_help=True)
 
 
 def _task_rows(tasks: list[dict[str, Any]]) -> None:
-    rows(["index", "state", "version", "machine", "serving", "healthy", "operation"], [
+    rows(["index", "state", "version", "machine", "serving", "healthy", "operation", "exit"], [
         [t["index"], t["state"], t["version"], t["machine"] or "-",
          "yes" if t["serving"] else "no", "yes" if t["healthy"] else "no",
-         t["operation"] or "-"] for t in tasks])
+         t["operation"] or "-", "-" if t.get("exit_code") is None else t["exit_code"]]
+        for t in tasks])
 
 
 @task_app.command("list")

@@ -84,7 +84,9 @@ class StatusIn(pydantic.BaseModel):
     revision: int = pydantic.Field(ge=1)
     phase: Phase
     healthy: bool = True
-    exit_code: int | None = None
+    exit_code: int | None = pydantic.Field(default=None, ge=-1024, le=1024)
+    #: the agent will not start the task again (a finished batch task)
+    final: bool = False
     #: host:port the task listens on (its PLAIT_PORT), for service discovery
     endpoint: str | None = pydantic.Field(default=None, max_length=300)
 
@@ -629,7 +631,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """An agent's report of the tasks on its machine."""
         machine_only(request, who, machine)
         cp.report(machine, [TaskStatus(t.job, t.index, t.revision, t.phase, t.healthy,
-                                       t.exit_code) for t in body.tasks],
+                                       t.exit_code, t.final) for t in body.tasks],
                   {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint})
         return {"machine": machine, "accepted": len(body.tasks)}
 

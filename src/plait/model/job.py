@@ -6,6 +6,7 @@ import math
 import re
 from collections.abc import Mapping
 from fractions import Fraction
+from typing import Literal
 
 import pydantic
 
@@ -60,6 +61,58 @@ class UpdatePolicy(Value):
         return max(1, math.floor(task_count * share))
 
 
+class RestartPolicy(Value):
+    """What the agent does when a task's process exits on its own.
+
+    ``always`` (services): start it again, with backoff, whatever its exit code.
+    ``on-failure`` (batch): an exit code of 0 finishes the task for good; any other
+    code starts it again, with backoff, at most ``max_retries`` times, after which
+    the task has failed for good. ``never`` (batch): the first exit finishes it.
+    Retries are counted on the machine the task runs on; a task moved elsewhere
+    (its machine failed) starts with ``max_retries`` again.
+    """
+
+    policy: Literal["always", "on-failure", "never"] = "always"
+    max_retries: int = pydantic.Field(default=3, ge=0, le=1000)
+
+    @property
+    def batch(self) -> bool:
+        """Tasks that may finish: the job completes once they all exited 0."""
+        return self.policy != "always"
+
+
+class HealthProbe(Value):
+    """How the agent checks that a running task is healthy. Without a probe, a task
+    is healthy while its process runs. With one, it is unhealthy from its start until
+    the probe first passes, and again after ``failure_threshold`` failures in a row;
+    only healthy tasks are enabled in service discovery, and an update moves on only
+    once the updated task is healthy.
+
+    ``http``: a path, fetched with GET from ``http://ADDRESS:PLAIT_PORT/path``; any
+    2xx or 3xx answer within ``timeout_seconds`` passes. ``command``: run with the
+    task's environment in its data directory; exit code 0 within the timeout passes.
+    """
+
+    http: str | None = pydantic.Field(default=None, max_length=2048)
+    command: tuple[str, ...] = pydantic.Field(default=(), max_length=64)
+    interval_seconds: float = pydantic.Field(default=1.0, ge=0.1, le=3600)
+    timeout_seconds: float = pydantic.Field(default=1.0, ge=0.05, le=600)
+    failure_threshold: int = pydantic.Field(default=3, ge=1, le=100)
+
+    @pydantic.field_validator("http")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^/[^\s]*$", value):
+            raise ValueError(f"{value!r} is not a URL path (it starts with '/', no spaces)")
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _one(self) -> HealthProbe:
+        if (self.http is None) == (not self.command):
+            raise ValueError("give exactly one of 'http' (a path) or 'command' (a list)")
+        return self
+
+
 class JobSpec(Value):
     name: str
     entitlement: str
@@ -73,6 +126,11 @@ class JobSpec(Value):
     #: URL of the job's TaskController (``http(s)://...``), called with the paper's
     #: TaskControl API; none: the built-in policy paces
     task_controller: str | None = pydantic.Field(default=None, max_length=2048)
+    #: what happens when a task exits on its own; ``on-failure``/``never`` make a
+    #: batch job
+    restart: RestartPolicy = RestartPolicy()
+    #: how a running task is checked (none: healthy while its process runs)
+    health: HealthProbe | None = None
 
     _names = pydantic.field_validator("name", "entitlement")(check_name)
 
@@ -101,4 +159,4 @@ class JobSpec(Value):
     def __hash__(self) -> int:
         return hash((self.name, self.entitlement, self.task_count, self.resources, self.command,
                      self.args, tuple(sorted(self.env.items())), self.policy, self.update,
-                     self.task_controller))
+                     self.task_controller, self.restart, self.health))

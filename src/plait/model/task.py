@@ -15,6 +15,11 @@ class TaskState(enum.StrEnum):
     STOPPED = "stopped"
     FAILED = "failed"
     LOST = "lost"
+    #: a batch task that exited 0: finished for good, its machine given back
+    SUCCEEDED = "succeeded"
+    #: a batch task that exited non-zero with no retries left (or restart policy
+    #: never): failed for good, its machine given back
+    DEAD = "dead"
 
 
 @dataclass(frozen=True, slots=True)

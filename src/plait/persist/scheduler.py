@@ -201,7 +201,7 @@ def _task_state(job: JobRecord, rec: TaskRecord, desired: bool, fleet_name: Call
     return [rec.spec_version, rec.state.value,
             None if rec.machine is None else fleet_name(rec.machine), desired, rec.serving,
             rec.healthy, None if rec.op is None else op_to_wire(rec.op), rec.op_costly,
-            rec.restart, rec.parked, rec.lost_since, rec.healthy_since]
+            rec.restart, rec.parked, rec.lost_since, rec.healthy_since, rec.exit_code]
 
 
 class PersistentScheduler:
@@ -415,8 +415,10 @@ class PersistentScheduler:
         booked = sched.allocator.jobs.get(doc.name)
         placement = booked.placement if booked is not None else {}
         desired = []
-        for key, (version, state, machine, want, serving, healthy, op, costly, restart,
-                  parked, lost_since, healthy_since) in data["tasks"].items():
+        for key, row in data["tasks"].items():
+            (version, state, machine, want, serving, healthy, op, costly, restart, parked,
+             lost_since, healthy_since) = row[:12]
+            exit_code = row[12] if len(row) > 12 else None  # (records before batch jobs)
             index = int(key)
             m = None if machine is None else fleet.index_of(machine)
             if placement.get(index) != m:
@@ -425,7 +427,8 @@ class PersistentScheduler:
                 m, state, want, serving, op = None, TaskState.PENDING.value, False, False, None
             rec = TaskRecord(index, int(version), _TASK_STATES[state], m, bool(serving),
                              bool(healthy), None if op is None else op_from_wire(op),
-                             bool(costly), bool(restart), parked, lost_since, healthy_since)
+                             bool(costly), bool(restart), parked, lost_since, healthy_since,
+                             exit_code)
             job.tasks[index] = rec
             if want:
                 desired.append(index)

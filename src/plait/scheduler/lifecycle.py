@@ -22,6 +22,9 @@ class Event(enum.StrEnum):
     REPLACE = "replace"  # after a stop: it wants a machine again (new version, move)
     LOST = "lost"  # its machine became unavailable
     RECOVERED = "recovered"  # its machine is back before the task was moved
+    SUCCEEDED = "succeeded"  # a batch task exited 0; its agent will not start it again
+    GAVE_UP = "gave_up"  # a batch task exited non-zero with no retries left
+    RERUN = "rerun"  # a finished batch task is wanted again (restart, new version)
 
 
 TRANSITIONS: dict[tuple[S, Event], S] = {
@@ -58,6 +61,19 @@ TRANSITIONS: dict[tuple[S, Event], S] = {
     (S.LOST, Event.RECOVERED): S.ALLOCATED,
     # moved off the lost machine
     (S.LOST, Event.REPLACE): S.PENDING,
+    # a batch task finished (restart policy on-failure or never): out of its
+    # machine's desired set, its resources given back
+    (S.ALLOCATED, Event.SUCCEEDED): S.SUCCEEDED,
+    (S.STARTING, Event.SUCCEEDED): S.SUCCEEDED,
+    (S.RUNNING, Event.SUCCEEDED): S.SUCCEEDED,
+    (S.FAILED, Event.SUCCEEDED): S.SUCCEEDED,
+    (S.ALLOCATED, Event.GAVE_UP): S.DEAD,
+    (S.STARTING, Event.GAVE_UP): S.DEAD,
+    (S.RUNNING, Event.GAVE_UP): S.DEAD,
+    (S.FAILED, Event.GAVE_UP): S.DEAD,
+    # run a finished task again: the job was restarted or updated to a new runtime
+    (S.SUCCEEDED, Event.RERUN): S.PENDING,
+    (S.DEAD, Event.RERUN): S.PENDING,
 }
 
 
@@ -69,3 +85,7 @@ def advance(state: S, event: Event) -> S | None:
 #: states in which a task counts as unavailable for pacing (a running task that is
 #: not healthy or not serving counts too; see ``Scheduler``)
 DOWN = frozenset({S.PENDING, S.ALLOCATED, S.STARTING, S.STOPPING, S.STOPPED, S.FAILED, S.LOST})
+
+#: a finished batch task: neither available nor unavailable (it holds no machine and
+#: nothing waits for it), so pacing does not count it
+FINISHED = frozenset({S.SUCCEEDED, S.DEAD})

@@ -47,6 +47,9 @@ class TaskStatus:
     phase: Phase
     healthy: bool = True
     exit_code: int | None = None
+    #: the process exited and its agent will not start it again (restart policy
+    #: on-failure after exit 0 or with no retries left, or never)
+    final: bool = False
 
 
 @dataclass(slots=True)
@@ -69,6 +72,8 @@ class TaskRecord:
     parked: str | None = None
     lost_since: float | None = None
     healthy_since: float | None = None
+    #: the exit code of a finished batch task
+    exit_code: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from plait.model.events import EventKind
 from plait.model.job import JobSpec
 from plait.model.machine import MachineState
 from plait.model.task import TaskRef, TaskState
-from plait.scheduler.lifecycle import DOWN, Event, advance
+from plait.scheduler.lifecycle import DOWN, FINISHED, Event, advance
 from plait.scheduler.ratelimit import TokenBucket
 from plait.scheduler.records import (
     Assignment,
@@ -286,9 +286,9 @@ class Scheduler:
         if job.offers or job.acked or job.in_progress or job.lost or job.deleting or (
                 len(job.tasks) != job.spec.task_count):
             return False
-        running = TaskState.RUNNING
-        return all(r.state is running and r.serving and r.op is None
-                   for r in job.tasks.values())
+        running, finished = TaskState.RUNNING, FINISHED
+        return all(((r.state is running and r.serving) or r.state in finished)
+                   and r.op is None for r in job.tasks.values())
 
     def _waiting(self, job: JobRecord) -> bool:
         """Nothing for the scheduler to do until an input arrives (an agent's report, a
@@ -337,6 +337,8 @@ class Scheduler:
                     rec.healthy_since = now
                 rec.healthy = st.healthy
                 self._maybe_serving(job, rec, now)
+            elif st.phase is Phase.EXITED and st.final:
+                self._finished(job, rec, st.exit_code, now)
             elif st.phase is Phase.EXITED:
                 self._exited(job, rec, now)
         # a task this machine was stopping and no longer has is stopped
@@ -369,7 +371,9 @@ class Scheduler:
         if rec.op is None and not rec.serving:
             rec.serving = True
         if job.rollout_active and all(
-                r.spec_version == job.target and r.state is TaskState.RUNNING and r.healthy
+                r.spec_version == job.target and (
+                    (r.state is TaskState.RUNNING and r.healthy)
+                    or r.state is TaskState.SUCCEEDED)
                 for r in job.tasks.values()):
             job.rollout_active = False
             self._event(now, job.name, "rollout_done", f"all tasks run version {job.target}")
@@ -397,6 +401,37 @@ class Scheduler:
                     del job.acked[op.op_id]  # acked but not started: dropped, reported done
                     if job.controller is not None:
                         job.completed.append(op)
+
+    def _finished(self, job: JobRecord, rec: TaskRecord, code: int | None, now: float) -> None:
+        """A batch task exited for good: it leaves its machine, whose resources go
+        back to the entitlement; the job completes when every task succeeded."""
+        ok = code == 0
+        if not self._transition(rec, Event.SUCCEEDED if ok else Event.GAVE_UP):
+            return
+        if rec.op is not None:
+            self._complete(job, rec)  # an update or restart ends with the run
+        self._drop_acked(job, rec.index)
+        self._cancel_pending(job, rec.index)
+        if rec.machine is not None:
+            self._unassign(job.ref(rec.index), rec.machine)
+        rec.machine = None
+        rec.serving = rec.healthy = False
+        rec.healthy_since = None
+        rec.exit_code = code
+        job.dirty = True
+        spec = job.spec
+        self.allocator.allocate(AllocationRequest.of(
+            job.name, job.entitlement, spec.resources, free=[rec.index], policy=spec.policy))
+        if not ok:
+            self._event(now, job.name, "task_failed",
+                        f"task {rec.index} exited with code {code} and will not be started "
+                        f"again (restart policy {spec.restart.policy})")
+            if sum(1 for r in job.tasks.values() if r.state is TaskState.DEAD) == 1:
+                self._event(now, job.name, "job_failed", f"task {rec.index} failed for good")
+        elif all(r.state is TaskState.SUCCEEDED for r in job.tasks.values()) and (
+                len(job.tasks) == spec.task_count):
+            self._event(now, job.name, "job_completed",
+                        f"all {spec.task_count} tasks exited 0")
 
     def _stopped(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
         if not self._transition(rec, Event.STOPPED):
@@ -658,7 +693,7 @@ class Scheduler:
         gone: list[TaskRecord] = []
         # one pass over the tasks, with everything it touches in locals: this loop
         # is most of the cost of planning a 15,000-task update
-        pending, lost = TaskState.PENDING, TaskState.LOST
+        pending, lost, finished = TaskState.PENDING, TaskState.LOST, FINISHED
         serial = job.op_counter
         dirty = False
         halted = job.halted is not None
@@ -673,11 +708,24 @@ class Scheduler:
                 continue
             wanted = none
             if i >= count:
-                if rec.machine is not None or state is not pending:
+                if rec.machine is not None or not (state is pending or state in finished):
                     wanted = stop
                 else:
-                    gone.append(rec)  # never placed: it just goes away
+                    gone.append(rec)  # never placed, or finished: it just goes away
                     continue
+            elif state in finished:
+                if rec.spec_version != target and same_runtime(
+                        job.versions[rec.spec_version - 1], spec):
+                    rec.spec_version = target  # a resize only: it stays finished
+                if rec.restart or rec.spec_version != target:
+                    # run it again, at the target version: it holds no machine, so
+                    # this takes nothing down and needs no operation
+                    self._transition(rec, Event.RERUN)
+                    rec.spec_version = target
+                    rec.restart = False
+                    rec.exit_code = None
+                    dirty = True
+                continue
             elif state is lost:
                 wanted = move
             elif rec.parked is not None or state is pending:
@@ -760,9 +808,9 @@ class Scheduler:
         count = job.spec.task_count
         cap = job.spec.update.resolve(count)
         tasks = job.tasks
-        running = TaskState.RUNNING
-        down = {i for i, r in tasks.items()
-                if r.state is not running or not r.healthy or not r.serving}
+        running, finished = TaskState.RUNNING, FINISHED
+        down = {i for i, r in tasks.items() if r.state not in finished and (
+            r.state is not running or not r.healthy or not r.serving)}
         budget = (1 if cap is None else cap) - sum(1 for i in down if i < count) - sum(
             1 for op in job.acked.values() if op.task.index not in down)
         free_all = job.deleting
@@ -968,9 +1016,12 @@ class Scheduler:
                 job.unplaced_reason = None
 
 
-_LIVE = (TaskState.ALLOCATED, TaskState.STARTING, TaskState.RUNNING)
+_LIVE = (TaskState.ALLOCATED, TaskState.STARTING, TaskState.RUNNING, TaskState.SUCCEEDED,
+         TaskState.DEAD)
 
 
 def _down(rec: TaskRecord) -> bool:
+    if rec.state in FINISHED:
+        return False
     return rec.state in DOWN or not rec.healthy or not rec.serving
 

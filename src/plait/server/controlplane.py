@@ -398,6 +398,18 @@ class ControlPlane:
                     serving += rec.serving
                     updated += (rec.spec_version == job.target
                                 and rec.state is TaskState.RUNNING and rec.healthy)
+            spec = doc.spec
+            succeeded = counts.get(TaskState.SUCCEEDED.value, 0)
+            failed = counts.get(TaskState.DEAD.value, 0)
+            if not spec.restart.batch:
+                phase = "running"
+            elif failed:
+                phase = "failed"  # a task exhausted its retries (the others run on)
+            elif (job is not None and job.target == len(doc.versions)
+                  and succeeded == spec.task_count == len(job.tasks)):
+                phase = "complete"
+            else:
+                phase = "running"
             view = {
                 "name": name, "entitlement": doc.entitlement, "version": len(doc.versions),
                 "applied_version": job.target if job else 0,
@@ -408,6 +420,8 @@ class ControlPlane:
                 "unplaced_reason": job.unplaced_reason if job else None,
                 "error": job.error if job else None,
                 "unavailable": self.scheduler.unavailable(job) if job else doc.spec.task_count,
+                "batch": spec.restart.batch, "phase": phase, "succeeded": succeeded,
+                "failed": failed, "running": counts.get(TaskState.RUNNING.value, 0),
                 "settled": bool(job and job.target == len(doc.versions) and not doc.deleting
                                 and updated == doc.spec.task_count
                                 and len(job.tasks) == doc.spec.task_count),
@@ -429,7 +443,7 @@ class ControlPlane:
             fleet = self.fleet
             return [{"index": r.index, "state": r.state.value, "version": r.spec_version,
                      "machine": None if r.machine is None else fleet.name(r.machine),
-                     "serving": r.serving, "healthy": r.healthy,
+                     "serving": r.serving, "healthy": r.healthy, "exit_code": r.exit_code,
                      "operation": None if r.op is None else r.op.kind.value}
                     for r in sorted(job.tasks.values(), key=lambda r: r.index)]
 

@@ -17,22 +17,30 @@ from plait.scheduler.records import Assignment, Phase, TaskStatus
 
 @dataclass(frozen=True)
 class Behaviour:
-    """How a simulated task behaves: how long it takes to start and stop, and
-    whether it crashes ``crash_after`` seconds after starting."""
+    """How a simulated task behaves: how long it takes to start and stop, whether it
+    crashes ``crash_after`` seconds after starting, and whether it finishes on its
+    own (with ``exit_code``) ``finish_after`` seconds after starting, like a batch
+    task. What happens after an exit is the job's restart policy."""
 
     start_seconds: float = 2.0
     stop_seconds: float = 1.0
     crash: bool = False
     crash_after: float = 1.0
     restart_backoff: float = 5.0
+    finish_after: float | None = None
+    exit_code: int = 0
 
 
 BehaviourFn = Callable[[Assignment], Behaviour]
 
 
 def default_behaviour(assignment: Assignment) -> Behaviour:
-    """Tasks whose command is ``crash`` crash; everything else runs."""
-    return Behaviour(crash=assignment.spec.command == "crash")
+    """Tasks whose command is ``crash`` crash; ``finish`` exits 0 and ``fail`` exits 1
+    after 3 seconds of running; everything else runs."""
+    command = assignment.spec.command
+    if command in ("finish", "fail"):
+        return Behaviour(finish_after=3.0, exit_code=0 if command == "finish" else 1)
+    return Behaviour(crash=command == "crash")
 
 
 @dataclass
@@ -48,6 +56,10 @@ class Process:
     backoff_until: float | None = None
     #: how it behaves (decided once, when it starts)
     behaviour: Behaviour | None = None
+    #: restarts after a non-zero exit so far
+    retries: int = 0
+    #: exited and not started again (restart policy): (exit code,)
+    final: int | None = None
 
 
 class SimAgent:
@@ -65,8 +77,13 @@ class SimAgent:
 
     def busy(self) -> bool:
         """Has something in flight that needs further steps."""
-        return any(p.phase is not Phase.RUNNING or p.stopping or p.backoff_until is not None
-                   or self.behaviour(p.assignment).crash for p in self.processes.values())
+        return any(p.final is None and (
+            p.phase is not Phase.RUNNING or p.stopping or p.backoff_until is not None
+            or self._exits(self.behaviour(p.assignment))) for p in self.processes.values())
+
+    @staticmethod
+    def _exits(b: Behaviour) -> bool:
+        return b.crash or b.finish_after is not None
 
     def fail(self) -> None:
         self.up = False
@@ -101,6 +118,10 @@ class SimAgent:
                     statuses.append(TaskStatus(a.job, a.index, a.revision, p.phase,
                                                p.phase is Phase.RUNNING))
                 continue
+            if p.final is not None:  # finished for good; its status until unassigned
+                statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.EXITED,
+                                           False, p.final, final=True))
+                continue
             if p.backoff_until is not None:
                 if now >= p.backoff_until:
                     p.backoff_until = None
@@ -112,14 +133,24 @@ class SimAgent:
                     continue
             if p.phase is Phase.STARTING and now >= p.until:
                 p.phase = Phase.RUNNING
-                p.until = now + b.crash_after
+                p.until = now + (b.crash_after if b.crash or b.finish_after is None
+                                 else b.finish_after)
                 self._say(ref, now, f"running on {self.machine}")
-            if p.phase is Phase.RUNNING and b.crash and now >= p.until:
+            if p.phase is Phase.RUNNING and self._exits(b) and now >= p.until:
+                code = 1 if b.crash else b.exit_code
                 p.phase = Phase.EXITED
+                self._say(ref, now, f"exited with code {code}")
+                restart = a.spec.restart
+                if restart.policy == "never" or (restart.policy == "on-failure" and (
+                        code == 0 or p.retries >= restart.max_retries)):
+                    p.final = code
+                    statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.EXITED,
+                                               False, code, final=True))
+                    continue
+                p.retries += 1
                 p.backoff_until = now + b.restart_backoff
-                self._say(ref, now, "exited with code 1")
                 statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.EXITED,
-                                           False, 1))
+                                           False, code))
                 continue
             statuses.append(TaskStatus(a.job, a.index, a.revision, p.phase,
                                        p.phase is Phase.RUNNING))

@@ -1,0 +1,180 @@
+"""Agents apply restart policies (batch jobs) and per-task health probes, against a
+live control plane on loopback. Every wait is a liveness bound, not a speed check."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from plait.agent.daemon import Agent
+from plait.model import RegionSpec
+from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.server.serve import ApiServer, store_for
+
+MACHINES = ["m0000000", "m0000001"]
+
+
+def wait_for(check, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within the liveness bound")
+        time.sleep(0.1)
+
+
+class Box:
+    """A two-machine region with the control plane and both agents in this process."""
+
+    def __init__(self, tmp):
+        region = RegionSpec.sized(2, dcs=1, msbs_per_dc=2, rows_per_msb=1, racks_per_row=1)
+        self.cp = ControlPlane(store_for(tmp / "cp"), ControlPlaneConfig(
+            region=region, tick_seconds=0.05, heartbeat_timeout=30))
+        token = self.cp.bootstrap_admin()
+        self.server = ApiServer(self.cp).start()
+        self.api = httpx.Client(base_url=self.server.url, timeout=30,
+                                headers={"Authorization": f"Bearer {token}"})
+        join = self.api.post("/v1/tokens", json={"role": "join", "name": "j"}).json()["token"]
+        self.stop = threading.Event()
+        self.agents = [Agent(m, [self.server.url], join, tmp / m) for m in MACHINES]
+        self.threads = [threading.Thread(target=a.run, args=(0.1, self.stop), daemon=True)
+                        for a in self.agents]
+        for t in self.threads:
+            t.start()
+        r = self.api.post("/v1/entitlements", json={"name": "e", "owner": "o",
+                                                    "quota": {"machines": 2}})
+        assert r.status_code == 201, r.text
+
+    def deploy(self, name, script, tasks=2, **fields):
+        spec = {"name": name, "entitlement": "e", "task_count": tasks,
+                "resources": {"cpu": 0.1, "memory_gb": 0.1}, "command": "sh",
+                "args": ["-c", script], **fields}
+        r = self.api.post("/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+
+    def job(self, name):
+        return self.api.get(f"/v1/jobs/{name}").json()
+
+    def tasks(self, name):
+        return self.api.get(f"/v1/jobs/{name}/tasks").json()["tasks"]
+
+    def serving(self, name):
+        return {e["index"] for e in self.api.get(f"/v1/discovery/{name}").json()["endpoints"]}
+
+    def close(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+        for a in self.agents:
+            a.shutdown()
+            a.prober.close()
+        self.api.close()
+        self.server.stop()
+        self.cp.store.close()
+
+
+@pytest.fixture
+def box(tmp_path):
+    b = Box(tmp_path)
+    yield b
+    b.close()
+
+
+def test_a_batch_job_completes_and_its_output_is_kept(box):
+    box.deploy("sum", 'echo "sum $PLAIT_TASK_INDEX = $((PLAIT_TASK_INDEX + 40))"',
+               restart={"policy": "on-failure", "max_retries": 2})
+    wait_for(lambda: box.job("sum")["phase"] == "complete", what="the batch job completes")
+    job = box.job("sum")
+    assert (job["succeeded"], job["failed"], job["running"]) == (2, 0, 0)
+    assert [(t["state"], t["exit_code"], t["machine"]) for t in box.tasks("sum")] == [
+        ("succeeded", 0, None)] * 2
+    # what a task printed just before it exited reaches the API
+    logs = box.api.get("/v1/jobs/sum/tasks/1/logs").json()["data"]
+    assert "sum 1 = 41" in logs
+    # finished tasks leave their machines: the agents stop tracking them
+    wait_for(lambda: all(not a.tasks for a in box.agents), what="agents drop finished tasks")
+
+
+def test_on_failure_retries_then_fails_the_job(box):
+    box.deploy("flaky", 'echo "try on $PLAIT_MACHINE"; exit 3', tasks=1,
+               restart={"policy": "on-failure", "max_retries": 1})
+    wait_for(lambda: box.job("flaky")["phase"] == "failed", what="the job fails")
+    job = box.job("flaky")
+    assert (job["succeeded"], job["failed"]) == (0, 1)
+    assert [(t["state"], t["exit_code"]) for t in box.tasks("flaky")] == [("dead", 3)]
+    wait_for(lambda: box.api.get("/v1/jobs/flaky/tasks/0/logs").json()["data"].count(
+        "try on") == 2, what="both runs' output")
+    kinds = [e["kind"] for e in box.api.get("/v1/events", params={"job": "flaky"}).json()[
+        "events"]]
+    assert "task_failed" in kinds and "job_failed" in kinds
+
+
+def test_restart_policy_never_and_a_rerun_by_restart(box):
+    box.deploy("once", 'n=$(cat "$PLAIT_DATA_DIR/n" 2>/dev/null || echo 0); '
+                       'echo $((n + 1)) > "$PLAIT_DATA_DIR/n"; echo "run $((n + 1))"; exit 0',
+               tasks=1, restart={"policy": "never"})
+    wait_for(lambda: box.job("once")["phase"] == "complete", what="it runs once")
+    assert box.api.post("/v1/jobs/once/restart").status_code == 200
+    wait_for(lambda: box.api.get("/v1/jobs/once/tasks/0/logs").json()["data"].count(
+        "run 1") == 2, what="a restart runs it again")
+    wait_for(lambda: box.job("once")["phase"] == "complete", what="complete again")
+
+
+def test_an_always_task_is_restarted_whatever_its_exit_code(box):
+    box.deploy("svc", "echo up; sleep 0.2; exit 0", tasks=1)
+    wait_for(lambda: box.api.get("/v1/jobs/svc/tasks/0/logs").json()["data"].count(
+        "up") >= 2, what="restarted after exit 0")
+    assert box.job("svc")["phase"] == "running"
+    assert box.tasks("svc")[0]["state"] != "succeeded"
+
+
+SERVER = r"""
+import http.server, os, pathlib
+ready = pathlib.Path(os.environ["PLAIT_DATA_DIR"]) / "ready"
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if ready.exists() else 503)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(os.environ["PLAIT_PORT"])), H).serve_forever()
+"""
+
+
+def _data_dir(box, job, index):
+    for a in box.agents:
+        task = a.tasks.get(f"{job}.{index}")
+        if task is not None:
+            return a.data_dir / "tasks" / task.key
+    raise AssertionError(f"{job}.{index} is on no agent")
+
+
+def test_an_http_probe_gates_service_discovery(box):
+    box.api.post("/v1/jobs", json={
+        "name": "gated", "entitlement": "e", "task_count": 1,
+        "resources": {"cpu": 0.1, "memory_gb": 0.1}, "command": "python3",
+        "args": ["-c", SERVER],
+        "health": {"http": "/", "interval_seconds": 0.2, "failure_threshold": 2}})
+    wait_for(lambda: [t["state"] for t in box.tasks("gated")] == ["running"], what="the task runs")
+    time.sleep(1.5)  # several probes fail (503): not healthy, not in discovery
+    assert box.serving("gated") == set()
+    assert box.tasks("gated")[0]["healthy"] is False
+    home = _data_dir(box, "gated", 0)
+    (home / "ready").touch()
+    wait_for(lambda: box.serving("gated") == {0}, what="enabled once the probe passes")
+    (home / "ready").unlink()
+    wait_for(lambda: box.serving("gated") == set(), what="disabled after failures")
+    assert box.tasks("gated")[0]["state"] == "running"  # reported, not restarted
+
+
+def test_a_command_probe(box):
+    box.deploy("cmd", "sleep infinity", tasks=1,
+               health={"command": ["sh", "-c", 'test -f "$PLAIT_DATA_DIR/ok"'],
+                       "interval_seconds": 0.2, "failure_threshold": 1})
+    wait_for(lambda: [t["state"] for t in box.tasks("cmd")] == ["running"], what="the task runs")
+    time.sleep(1)
+    assert box.serving("cmd") == set()
+    (_data_dir(box, "cmd", 0) / "ok").touch()
+    wait_for(lambda: box.serving("cmd") == {0}, what="the command probe passes")

@@ -1,0 +1,94 @@
+"""Batch jobs: tasks that finish. Restart policies on-failure and never, the job's
+completion or failure, resources given back, and reruns."""
+
+from plait.model import TaskState
+from plait.sim.scenarios import job_spec, world
+
+
+def batch(name, tasks, command="finish", policy="on-failure", retries=2, **fields):
+    return job_spec(name, tasks, command=command,
+                    restart={"policy": policy, "max_retries": retries}, **fields)
+
+
+def states(s, name):
+    return sorted(r.state.value for r in s.job(name).tasks.values())
+
+
+def test_a_batch_job_completes_and_gives_its_machines_back():
+    sim = world(machines=12)
+    s = sim.scheduler
+    s.create_job(batch("b", 4, cpu=8), sim.now)
+    assert sim.run_until(lambda: states(s, "b") == ["succeeded"] * 4, 600)
+    job = s.job("b")
+    assert all(r.machine is None and r.exit_code == 0 for r in job.tasks.values())
+    assert not any(s.desired.get(m) for m in range(len(s.fleet)))  # nothing to run
+    assert "b" not in s.allocator.jobs  # its resources given back
+    assert [e.kind for e in s.events if e.job == "b"][-1] == "job_completed"
+    assert s.unavailable(job) == 0  # finished tasks are not counted as down
+    ticks = s.counters["ops_started"]
+    sim.run(60)
+    assert states(s, "b") == ["succeeded"] * 4  # finished for good: never rerun
+    assert s.counters["ops_started"] == ticks
+    assert "b" in s._idle  # a finished job costs nothing per tick
+
+
+def test_a_task_that_keeps_failing_exhausts_its_retries_and_fails_the_job():
+    sim = world(machines=12)
+    sim.output = []
+    s = sim.scheduler
+    s.create_job(batch("b", 2, command="fail", retries=2), sim.now)
+    assert sim.run_until(lambda: states(s, "b") == ["dead", "dead"], 600)
+    for rec in s.job("b").tasks.values():
+        assert rec.exit_code == 1 and rec.machine is None
+    kinds = [e.kind for e in s.events if e.job == "b"]
+    assert kinds.count("task_failed") == 2 and kinds.count("job_failed") == 1
+    # each task ran 1 + max_retries times on its machine
+    exits = [ref.index for ref, _, line in sim.output if line == "exited with code 1"]
+    assert sorted(exits) == [0, 0, 0, 1, 1, 1]
+
+
+def test_restart_policy_never_finishes_at_the_first_exit():
+    sim = world(machines=12)
+    s = sim.scheduler
+    s.create_job(batch("b", 3, command="fail", policy="never"), sim.now)
+    assert sim.run_until(lambda: states(s, "b") == ["dead"] * 3, 600)
+    lines = [e for e in s.events if e.kind == "task_failed"]
+    assert len(lines) == 3 and "restart policy never" in lines[0].message
+
+
+def test_a_service_restarts_whatever_its_exit_code():
+    sim = world(machines=12)
+    s = sim.scheduler
+    s.create_job(job_spec("svc", 2, command="finish"), sim.now)  # policy always
+    sim.run(120)
+    assert not {TaskState.SUCCEEDED, TaskState.DEAD} & {r.state for r in
+                                                        s.job("svc").tasks.values()}
+    assert all(r.machine is not None for r in s.job("svc").tasks.values())
+
+
+def test_restart_and_update_run_finished_tasks_again_resize_removes_them():
+    sim = world(machines=12)
+    s = sim.scheduler
+    s.create_job(batch("b", 4), sim.now)
+    assert sim.run_until(lambda: states(s, "b") == ["succeeded"] * 4, 600)
+    s.restart("b", sim.now, index=2)
+    sim.step()
+    assert s.job("b").tasks[2].state is not TaskState.SUCCEEDED  # running again
+    assert sim.run_until(lambda: states(s, "b") == ["succeeded"] * 4, 600)
+    # a resize changes nothing that ran; a new runtime runs every task again
+    s.resize("b", 2, sim.now)
+    sim.step()
+    assert sorted(s.job("b").tasks) == [0, 1] and states(s, "b") == ["succeeded"] * 2
+    s.update_job(batch("b", 2, command="fail", retries=0), sim.now)
+    assert sim.run_until(lambda: states(s, "b") == ["dead", "dead"], 600)
+    assert all(r.spec_version == s.job("b").target for r in s.job("b").tasks.values())
+
+
+def test_finished_tasks_do_not_hold_back_a_paced_rollout():
+    sim = world(machines=12)
+    s = sim.scheduler
+    # two tasks finish at once, two keep failing and are retried many times
+    s.create_job(batch("b", 2, retries=1000), sim.now)
+    assert sim.run_until(lambda: states(s, "b") == ["succeeded"] * 2, 600)
+    s.resize("b", 4, sim.now)  # the two new tasks run and finish too, max_unavailable 1
+    assert sim.run_until(lambda: states(s, "b") == ["succeeded"] * 4, 600)
