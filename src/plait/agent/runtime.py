@@ -391,6 +391,13 @@ class ProcessRuntime:
             raise
         return dirs
 
+    def _argv(self, key: str, command: str, args: list[str], env: Mapping[str, str],
+              cwd: Path) -> list[str]:
+        """What the task's process execs (in ``cwd``, with ``env``, in its cgroups): here
+        the command itself; a subclass may wrap it. Called before the task's cgroups are
+        made, so it may raise to refuse the start."""
+        return [command, *args]
+
     def start(
         self,
         key: str,
@@ -412,6 +419,7 @@ class ProcessRuntime:
             raise RuntimeError(f"task {key} is already running (pid {old.pid})")
         name = task_name(key)
         log_path = self.log_dir / f"{name}.log"
+        argv = self._argv(key, command, args, env, cwd)
         dirs = self._make_groups(key, cpu, memory_mb, pids) if self.cgroup_parents else {}
 
         # everything the child needs, prepared before the fork
@@ -434,7 +442,7 @@ class ProcessRuntime:
         try:
             with open(log_path, "ab") as out:
                 proc = subprocess.Popen(
-                    [command, *args],
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -745,4 +753,23 @@ class ProcessRuntime:
         self._foreign_exit.pop(key, None)
 
 
-__all__ = ["EXIT_UNKNOWN", "Handle", "ProcessRuntime", "proc_start_time", "task_name"]
+#: the runtimes :func:`create_runtime` makes
+RUNTIMES = ("process", "sandbox")
+
+
+def create_runtime(name: str, data_dir: Path) -> ProcessRuntime:
+    """The agent runtime called ``name`` on ``data_dir``: ``process`` (plain processes,
+    :class:`ProcessRuntime`) or ``sandbox`` (the same, each task inside bubblewrap
+    namespaces: :class:`plait.agent.sandbox.SandboxRuntime`, which raises RuntimeError
+    where bwrap is missing)."""
+    if name == "process":
+        return ProcessRuntime(data_dir)
+    if name == "sandbox":
+        from plait.agent.sandbox import SandboxRuntime  # only loaded when asked for
+
+        return SandboxRuntime(data_dir)
+    raise ValueError(f"unknown agent runtime {name!r}: use one of {', '.join(RUNTIMES)}")
+
+
+__all__ = ["EXIT_UNKNOWN", "RUNTIMES", "Handle", "ProcessRuntime", "create_runtime",
+           "proc_start_time", "task_name"]
