@@ -306,7 +306,8 @@ def test_agents_join_with_the_join_token_and_act_only_for_their_machine(live):
     assert live.client(join).get("/v1/jobs").status_code == 403
     # only a join token joins
     assert live.admin.post("/v1/agents/join", json={"machine": "m0000003"}).status_code == 403
-    assert live.client(join).post("/v1/agents/join", json={"machine": "zz"}).status_code == 404
+    r = live.client(join).post("/v1/agents/join", json={"machine": "zz"})
+    assert r.status_code == 422 and "--fault-domain" in r.json()["message"]
 
 
 # -- events ---------------------------------------------------------------------------------

@@ -63,13 +63,18 @@ def _free_port(host: str) -> int:
 class Agent:
     def __init__(self, machine: str, urls: list[str], join_token: str | None, data_dir: Path,
                  advertise: str = "127.0.0.1", timeout: float = 5.0,
-                 runtime: ProcessRuntime | None = None) -> None:
+                 runtime: ProcessRuntime | None = None,
+                 describe: dict[str, Any] | None = None) -> None:
+        """``describe``: this machine as it registers when it joins (fault_domain,
+        cpu, memory_gb, type and optionally disk_gb); without it, the machine must be
+        one the region has already."""
         self.machine = machine
         self.urls = [u.rstrip("/") for u in urls]
         self.join_token = join_token
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.advertise = advertise
+        self.describe = describe or {}
         self.http = httpx.Client(timeout=timeout)
         self.runtime = runtime or ProcessRuntime(self.data_dir)
         self.state_path = self.data_dir / "agent.json"
@@ -133,7 +138,7 @@ class Agent:
         if not self.join_token:
             raise ValueError("this agent has no machine credential yet: give --join-token")
         self.token = self._call("POST", "/v1/agents/join", self.join_token,
-                                {"machine": self.machine})["token"]
+                                {"machine": self.machine, **self.describe})["token"]
         self._save()
 
     # -- one step --------------------------------------------------------------------------

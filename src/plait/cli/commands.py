@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from plait.cli.client import EXIT_FAILED, EXIT_INVALID, Api, CliError, Target
+from plait.cli.client import EXIT_DENIED, EXIT_FAILED, EXIT_INVALID, Api, CliError, Target
 from plait.clientconfig import ClientConfig, default_path
 from plait.errors import PlaitError
 from plait.model import Entitlement, JobSpec, parse
@@ -195,6 +195,18 @@ def agent(
         envvar="PLAIT_JOIN_TOKEN", help="the cluster join token (first start only)")] = None,
     advertise: Annotated[str, typer.Option(help="address tasks are reached at")] = "127.0.0.1",
     interval: Annotated[float, typer.Option(min=0.05, help="seconds between steps")] = 1.0,
+    fault_domain: Annotated[str | None, typer.Option(
+        help="region/dc/msb/row/rack: registers the machine (with --cpu, --memory-gb, "
+             "--type) when it joins; a machine the region has must match")] = None,
+    cpu: Annotated[float | None, typer.Option(min=0.001, help="the machine's cpu (RRU)")]
+    = None,
+    memory_gb: Annotated[float | None, typer.Option(min=0.001)] = None,
+    disk_gb: Annotated[float, typer.Option(min=0)] = 0.0,
+    type: Annotated[str | None, typer.Option("--type", help="the machine type (SKU)")]
+    = None,
+    runtime: Annotated[str, typer.Option(
+        help="process (cgroups or rlimits), or sandbox (bubblewrap namespaces and a "
+             "read-only root, plus the same limits)")] = "process",
 ) -> None:
     """Run the agent of one machine: join, pull the desired task set, run the tasks as
     processes, report their statuses and output. Tasks keep running if the control
@@ -202,11 +214,24 @@ def agent(
     import signal
     import threading
 
-    from plait.agent.daemon import Agent
+    import httpx
 
+    from plait.agent.daemon import Agent
+    from plait.agent.runtime import create_runtime
+
+    described = {"fault_domain": fault_domain, "cpu": cpu, "memory_gb": memory_gb,
+                 "type": type}
+    if any(v is not None for v in described.values()):
+        missing = [f"--{k.replace('_', '-')}" for k, v in described.items() if v is None]
+        if missing:
+            err.print(f"[red]error:[/red] registering a machine needs {', '.join(missing)} too")
+            raise typer.Exit(EXIT_INVALID)
+        described["disk_gb"] = disk_gb
     try:
-        a = Agent(machine_id, control_plane.split(","), join_token, data_dir, advertise)
-    except (ValueError, OSError) as exc:
+        a = Agent(machine_id, control_plane.split(","), join_token, data_dir, advertise,
+                  runtime=create_runtime(runtime, data_dir),
+                  describe=described if fault_domain is not None else None)
+    except (ValueError, OSError, RuntimeError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     err.print(f"plait agent {machine_id}: isolation {a.runtime.describe()}; "
@@ -222,6 +247,22 @@ def agent(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, stop_tasks)
     (data_dir / "agent.pid").write_text(f"{os.getpid()}\n")
+    while not stop.is_set():  # join first: a refused join is an error, not a retry
+        try:
+            a.join()
+            break
+        except ConnectionError as exc:
+            err.print(f"plait agent {machine_id}: {exc}; retrying")
+            stop.wait(interval)
+        except httpx.HTTPStatusError as exc:
+            try:
+                reason = exc.response.json().get("message", exc.response.text)
+            except ValueError:
+                reason = exc.response.text
+            err.print(f"[red]error:[/red] the control plane refused machine {machine_id}: "
+                      f"{reason}")
+            raise typer.Exit(EXIT_DENIED if exc.response.status_code in (401, 403)
+                             else EXIT_INVALID) from None
     a.run(interval, stop)
     if shutdown["tasks"]:
         a.shutdown()
@@ -239,6 +280,8 @@ def up(
     host: str = "127.0.0.1",
     port: int = 7070,
     heartbeat_timeout: Annotated[float, typer.Option(min=0.5)] = 5.0,
+    runtime: Annotated[str, typer.Option(help="the agents' runtime: process or sandbox")]
+    = "process",
 ) -> None:
     """A whole region on this box: the control plane (API, scheduler, allocator,
     brokers, health checks) and one agent process per machine, each with its own
@@ -279,10 +322,15 @@ def up(
             adopted += 1
             continue
         log = open(home / "agent.log", "ab")  # noqa: SIM115 (the agent's lifetime)
+        res = cp.fleet.resources(m)
+        # each agent describes its machine, as on a real host (checked on join)
         agents[name] = subprocess.Popen(
             [sys.executable, "-m", "plait.cli.main", "agent", "--machine-id", name,
              "--control-plane", server.url, "--join-token", join, "--data-dir", str(home),
-             "--interval", "0.5"],
+             "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
+             "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
+             "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
+             "--runtime", runtime],
             stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
     ready = cp.wait_for_agents(list(agents), timeout=60)
     out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "

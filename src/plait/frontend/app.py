@@ -23,7 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plait import __version__
 from plait.errors import Conflict, NotFound, PlaitError, TransientError, ValidationError
-from plait.model import Entitlement, JobSpec
+from plait.model import Entitlement, JobSpec, Resources
+from plait.model.machine import FaultDomain, Machine
 from plait.scheduler.records import Phase, TaskStatus
 from plait.server.auth import AuthError, Principal, Role
 from plait.server.controlplane import ControlPlane
@@ -73,8 +74,28 @@ class TokenRequest(pydantic.BaseModel):
 
 
 class Join(pydantic.BaseModel):
+    """An agent joining. With a description (all of fault_domain, cpu, memory_gb and
+    type), the machine is registered, or checked against the region's record of it."""
+
     model_config = pydantic.ConfigDict(extra="forbid")
-    machine: str = pydantic.Field(min_length=1, max_length=128)
+    machine: str = pydantic.Field(min_length=1, max_length=128,
+                                  pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    #: region/dc/msb/row/rack
+    fault_domain: str | None = pydantic.Field(default=None, max_length=512)
+    cpu: float | None = pydantic.Field(default=None, gt=0, le=1e6)
+    memory_gb: float | None = pydantic.Field(default=None, gt=0, le=1e6)
+    disk_gb: float = pydantic.Field(default=0, ge=0, le=1e9)
+    type: str | None = pydantic.Field(default=None, min_length=1, max_length=64,
+                                      pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+    @pydantic.model_validator(mode="after")
+    def _whole(self) -> "Join":
+        given = [self.fault_domain, self.cpu, self.memory_gb, self.type]
+        if any(v is not None for v in given) and not all(v is not None for v in given):
+            missing = [n for n, v in zip(("fault_domain", "cpu", "memory_gb", "type"), given,
+                                         strict=True) if v is None]
+            raise ValueError(f"a machine description needs {', '.join(missing)} too")
+        return self
 
 
 class StatusIn(pydantic.BaseModel):
@@ -598,7 +619,19 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """Trade the cluster join token for this machine's own credential."""
         if who.role is not Role.JOIN:
             raise refuse(request, 403, f"{who} is not a join token")
-        cp.machine_index(body.machine)
+        if body.fault_domain is not None:
+            assert body.cpu is not None and body.memory_gb is not None and body.type
+            cp.register(Machine(
+                id=body.machine, type=body.type, fault_domain=FaultDomain.parse(body.fault_domain),
+                resources=Resources(cpu=body.cpu, memory_gb=body.memory_gb,
+                                    disk_gb=body.disk_gb)))
+        else:
+            try:
+                cp.machine_index(body.machine)
+            except NotFound:
+                raise ValidationError(
+                    "machine", f"machine {body.machine!r} is not in the region: start its agent "
+                    "with --fault-domain, --cpu, --memory-gb and --type to register it") from None
         info, token = cp.tokens.create(Role.MACHINE, body.machine, cp.clock(),
                                        f"joined with {who.token_id}")
         cp.record("auth", "machine_joined", f"{body.machine} (credential {info.id})",

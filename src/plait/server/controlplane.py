@@ -26,9 +26,9 @@ from typing import Any
 from plait.allocator import AllocationRequest, MachineIndex
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.health import HealthCheck
-from plait.model import Entitlement, JobSpec, RegionSpec, generate, parse
+from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
 from plait.model.events import EventKind, UnavailabilityEvent
-from plait.model.machine import MachineState
+from plait.model.machine import FaultDomain, Machine, MachineState
 from plait.model.task import TaskRef, TaskState
 from plait.persist import PersistentAllocator, PersistentRegion
 from plait.persist.scheduler import JobDoc, JobStore, PersistentScheduler
@@ -79,6 +79,12 @@ class ControlPlaneConfig:
     heartbeat_timeout: float = 5.0
 
 
+def _machine(d: dict[str, Any]) -> Machine:
+    return Machine(id=d["id"], type=d["type"], fault_domain=FaultDomain.parse(d["fault_domain"]),
+                   resources=Resources(cpu=d["cpu"], memory_gb=d["memory_gb"],
+                                       disk_gb=d.get("disk_gb", 0)))
+
+
 def _controller_for(spec: JobSpec) -> TaskController | None:
     return None if spec.task_controller is None else HttpController(spec.task_controller)
 
@@ -91,44 +97,19 @@ class ControlPlane:
         self.clock = clock
         self.lock = threading.RLock()
         now = clock()
-        meta = Namespace(store, "/region")
+        self.meta = meta = Namespace(store, "/region")
         try:
             self.region_spec = parse(RegionSpec, json.loads(meta.get("/spec")[0]))
         except NotFound:
             self.region_spec = config.region
             meta.create("/spec", config.region.model_dump_json().encode())
-        self.fleet = generate(self.region_spec)
-        self.region = PersistentRegion.load(self.fleet, store, now)
-        self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store)
-        self.allocator.defer()  # placements are written with the scheduler's state
-        self.scheduler = Scheduler(self.allocator, config.scheduler, now)
-        self.persist = PersistentScheduler.load(self.scheduler, store, now, _controller_for)
-        self.jobs: JobStore = self.persist.jobs
         self.events = EventLog(store, config.retention)
         self.tokens = TokenStore(store)
-        start = config.sim_start_seconds
-
-        def behaviour(a: Assignment) -> Behaviour:
-            return Behaviour(start_seconds=start, stop_seconds=start / 2,
-                             crash=a.spec.command == "crash", crash_after=start)
-        self.sim = Simulation(self.fleet, behaviour, scheduler=self.scheduler, now=now) \
-            if config.sim_agents else None
         self.logs = TaskLogs()
         #: (job, index) -> "host:port" the task's agent reported
         self.endpoints: dict[tuple[str, int], str] = {}
         self.liveness = HealthCheck(config.heartbeat_timeout)
-        if self.sim is None:  # real agents: a machine is up only while its agent beats
-            down = {e.id[len("health-"):] for e in self.region.events()
-                    if e.id.startswith("health-")}
-            for m in range(len(self.fleet)):
-                name = self.fleet.name(m)
-                if name in down:
-                    self.liveness.last[name] = float("-inf")
-                    self.liveness.down.add(name)
-                else:
-                    self.liveness.watch(name, now)  # its agent has a timeout to come back
-        if self.sim is not None:
-            self.sim.output = []  # the simulated processes' output goes to the task logs
+        self.sim: Simulation | None = None
         self._sync_errors: dict[str, None] = {}
         self._pending: list[EventTuple] = []
         self._pending_lock = threading.Lock()
@@ -141,6 +122,62 @@ class ControlPlane:
         self.last_step: float | None = None
         self._drains = 0
         self._last_full = self._last_freeze = 0.0
+        self._build(now)
+
+    def _fleet(self) -> Fleet:
+        """The region's machines: the generated ones of its spec, then those their
+        agents registered (``/region/machines``), in the order they registered."""
+        base = generate(self.region_spec)
+        try:
+            names = self.meta.children("/machines")
+        except NotFound:
+            names = []
+        if not names:
+            return base
+        added = sorted((json.loads(self.meta.get(f"/machines/{n}")[0]) for n in names),
+                       key=lambda d: (d["seq"], d["id"]))
+        return Fleet.from_machines(
+            [base.machine(i) for i in range(len(base))] + [_machine(d) for d in added])
+
+    def _build(self, now: float) -> None:
+        """Brokers, allocator and scheduler over the region's machines, from the store
+        (at start, and again when a machine registers: a new machine changes the index
+        every part is built on)."""
+        store, config = self.store, self.config
+        self.fleet = self._fleet()
+        self.region = PersistentRegion.load(self.fleet, store, now)
+        self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store)
+        self.allocator.defer()  # placements are written with the scheduler's state
+        self.scheduler = Scheduler(self.allocator, config.scheduler, now)
+        self.persist = PersistentScheduler.load(self.scheduler, store, now, _controller_for)
+        self.jobs: JobStore = self.persist.jobs
+        start = config.sim_start_seconds
+
+        def behaviour(a: Assignment) -> Behaviour:
+            if a.spec.command in ("finish", "fail"):
+                return Behaviour(start_seconds=start, stop_seconds=start / 2,
+                                 finish_after=start, exit_code=int(a.spec.command == "fail"))
+            return Behaviour(start_seconds=start, stop_seconds=start / 2,
+                             crash=a.spec.command == "crash", crash_after=start)
+        old = self.sim
+        if config.sim_agents:
+            self.sim = Simulation(self.fleet, behaviour, scheduler=self.scheduler, now=now)
+            self.sim.output = []  # the simulated processes' output goes to the task logs
+            if old is not None:  # the simulated processes live on
+                self.sim.agents = old.agents
+            return
+        # real agents: a machine is up only while its agent beats
+        down = {e.id[len("health-"):] for e in self.region.events()
+                if e.id.startswith("health-")}
+        for m in range(len(self.fleet)):
+            name = self.fleet.name(m)
+            if name in self.liveness.last:
+                continue  # (a rebuild: known already)
+            if name in down:
+                self.liveness.last[name] = float("-inf")
+                self.liveness.down.add(name)
+            else:
+                self.liveness.watch(name, now)  # its agent has a timeout to come back
 
     # -- the loop --------------------------------------------------------------------------
     def step(self) -> None:
@@ -497,6 +534,56 @@ class ControlPlane:
             }
 
     # -- machines --------------------------------------------------------------------------
+    def register(self, machine: Machine) -> bool:
+        """A machine as its agent describes it. A machine the region has must match
+        (a conflict names what differs); a new one is stored and joins the region.
+        Returns whether it was new."""
+        with self.lock:
+            try:
+                have = self.fleet.machine(self.fleet.index_of(machine.id))
+            except NotFound:
+                have = None
+            if have is not None:
+                differs: dict[str, tuple[str, str]] = {}
+                if have.fault_domain != machine.fault_domain:
+                    differs["fault_domain"] = (str(have.fault_domain), str(machine.fault_domain))
+                if have.type != machine.type:
+                    differs["type"] = (have.type, machine.type)
+                ours, theirs = have.resources.to_units(), machine.resources.to_units()
+                for i, f in enumerate(("cpu", "memory_gb")):
+                    if ours[i] != theirs[i]:
+                        differs[f] = (f"{getattr(have.resources, f):g}",
+                                      f"{getattr(machine.resources, f):g}")
+                if differs:
+                    raise Conflict(
+                        f"machine {machine.id}",
+                        ", ".join(f"{f} {a}" for f, (a, _) in differs.items()),
+                        ", ".join(f"{f} {b}" for f, (_, b) in differs.items()))
+                return False
+            if machine.fault_domain.region != self.fleet.region:
+                raise ValidationError("fault_domain", f"this control plane runs region "
+                                      f"{self.fleet.region!r}, not "
+                                      f"{machine.fault_domain.region!r}")
+            record = {"seq": len(self.fleet), "id": machine.id, "type": machine.type,
+                      "fault_domain": str(machine.fault_domain),
+                      "cpu": machine.resources.cpu, "memory_gb": machine.resources.memory_gb,
+                      "disk_gb": machine.resources.disk_gb}
+            # (already stored by an attempt that did not finish: rebuilt below)
+            with contextlib.suppress(Conflict):
+                self.meta.create(f"/machines/{machine.id}", json.dumps(record).encode())
+            now = self.clock()
+            events, self.scheduler.events[:] = list(self.scheduler.events), []
+            for ev in events:
+                self.record("scheduler", ev.kind, ev.message, job=ev.job, at=ev.time)
+            self.persist.save(self.allocator)  # nothing in memory is lost by the rebuild
+            self._build(now)
+            self.record("broker", "machine_registered",
+                        f"{machine.id}: {machine.type} in {machine.fault_domain}, "
+                        f"{machine.resources.cpu:g} cpu, {machine.resources.memory_gb:g} GB",
+                        machine=machine.id)
+        self._wake.set()
+        return True
+
     def machine_index(self, machine: str) -> int:
         try:
             return self.fleet.index_of(machine)
