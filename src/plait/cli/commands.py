@@ -152,6 +152,9 @@ def serve(
     = 7 * 86400.0,
     heartbeat_timeout: Annotated[float, typer.Option(
         min=0.5, help="seconds without a heartbeat before a machine is unavailable")] = 5.0,
+    startup_grace: Annotated[float, typer.Option(
+        min=0, help="after a start, seconds a machine's agent has for its first heartbeat")]
+    = 30.0,
     context: Annotated[str, typer.Option(help="client context to write")] = "local",
     write_config: Annotated[bool, typer.Option(help="write URL and admin token to the "
                                                     "client configuration")] = True,
@@ -171,7 +174,8 @@ def serve(
                                   rows_per_msb=1, racks_per_row=2)
         config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
                                     retention=Retention(event_retention, event_max_age),
-                                    heartbeat_timeout=heartbeat_timeout)
+                                    heartbeat_timeout=heartbeat_timeout,
+                                    startup_grace=startup_grace)
         started = prepare(data_dir, store, config, host, port, write_config, context)
     except PlaitError as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -280,6 +284,8 @@ def up(
     host: str = "127.0.0.1",
     port: int = 7070,
     heartbeat_timeout: Annotated[float, typer.Option(min=0.5)] = 5.0,
+    startup_grace: Annotated[float, typer.Option(
+        min=0, help="seconds the agents have for their first heartbeat")] = 30.0,
     runtime: Annotated[str, typer.Option(help="the agents' runtime: process or sandbox")]
     = "process",
 ) -> None:
@@ -299,7 +305,8 @@ def up(
     region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc, rows_per_msb=1,
                               racks_per_row=1)
     config = ControlPlaneConfig(region=region, tick_seconds=0.2,
-                                heartbeat_timeout=heartbeat_timeout)
+                                heartbeat_timeout=heartbeat_timeout,
+                                startup_grace=startup_grace)
     started = prepare(data_dir, None, config, host, port)
     cp = started.control_plane
     join_file = data_dir / "join-token"

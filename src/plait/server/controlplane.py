@@ -77,6 +77,9 @@ class ControlPlaneConfig:
     drain_deadline_seconds: float = 300.0
     #: a machine whose agent has not heartbeated this long is unavailable (real agents)
     heartbeat_timeout: float = 5.0
+    #: after the control plane starts, a machine whose agent has not heartbeated yet
+    #: is unavailable only after this long (its agent may be starting too)
+    startup_grace: float = 30.0
 
 
 def _machine(d: dict[str, Any]) -> Machine:
@@ -177,7 +180,8 @@ class ControlPlane:
                 self.liveness.last[name] = float("-inf")
                 self.liveness.down.add(name)
             else:
-                self.liveness.watch(name, now)  # its agent has a timeout to come back
+                # its agent has a while to come back (it may be starting too)
+                self.liveness.watch(name, now, self.config.startup_grace)
 
     # -- the loop --------------------------------------------------------------------------
     def step(self) -> None:
