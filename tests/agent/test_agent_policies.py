@@ -178,3 +178,20 @@ def test_a_command_probe(box):
     assert box.serving("cmd") == set()
     (_data_dir(box, "cmd", 0) / "ok").touch()
     wait_for(lambda: box.serving("cmd") == {0}, what="the command probe passes")
+
+
+def test_the_desired_set_is_a_long_poll(box):
+    url = "/v1/machines/m0000000/desired"
+    first = box.api.get(url).json()
+    # nothing changes: the answer comes after the wait, with the same generation
+    same = box.api.get(url, params={"since": first["generation"], "wait": 0.5}).json()
+    assert same["generation"] == first["generation"] and same["tasks"] == first["tasks"]
+    # a change answers a waiting poll with the new set
+    timer = threading.Timer(0.5, box.deploy, ("lp", "sleep infinity"),
+                            {"tasks": 2, "policy": {"requirements": {
+                                "max_tasks_per_machine": 1}}})
+    timer.start()
+    changed = box.api.get(url, params={"since": same["generation"], "wait": 50}).json()
+    timer.join()
+    assert changed["generation"] > same["generation"]
+    assert [t["job"] for t in changed["tasks"]] == ["lp"]

@@ -89,6 +89,8 @@ class Agent:
         #: output read from tasks that exited, not sent yet
         self._output: list[dict[str, Any]] = []
         self.reachable = False
+        #: the generation of the desired set last pulled (for the long-poll)
+        self.generation: int | None = None
         self._load()
 
     # -- local state -----------------------------------------------------------------------
@@ -119,12 +121,15 @@ class Agent:
         os.replace(tmp, self.state_path)
 
     # -- the control plane -----------------------------------------------------------------
-    def _call(self, method: str, path: str, token: str | None, body: Any = None) -> Any:
+    def _call(self, method: str, path: str, token: str | None, body: Any = None,
+              params: dict[str, Any] | None = None, wait: float = 0.0) -> Any:
         last: Exception | None = None
         for url in self.urls:  # any front end will do
             try:
-                r = self.http.request(method, url + path, json=body,
-                                      headers={"Authorization": f"Bearer {token}"})
+                r = self.http.request(method, url + path, json=body, params=params,
+                                      headers={"Authorization": f"Bearer {token}"},
+                                      timeout=self.http.timeout.read + wait
+                                      if self.http.timeout.read is not None else None)
             except httpx.TransportError as exc:
                 last = exc
                 continue
@@ -142,16 +147,23 @@ class Agent:
         self._save()
 
     # -- one step --------------------------------------------------------------------------
-    def step(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+    def step(self, now: float | None = None, wait: float = 0.0) -> None:
+        """Pull the desired set (a long-poll of up to ``wait`` seconds when the agent
+        has one already: it returns as soon as the set changes), converge, report."""
         self.join()
+        params = {"wait": wait, "since": self.generation} if (
+            wait and self.generation is not None) else None
         try:
-            desired = self._call("GET", f"/v1/machines/{self.machine}/desired", self.token)
+            desired = self._call("GET", f"/v1/machines/{self.machine}/desired", self.token,
+                                 params=params, wait=wait)
             self.reachable = True
+            self.generation = desired.get("generation")
         except (ConnectionError, httpx.HTTPStatusError):
             self.reachable = False  # keep everything running, as it is
-            self._supervise(now)
+            self.generation = None
+            self._supervise(time.monotonic() if now is None else now)
             return
+        now = time.monotonic() if now is None else now
         want = {f"{a['job']}.{a['index']}": a for a in desired["tasks"]}
         for key in [k for k in self.tasks if k not in want]:
             self._remove(key)  # no longer assigned here: stopped (fencing)
@@ -295,16 +307,23 @@ class Agent:
             self._output = (chunks + self._output)[-256:]
 
     def run(self, interval: float = 1.0, stop: Any = None) -> None:
-        """Step every ``interval`` seconds until ``stop`` (a threading.Event) is set."""
+        """Step until ``stop`` (a threading.Event) is set: at least every ``interval``
+        seconds (the heartbeat, and noticing exits), and at once when the desired set
+        changes (the long-poll)."""
         while stop is None or not stop.is_set():
+            started = time.monotonic()
             try:
-                self.step()
+                self.step(wait=interval)
             except (ConnectionError, httpx.HTTPError) as exc:
                 print(f"plait agent {self.machine}: {exc}", flush=True)
+                self.reachable = False
+            # the long-poll did the waiting; unreachable, wait out the interval
+            pause = 0.02 if self.reachable else max(
+                0.0, interval - (time.monotonic() - started))
             if stop is None:
-                time.sleep(interval)
+                time.sleep(pause)
             else:
-                stop.wait(interval)
+                stop.wait(pause)
 
     def shutdown(self) -> None:
         """Stop every task (Ctrl-C of `plait up`), keeping nothing running."""

@@ -11,6 +11,7 @@ applies it asynchronously, and its progress shows in the job's status and events
 """
 
 
+import asyncio
 from typing import Annotated, Any
 
 import pydantic
@@ -645,12 +646,24 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         raise refuse(request, 403, f"{who} may not act for machine {machine}")
 
     @app.get("/v1/machines/{machine}/desired", tags=["agents"])
-    def desired(machine: str, who: Who, request: Request) -> dict[str, Any]:
-        """The machine's desired task set, which its agent converges to."""
+    async def desired(machine: str, who: Who, request: Request,
+                      wait: Annotated[float, Query(ge=0, le=60)] = 0.0,
+                      since: Annotated[int | None, Query(ge=0)] = None) -> dict[str, Any]:
+        """The machine's desired task set, which its agent converges to. A long-poll:
+        with ``since`` (the ``generation`` of the set the agent has) and ``wait``, the
+        answer comes when the set changes, or after ``wait`` seconds."""
         machine_only(request, who, machine)
-        return {"machine": machine, "tasks": [
+        cp.machine_index(machine)
+        if wait and since is not None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait
+            while cp.desired_generation(machine) == since and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+        generation = cp.desired_generation(machine)  # (read first: never newer than tasks)
+        tasks = await run_in_threadpool(cp.desired, machine)
+        return {"machine": machine, "generation": generation, "tasks": [
             {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
-             "spec": a.spec.model_dump(mode="json")} for a in cp.desired(machine)]}
+             "spec": a.spec.model_dump(mode="json")} for a in tasks]}
 
     @app.post("/v1/machines/{machine}/output", tags=["agents"])
     def output(machine: str, body: Output, who: Who, request: Request) -> dict[str, Any]:

@@ -113,6 +113,8 @@ class ControlPlane:
         self.endpoints: dict[tuple[str, int], str] = {}
         self.liveness = HealthCheck(config.heartbeat_timeout)
         self.sim: Simulation | None = None
+        #: per machine: bumped whenever its desired set changes (agents long-poll it)
+        self._generation: dict[str, int] = {}
         self._sync_errors: dict[str, None] = {}
         self._pending: list[EventTuple] = []
         self._pending_lock = threading.Lock()
@@ -207,6 +209,14 @@ class ControlPlane:
                 self._check_health(now)
                 self.region.tick(now)
                 self.scheduler.tick(now)
+                # desired sets that changed (in this pass, or by reports since the
+                # last): wake the agents long-polling them (simulated agents are
+                # stepped by the simulation, which reads the same set)
+                touched, self.scheduler.touched = self.scheduler.touched, set()
+                gen, name = self._generation, self.fleet.name
+                for m in touched:
+                    key = name(m)
+                    gen[key] = gen.get(key, 0) + 1
             # events are attributed before the save drops the records of deleted jobs
             events, self.scheduler.events[:] = list(self.scheduler.events), []
             for ev in events:
@@ -745,6 +755,11 @@ class ControlPlane:
         self.machine_index(machine)
         with self.lock:
             return self.scheduler.desired_for(machine)
+
+    def desired_generation(self, machine: str) -> int:
+        """Changes whenever the machine's desired set may have changed (a plain read:
+        an agent's long-poll checks it without the lock)."""
+        return self._generation.get(machine, 0)
 
     def task_output(self, machine: str, chunks: list[tuple[str, int, str]]) -> int:
         """An agent's output of the tasks on its machine; output of a task the machine
