@@ -75,7 +75,9 @@ class Agent:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.advertise = advertise
         self.describe = describe or {}
-        self.http = httpx.Client(timeout=timeout)
+        # (loading the CA bundle costs a tenth of a second of cpu: only for https)
+        self.http = httpx.Client(timeout=timeout,
+                                 verify=any(u.startswith("https:") for u in self.urls))
         self.runtime = runtime or ProcessRuntime(self.data_dir)
         self.state_path = self.data_dir / "agent.json"
         digest = hashlib.sha1(str(self.data_dir.resolve()).encode()).hexdigest()[:8]
@@ -91,6 +93,7 @@ class Agent:
         self.reachable = False
         #: the generation of the desired set last pulled (for the long-poll)
         self.generation: int | None = None
+        self._saved: dict[str, Any] | None = None
         self._load()
 
     # -- local state -----------------------------------------------------------------------
@@ -113,6 +116,9 @@ class Agent:
     def _save(self) -> None:
         data = {"machine": self.machine, "token": self.token,
                 "tasks": {k: asdict(t) for k, t in self.tasks.items()}}
+        if data == self._saved:
+            return  # (most steps change nothing: no write, no fsync)
+        self._saved = data
         fd, tmp = tempfile.mkstemp(dir=self.data_dir, prefix=".agent.")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)

@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -30,7 +30,9 @@ from rich.table import Table
 from plait.cli.client import EXIT_DENIED, EXIT_FAILED, EXIT_INVALID, Api, CliError, Target
 from plait.clientconfig import ClientConfig, default_path
 from plait.errors import PlaitError
-from plait.model import Entitlement, JobSpec, parse
+
+if TYPE_CHECKING:  # (imported where used: `plait agent` starts without the model)
+    from plait.model import JobSpec
 
 err = Console(stderr=True)
 out = Console()
@@ -123,6 +125,8 @@ def load_documents(path: Path) -> list[dict[str, Any]]:
 
 
 def job_spec_from(path: Path) -> JobSpec:
+    from plait.model import JobSpec, parse
+
     docs = load_documents(path)
     if len(docs) != 1:
         raise CliError(f"{path} holds {len(docs)} jobs; give one per file", EXIT_INVALID)
@@ -316,7 +320,9 @@ def up(
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
     join = join_file.read_text().strip()
-    server = ApiServer(cp, host, port, log_level="warning").start()
+    # the agents start first (they retry their join until the API answers): their
+    # start-up overlaps the control plane's
+    server = ApiServer(cp, host, port, log_level="warning")
     agents: dict[str, subprocess.Popen[bytes] | int] = {}
     adopted = 0
     for m in range(len(cp.fleet)):
@@ -339,6 +345,7 @@ def up(
              "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
              "--runtime", runtime],
             stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
+    server.start()
     ready = cp.wait_for_agents(list(agents), timeout=60)
     out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
               f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
@@ -462,6 +469,8 @@ def entitlement_create(
         docs = [{"name": name, "owner": owner, "quota": quota, "host_profile": host_profile}]
     else:
         raise CliError("give a FILE, or --name, --owner and --machines/--rru", EXIT_INVALID)
+    from plait.model import Entitlement, parse
+
     specs = []
     for i, doc in enumerate(docs):
         try:
