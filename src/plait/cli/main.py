@@ -116,6 +116,31 @@ def bench_api(
     print(json.dumps(result))
 
 
+@bench_app.command("recovery")
+def bench_recovery(
+    machines: Annotated[int, typer.Option(min=2, max=200, help="agents of `plait up` (one "
+                                                              "per machine)")] = 20,
+    tasks: Annotated[int, typer.Option(min=1, help="tasks of the deploy figure (`sleep "
+                                                   "infinity`)")] = 200,
+    heartbeat_timeout: Annotated[float, typer.Option(min=0.5, help="seconds without a "
+                                                     "heartbeat before a machine is "
+                                                     "unavailable")] = 5.0,
+    timeout: Annotated[float, typer.Option(min=1, help="seconds each wait may take at "
+                                                       "most")] = 120.0,
+) -> None:
+    """A region of real agents on this box (`plait up`): its start, a deploy of sleeping
+    tasks, and the web job recovering from a machine failure (one JSON object on
+    stdout)."""
+    from plait.bench import recovery
+
+    try:
+        result = recovery.run(machines=machines, tasks=tasks,
+                              heartbeat_timeout=heartbeat_timeout, timeout=timeout)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    print(json.dumps(result))
+
+
 @region_app.command("describe")
 def region_describe(
     machines: Annotated[int, typer.Option(min=1)] = 100_000,
