@@ -1,4 +1,5 @@
 import json
+import re
 
 from typer.testing import CliRunner
 
@@ -23,9 +24,17 @@ def test_region_describe_json():
     assert summary["index_bytes_per_machine"] <= 300
 
 
-def test_demo_walks_figure7_and_benchmarks():
+def test_demo_runs_a_region_then_walks_figure7_and_benchmarks():
     res = runner.invoke(app, ["demo", "--machines", "2000", "--jobs", "20"])
     assert res.exit_code == 0, res.output
+    out = " ".join(res.stdout.split())  # (the console wraps long lines)
+    # plait up with real agents: web.yaml's 6 servers answer on their endpoints
+    answers = out.split("each endpoint answers HTTP:")[1].split("a rolling update")[0]
+    assert len(re.findall(r"\b200\b", answers)) == 6, answers
+    assert "answer on other machines" in out  # after a machine died with its tasks
+    assert "succeeded / failed / running │ 4 / 0 / 0" in out  # the batch job
+    assert "result: 1999999000000" in out  # its output, shipped by the agent
+    assert "plait up stopped (sigint, exit 0); 0 processes were left over" in out
     assert "claimed ['m" in res.stdout and "released ['m" in res.stdout
     assert '"job_allocations_per_s"' in res.stdout
 

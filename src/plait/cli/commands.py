@@ -788,8 +788,8 @@ def discover(job: str, output: Output = "table") -> None:
 
 def _discover(job: str, output: str) -> None:
     data = api().get(f"/v1/discovery/{job}")
-    emit(data, output, lambda d: rows(["index", "machine"], [
-        [e["index"], e["machine"]] for e in d["endpoints"]]))
+    emit(data, output, lambda d: rows(["index", "machine", "endpoint"], [
+        [e["index"], e["machine"], e.get("endpoint") or "-"] for e in d["endpoints"]]))
 
 
 # -- machines ------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -179,8 +180,9 @@ def demo(
     machines: Annotated[int, typer.Option(min=100)] = 100_000,
     jobs: Annotated[int, typer.Option(min=1)] = 2_000,
 ) -> None:
-    """Run a control plane on this box and drive it with the CLI (deploy, rolling
-    update, a machine failure), then walk through entitlements growing and shrinking
+    """Run `plait up` on this box and drive it with the CLI (deploy examples/web.yaml,
+    its endpoints, a rolling update, a machine that dies, a batch job), then walk
+    through entitlements growing and shrinking
     (the paper's Figure 7), run the allocator benchmark and a simulated rollout."""
     from plait.allocator import AllocationRequest, Allocator, MachineIndex
     from plait.bench import allocator as bench
@@ -188,7 +190,13 @@ def demo(
     from plait.model import Entitlement, Quota, RegionSpec, Resources, generate
 
     out = Console()
-    control_plane_demo(out)
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    if (examples / "web.yaml").exists():
+        from plait.cli.demo import region_demo
+
+        region_demo(out, lambda args: app(args, standalone_mode=False), examples)
+    else:
+        out.print("(examples/ not found: skipping the region on this box)")
     fleet = generate(RegionSpec.sized(machines))
     region = Region(fleet)
     index = MachineIndex(fleet, region)
@@ -231,101 +239,6 @@ def demo(
              "machines failing halfway")
     sim_rollout(tasks=30, machines=60, controller="one-at-a-time", max_unavailable="10%",
                 fail=2, crash=False, limit=3600, as_json=False)
-
-
-def control_plane_demo(out: Console) -> None:
-    """A region on this box: a control plane (API, SQLite store, scheduler, allocator,
-    brokers, health checks) and one real agent process per machine, driven through
-    the CLI's own verbs; the tasks are real HTTP servers."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    import httpx
-
-    from plait.model import RegionSpec
-    from plait.server.controlplane import ControlPlane, ControlPlaneConfig
-    from plait.server.serve import ApiServer, store_for
-
-    examples = Path(__file__).resolve().parents[3] / "examples"
-    if not (examples / "web.yaml").exists():
-        out.print("(examples/ not found: skipping the control-plane walkthrough)")
-        return
-
-    def run(*args: str) -> None:
-        out.print(f"[bold cyan]$ plait {' '.join(args)}")
-        code = app(list(args), standalone_mode=False)
-        if code not in (None, 0):
-            raise typer.Exit(code)
-
-    with tempfile.TemporaryDirectory() as data:
-        cp = ControlPlane(store_for(data), ControlPlaneConfig(
-            region=RegionSpec.sized(6, dcs=2, msbs_per_dc=3, rows_per_msb=1, racks_per_row=1),
-            tick_seconds=0.2, heartbeat_timeout=3.0))
-        token = cp.bootstrap_admin()
-        _, join = cp.tokens.create("join", "demo", cp.clock())
-        saved = {k: os.environ.get(k) for k in ("PLAIT_URL", "PLAIT_TOKEN")}
-        agents: list[subprocess.Popen[bytes]] = []
-        with ApiServer(cp) as server:
-            out.rule(f"[bold]a region on this box: a control plane on {server.url} and "
-                     f"{len(cp.fleet)} agents")
-            os.environ["PLAIT_URL"], os.environ["PLAIT_TOKEN"] = server.url, token or ""
-            try:
-                for m in range(len(cp.fleet)):
-                    name = cp.fleet.name(m)
-                    agents.append(subprocess.Popen(
-                        [sys.executable, "-m", "plait.cli.main", "agent", "--machine-id", name,
-                         "--control-plane", server.url, "--join-token", join, "--data-dir",
-                         str(Path(data) / "agents" / name), "--interval", "0.3"],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-                ready = cp.wait_for_agents([cp.fleet.name(m) for m in range(len(cp.fleet))],
-                                           timeout=60)
-                out.print(f"{ready} agents joined and heartbeating")
-                run("entitlement", "create", str(examples / "entitlements.yaml"))
-                run("job", "deploy", str(examples / "web.yaml"), "--dry-run")
-                run("job", "deploy", str(examples / "web.yaml"), "--wait", "--timeout", "120")
-                run("discover", "web")
-                def get(endpoint: str) -> int | str:
-                    # (a task counts as running once its process runs; the server in it
-                    # may take a moment to listen: per-task health checks are to come)
-                    for _ in range(50):
-                        try:
-                            return httpx.get(f"http://{endpoint}/", timeout=5).status_code
-                        except httpx.TransportError:
-                            time.sleep(0.2)
-                    return "no answer"
-                codes = [get(e["endpoint"]) for e in cp.discovery("web") if e["endpoint"]]
-                out.print(f"each endpoint answers HTTP: {codes}")
-                v2 = Path(data) / "web-v2.yaml"
-                v2.write_text((examples / "web.yaml").read_text().replace(
-                    'PYTHONUNBUFFERED: "1"', 'PYTHONUNBUFFERED: "1", RELEASE: "2"'))
-                run("job", "deploy", str(v2), "--dry-run")
-                run("job", "deploy", str(v2), "--wait", "--timeout", "120")
-                victim = cp.discovery("web")[0]["machine"]
-                run("machine", "fail", victim)
-                time.sleep(1.0)
-                run("job", "update", str(v2), "--wait", "--timeout", "120")
-                run("task", "list", "web")
-                run("task", "logs", "web", "0")
-                run("job", "history", "web")
-                run("events", "--job", "web", "--limit", "12")
-            finally:
-                for agent in agents:  # like Ctrl-C: each agent stops its tasks
-                    agent.send_signal(signal.SIGINT)
-                for agent in agents:
-                    try:
-                        agent.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        agent.kill()
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-        cp.store.close()
 
 
 admin_app = typer.Typer(help="Operations on the control plane's store.", no_args_is_help=True)
