@@ -97,3 +97,13 @@ def test_admin_backup_and_restore(tmp_path):
     bad = runner.invoke(app, ["admin", "restore", str(tmp_path / "junk.json"),
                               "--store", str(tmp_path / "c.db")])
     assert bad.exit_code == 2 and "junk.json" in bad.output
+
+
+def test_agent_flags_are_checked_before_it_starts(tmp_path):
+    base = ["agent", "--machine-id", "h1", "--control-plane", "http://127.0.0.1:9",
+            "--data-dir", str(tmp_path)]
+    res = runner.invoke(app, [*base, "--runtime", "docker"])
+    assert res.exit_code == 2 and "unknown agent runtime 'docker'" in res.output
+    res = runner.invoke(app, [*base, "--fault-domain", "r/dc1/msb1/row1/rack1", "--cpu", "8"])
+    assert res.exit_code == 2
+    assert "needs --memory-gb, --type too" in " ".join(res.output.split())
