@@ -3,18 +3,11 @@ Every wait is bounded by a generous liveness timeout; nothing asserts speed."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import httpx
 import pytest
-
-from plait.server.serve import free_port
+from e2e_region import Region, alive, answers, wait_for
 
 WEB = {"name": "web", "entitlement": "web", "task_count": 3,
        "resources": {"cpu": 0.1, "memory_gb": 0.1}, "command": "sh",
@@ -23,83 +16,11 @@ WEB = {"name": "web", "entitlement": "web", "task_count": 3,
 AGENTS = ["m0000000", "m0000001", "m0000002", "m0000003"]
 
 
-def wait_for(check, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not reached within the liveness bound")
-
-
-class Region:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "PLAIT_CONFIG": str(tmp / "config.yaml")}
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        self.serve = self._spawn("serve", "--data-dir", str(tmp / "cp"), "--port",
-                                 str(self.port), "--machines", "8", "--dcs", "2",
-                                 "--msbs-per-dc", "2", "--tick", "0.2",
-                                 "--heartbeat-timeout", "3")
-        wait_for(lambda: httpx.get(f"{self.url}/healthz").status_code == 200,
-                 what="the control plane starts")
-        token = (tmp / "cp" / "admin-token").read_text().strip()
-        self.admin = httpx.Client(base_url=self.url, timeout=30,
-                                  headers={"Authorization": f"Bearer {token}"})
-        self.join = self.admin.post("/v1/tokens", json={"role": "join",
-                                                        "name": "cluster"}).json()["token"]
-
-    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", "plait.cli.main", *args], env=self.env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.procs.append(proc)
-        return proc
-
-    def start_agent(self, machine: str) -> None:
-        self.agents[machine] = self._spawn(
-            "agent", "--machine-id", machine, "--control-plane", self.url, "--join-token",
-            self.join, "--data-dir", str(self.tmp / "agents" / machine), "--interval", "0.3")
-
-    def task_pids(self, machine: str) -> dict[str, int]:
-        state = json.loads((self.tmp / "agents" / machine / "agent.json").read_text())
-        return {k: t["handle"]["pid"] for k, t in state["tasks"].items() if t["handle"]}
-
-    def endpoints(self) -> dict[int, str]:
-        found = self.admin.get("/v1/discovery/web").json()["endpoints"]
-        return {e["index"]: e["endpoint"] for e in found if e["endpoint"]}
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for machine in self.agents:  # the tasks outlive their agents by design
-            try:
-                for pid in self.task_pids(machine).values():
-                    os.killpg(pid, signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
-
-
 @pytest.fixture
 def region(tmp_path):
     r = Region(tmp_path)
     yield r
     r.close()
-
-
-def answers(endpoint: str) -> bool:
-    return httpx.get(f"http://{endpoint}/", timeout=2).status_code == 200
 
 
 def test_agents_run_a_job_as_processes_and_adopt_them_after_a_restart(region):
@@ -172,14 +93,3 @@ def test_a_dead_machine_is_replaced_and_a_returning_agent_stops_its_stale_copies
     wait_for(lambda: not any(alive(pid) for pid in stale.values()),
              what="the returning agent stops the replaced copy")
     assert len(region.endpoints()) == 3
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False

@@ -60,6 +60,15 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 class Agent:
     def __init__(self, machine: str, urls: list[str], join_token: str | None, data_dir: Path,
                  advertise: str = "127.0.0.1", timeout: float = 5.0,
@@ -197,6 +206,10 @@ class Agent:
     def _start(self, task: Task, spec: dict[str, Any]) -> None:
         home = self.data_dir / "tasks" / task.key
         home.mkdir(parents=True, exist_ok=True)
+        if not _port_free(self.advertise, task.port):
+            # taken meanwhile (by another process's connection, say): a new one, which
+            # the next status report publishes in discovery
+            task.port = _free_port(self.advertise)
         env = self._env(task, spec)
         res = spec["resources"]
         try:
