@@ -195,3 +195,20 @@ def test_the_desired_set_is_a_long_poll(box):
     timer.join()
     assert changed["generation"] > same["generation"]
     assert [t["job"] for t in changed["tasks"]] == ["lp"]
+
+
+def test_a_task_whose_port_was_taken_restarts_on_a_new_one(box):
+    import re
+    import socket
+
+    box.deploy("p", 'echo "port $PLAIT_PORT"; sleep 1; exit 1', tasks=1)
+
+    def ports():
+        return re.findall(r"port (\d+)", box.api.get("/v1/jobs/p/tasks/0/logs").json()["data"])
+    wait_for(lambda: ports(), what="the task prints its port")
+    first = int(ports()[0])
+    with socket.socket() as taken:  # something else takes the port while the task is down
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        wait_for(lambda: len(ports()) >= 2, what="the task restarts")
+        assert int(ports()[1]) != first
