@@ -13,9 +13,8 @@ SPEC = parse(JobSpec, {"name": "web", "entitlement": "web", "task_count": 2,
 
 def test_silent_machines_fail_heartbeating_ones_take_the_tasks_and_come_back(tmp_path):
     now = [1000.0]
-    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(region=REGION,
-                                                              heartbeat_timeout=5),
-                      clock=lambda: now[0])
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
+        region=REGION, heartbeat_timeout=5, startup_grace=0), clock=lambda: now[0])
     alive = ["m0000001", "m0000007"]
 
     def beat():
@@ -47,4 +46,22 @@ def test_silent_machines_fail_heartbeating_ones_take_the_tasks_and_come_back(tmp
     assert cp.machine("m0000002")["state"] == "healthy"
     kinds = [e.kind for e in cp.events.query(limit=1000)[0]]
     assert "machine_unreachable" in kinds and "machine_back" in kinds
+    cp.store.close()
+
+
+def test_after_a_start_agents_have_a_grace_for_their_first_heartbeat(tmp_path):
+    now = [1000.0]
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
+        region=REGION, heartbeat_timeout=5, startup_grace=20), clock=lambda: now[0])
+    for _ in range(15):  # past the timeout, within the grace: nothing failed
+        now[0] += 1
+        cp.report("m0000001", [])
+        cp.step()
+    assert {m["state"] for m in cp.machines(limit=1000)[0]} == {"healthy"}
+    for _ in range(6):  # the grace is over
+        now[0] += 1
+        cp.report("m0000001", [])
+        cp.step()
+    states = {m["id"]: m["state"] for m in cp.machines(limit=1000)[0]}
+    assert {m for m, s in states.items() if s == "healthy"} == {"m0000001"}
     cp.store.close()
