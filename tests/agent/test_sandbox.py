@@ -614,3 +614,23 @@ def test_a_data_dir_reached_through_a_symlink(env: Env, tmp_path: Path) -> None:
     env.handles.append((rt, h))
     assert env.wait_exit(h, rt) == 0, env.log_text(h)
     assert (real / "tasks" / "t" / "out.txt").read_text() == str(real / "tasks" / "t")
+
+
+def test_a_program_under_the_hosts_tmp_still_runs(env: Env) -> None:
+    """The private /tmp hides the host's, but not the program the task runs from it
+    (a checkout with its virtualenv under /tmp): that directory is bound read-only."""
+    top = Path(tempfile.mkdtemp(prefix="plait-sandbox-prog-", dir="/tmp"))
+    other = Path(tempfile.mkdtemp(prefix="plait-sandbox-other-", dir="/tmp"))
+    try:
+        program = top / "bin" / "task.sh"
+        program.parent.mkdir()
+        program.write_text(f"#!/bin/sh\necho ran; test -e {other} && echo other-visible; "
+                           f"touch {top}/written 2>/dev/null && echo wrote; exit 0\n")
+        program.chmod(0o755)
+        h = env.start([str(program)])
+        assert env.wait_exit(h) == 0, env.log_text(h)
+        assert env.log_text(h).split() == ["ran"]  # /tmp's other files stay hidden
+        assert not (top / "written").exists()  # and its own directory is read-only
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+        shutil.rmtree(other, ignore_errors=True)

@@ -110,6 +110,24 @@ def _namespaces() -> list[str]:
     return names
 
 
+def _host_tmp_dirs(command: str, env: Mapping[str, str], cwd: Path) -> list[Path]:
+    """The top-level directories of the host's /tmp that hold the task's command or a
+    directory of its PATH."""
+    tmp = Path("/tmp")
+    candidates = [Path(cwd, command)] if "/" in command else []
+    candidates += [Path(e) for e in env.get("PATH", "").split(os.pathsep) if e]
+    found: list[Path] = []
+    for path in candidates:
+        try:
+            parts = Path(os.path.abspath(path)).relative_to(tmp).parts
+        except ValueError:
+            continue
+        top = tmp / parts[0] if parts else None
+        if top is not None and top.is_dir() and top not in found:
+            found.append(top)
+    return found
+
+
 def _inside(path: Path, parent: Path) -> bool:
     """``path`` is ``parent`` or below it."""
     return path == parent or parent in path.parents
@@ -227,6 +245,11 @@ class SandboxRuntime(ProcessRuntime):
         # (the task's directories are usually inside the masked agent directory)
         mounts: list[tuple[int, list[str]]] = [
             (len(w.parts), ["--bind", str(w), str(w)]) for w in writable]
+        # the private /tmp hides the host's: programs the task runs from there (its
+        # command, or its PATH: a virtualenv checked out under /tmp) stay visible,
+        # read-only, with the top-level /tmp directory they are in
+        mounts += [(len(p.parts), ["--ro-bind", str(p), str(p)])
+                   for p in _host_tmp_dirs(command, env, workdir)]
         if mask:
             mounts.append((len(agent_dir.parts), ["--tmpfs", str(agent_dir)]))
         mounts.sort(key=lambda m: m[0])
