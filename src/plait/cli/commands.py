@@ -338,7 +338,7 @@ def up(
         res = cp.fleet.resources(m)
         # each agent describes its machine, as on a real host (checked on join)
         agents[name] = subprocess.Popen(
-            [sys.executable, "-m", "plait.cli.main", "agent", "--machine-id", name,
+            [sys.executable, "-m", "plait.cli.agent", "--machine-id", name,
              "--control-plane", server.url, "--join-token", join, "--data-dir", str(home),
              "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
              "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
