@@ -11,50 +11,19 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from runtimeutil import MODES, PY, WAIT, gone, wait_for
 
 from plait.agent import EXIT_UNKNOWN, Handle, ProcessRuntime
 from plait.agent.runtime import proc_start_time, task_name
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-
-PY = sys.executable
-WAIT = 30.0  # generous bound on every wait
-
-
-def _detected_isolation() -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        return ProcessRuntime(Path(tmp)).isolation
-
-
-ISOLATION = _detected_isolation()
-MODES = [ISOLATION] if ISOLATION == "rlimit" else [ISOLATION, "rlimit"]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = WAIT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def gone(pid: int, start_time: int | None) -> bool:
-    """The process no longer runs (gone, a zombie, or its pid reused)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
-        return True
-    rest = raw[raw.rindex(b")") + 2 :].split()
-    return rest[0] in (b"Z", b"X") or int(rest[19]) != start_time
-
 
 class Env:
     """A runtime plus bookkeeping so every test leaves no process or cgroup behind."""

@@ -21,52 +21,17 @@ import textwrap
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from runtimeutil import MODES, PY, WAIT, gone, proc_stat, wait_for
 
 from plait.agent import EXIT_UNKNOWN, Handle, ProcessRuntime
 from plait.agent.runtime import RUNTIMES, create_runtime, task_name
 from plait.agent.sandbox import MISSING_BWRAP, SandboxRuntime, sandbox_hostname
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
-
-PY = sys.executable
-WAIT = 30.0  # generous bound on every wait
-
-
-def _detected_isolation() -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        return ProcessRuntime(Path(tmp)).isolation
-
-
-ISOLATION = _detected_isolation()
-MODES = [ISOLATION] if ISOLATION == "rlimit" else [ISOLATION, "rlimit"]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = WAIT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def _stat(pid: int) -> list[bytes] | None:
-    """Fields 3 onwards of /proc/<pid>/stat, or None if the process is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return raw[raw.rindex(b")") + 2 :].split()
-
-
-def gone(pid: int, start_time: int | None) -> bool:
-    """The process no longer runs (gone, a zombie, or its pid reused)."""
-    rest = _stat(pid)
-    return rest is None or rest[0] in (b"Z", b"X") or int(rest[19]) != start_time
-
 
 def _pids() -> list[int]:
     return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
@@ -85,7 +50,7 @@ def sandbox_ns(h: Handle) -> str:
 
     def child() -> bool:
         for pid in _pids():
-            rest = _stat(pid)
+            rest = proc_stat(pid)
             if rest is not None and int(rest[1]) == h.pid:
                 ns = _ns(pid)
                 if ns is not None and ns != _ns("self"):
@@ -101,7 +66,7 @@ def ns_members(ns: str) -> list[int]:
     """Host pids of the live processes in a pid namespace."""
     out = []
     for pid in _pids():
-        rest = _stat(pid)
+        rest = proc_stat(pid)
         if rest is not None and rest[0] not in (b"Z", b"X") and _ns(pid) == ns:
             out.append(pid)
     return out
@@ -416,8 +381,8 @@ def test_stop_kills_everything_in_the_sandbox(env: Env) -> None:
     env.wait_log(h, "ready")
     # bwrap's init, the task and its two children
     wait_for(lambda: len(ns_members(ns)) == 4, what="the task's children")
-    members = [(pid, int(st[19])) for pid in ns_members(ns) if (st := _stat(pid)) is not None]
-    escaped = [pid for pid, _ in members if (st := _stat(pid)) and int(st[2]) != h.pgid]
+    members = [(pid, int(st[19])) for pid in ns_members(ns) if (st := proc_stat(pid)) is not None]
+    escaped = [pid for pid, _ in members if (st := proc_stat(pid)) and int(st[2]) != h.pgid]
     assert len(escaped) == 1
     code = env.rt.stop(h, grace=5)
     assert code == 128 + signal.SIGTERM  # the task died of the SIGTERM
