@@ -212,3 +212,22 @@ def test_a_task_whose_port_was_taken_restarts_on_a_new_one(box):
         taken.listen()
         wait_for(lambda: len(ports()) >= 2, what="the task restarts")
         assert int(ports()[1]) != first
+
+
+def test_a_task_that_prints_a_lot_still_finishes(box):
+    # 400 KB of output, then its last line; and NUL bytes, which JSON escapes six-fold
+    box.deploy("loud", "yes x | head -c 400000; head -c 100000 /dev/zero; echo; echo end",
+               tasks=1,
+               restart={"policy": "never"})
+    wait_for(lambda: box.job("loud")["phase"] == "complete", what="the job completes")
+    assert box.api.get("/v1/jobs/loud/tasks/0/logs").json()["data"].rstrip().endswith("end")
+    assert all(m["state"] == "healthy" for m in box.api.get("/v1/machines").json()["machines"])
+
+
+def test_a_command_that_cannot_start_follows_the_restart_policy(box):
+    box.api.post("/v1/jobs", json={
+        "name": "typo", "entitlement": "e", "task_count": 1,
+        "resources": {"cpu": 0.1, "memory_gb": 0.1}, "command": "no-such-command-plait",
+        "restart": {"policy": "on-failure", "max_retries": 1}})
+    wait_for(lambda: box.job("typo")["phase"] == "failed", what="the job fails")
+    assert [(t["state"], t["exit_code"]) for t in box.tasks("typo")] == [("dead", 127)]

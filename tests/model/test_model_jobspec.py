@@ -213,3 +213,25 @@ def test_percentage_whitespace_is_stripped() -> None:
 def test_update_policy_default_is_one() -> None:
     assert UpdatePolicy().max_unavailable == 1
     assert UpdatePolicy().resolve(1000) == 1
+
+
+def test_health_probes_and_restart_policies_are_checked():
+    import pytest as _pytest
+
+    from plait.errors import ValidationError as _Invalid
+    from plait.model import JobSpec as _Spec
+    from plait.model import parse as _parse
+
+    base = {"name": "j", "entitlement": "e", "task_count": 1,
+            "resources": {"cpu": 1, "memory_gb": 1}, "command": "x"}
+    ok = _parse(_Spec, {**base, "health": {"http": "/healthz"},
+                        "restart": {"policy": "on-failure", "max_retries": 2}})
+    assert ok.restart.batch and ok.health is not None and ok.health.http == "/healthz"
+    for bad, field in (({"http": "/a\nb"}, "health"), ({"http": "x"}, "health"),
+                       ({"command": ["sh", "a\x00b"]}, "health"),
+                       ({"http": "/", "command": ["true"]}, "health"), ({}, "health")):
+        with _pytest.raises(_Invalid) as exc:
+            _parse(_Spec, {**base, "health": bad})
+        assert field in str(exc.value)
+    with _pytest.raises(_Invalid):
+        _parse(_Spec, {**base, "restart": {"policy": "sometimes"}})

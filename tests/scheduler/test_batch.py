@@ -92,3 +92,27 @@ def test_finished_tasks_do_not_hold_back_a_paced_rollout():
     assert sim.run_until(lambda: states(s, "b") == ["succeeded"] * 2, 600)
     s.resize("b", 4, sim.now)  # the two new tasks run and finish too, max_unavailable 1
     assert sim.run_until(lambda: states(s, "b") == ["succeeded"] * 4, 600)
+
+
+def test_a_task_that_finished_while_its_machine_was_unreachable_is_done():
+    from plait.scheduler.records import Phase, TaskStatus
+    from plait.taskcontrol import TaskControlResponse
+
+    class Never:  # acks nothing: the lost task waits for its move
+        def process(self, request):
+            return TaskControlResponse(())
+
+    sim = world(machines=12)
+    s = sim.scheduler
+    s.create_job(batch("b", 1, command="serve"), sim.now, controller=Never())
+    assert sim.run_until(lambda: states(s, "b") == ["running"], 600)
+    rec = s.job("b").tasks[0]
+    machine = s.fleet.name(rec.machine)
+    sim.fail([machine])
+    sim.step()
+    assert rec.state is TaskState.LOST
+    # its agent's final report arrives (the partition healed, or it came in late)
+    s.report(machine, [TaskStatus("b", 0, 1, Phase.EXITED, False, 0, final=True)], sim.now)
+    assert (rec.state, rec.exit_code, rec.machine) == (TaskState.SUCCEEDED, 0, None)
+    sim.run(30)
+    assert states(s, "b") == ["succeeded"]  # not placed and run again

@@ -30,6 +30,9 @@ from plait.agent.runtime import Handle, ProcessRuntime
 
 #: restart backoff after a crash: 1, 2, 4 ... seconds, at most this
 MAX_BACKOFF = 30.0
+#: output read per task and step: what one output chunk of the API may carry (the
+#: rest follows with the next steps)
+CHUNK_BYTES = 64 * 1024
 
 
 @dataclass
@@ -60,8 +63,25 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def _batches(chunks: list[dict[str, Any]], limit: int = 512 * 1024
+             ) -> list[list[dict[str, Any]]]:
+    """Output chunks in requests well under the API's body limit."""
+    batches: list[list[dict[str, Any]]] = []
+    size = limit
+    for chunk in chunks:
+        n = len(json.dumps(chunk["data"])) + 100  # (as sent: escapes included)
+        if size + n > limit:
+            batches.append([])
+            size = 0
+        batches[-1].append(chunk)
+        size += n
+    return batches
+
+
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
+        # as a server binds it: connections of its last run in TIME_WAIT do not count
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -220,16 +240,16 @@ class Agent:
                 home, float(res["cpu"]), max(16, int(float(res.get("memory_gb", 0)) * 1024)))
         except (OSError, RuntimeError, ValueError) as exc:  # reported as a failed start
             print(f"plait agent {self.machine}: cannot start {task.key}: {exc}", flush=True)
-            task.exit_code = 127
-            task.restarts += 1
-            task.next_start = time.monotonic() + min(MAX_BACKOFF, 2.0 ** (task.restarts - 1))
+            self._exit(task, 127, time.monotonic())  # as the shell reports it
             return
         self.handles[task.key] = handle
         task.handle = handle.to_dict()
         self.prober.forget(task.key)  # unhealthy until its probe passes
 
     def _env(self, task: Task, spec: dict[str, Any]) -> dict[str, str]:
-        return {**os.environ, **spec.get("env", {}), "PLAIT_PORT": str(task.port),
+        # the agent's own PLAIT_* settings (tokens, URLs, config) are not the tasks'
+        host = {k: v for k, v in os.environ.items() if not k.startswith("PLAIT_")}
+        return {**host, **spec.get("env", {}), "PLAIT_PORT": str(task.port),
                 "PLAIT_JOB": task.job, "PLAIT_TASK_INDEX": str(task.index),
                 "PLAIT_MACHINE": self.machine,
                 "PLAIT_DATA_DIR": str(self.data_dir / "tasks" / task.key)}
@@ -243,22 +263,30 @@ class Agent:
             if code is None:
                 continue
             task = self.tasks[key]
-            data, task.log_offset = self.runtime.read_log(handle, task.log_offset)
-            if data:  # what it printed last (a batch task's result) is not lost
+            for _ in range(16):  # what it printed last (a batch task's result) is kept
+                data, task.log_offset = self.runtime.read_log(handle, task.log_offset,
+                                                              CHUNK_BYTES)
+                if not data:
+                    break
                 self._output.append({"job": task.job, "index": task.index,
                                      "data": data.decode(errors="replace")})
             del self.handles[key]
             task.handle = None
-            task.exit_code = code
-            if task.policy == "never" or (task.policy == "on-failure" and (
-                    code == 0 or task.restarts >= task.max_retries)):
-                task.final = True
-                continue
-            task.restarts += 1
-            task.next_start = now + min(MAX_BACKOFF, 2.0 ** (task.restarts - 1))
+            self._exit(task, code, now)
         for task in self.tasks.values():
             if task.exit_code is not None and not task.final and now >= task.next_start:
                 task.exit_code = None  # started again on the next step
+
+    @staticmethod
+    def _exit(task: Task, code: int, now: float) -> None:
+        """The restart policy, after an exit (or a start that failed)."""
+        task.exit_code = code
+        if task.policy == "never" or (task.policy == "on-failure" and (
+                code == 0 or task.restarts >= task.max_retries)):
+            task.final = True
+            return
+        task.restarts += 1
+        task.next_start = now + min(MAX_BACKOFF, 2.0 ** (task.restarts - 1))
 
     def _stop(self, key: str) -> None:
         handle = self.handles.pop(key, None)
@@ -296,7 +324,7 @@ class Agent:
                                  "revision": task.revision, "phase": "running",
                                  "healthy": self._healthy(task, now),
                                  "endpoint": f"{self.advertise}:{task.port}"})
-                data, offset = self.runtime.read_log(handle, task.log_offset)
+                data, offset = self.runtime.read_log(handle, task.log_offset, CHUNK_BYTES)
                 if data:
                     chunks.append({"job": task.job, "index": task.index,
                                    "data": data.decode(errors="replace")})
@@ -309,9 +337,12 @@ class Agent:
         try:
             # output first: the control plane takes a task's output only while the task
             # is on this machine, and a final status takes a batch task off it
-            if chunks:
-                self._call("POST", f"/v1/machines/{self.machine}/output", self.token,
-                           {"chunks": chunks})
+            for batch in _batches(chunks):
+                try:
+                    self._call("POST", f"/v1/machines/{self.machine}/output", self.token,
+                               {"chunks": batch})
+                except httpx.HTTPStatusError as exc:  # refused: dropped, never a retry loop
+                    print(f"plait agent {self.machine}: output refused: {exc}", flush=True)
             self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
                        {"tasks": statuses})
             # the control plane took the finished tasks off this machine as it took the
@@ -335,6 +366,10 @@ class Agent:
                 self.step(wait=interval)
             except (ConnectionError, httpx.HTTPError) as exc:
                 print(f"plait agent {self.machine}: {exc}", flush=True)
+                self.reachable = False
+            except Exception as exc:  # the agent keeps its tasks running, whatever broke
+                print(f"plait agent {self.machine}: step failed: {type(exc).__name__}: {exc}",
+                      flush=True)
                 self.reachable = False
             # the long-poll did the waiting; unreachable, wait out the interval
             pause = 0.02 if self.reachable else max(

@@ -9,6 +9,9 @@ probe first passes, and again after ``failure_threshold`` failures in a row.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,19 +33,27 @@ class _State:
 def http_probe(url: str, timeout: float) -> bool:
     try:
         r = httpx.get(url, timeout=timeout)
-    except httpx.HTTPError:
+    except Exception:  # any failure (an unreachable task, a URL httpx refuses) fails it
         return False
     return 200 <= r.status_code < 400
 
 
 def command_probe(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> bool:
+    """Exit 0 within the timeout; the probe runs in a session of its own, all of which
+    is killed at the timeout."""
     try:
-        done = subprocess.run(argv, env=env, cwd=cwd, timeout=timeout, check=False,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    except Exception:  # (a command that cannot start fails the check)
         return False
-    return done.returncode == 0
+    try:
+        return proc.wait(timeout) == 0
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return False
 
 
 class Prober:

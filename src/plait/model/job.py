@@ -102,8 +102,16 @@ class HealthProbe(Value):
     @pydantic.field_validator("http")
     @classmethod
     def _path(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^/[^\s]*$", value):
-            raise ValueError(f"{value!r} is not a URL path (it starts with '/', no spaces)")
+        if value is not None and not re.match(r"^/[\x21-\x7e]*$", value):
+            raise ValueError(f"{value!r} is not a URL path (it starts with '/'; printable "
+                             "ASCII, no spaces)")
+        return value
+
+    @pydantic.field_validator("command")
+    @classmethod
+    def _argv(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any("\x00" in arg or len(arg) > 4096 for arg in value):
+            raise ValueError("arguments hold no NUL character and at most 4096 characters")
         return value
 
     @pydantic.model_validator(mode="after")

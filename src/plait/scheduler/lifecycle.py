@@ -71,6 +71,14 @@ TRANSITIONS: dict[tuple[S, Event], S] = {
     (S.STARTING, Event.GAVE_UP): S.DEAD,
     (S.RUNNING, Event.GAVE_UP): S.DEAD,
     (S.FAILED, Event.GAVE_UP): S.DEAD,
+    # it finished while its machine was unreachable, or while being stopped (or moved
+    # off a lost machine, not placed again yet): what ran is done, nothing to run again
+    (S.LOST, Event.SUCCEEDED): S.SUCCEEDED,
+    (S.LOST, Event.GAVE_UP): S.DEAD,
+    (S.STOPPING, Event.SUCCEEDED): S.SUCCEEDED,
+    (S.STOPPING, Event.GAVE_UP): S.DEAD,
+    (S.PENDING, Event.SUCCEEDED): S.SUCCEEDED,
+    (S.PENDING, Event.GAVE_UP): S.DEAD,
     # run a finished task again: the job was restarted or updated to a new runtime
     (S.SUCCEEDED, Event.RERUN): S.PENDING,
     (S.DEAD, Event.RERUN): S.PENDING,

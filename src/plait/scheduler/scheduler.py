@@ -370,6 +370,9 @@ class Scheduler:
             self._complete(job, rec)
         if rec.op is None and not rec.serving:
             rec.serving = True
+        self._rollout_done(job, now)
+
+    def _rollout_done(self, job: JobRecord, now: float) -> None:
         if job.rollout_active and all(
                 r.spec_version == job.target and (
                     (r.state is TaskState.RUNNING and r.healthy)
@@ -412,6 +415,9 @@ class Scheduler:
             self._complete(job, rec)  # an update or restart ends with the run
         self._drop_acked(job, rec.index)
         self._cancel_pending(job, rec.index)
+        job.lost.discard(rec.index)
+        rec.lost_since = None
+        rec.parked = None
         if rec.machine is not None:
             self._unassign(job.ref(rec.index), rec.machine)
         rec.machine = None
@@ -432,6 +438,7 @@ class Scheduler:
                 len(job.tasks) == spec.task_count):
             self._event(now, job.name, "job_completed",
                         f"all {spec.task_count} tasks exited 0")
+        self._rollout_done(job, now)
 
     def _stopped(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
         if not self._transition(rec, Event.STOPPED):

@@ -786,8 +786,12 @@ class ControlPlane:
             now = self.clock()
             self.liveness.beat(machine, now)
             self.scheduler.report(machine, statuses, now)
-            for key, endpoint in (endpoints or {}).items():
-                self.endpoints[key] = endpoint
+            m, jobs = self.fleet.index_of(machine), self.scheduler.jobs
+            for (job, index), endpoint in (endpoints or {}).items():
+                found = jobs.get(job)
+                rec = found.tasks.get(index) if found is not None else None
+                if rec is not None and rec.machine == m:  # only where the task is placed
+                    self.endpoints[(job, index)] = endpoint
         self._wake.set()
 
     def wait_for_agents(self, machines: list[str], timeout: float) -> int:
