@@ -599,3 +599,19 @@ def test_a_program_under_the_hosts_tmp_still_runs(env: Env) -> None:
     finally:
         shutil.rmtree(top, ignore_errors=True)
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_hidden_directories_are_not_visible(env: Env, tmp_path: Path) -> None:
+    """``plait up`` hides its whole data dir (the admin token, the store, the other
+    agents' credentials): a sandboxed task sees an empty, read-only directory there."""
+    secret_dir = tmp_path / "up-data"
+    secret_dir.mkdir()
+    (secret_dir / "admin-token").write_text("plait_secret")
+    rt = SandboxRuntime(env.data_dir, isolation=env.isolation, hide=[secret_dir])
+    h = env.start(["/bin/sh", "-c", f"echo listing; ls -A {secret_dir}; echo end; "
+                                    f"cat {secret_dir}/admin-token 2>/dev/null; "
+                                    f"touch {secret_dir}/x 2>/dev/null && echo wrote; exit 0"],
+                  rt=rt)
+    assert env.wait_exit(h, rt) == 0
+    assert env.log_text(h).split() == ["listing", "end"]  # empty, unreadable, read-only
+    assert (secret_dir / "admin-token").read_text() == "plait_secret"

@@ -51,7 +51,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -757,7 +757,7 @@ class ProcessRuntime:
 RUNTIMES = ("process", "sandbox")
 
 
-def create_runtime(name: str, data_dir: Path) -> ProcessRuntime:
+def create_runtime(name: str, data_dir: Path, hide: Sequence[Path] = ()) -> ProcessRuntime:
     """The agent runtime called ``name`` on ``data_dir``: ``process`` (plain processes,
     :class:`ProcessRuntime`) or ``sandbox`` (the same, each task inside bubblewrap
     namespaces: :class:`plait.agent.sandbox.SandboxRuntime`, which raises RuntimeError
@@ -767,7 +767,7 @@ def create_runtime(name: str, data_dir: Path) -> ProcessRuntime:
     if name == "sandbox":
         from plait.agent.sandbox import SandboxRuntime  # only loaded when asked for
 
-        return SandboxRuntime(data_dir)
+        return SandboxRuntime(data_dir, hide=hide)
     raise ValueError(f"unknown agent runtime {name!r}: use one of {', '.join(RUNTIMES)}")
 
 

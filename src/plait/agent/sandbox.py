@@ -67,7 +67,7 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from plait.agent.runtime import CGROUP_ROOT, DEFAULT_MAX_LOG_BYTES, Handle, ProcessRuntime
@@ -146,9 +146,16 @@ class SandboxRuntime(ProcessRuntime):
         isolation: str | None = None,
         cgroup_root: Path = CGROUP_ROOT,
         bwrap: str | None = None,
+        hide: Sequence[Path] = (),
     ) -> None:
         """``bwrap`` is the bubblewrap executable (by default ``bwrap`` in PATH). Raises
-        RuntimeError if it is missing or cannot make a sandbox on this machine."""
+        RuntimeError if it is missing or cannot make a sandbox on this machine.
+        ``hide``: directories tasks must not see, besides the agent's data directory
+        and the plait client configuration's (``plait up`` hides its whole data
+        directory: tokens, the store, the other agents)."""
+        from plait.clientconfig import default_path
+
+        self.hidden = [Path(p) for p in (*hide, default_path().parent)]
         found = shutil.which(bwrap or "bwrap")
         if found is None:
             raise RuntimeError(MISSING_BWRAP)
@@ -239,8 +246,12 @@ class SandboxRuntime(ProcessRuntime):
                 setenv = ["--setenv", "PLAIT_DATA_DIR", str(path)]
         # never the whole root read-write
         writable = [p for p in writable if p != Path("/")]
-        agent_dir = self.data_dir.resolve()
-        mask = agent_dir != Path("/") and not any(_inside(agent_dir, w) for w in writable)
+        masked = []
+        for hidden in (self.data_dir, *self.hidden):
+            path = hidden.resolve()
+            if (path != Path("/") and path.is_dir() and path not in masked
+                    and not any(_inside(path, w) for w in writable)):
+                masked.append(path)
         # outermost first, so that a directory inside another is mounted on top of it
         # (the task's directories are usually inside the masked agent directory)
         mounts: list[tuple[int, list[str]]] = [
@@ -250,15 +261,14 @@ class SandboxRuntime(ProcessRuntime):
         # read-only, with the top-level /tmp directory they are in
         mounts += [(len(p.parts), ["--ro-bind", str(p), str(p)])
                    for p in _host_tmp_dirs(command, env, workdir)]
-        if mask:
-            mounts.append((len(agent_dir.parts), ["--tmpfs", str(agent_dir)]))
+        mounts += [(len(m.parts), ["--tmpfs", str(m)]) for m in masked]
         mounts.sort(key=lambda m: m[0])
         argv = self._base_argv(sandbox_hostname(key))
         for _, opts in mounts:
             argv += opts
-        if mask:
+        for m in masked:
             # read-only once the task's directories are bound inside it (not recursive)
-            argv += ["--remount-ro", str(agent_dir)]
+            argv += ["--remount-ro", str(m)]
         return [*argv, *setenv, "--chdir", str(workdir), "--", command, *args]
 
     # ----------------------------------------------------------------- stop

@@ -215,6 +215,8 @@ def agent(
     runtime: Annotated[str, typer.Option(
         help="process (cgroups or rlimits), or sandbox (bubblewrap namespaces and a "
              "read-only root, plus the same limits)")] = "process",
+    hide: Annotated[list[Path] | None, typer.Option(
+        help="a directory sandboxed tasks must not see (repeatable)")] = None,
 ) -> None:
     """Run the agent of one machine: join, pull the desired task set, run the tasks as
     processes, report their statuses and output. Tasks keep running if the control
@@ -237,7 +239,7 @@ def agent(
         described["disk_gb"] = disk_gb
     try:
         a = Agent(machine_id, control_plane.split(","), join_token, data_dir, advertise,
-                  runtime=create_runtime(runtime, data_dir),
+                  runtime=create_runtime(runtime, data_dir, hide or ()),
                   describe=described if fault_domain is not None else None)
     except (ValueError, OSError, RuntimeError) as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -343,7 +345,7 @@ def up(
              "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
              "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
              "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
-             "--runtime", runtime],
+             "--runtime", runtime, "--hide", str(data_dir.resolve())],
             stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
     server.start()
     ready = cp.wait_for_agents(list(agents), timeout=60)
