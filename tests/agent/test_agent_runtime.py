@@ -18,14 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtimeutil import MODES, PY, WAIT, gone, wait_for
+from runtimeutil import MODES, PY, WAIT, RuntimeEnv, gone, wait_for
 
 from plait.agent import EXIT_UNKNOWN, Handle, ProcessRuntime
 from plait.agent.runtime import proc_start_time, task_name
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
-class Env:
+class Env(RuntimeEnv):
     """A runtime plus bookkeeping so every test leaves no process or cgroup behind."""
 
     def __init__(self, data_dir: Path, isolation: str) -> None:
@@ -47,31 +47,6 @@ class Env:
                      cwd=self.work, cpu=0.5, memory_mb=memory_mb)
         self.handles.append((rt, h))
         return h
-
-    def log_text(self, h: Handle) -> str:
-        return h.log_path.read_text() if h.log_path.exists() else ""
-
-    def wait_log(self, h: Handle, text: str) -> None:
-        wait_for(lambda: text in self.log_text(h), what=f"{text!r} in the log")
-
-    def wait_exit(self, h: Handle, rt: ProcessRuntime | None = None) -> int:
-        rt = rt or self.rt
-        codes: list[int | None] = []
-
-        def done() -> bool:
-            codes.append(rt.poll(h))
-            return codes[-1] is not None
-
-        wait_for(done, what=f"{h.key} to exit")
-        code = codes[-1]
-        assert code is not None
-        return code
-
-    def close(self) -> None:
-        for rt, h in self.handles:
-            if rt.poll(h) is None:
-                rt.stop(h, grace=0)
-            rt.cleanup(h.key)
 
 
 @pytest.fixture(params=MODES)

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtimeutil import MODES, PY, WAIT, gone, proc_stat, wait_for
+from runtimeutil import MODES, PY, WAIT, RuntimeEnv, gone, proc_stat, wait_for
 
 from plait.agent import EXIT_UNKNOWN, Handle, ProcessRuntime
 from plait.agent.runtime import RUNTIMES, create_runtime, task_name
@@ -72,7 +72,7 @@ def ns_members(ns: str) -> list[int]:
     return out
 
 
-class Env:
+class Env(RuntimeEnv):
     """A sandbox runtime plus bookkeeping so every test leaves no process behind."""
 
     def __init__(self, data_dir: Path, isolation: str) -> None:
@@ -109,12 +109,6 @@ class Env:
         self.namespaces.append(ns)
         return ns
 
-    def log_text(self, h: Handle) -> str:
-        return h.log_path.read_text() if h.log_path.exists() else ""
-
-    def wait_log(self, h: Handle, text: str) -> None:
-        wait_for(lambda: text in self.log_text(h), what=f"{text!r} in the log")
-
     def result(self, h: Handle) -> dict[str, object]:
         """The JSON the task printed on a line starting ``result=``."""
         self.wait_log(h, "result=")
@@ -123,24 +117,8 @@ class Env:
         assert isinstance(data, dict)
         return data
 
-    def wait_exit(self, h: Handle, rt: ProcessRuntime | None = None) -> int:
-        rt = rt or self.rt
-        codes: list[int | None] = []
-
-        def done() -> bool:
-            codes.append(rt.poll(h))
-            return codes[-1] is not None
-
-        wait_for(done, what=f"{h.key} to exit")
-        code = codes[-1]
-        assert code is not None
-        return code
-
     def close(self) -> None:
-        for rt, h in self.handles:
-            if rt.poll(h) is None:
-                rt.stop(h, grace=0)
-            rt.cleanup(h.key)
+        super().close()
         for ns in self.namespaces:
             wait_for(lambda ns=ns: not ns_members(ns), what="the sandbox to be empty")
 
