@@ -231,3 +231,24 @@ def test_a_command_that_cannot_start_follows_the_restart_policy(box):
         "restart": {"policy": "on-failure", "max_retries": 1}})
     wait_for(lambda: box.job("typo")["phase"] == "failed", what="the job fails")
     assert [(t["state"], t["exit_code"]) for t in box.tasks("typo")] == [("dead", 127)]
+
+
+def test_a_starting_task_shortens_the_long_poll_to_its_probe_interval(tmp_path):
+    # pure: no control plane is reached
+    from plait.agent.probe import _State
+
+    agent = Agent("m0000000", ["http://127.0.0.1:9"], None, tmp_path)
+    try:
+        assert agent._wait(1.0) == 1.0  # nothing running
+        agent.handles["a.0"] = object()  # type: ignore[assignment]
+        agent.specs["a.0"] = {"health": {"http": "/", "interval_seconds": 0.2}}
+        agent.handles["b.0"] = object()  # type: ignore[assignment]
+        agent.specs["b.0"] = {}  # no probe: healthy while it runs
+        assert agent._wait(1.0) == 0.2  # awaiting its first passing probe
+        agent.prober.states["a.0"] = _State(healthy=True)
+        assert agent._wait(1.0) == 1.0  # healthy: back to the heartbeat interval
+        agent.specs["a.0"]["health"]["interval_seconds"] = 0.001
+        agent.prober.forget("a.0")  # restarted: starting again, with a floor
+        assert agent._wait(1.0) == 0.05
+    finally:
+        agent.prober.close()

@@ -363,7 +363,7 @@ class Agent:
         while stop is None or not stop.is_set():
             started = time.monotonic()
             try:
-                self.step(wait=interval)
+                self.step(wait=self._wait(interval))
             except (ConnectionError, httpx.HTTPError) as exc:
                 print(f"plait agent {self.machine}: {exc}", flush=True)
                 self.reachable = False
@@ -378,6 +378,17 @@ class Agent:
                 time.sleep(pause)
             else:
                 stop.wait(pause)
+
+    def _wait(self, interval: float) -> float:
+        """How long the next long-poll may wait: the interval, or, while a task awaits
+        its first passing probe, that probe's interval, so the control plane hears the
+        task is healthy (and enables it in discovery) without waiting a heartbeat."""
+        wait = interval
+        for key in self.handles:
+            probe = (self.specs.get(key) or {}).get("health")
+            if probe and self.prober.starting(key):
+                wait = min(wait, max(0.05, float(probe.get("interval_seconds", 1.0))))
+        return wait
 
     def shutdown(self) -> None:
         """Stop every task (Ctrl-C of `plait up`), keeping nothing running."""

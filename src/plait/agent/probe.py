@@ -86,6 +86,11 @@ class Prober:
                     command_probe, list(probe["command"]), env, cwd, timeout)
         return st.healthy
 
+    def starting(self, key: str) -> bool:
+        """The task has not passed a probe since it (re)started."""
+        st = self.states.get(key)
+        return st is None or not st.healthy
+
     def forget(self, key: str) -> None:
         """The task (re)started or left: its health starts over."""
         self.states.pop(key, None)
