@@ -99,6 +99,7 @@ class Agent:
         one the region has already."""
         self.machine = machine
         self.urls = [u.rstrip("/") for u in urls]
+        self._url = 0  # the front end that answered last
         self.join_token = join_token
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -158,8 +159,14 @@ class Agent:
     # -- the control plane -----------------------------------------------------------------
     def _call(self, method: str, path: str, token: str | None, body: Any = None,
               params: dict[str, Any] | None = None, wait: float = 0.0) -> Any:
-        last: Exception | None = None
-        for url in self.urls:  # any front end will do
+        """Any front end will do: the one that answered last first, then the others. One
+        that cannot be reached, or answers that it cannot serve now (502-504: a replica
+        without a leader, say), is passed over."""
+        last: Exception | str | None = None
+        n = len(self.urls)
+        for k in range(n):
+            i = (self._url + k) % n
+            url = self.urls[i]
             try:
                 r = self.http.request(method, url + path, json=body, params=params,
                                       headers={"Authorization": f"Bearer {token}"},
@@ -168,7 +175,11 @@ class Agent:
             except httpx.TransportError as exc:
                 last = exc
                 continue
+            if r.status_code in (502, 503, 504) and k < n - 1:
+                last = f"{url} answered {r.status_code}"
+                continue
             r.raise_for_status()
+            self._url = i
             return r.json()
         raise ConnectionError(f"no control plane reachable at {', '.join(self.urls)}: {last}")
 

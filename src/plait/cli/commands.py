@@ -162,9 +162,17 @@ def serve(
     context: Annotated[str, typer.Option(help="client context to write")] = "local",
     write_config: Annotated[bool, typer.Option(help="write URL and admin token to the "
                                                     "client configuration")] = True,
+    advertise: Annotated[str | None, typer.Option(
+        help="the URL other replicas reach this one at (default http://HOST:PORT)")] = None,
+    session_timeout: Annotated[float, typer.Option(
+        min=0.2, help="seconds the leader's store session outlives it (failover time)")]
+    = 1.5,
 ) -> None:
-    """Run the control plane and its API (Ctrl-C stops it). At first start it creates an
-    admin token and writes it to the client configuration, so the CLI works at once."""
+    """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
+    on one store campaigns: the leader runs the control plane, the others keep warm,
+    pass requests on to the leader and take over when it goes. At first start it
+    creates an admin token and writes it to the client configuration, so the CLI works
+    at once."""
     import uvicorn
 
     from plait.frontend import create_app
@@ -184,14 +192,18 @@ def serve(
     except PlaitError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None
+    from plait.server.leader import Leadership
+
     cp = started.control_plane
-    err.print(f"plait control plane: {len(cp.fleet)} machines, API on {started.url}")
+    leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
+    err.print(f"plait control plane: {len(cp.fleet)} machines, API on {started.url} "
+              f"(a replica: leads when elected)")
     if started.config_path is not None:
         err.print(f"client configuration: {started.config_path} (context {context})")
     # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
     # signal that stopped it, so nothing after run() would run)
-    uvicorn.run(create_app(cp, close_store=True), host=host, port=port, log_level="warning",
-                access_log=False)
+    uvicorn.run(create_app(cp, close_store=True, leadership=leadership), host=host, port=port,
+                log_level="warning", access_log=False)
 
 
 # -- agent ---------------------------------------------------------------------------------

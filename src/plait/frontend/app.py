@@ -28,7 +28,9 @@ from plait.model import Entitlement, JobSpec, Resources
 from plait.model.machine import FaultDomain, Machine
 from plait.scheduler.records import Phase, TaskStatus
 from plait.server.auth import AuthError, Principal, Role
+from plait.frontend.proxy import FollowerProxy
 from plait.server.controlplane import ControlPlane
+from plait.server.leader import Leadership
 from plait.server.events import Event
 
 #: the largest request body accepted (a job spec is a few KB)
@@ -217,18 +219,24 @@ def _event(e: Event) -> dict[str, Any]:
             "machine": e.machine}
 
 
-def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = False) -> FastAPI:
+def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = False,
+               leadership: Leadership | None = None) -> FastAPI:
     """The API over a control plane; with ``run_loop`` the app starts and stops the
     control plane's loop with its own lifespan (and with ``close_store`` closes the
-    store at shutdown)."""
+    store at shutdown). With ``leadership`` the replica campaigns instead: its loop runs
+    while it leads, and while it follows every request goes to the leader."""
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
-        if run_loop:
+        if leadership is not None:
+            leadership.start()
+        elif run_loop:
             cp.start()
         yield
-        if run_loop:
+        if leadership is not None:
+            leadership.stop()
+        elif run_loop:
             cp.stop()
         if close_store:
             cp.store.close()
@@ -290,6 +298,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             first.get("msg", "invalid request"))
         return _error(422, "invalid", message, field)
 
+    if leadership is not None:
+        app.add_middleware(FollowerProxy, leadership=leadership)
     app.add_middleware(BodyLimit)
 
     # -- authentication and authorization --------------------------------------------------
@@ -369,8 +379,11 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         ok, why = cp.health()
         if not ok:
             response.status_code = 503
+        role = {} if leadership is None else {
+            "role": "leader" if leadership.leading else "follower",
+            "leader": leadership.leader(), "replica": leadership.identity}
         return {"ok": ok, "status": why, "version": __version__, "steps": cp.steps,
-                "failed_passes": cp.failures}
+                "failed_passes": cp.failures, **role}
 
     # -- entitlements ----------------------------------------------------------------------
     @app.post("/v1/entitlements", tags=["entitlements"], status_code=201,

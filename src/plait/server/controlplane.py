@@ -105,7 +105,10 @@ class ControlPlane:
             self.region_spec = parse(RegionSpec, json.loads(meta.get("/spec")[0]))
         except NotFound:
             self.region_spec = config.region
-            meta.create("/spec", config.region.model_dump_json().encode())
+            try:
+                meta.create("/spec", config.region.model_dump_json().encode())
+            except Conflict:  # another replica starting at once stored it first
+                self.region_spec = parse(RegionSpec, json.loads(meta.get("/spec")[0]))
         self.events = EventLog(store, config.retention)
         self.tokens = TokenStore(store)
         self.logs = TaskLogs()
@@ -113,8 +116,11 @@ class ControlPlane:
         self.endpoints: dict[tuple[str, int], str] = {}
         self.liveness = HealthCheck(config.heartbeat_timeout)
         self.sim: Simulation | None = None
-        #: per machine: bumped whenever its desired set changes (agents long-poll it)
+        #: per machine: bumped whenever its desired set changes (agents long-poll it),
+        #: counted from a base set when this replica starts leading (a generation an
+        #: agent got from the previous leader is never taken for the current one)
         self._generation: dict[str, int] = {}
+        self._gen_base = 0
         self._sync_errors: dict[str, None] = {}
         self._pending: list[EventTuple] = []
         self._pending_lock = threading.Lock()
@@ -144,7 +150,22 @@ class ControlPlane:
         return Fleet.from_machines(
             [base.machine(i) for i in range(len(base))] + [_machine(d) for d in added])
 
-    def _build(self, now: float) -> None:
+    def take_over(self) -> None:
+        """This replica was elected leader: everything from the store as the previous
+        leader left it (jobs, tasks, placements, machine bindings, events), the loop not
+        yet running. Agents keep beating (they follow the leader by themselves), so a
+        machine has one heartbeat timeout, not the start-up grace, to be heard from."""
+        with self.lock:
+            now = self.clock()
+            self.events = EventLog(self.store, self.config.retention)
+            self.liveness = HealthCheck(self.config.heartbeat_timeout)
+            self.endpoints.clear()  # (reported again by the agents within a step)
+            self._build(now, grace=self.config.heartbeat_timeout)
+            self._generation.clear()
+            self._gen_base = int(time.time() * 1000)
+            self.steps = 0  # the first pass reads every stored job
+
+    def _build(self, now: float, grace: float | None = None) -> None:
         """Brokers, allocator and scheduler over the region's machines, from the store
         (at start, and again when a machine registers: a new machine changes the index
         every part is built on)."""
@@ -183,7 +204,8 @@ class ControlPlane:
                 self.liveness.down.add(name)
             else:
                 # its agent has a while to come back (it may be starting too)
-                self.liveness.watch(name, now, self.config.startup_grace)
+                self.liveness.watch(name, now, self.config.startup_grace
+                                    if grace is None else grace)
 
     # -- the loop --------------------------------------------------------------------------
     def step(self) -> None:
@@ -759,7 +781,7 @@ class ControlPlane:
     def desired_generation(self, machine: str) -> int:
         """Changes whenever the machine's desired set may have changed (a plain read:
         an agent's long-poll checks it without the lock)."""
-        return self._generation.get(machine, 0)
+        return self._gen_base + self._generation.get(machine, 0)
 
     def task_output(self, machine: str, chunks: list[tuple[str, int, str]]) -> int:
         """An agent's output of the tasks on its machine; output of a task the machine

@@ -16,6 +16,7 @@ import uvicorn
 from plait.clientconfig import ClientConfig
 from plait.frontend import create_app
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.server.leader import SESSION_TIMEOUT, Leadership
 from plait.store.backup import open_store
 from plait.store.protocol import Store
 
@@ -51,13 +52,19 @@ class ApiServer:
     """The API and the control-plane loop in this process, uvicorn in a thread."""
 
     def __init__(self, cp: ControlPlane, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", replica: bool = False,
+                 session_timeout: float = SESSION_TIMEOUT) -> None:
+        """``replica``: one of the control plane's replicas, leading or following (an
+        election in the store), rather than its only process."""
         self.cp = cp
         self.host = host
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(create_app(cp), host=host, port=self.port, log_level=log_level,
-                                access_log=False, timeout_keep_alive=30)
+        self.leadership = Leadership(cp, self.url, session_timeout=session_timeout) \
+            if replica else None
+        config = uvicorn.Config(create_app(cp, leadership=self.leadership), host=host,
+                                port=self.port, log_level=log_level, access_log=False,
+                                timeout_keep_alive=30)
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

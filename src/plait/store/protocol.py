@@ -72,6 +72,11 @@ class Session(Protocol):
 
     def alive(self) -> bool: ...
 
+    def heartbeat(self) -> None:
+        """Keep the session alive (SQLite's are leases renewed by their holder;
+        ZooKeeper's client keeps its own alive)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -1,6 +1,6 @@
 """The distributed store: ZooKeeper 3.8 through kazoo, for a control plane that spans
 hosts. kazoo does the hard parts (session keep-alive, reconnection, watch re-arming,
-the Lock recipe used for elections, transactions); this module only maps plait's
+the Election recipe, transactions); this module only maps plait's
 Store protocol onto it.
 
 Sessions are kazoo clients: an ephemeral key belongs to the client that created
@@ -12,13 +12,14 @@ events arrive on kazoo's thread.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
 from kazoo.protocol.states import KazooState
-from kazoo.recipe.lock import Lock
+from kazoo.recipe.election import Election
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 
 from plait.errors import Conflict, NotFound, TransientError
@@ -42,28 +43,76 @@ class ZkSession:
     def alive(self) -> bool:
         return bool(self.client.state == KazooState.CONNECTED)
 
+    def heartbeat(self) -> None:
+        """Nothing to do: kazoo pings ZooKeeper to keep the session alive."""
+
     def close(self) -> None:
         self.client.stop()
         self.client.close()
 
 
 class ZkElection:
-    """kazoo's Lock recipe: the holder of the lock leads; the others queue behind."""
+    """kazoo's Election recipe. A contender thread runs ``Election.run`` (it blocks,
+    queued behind the current leader's lock node, and is woken by ZooKeeper when that
+    node goes); once elected it holds the leadership until ``resign`` or until its
+    session is lost, then queues again (on a new session once kazoo has one).
+
+    ``campaign`` says whether this contender leads *now*: elected, and its connection
+    up. While the connection is suspended the session may already have expired on the
+    ensemble, which elects another leader, so a suspended leader does not act as one.
+    """
 
     def __init__(self, name: str, identity: str, session: ZkSession) -> None:
-        self._lock = Lock(session.client, f"/_elections/{name}", identity)
+        self.client = session.client
+        self.path = f"/_elections/{name}"
+        self.identity = identity
+        self._election = Election(self.client, self.path, identity)
+        self._leading = threading.Event()
+        self._release = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.client.add_listener(self._state)
 
-    def campaign(self) -> bool:
-        if self._lock.is_acquired:
-            return True
-        return bool(self._lock.acquire(blocking=False))
+    def _state(self, state: str) -> None:
+        if state == KazooState.LOST:  # the session and its lock node are gone
+            self._release.set()
+
+    def _hold(self) -> None:
+        self._leading.set()
+        try:
+            self._release.wait()
+        finally:
+            self._leading.clear()
+
+    def _contend(self) -> None:
+        while not self._closed:
+            self._release.clear()
+            try:
+                self._election.run(self._hold)
+            except Exception:  # the connection went while queued: queue again
+                if not self._closed:
+                    time.sleep(0.05)
+
+    def campaign(self, wait: float = 1.0) -> bool:
+        """Join the election (the first call) and say whether this contender leads.
+        The first call waits up to ``wait`` seconds for the outcome."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._contend, daemon=True,
+                                            name=f"plait-election-{self.identity}")
+            self._thread.start()
+            self._leading.wait(wait)
+        return self._leading.is_set() and self.client.state == KazooState.CONNECTED
 
     def leader(self) -> str | None:
-        contenders = self._lock.contenders()
+        contenders = self._election.contenders()
         return str(contenders[0]) if contenders else None
 
     def resign(self) -> None:
-        self._lock.release()
+        self._closed = True
+        self._election.cancel()
+        self._release.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
 
 
 class ZkStore:

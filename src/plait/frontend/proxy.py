@@ -1,0 +1,84 @@
+"""A follower's API hands every request to its control plane's leader (plain ASGI): a
+client or an agent may call any replica, and sees the leader's answer. ``/healthz``
+is answered by the replica itself. A request that cannot reach a leader (none elected
+yet, or the elected one not answering) gets a 503 with a Retry-After: it is never
+applied by a follower."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+#: set on a forwarded request: a replica that is not the leader either answers 503
+#: instead of forwarding it again (no loops while an election settles)
+FORWARDED = "x-plait-forwarded"
+#: headers not passed on (hop by hop, or recomputed)
+_HOP = {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",
+        b"te", b"upgrade", b"proxy-authorization", b"proxy-connection"}
+_BACK = {"content-type", "retry-after", "www-authenticate", "location"}
+
+
+async def _unavailable(send: Send, message: str) -> None:
+    body = json.dumps({"error": "unavailable", "message": message}).encode()
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"retry-after", b"1"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class FollowerProxy:
+    def __init__(self, app: ASGIApp, leadership: Any) -> None:
+        self.app = app
+        self.leadership = leadership
+        self._client: httpx.AsyncClient | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lead = self.leadership
+        if scope["type"] != "http" or lead.leading or scope["path"] == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
+        if any(k.lower() == FORWARDED.encode() for k, _ in headers):
+            await _unavailable(send, f"{lead.identity} is not the leader either; the "
+                                     "election is settling: retry")
+            return
+        target = lead.leader()
+        if target is None or target == lead.identity:
+            await _unavailable(send, "no control-plane leader elected yet: retry")
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if self._client is None:
+            self._client = httpx.AsyncClient(verify=target.startswith("https:"))
+        url = target.rstrip("/") + scope["path"]
+        query = scope.get("query_string", b"").decode()
+        if query:
+            url += "?" + query
+        # a long-poll waits at the leader: the wait is the client's, plus slack
+        try:
+            wait = float(dict(httpx.QueryParams(query)).get("wait", 0) or 0)
+        except ValueError:
+            wait = 0.0
+        try:
+            r = await self._client.request(
+                scope["method"], url, content=body,
+                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
+                + [(FORWARDED, lead.identity)], timeout=30.0 + min(wait, 300.0))
+        except httpx.HTTPError as exc:
+            await _unavailable(send, f"the leader {target} did not answer "
+                                     f"({type(exc).__name__}): retry")
+            return
+        back = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in r.headers.items()
+                if k.lower() in _BACK]
+        content = r.content
+        await send({"type": "http.response.start", "status": r.status_code,
+                    "headers": back + [(b"content-length", str(len(content)).encode())]})
+        await send({"type": "http.response.body", "body": content})

@@ -1,0 +1,120 @@
+"""Replicated control planes: every replica of a control plane (``plait serve`` on one
+store) campaigns in the store's election; the leader runs the loop and answers the API,
+the followers keep warm (store open, region built, API up) and hand every request to
+the leader (``plait.frontend`` proxies it), so a client or an agent may call any
+replica. When the leader's session lapses (its process died, or lost the store), a
+follower is elected, loads the state the leader left in the store and starts its loop.
+
+On ZooKeeper the election is kazoo's Election recipe and the session is ZooKeeper's;
+on SQLite it is a host-local lease: an ephemeral key of a session the leader renews.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+from plait.errors import NotFound
+from plait.server.controlplane import ControlPlane
+
+#: seconds a leader's session outlives its last sign of life: short enough for a fast
+#: failover, long enough for a busy host's pauses not to depose a live leader
+SESSION_TIMEOUT = 1.5
+
+
+class Leadership:
+    """This replica's part in the election ``name`` of its control plane's store;
+    ``identity`` is the URL other replicas reach its API at."""
+
+    def __init__(self, cp: ControlPlane, identity: str, name: str = "controlplane",
+                 session_timeout: float = SESSION_TIMEOUT, poll: float = 0.05) -> None:
+        self.cp = cp
+        self.identity = identity
+        self.name = name
+        self.session_timeout = session_timeout
+        self.poll = poll
+        self.session: Any = cp.store.session(session_timeout)
+        self.election: Any = cp.store.election(name, identity, self.session)
+        #: True while this replica leads and its loop runs (set once the state is loaded)
+        self.leading = False
+        #: times this replica became leader
+        self.terms = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._leader: tuple[float, str | None] = (0.0, None)
+        self._beat = time.monotonic()
+
+    def leader(self) -> str | None:
+        """The current leader's identity (its API URL), read at most every poll."""
+        now = time.monotonic()
+        at, who = self._leader
+        if now - at > self.poll:
+            try:
+                who = self.election.leader()
+            except Exception:  # the store is unreachable: no leader known
+                who = None
+            self._leader = (now, who)
+        return who
+
+    def step(self) -> None:
+        """Renew the session, campaign, and start or stop leading accordingly."""
+        try:
+            now = time.monotonic()
+            if now - self._beat >= self.session_timeout / 4:
+                self.session.heartbeat()
+                self._beat = now
+            won = bool(self.election.campaign())
+        except NotFound:  # (a lease) the session lapsed: campaign again on a new one
+            won = False
+            self._renew()
+        except Exception:  # the store is unreachable: not a leader any more
+            won = False
+        if won and not self.leading:
+            self.cp.take_over()
+            self.cp.start()
+            self.leading = True
+            self.terms += 1
+            self.cp.record("controlplane", "leader_elected",
+                           f"{self.identity} leads {self.name}")
+        elif not won and self.leading:
+            self.leading = False
+            self.cp.stop()  # the loop writes nothing more
+            with contextlib.suppress(Exception):
+                self.cp.record("controlplane", "leadership_lost",
+                               f"{self.identity} no longer leads {self.name}")
+
+    def _renew(self) -> None:
+        with contextlib.suppress(Exception):
+            self.session.close()
+        with contextlib.suppress(Exception):
+            self.session = self.cp.store.session(self.session_timeout)
+            self.election = self.cp.store.election(self.name, self.identity, self.session)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.step()
+            self._stop.wait(self.poll)
+
+    def start(self) -> Leadership:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.run, name="plait-leadership",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop campaigning; a leader stops its loop and resigns (a follower takes over
+        at once, without waiting for the session to lapse)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        if self.leading:
+            self.leading = False
+            self.cp.stop()
+        with contextlib.suppress(Exception):
+            self.election.resign()
+        with contextlib.suppress(Exception):
+            self.session.close()

@@ -1,0 +1,130 @@
+"""Replicas of one control plane on one store (SQLite here, as ``plait serve`` twice on
+one data dir; ZooKeeper in tests/e2e/test_e2e_replicas.py): one leads, the others
+pass requests on to it, and one of them takes over when the leader goes."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from livecp import REGION, wait_for
+
+from plait.frontend.proxy import FORWARDED
+from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.server.serve import ApiServer, store_for
+
+JOB = {"name": "j", "entitlement": "e", "task_count": 2, "command": "sleep infinity",
+       "resources": {"cpu": 1, "memory_gb": 1}}
+
+
+class Replica:
+    def __init__(self, data_dir, token: str | None = None) -> None:
+        self.cp = ControlPlane(store_for(data_dir), ControlPlaneConfig(
+            region=REGION, tick_seconds=0.05, heartbeat_timeout=60))
+        self.token = self.cp.bootstrap_admin() or token
+        self.server = ApiServer(self.cp, replica=True, session_timeout=1.0).start()
+        self.url = self.server.url
+        self.api = httpx.Client(base_url=self.url, timeout=30,
+                                headers={"Authorization": f"Bearer {self.token}"})
+
+    def role(self) -> str:
+        return self.api.get("/healthz").json()["role"]
+
+    def die(self) -> None:
+        """As a SIGKILL would leave it: no resignation, the lease lapses by itself."""
+        lead = self.server.leadership
+        assert lead is not None
+        lead._stop.set()
+        if lead._thread is not None:
+            lead._thread.join()
+        self.cp.stop()
+        lead.leading = False
+        self.server.server.should_exit = True
+
+    def close(self) -> None:
+        self.api.close()
+        self.server.stop()
+        self.cp.store.close()
+
+
+@pytest.fixture
+def replicas(tmp_path):
+    made: list[Replica] = []
+
+    def make() -> Replica:
+        r = Replica(tmp_path, made[0].token if made else None)
+        made.append(r)
+        return r
+    yield make
+    for r in made:
+        r.close()
+
+
+def test_one_leads_the_others_pass_requests_on(replicas):
+    a = replicas()
+    wait_for(lambda: a.role() == "leader")
+    b = replicas()
+    health = b.api.get("/healthz").json()
+    assert health["role"] == "follower" and health["leader"] == a.url
+    # a write through the follower is applied by the leader, and acknowledged by it
+    r = b.api.post("/v1/entitlements", json={"name": "e", "owner": "o",
+                                             "quota": {"machines": 4}})
+    assert r.status_code == 201, r.text
+    r = b.api.post("/v1/jobs", json=JOB)
+    assert r.status_code == 201, r.text
+    assert a.api.get("/v1/jobs/j").json()["name"] == "j"
+    # the leader's own answers come back through the follower: errors too
+    assert b.api.get("/v1/jobs/nope").status_code == 404
+    assert httpx.post(f"{b.url}/v1/jobs", json=JOB).status_code == 401  # no token
+    wait_for(lambda: len([t for t in b.api.get("/v1/jobs/j/tasks").json()["tasks"]
+                          if t["machine"]]) == 2)
+    # the follower never ran its loop
+    assert b.cp.steps == 0 and a.cp.steps > 0
+
+
+def test_a_follower_takes_over_when_the_leader_dies(replicas):
+    a = replicas()
+    wait_for(lambda: a.role() == "leader")
+    b = replicas()
+    assert b.role() == "follower"
+    assert b.api.post("/v1/entitlements", json={"name": "e", "owner": "o",
+                                                "quota": {"machines": 4}}).status_code == 201
+    acked = []
+    for k in range(5):
+        if b.api.post("/v1/jobs", json={**JOB, "name": f"j{k}"}).status_code == 201:
+            acked.append(f"j{k}")
+    a.die()
+    # until the lease lapses nobody leads: the follower says so, and applies nothing
+    wait_for(lambda: b.role() == "leader")
+    assert b.server.leadership is not None and b.server.leadership.terms == 1
+    names = {j["name"] for j in b.api.get("/v1/jobs").json()["jobs"]}
+    assert set(acked) <= names and len(acked) == 5  # no acknowledged write lost
+    assert b.api.post("/v1/jobs", json={**JOB, "name": "after"}).status_code == 201
+    wait_for(lambda: all(t["machine"] for t in b.api.get("/v1/jobs/after/tasks").json()["tasks"]))
+    kinds = [e["kind"] for e in b.api.get("/v1/events", params={"limit": 500}).json()["events"]]
+    assert kinds.count("leader_elected") == 2
+
+
+def test_a_leader_that_stops_hands_over_at_once(replicas):
+    a = replicas()
+    wait_for(lambda: a.role() == "leader")
+    b = replicas()
+    a.server.stop()  # Ctrl-C: it resigns
+    wait_for(lambda: b.role() == "leader", timeout=0.9 * 60)
+
+
+def test_without_a_leader_a_follower_answers_503_and_applies_nothing(replicas):
+    a = replicas()
+    wait_for(lambda: a.role() == "leader")
+    b = replicas()
+    # a request forwarded to a replica that does not lead is not forwarded again
+    r = b.api.get("/v1/jobs", headers={FORWARDED: "http://elsewhere"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert "not the leader" in r.json()["message"]
+    a.die()
+    r = b.api.post("/v1/entitlements", json={"name": "e2", "owner": "o",
+                                             "quota": {"machines": 1}})
+    if b.role() == "follower":  # (the lease may have lapsed already on a slow box)
+        assert r.status_code == 503, r.text
+    wait_for(lambda: b.role() == "leader")
+    names = [e["name"] for e in b.api.get("/v1/entitlements").json()["entitlements"]]
+    assert ("e2" in names) == (r.status_code == 201)
