@@ -121,7 +121,7 @@ class _Rooted:
         self.root = root
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("get", "exists", "create", "set", "delete", "children", "commit",
+        if name in ("get", "get_many", "exists", "create", "set", "delete", "children", "commit",
                     "watch", "is_ephemeral"):
             return getattr(self._ns, name)
         return getattr(self._store, name)

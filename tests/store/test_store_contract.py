@@ -138,3 +138,15 @@ def test_backup_and_restore_round_trip(env):
     with pytest.raises(Conflict):
         restore(s, document)  # only into an empty store
     session.close()
+
+
+def test_get_many_reads_several_keys_and_leaves_out_missing_ones(env):
+    s = env.store
+    s.create("/many/a", b"1")
+    s.create("/many/b", b"2")
+    s.set("/many/b", b"3", 0)
+    assert s.get_many(["/many/a", "/many/b", "/many/none"]) == {
+        "/many/a": (b"1", 0), "/many/b": (b"3", 1)}
+    assert s.get_many([]) == {}
+    ns = Namespace(s, "/many")
+    assert ns.get_many(["/a", "/c"]) == {"/a": (b"1", 0)}

@@ -166,7 +166,7 @@ def serve(
         help="the URL other replicas reach this one at (default http://HOST:PORT)")] = None,
     session_timeout: Annotated[float, typer.Option(
         min=0.2, help="seconds the leader's store session outlives it (failover time)")]
-    = 1.5,
+    = 1.0,
 ) -> None:
     """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
     on one store campaigns: the leader runs the control plane, the others keep warm,

@@ -166,6 +166,35 @@ def region_describe(
     summary = dict(describe(fleet))
     summary["index_bytes_per_machine"] = round(index.nbytes() / len(fleet), 1)
     summary["build_and_index_s"] = round(seconds, 3)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    print(json.dumps(result))
+
+
+@bench_app.command("failover")
+def bench_failover(
+    replicas: Annotated[int, typer.Option(min=2, max=5, help="control-plane replicas")] = 2,
+    machines: Annotated[int, typer.Option(min=1, max=50, help="agents (one per machine)")]
+    = 3,
+    tasks: Annotated[int, typer.Option(min=1, help="sleeping tasks that must not restart")]
+    = 6,
+    steady_seconds: Annotated[float, typer.Option(
+        min=0, help="seconds of steady writes with no fault (leader changes then are "
+                    "spurious)")] = 120.0,
+    rate: Annotated[float, typer.Option(min=0.1, help="job creations per second")] = 10.0,
+    session_timeout: Annotated[float, typer.Option(min=0.2, help="the leader's store "
+                                                   "session timeout, seconds")] = 1.0,
+    timeout: Annotated[float, typer.Option(min=1, help="seconds each wait may take at "
+                                                       "most")] = 120.0,
+) -> None:
+    """A replicated control plane on a 3-member ZooKeeper ensemble on this box: steady
+    writes with no fault, then SIGKILL of the leader (one JSON object on stdout)."""
+    from plait.bench import failover
+
+    try:
+        result = failover.run(replicas=replicas, machines=machines, tasks=tasks,
+                              steady_seconds=steady_seconds, rate=rate,
+                              session_timeout=session_timeout, timeout=timeout)
     if as_json:
         print(json.dumps(summary))
         return

@@ -99,6 +99,12 @@ class JobStore:
     def get(self, name: str) -> JobDoc:
         return self._read(name)[0]
 
+    def get_many(self, names: list[str]) -> dict[str, JobDoc]:
+        """The records of ``names`` (those still stored), read in one batch."""
+        found = self.ns.get_many([f"/jobs/{name}" for name in names if NAME_RE.match(name)])
+        return {key[len("/jobs/"):]: JobDoc.from_bytes(value)
+                for key, (value, _) in found.items()}
+
     def _read(self, name: str) -> tuple[JobDoc, int]:
         if not NAME_RE.match(name):
             raise NotFound("job", name)  # no stored job has such a name
@@ -224,14 +230,18 @@ class PersistentScheduler:
         self.failed: set[str] = set()
 
     # -- stored operations -> scheduler ----------------------------------------------------
-    def sync(self, now: float, names: list[str] | None = None) -> list[str]:
-        """Apply the operations of ``names`` (every stored job if None) not applied yet.
-        Returns the errors met (an operation that cannot apply is skipped and reported)."""
+    def sync(self, now: float, names: list[str] | None = None,
+             docs: dict[str, JobDoc] | None = None) -> list[str]:
+        """Apply the operations of ``names`` (every stored job if None) not applied yet;
+        ``docs``: the records of every stored job, read already. Returns the errors met
+        (an operation that cannot apply is skipped and reported)."""
         errors: list[str] = []
         self.failed = set()
-        for name in self.jobs.names() if names is None else names:
+        if names is None and docs is None:
+            docs = self.jobs.get_many(self.jobs.names())
+        for name in (list(docs) if docs is not None else names) or []:
             try:
-                doc = self.jobs.get(name)
+                doc = docs[name] if docs is not None else self.jobs.get(name)
                 errors.extend(self._apply(doc, now))
             except NotFound:
                 continue
@@ -383,11 +393,15 @@ class PersistentScheduler:
         """Rebuild ``scheduler`` (over an allocator already loaded) from the store, then
         apply the operations stored after the state was last written."""
         self = cls(scheduler, store, controller_for)
-        for name in self.jobs.names():
-            doc = self.jobs.get(name)
+        names = self.jobs.names()
+        # every record in two batched reads (a takeover on ZooKeeper: two round trips,
+        # not two per job)
+        docs = self.jobs.get_many(names)
+        states = self.ns.get_many([f"/state/{name}" for name in docs])
+        for name, doc in docs.items():
             try:
-                value, version = self.ns.get(f"/state/{name}")
-            except NotFound:
+                value, version = states[f"/state/{name}"]
+            except KeyError:
                 continue  # never applied: sync creates it
             data = json.loads(value)
             if int(data.get("schema", 1)) > SCHEMA:
@@ -396,7 +410,7 @@ class PersistentScheduler:
             self._saved[name] = (version, value)
             self.applied[name] = int(data["applied"])
             self._restore(doc, data)
-        self.sync(now)
+        self.sync(now, docs=docs)
         return self
 
     def _restore(self, doc: JobDoc, data: dict[str, Any]) -> None:

@@ -157,13 +157,18 @@ class ControlPlane:
         machine has one heartbeat timeout, not the start-up grace, to be heard from."""
         with self.lock:
             now = self.clock()
-            self.events = EventLog(self.store, self.config.retention)
+            self.events.refresh()
             self.liveness = HealthCheck(self.config.heartbeat_timeout)
             self.endpoints.clear()  # (reported again by the agents within a step)
             self._build(now, grace=self.config.heartbeat_timeout)
             self._generation.clear()
             self._gen_base = int(time.time() * 1000)
             self.steps = 0  # the first pass reads every stored job
+
+    def keep_warm(self) -> None:
+        """A follower's chore: catch up with the leader's event log now and then, so a
+        takeover reads only what is new."""
+        self.events.refresh()
 
     def _build(self, now: float, grace: float | None = None) -> None:
         """Brokers, allocator and scheduler over the region's machines, from the store

@@ -11,6 +11,8 @@ The process that writes also keeps the retained events in memory for queries.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import threading
 from collections import deque
@@ -58,6 +60,30 @@ class EventLog:
         for key in sorted(self.ns.children("/log")):
             value, _ = self.ns.get(f"/log/{key}")
             self._events.append(Event(**json.loads(value)))
+
+    def refresh(self) -> int:
+        """Catch up with what another process (the previous leader) stored since this
+        log was read: the new sequence and the events after the newest held, without
+        the dropped ones; one listing and one read per new event (a follower refreshes
+        now and then, so a takeover reads only the last few). Returns how many were
+        read."""
+        with self._lock:
+            try:
+                value, version = self.ns.get("/seq")
+            except NotFound:
+                return 0
+            if version == self._seq_version:
+                return 0
+            stored = set(self.ns.children("/log"))
+            held = self._events[-1].seq if self._events else 0
+            while self._events and f"{self._events[0].seq:012d}" not in stored:
+                self._events.popleft()  # dropped by the retention meanwhile
+            new = sorted(k for k in stored if int(k) > held)
+            for key in new:
+                with contextlib.suppress(NotFound):
+                    self._events.append(Event(**json.loads(self.ns.get(f"/log/{key}")[0])))
+            self._seq, self._seq_version = int(value), version
+            return len(new)
 
     def append(self, events: list[tuple[float, str, str, str, str | None, str | None,
                                         str | None]]) -> list[Event]:

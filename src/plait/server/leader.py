@@ -21,7 +21,9 @@ from plait.server.controlplane import ControlPlane
 
 #: seconds a leader's session outlives its last sign of life: short enough for a fast
 #: failover, long enough for a busy host's pauses not to depose a live leader
-SESSION_TIMEOUT = 1.5
+SESSION_TIMEOUT = 1.0
+#: seconds between a follower's catch-ups with the stored state
+WARM_EVERY = 5.0
 
 
 class Leadership:
@@ -44,7 +46,7 @@ class Leadership:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._leader: tuple[float, str | None] = (0.0, None)
-        self._beat = time.monotonic()
+        self._beat = self._warmed = time.monotonic()
 
     def leader(self) -> str | None:
         """The current leader's identity (its API URL), read at most every poll."""
@@ -72,18 +74,24 @@ class Leadership:
         except Exception:  # the store is unreachable: not a leader any more
             won = False
         if won and not self.leading:
+            started = time.monotonic()
             self.cp.take_over()
             self.cp.start()
             self.leading = True
             self.terms += 1
             self.cp.record("controlplane", "leader_elected",
-                           f"{self.identity} leads {self.name}")
+                           f"{self.identity} leads {self.name} (state loaded in "
+                           f"{time.monotonic() - started:.3f}s)")
         elif not won and self.leading:
             self.leading = False
             self.cp.stop()  # the loop writes nothing more
             with contextlib.suppress(Exception):
                 self.cp.record("controlplane", "leadership_lost",
                                f"{self.identity} no longer leads {self.name}")
+        elif not won and time.monotonic() - self._warmed >= WARM_EVERY:
+            self._warmed = time.monotonic()
+            with contextlib.suppress(Exception):  # (the store may be unreachable)
+                self.cp.keep_warm()
 
     def _renew(self) -> None:
         with contextlib.suppress(Exception):

@@ -95,6 +95,10 @@ class Election(Protocol):
 class Store(Protocol):
     def get(self, key: str) -> tuple[bytes, int]: ...
 
+    def get_many(self, keys: list[str]) -> dict[str, tuple[bytes, int]]:
+        """Several keys at once (a takeover reads every job): missing ones left out."""
+        ...
+
     def exists(self, key: str) -> bool: ...
 
     def create(self, key: str, value: bytes, session: Session | None = None) -> int: ...
@@ -131,6 +135,11 @@ class Namespace:
 
     def get(self, key: str) -> tuple[bytes, int]:
         return self.store.get(self._k(key))
+
+    def get_many(self, keys: list[str]) -> dict[str, tuple[bytes, int]]:
+        n = len(self.prefix)
+        found = self.store.get_many([self._k(k) for k in keys])
+        return {k[n:]: v for k, v in found.items()}
 
     def exists(self, key: str) -> bool:
         return self.store.exists(self._k(key))

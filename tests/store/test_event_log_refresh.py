@@ -1,0 +1,30 @@
+"""A follower's event log catches up with what the leader stored since (a takeover
+reads only what is new), including the events the retention dropped meanwhile."""
+
+from plait.server.events import EventLog, Retention
+from plait.store import SqliteStore
+
+
+def _ev(t: float, message: str):
+    return (t, "test", "note", message, None, None, None)
+
+
+def test_a_follower_catches_up_with_the_leaders_events(tmp_path):
+    leader_store = SqliteStore(str(tmp_path / "plait.db"))
+    follower_store = SqliteStore(str(tmp_path / "plait.db"))
+    retention = Retention(max_count=5, max_age_seconds=1e9)
+    leader = EventLog(leader_store, retention)
+    leader.append([_ev(1.0, "a"), _ev(2.0, "b")])
+    follower = EventLog(follower_store, retention)
+    assert [e.message for e in follower.query(limit=100)[0]] == ["a", "b"]
+    assert follower.refresh() == 0  # nothing new
+    leader.append([_ev(3.0, f"n{k}") for k in range(4)])  # 6 stored: "a" dropped
+    assert follower.refresh() == 4
+    assert [e.message for e in follower.query(limit=100)[0]] == ["b", "n0", "n1", "n2", "n3"]
+    # the follower takes over: its own events continue the sequence
+    made = follower.append([_ev(4.0, "mine")])
+    assert made[0].seq == 7 and follower.last_seq == 7
+    assert [e.seq for e in EventLog(leader_store, retention).query(limit=100)[0]] == [
+        3, 4, 5, 6, 7]
+    leader_store.close()
+    follower_store.close()
