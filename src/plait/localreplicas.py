@@ -98,6 +98,8 @@ class ReplicatedRegion:
                     "HOME": str(self.work), "XDG_CONFIG_HOME": str(self.work)}
         self.admin: FailoverClient | None = None
         self.join = ""
+        #: machine -> the URLs its agent is given, when not every replica's
+        self.agent_urls: dict[str, list[str]] = {}
 
     # -- processes ---------------------------------------------------------------------
     def _spawn(self, log: str, *args: str) -> subprocess.Popen[bytes]:
@@ -129,13 +131,14 @@ class ReplicatedRegion:
         self.join = self.admin.post("/v1/tokens", json={"role": "join",
                                                         "name": "cluster"}).json()["token"]
         for name in self.machine_names():
-            self.start_agent(name)
+            self.start_agent(name, self.agent_urls.get(name))
         return self
 
-    def start_agent(self, machine: str) -> None:
+    def start_agent(self, machine: str, urls: list[str] | None = None) -> None:
+        """``urls``: the front ends this agent is given (every replica by default)."""
         self.agents[machine] = self._spawn(
             f"agent-{machine}", "plait.cli.agent", "--machine-id", machine,
-            "--control-plane", ",".join(self.urls), "--join-token", self.join,
+            "--control-plane", ",".join(urls or self.urls), "--join-token", self.join,
             "--data-dir", str(self.work / "agents" / machine),
             "--interval", str(self.interval))
 

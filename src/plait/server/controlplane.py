@@ -121,6 +121,7 @@ class ControlPlane:
         #: agent got from the previous leader is never taken for the current one)
         self._generation: dict[str, int] = {}
         self._gen_base = 0
+        self._created = time.monotonic()
         self._sync_errors: dict[str, None] = {}
         self._pending: list[EventTuple] = []
         self._pending_lock = threading.Lock()
@@ -154,13 +155,18 @@ class ControlPlane:
         """This replica was elected leader: everything from the store as the previous
         leader left it (jobs, tasks, placements, machine bindings, events), the loop not
         yet running. Agents keep beating (they follow the leader by themselves), so a
-        machine has one heartbeat timeout, not the start-up grace, to be heard from."""
+        machine has one heartbeat timeout to be heard from; or what is left of the
+        start-up grace, when this replica has just started (a cold start of the whole
+        control plane, its agents maybe starting too)."""
         with self.lock:
             now = self.clock()
             self.events.refresh()
-            self.liveness = HealthCheck(self.config.heartbeat_timeout)
+            config = self.config
+            self.liveness = HealthCheck(config.heartbeat_timeout)
             self.endpoints.clear()  # (reported again by the agents within a step)
-            self._build(now, grace=self.config.heartbeat_timeout)
+            grace = max(config.heartbeat_timeout, config.startup_grace
+                        - (time.monotonic() - self._created))
+            self._build(now, grace=grace)
             self._generation.clear()
             self._gen_base = int(time.time() * 1000)
             self.steps = 0  # the first pass reads every stored job

@@ -89,9 +89,10 @@ class LocalEnsemble:
         cfg = self._config(i)
         env = dict(os.environ, ZOO_LOG_DIR=str(cfg.parent),
                    JVMFLAGS=os.environ.get("JVMFLAGS", "-Xmx256m"))
-        self.procs[i] = subprocess.Popen([ZK_SERVER, "start-foreground", str(cfg)], env=env,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                         start_new_session=True)
+        with open(cfg.parent / "zookeeper.out", "ab") as out:
+            self.procs[i] = subprocess.Popen([ZK_SERVER, "start-foreground", str(cfg)],
+                                             env=env, stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
 
     def start(self, timeout: float = 120.0) -> LocalEnsemble:
         for i in range(self.size):
