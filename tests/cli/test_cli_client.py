@@ -200,3 +200,27 @@ def test_task_logs_prints_what_the_task_printed(plane):
     assert "starting sh -c exec python3 -m http.server" in out and "running on m" in out
     res = plait("task", "logs", "nope", "0", ok=False)
     assert res.exit_code == 1 and "not found" in res.output
+
+
+def test_job_move_follows_the_move_to_the_new_entitlement(plane, tmp_path):
+    plait("entitlement", "create", "--name", "web", "--owner", "o", "--machines", "6")
+    plait("entitlement", "create", "--name", "web2", "--owner", "o", "--machines", "6")
+    spec = ("name: app\nentitlement: web\ntask_count: 4\nresources: {cpu: 1}\n"
+            "command: serve\npolicy: {requirements: {max_tasks_per_machine: 1}}\n")
+    plait("job", "deploy", str(write(tmp_path, "app.yaml", spec)), "--wait", "--timeout", "60")
+    res = plait("job", "move", "app", "--to-entitlement", "nope", ok=False)
+    assert res.exit_code == 2 and "entitlement 'nope' does not exist" in res.output
+    res = plait("job", "move", "app", "--to-entitlement", "web", ok=False)
+    assert res.exit_code == 2 and "already runs in entitlement 'web'" in res.output
+    res = plait("job", "move", "ghost", "--to-entitlement", "web2", ok=False)
+    assert res.exit_code == 1 and "not found" in res.output
+
+    res = plait("job", "move", "app", "--to-entitlement", "web2", "--wait", "--timeout", "60")
+    assert "move to entitlement web2 stored" in res.output
+    show = json.loads(plait("job", "show", "app", "-o", "json").stdout)
+    assert show["entitlement"] == "web2" and show["moving_from"] is None and show["settled"]
+    assert show["on_entitlement"] == 4
+    ents = {e["name"]: e for e in json.loads(
+        plait("entitlement", "list", "-o", "json").stdout)["entitlements"]}
+    assert ents["web"]["machines"] == 0 and ents["web2"]["machines"] == 4
+    assert ents["web2"]["jobs"] == ["app"]

@@ -205,3 +205,84 @@ def test_finished_batch_tasks_stay_finished_after_a_restart(tmp_path):
     assert {n: {i: (r.state, r.exit_code) for i, r in b.scheduler.jobs[n].tasks.items()}
             for n in ("ok", "bad")} == finished
     assert not any(b.scheduler.desired.values())
+
+
+def test_a_move_between_entitlements_resumes_after_a_restart_midway(tmp_path):
+    from plait.testing import Cluster, check_invariants
+
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    for name in ("a", "b"):
+        a.scheduler.allocator.define(Entitlement(name=name, owner="o", quota=Quota(machines=24)))
+    spec = job_spec("web", 6, entitlement="a",
+                    policy={"requirements": {"max_tasks_per_machine": 1}})
+    a.jobs.create(spec, now=0)
+    a.run(10)
+    assert len(a.running("web")) == 6
+    a.scheduler.check_move(a.jobs.get("web").spec, "b")
+    doc = a.jobs.move("web", "b", now=a.sim.now)
+    assert doc.entitlement == "b" and doc.spec.entitlement == "b" and len(doc.versions) == 2
+    assert doc.log[-1]["op"] == "move" and (doc.log[-1]["source"], doc.log[-1]["target"]) == (
+        "a", "b")
+    job = a.scheduler.job("web")
+    # part of the way, then the control plane dies
+    while job.entitlement != "b" or a.scheduler.on_entitlement(job) < 2:
+        a.run(1)
+        assert a.sim.now < 300
+    assert job.moving_from == "a"
+    on_b = {i: r.machine for i, r in job.tasks.items() if r.spec_version == 2
+            and r.state is TaskState.RUNNING}
+    assert 2 <= len(on_b) < 6
+    a.store.close()
+
+    b = Plane(path, now=a.sim.now)
+    b.sim.agents = a.sim.agents  # the agents and their tasks live on
+    job = b.scheduler.job("web")
+    assert job.entitlement == "b" and job.moving_from == "a" and job.target == 2
+    assert {i: job.tasks[i].machine for i in on_b} == on_b  # moved tasks stay where they are
+    check_invariants(Cluster(FLEET, b.scheduler.region, b.scheduler.allocator.index,
+                             b.scheduler.allocator))
+    before = {ref: p.started_at for ag in b.sim.agents.values()
+              for ref, p in ag.processes.items() if ref.index in on_b}
+    b.run(120)
+    assert job.moving_from is None and b.scheduler.on_entitlement(job) == 6
+    assert len(b.running("web")) == 6
+    assert set(b.scheduler.allocator.machines_of("b")) == {
+        FLEET.name(m) for m in b.running("web").values()}
+    assert b.scheduler.allocator.machines_of("a") == []
+    after = {ref: p.started_at for ag in b.sim.agents.values()
+             for ref, p in ag.processes.items() if ref.index in on_b}
+    assert after == before  # what had moved was not moved again
+    b.store.close()
+
+    c = Plane(path, now=b.sim.now)  # and the finished move stays finished
+    assert c.scheduler.job("web").moving_from is None
+    assert c.scheduler.job("web").entitlement == "b"
+    c.store.close()
+
+
+def test_a_move_stored_while_the_scheduler_was_down_is_applied(tmp_path):
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    for name in ("a", "b"):
+        a.scheduler.allocator.define(Entitlement(name=name, owner="o", quota=Quota(machines=24)))
+    a.jobs.create(job_spec("web", 3, entitlement="a"), now=0)
+    a.run(10)
+    a.store.close()
+
+    jobs = JobStore(SqliteStore(path))
+    jobs.move("web", "b", now=11)
+    with pytest.raises(ValidationError, match="already runs in entitlement 'b'"):
+        jobs.move("web", "b", now=11)
+    with pytest.raises(ValidationError, match="update cannot move it"):
+        jobs.update(job_spec("web", 3, entitlement="a"), now=11)
+    jobs.rollback("web", 1, now=11)  # a rollback stays on the job's entitlement
+    assert jobs.get("web").spec == job_spec("web", 3, entitlement="b")
+    jobs.ns.store.close()
+
+    b = Plane(path, now=12)
+    job = b.scheduler.job("web")
+    assert job.target == 3 and job.entitlement == "b" and job.moving_from == "a"
+    b.run(120)
+    assert job.moving_from is None and len(b.running("web")) == 3
+    assert b.scheduler.allocator.machines_of("a") == []

@@ -774,6 +774,18 @@ def task_restart(job: str, index: int, output: Output = "table") -> None:
          False, 0, output)
 
 
+@job_app.command("move")
+@guarded
+def job_move(name: str, to_entitlement: Annotated[str, typer.Option(
+        "--to-entitlement", help="the entitlement to move the job to")],
+        wait: Wait = False, timeout: Timeout = 600.0, output: Output = "table") -> None:
+    """Move a job to another entitlement: every task is stopped and started again on
+    that entitlement's machines, paced like an update (the bar counts tasks moved)."""
+    a = api()
+    _ack(a, name, a.post(f"/v1/jobs/{name}/move", {"entitlement": to_entitlement}),
+         f"move to entitlement {to_entitlement}", wait, timeout, output)
+
+
 @task_app.command("logs")
 @guarded
 def task_logs(job: str, index: int, follow_: Annotated[bool, typer.Option(

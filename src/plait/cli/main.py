@@ -142,35 +142,6 @@ def bench_recovery(
     print(json.dumps(result))
 
 
-@region_app.command("describe")
-def region_describe(
-    machines: Annotated[int, typer.Option(min=1)] = 100_000,
-    dcs: Annotated[int, typer.Option(min=1)] = 5,
-    msbs_per_dc: Annotated[int, typer.Option(min=1)] = 12,
-    seed: int = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
-) -> None:
-    """Generate a region and summarise it: fault domains, machine types, capacity."""
-    from plait.allocator import MachineIndex
-    from plait.broker import Region
-    from plait.model import RegionSpec, describe, generate
-
-    t0 = time.perf_counter()
-    try:
-        spec = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc)
-    except PlaitError as exc:
-        raise _refuse(exc) from None
-    fleet = generate(spec, seed=seed)
-    index = MachineIndex(fleet, Region(fleet))
-    seconds = time.perf_counter() - t0
-    summary = dict(describe(fleet))
-    summary["index_bytes_per_machine"] = round(index.nbytes() / len(fleet), 1)
-    summary["build_and_index_s"] = round(seconds, 3)
-    except PlaitError as exc:
-        raise _refuse(exc) from None
-    print(json.dumps(result))
-
-
 @bench_app.command("failover")
 def bench_failover(
     replicas: Annotated[int, typer.Option(min=2, max=5, help="control-plane replicas")] = 2,
@@ -195,6 +166,35 @@ def bench_failover(
         result = failover.run(replicas=replicas, machines=machines, tasks=tasks,
                               steady_seconds=steady_seconds, rate=rate,
                               session_timeout=session_timeout, timeout=timeout)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    print(json.dumps(result))
+
+
+@region_app.command("describe")
+def region_describe(
+    machines: Annotated[int, typer.Option(min=1)] = 100_000,
+    dcs: Annotated[int, typer.Option(min=1)] = 5,
+    msbs_per_dc: Annotated[int, typer.Option(min=1)] = 12,
+    seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
+) -> None:
+    """Generate a region and summarise it: fault domains, machine types, capacity."""
+    from plait.allocator import MachineIndex
+    from plait.broker import Region
+    from plait.model import RegionSpec, describe, generate
+
+    t0 = time.perf_counter()
+    try:
+        spec = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    fleet = generate(spec, seed=seed)
+    index = MachineIndex(fleet, Region(fleet))
+    seconds = time.perf_counter() - t0
+    summary = dict(describe(fleet))
+    summary["index_bytes_per_machine"] = round(index.nbytes() / len(fleet), 1)
+    summary["build_and_index_s"] = round(seconds, 3)
     if as_json:
         print(json.dumps(summary))
         return

@@ -54,6 +54,12 @@ class Restart(pydantic.BaseModel):
     index: int | None = pydantic.Field(default=None, ge=0)
 
 
+class Move(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    #: the entitlement to move the job to
+    entitlement: NAME
+
+
 class Drain(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     deadline_seconds: float | None = pydantic.Field(default=None, ge=0, le=30 * 86400)
@@ -471,6 +477,16 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     def rollback_job(name: str, body: Rollback, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         return ack(cp.rollback_job(name, body.version))
+
+    @app.post("/v1/jobs/{name}/move", tags=["jobs"])
+    def move_job(name: str, body: Move, who: User, request: Request) -> dict[str, Any]:
+        """Move the job to another entitlement: every task is stopped and placed again
+        on that entitlement's machines, paced like an update and through TaskControl.
+        The caller must own both entitlements. Refused (nothing changes) for an unknown
+        entitlement or the job's own (422), or one without room for the job (409)."""
+        may_job(request, who, name)
+        may_entitlement(request, who, body.entitlement)
+        return ack(cp.move_job(name, body.entitlement))
 
     @app.post("/v1/jobs/{name}/restart", tags=["jobs"])
     def restart_job(name: str, who: User, request: Request,

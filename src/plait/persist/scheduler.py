@@ -4,7 +4,7 @@ Layout in the ``/scheduler`` namespace (records carry a schema version):
 
     /scheduler/jobs/{job}    what users asked for: every spec version and a log of the
                              operations on the job (create, update, resize, rollback,
-                             restart, resume, delete), each with a sequence number.
+                             move, restart, resume, delete), each with a sequence number.
                              Written by the front end with compare-and-swap; a write
                              that returned is an acknowledged operation.
     /scheduler/state/{job}   the scheduler's view of its tasks: version, state, machine,
@@ -152,7 +152,8 @@ class JobStore:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             if spec.entitlement != doc.entitlement:
                 raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
-                                      f"{doc.entitlement!r}; update cannot move it")
+                                      f"{doc.entitlement!r}; update cannot move it (plait "
+                                      "job move)")
             if spec == doc.spec:
                 return None
             doc.versions.append(spec)
@@ -175,9 +176,27 @@ class JobStore:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             if not 1 <= version <= len(doc.versions):
                 raise ValidationError("version", f"job {name} has versions 1..{len(doc.versions)}")
-            doc.versions.append(doc.versions[version - 1])
+            spec = doc.versions[version - 1]
+            if spec.entitlement != doc.entitlement:  # a rollback stays where the job is
+                spec = spec.model_copy(update={"entitlement": doc.entitlement})
+            doc.versions.append(spec)
             return doc.record(now, "rollback", f"version {len(doc.versions)}: rollback to "
                               f"version {version}", version=len(doc.versions))
+        return self.change(name, now, edit)
+
+    def move(self, name: str, entitlement: str, now: float) -> JobDoc:
+        """A new version bound to ``entitlement``; the job is bound to it from now on
+        (the caller checked the move: ``Scheduler.check_move``)."""
+        def edit(doc: JobDoc) -> dict[str, Any] | None:
+            if entitlement == doc.entitlement:
+                raise ValidationError("entitlement", f"job {name} already runs in entitlement "
+                                                     f"{entitlement!r}")
+            source = doc.entitlement
+            doc.versions.append(doc.spec.model_copy(update={"entitlement": entitlement}))
+            doc.entitlement = entitlement
+            return doc.record(now, "move", f"version {len(doc.versions)}: move from {source} "
+                              f"to {entitlement}", version=len(doc.versions), source=source,
+                              target=entitlement)
         return self.change(name, now, edit)
 
     def restart(self, name: str, index: int | None, now: float) -> JobDoc:
@@ -287,7 +306,7 @@ class PersistentScheduler:
         sched = self.scheduler
         op = entry["op"]
         job = sched.job(doc.name)
-        if op in ("update", "resize", "rollback"):
+        if op in ("update", "resize", "rollback", "move"):
             version = int(entry["version"])
             if version > len(job.versions):
                 for v in range(len(job.versions) + 1, version + 1):
@@ -316,6 +335,7 @@ class PersistentScheduler:
             "schema": SCHEMA, "applied": self.applied.get(job.name, 0),
             "versions": len(job.versions), "target": job.target, "deleting": job.deleting,
             "halted": job.halted, "rollout_active": job.rollout_active,
+            "moving_from": job.moving_from,
             "rollout_failures": job.rollout_failures, "failed_tasks": sorted(job.failed_tasks),
             "op_counter": job.op_counter, "sequence_number": job.sequence_number,
             "tasks": tasks,
@@ -417,11 +437,15 @@ class PersistentScheduler:
         sched = self.scheduler
         fleet = sched.fleet
         versions = doc.versions[: int(data["versions"])]
-        job = JobRecord(doc.name, doc.entitlement, versions, int(data["target"]),
+        target = int(data["target"])
+        # the entitlement of the version applied (a move stored since is applied by
+        # the ``sync`` that follows)
+        job = JobRecord(doc.name, versions[target - 1].entitlement, versions, target,
                         self.controller_for(versions[-1]))
         job.deleting = bool(data["deleting"])
         job.halted = data["halted"]
         job.rollout_active = bool(data["rollout_active"])
+        job.moving_from = data.get("moving_from")  # (absent from records before moves)
         job.rollout_failures = int(data["rollout_failures"])
         job.failed_tasks = set(data["failed_tasks"])
         job.op_counter = int(data["op_counter"])

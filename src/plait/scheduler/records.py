@@ -116,6 +116,9 @@ class JobRecord:
     failed_tasks: set[int] = field(default_factory=set)
     rollout_failures: int = 0
     rollout_active: bool = False
+    #: the entitlement the job is moving away from, until every task runs in
+    #: ``entitlement`` (a move is a rollout: it ends with it)
+    moving_from: str | None = None
     deleting: bool = False
     op_counter: int = 0
     unplaced_reason: str | None = None

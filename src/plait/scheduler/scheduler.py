@@ -65,6 +65,9 @@ _RESIZE = "resize"
 _DELETE = "job deleted"
 _FAILURE = "machine failed"
 _RESTART = "restart requested"
+#: the reason of the ``move`` that carries a task to a job's new entitlement (followed by
+#: its name); unlike other moves, it brings the task to the target version
+_RELOCATE = "move to entitlement "
 
 
 @dataclass(frozen=True)
@@ -137,22 +140,69 @@ class Scheduler:
         """A new spec version, rolled out with pacing. Returns the version number."""
         job = self._job(spec.name)
         if spec.entitlement != job.entitlement:
-            raise ValidationError("entitlement", "moving a job between entitlements is not "
-                                                 "supported by update")
+            raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
+                                  f"{job.entitlement!r}; update cannot move it (move it to "
+                                  "another entitlement with a move)")
         if spec == job.spec:
             return job.target
         return self.append_version(spec, now, f"version {len(job.versions) + 1}")
 
     def append_version(self, spec: JobSpec, now: float, what: str) -> int:
         """Add ``spec`` as the job's next version and roll it out, even when it equals
-        the current one (a rollback, or an operation replayed from the store)."""
+        the current one (a rollback, or an operation replayed from the store). A spec
+        of another entitlement moves the job there: ``move_job`` checks a move first,
+        a move replayed from the store is applied as it was stored."""
         job = self._job(spec.name)
         if spec.entitlement != job.entitlement:
-            raise ValidationError("entitlement", "moving a job between entitlements is not "
-                                                 "supported by update")
+            if spec.entitlement not in self.allocator.entitlements:
+                raise ValidationError("entitlement",
+                                      f"entitlement {spec.entitlement!r} does not exist")
+            job.moving_from = job.entitlement
+            job.entitlement = spec.entitlement
         job.versions.append(spec)
         self._retarget(job, len(job.versions), now, what)
         return job.target
+
+    def move_job(self, name: str, entitlement: str, now: float) -> int:
+        """Move a job to another entitlement (paper section 3.1): a new version bound to
+        ``entitlement``, rolled out like an update. Each task is stopped and placed again
+        on machines of the new entitlement (claimed from the free pool as usual) by a
+        ``move`` operation, paced by max_unavailable or the job's TaskController; tasks
+        keep their indices. A move while another is under way redirects it. Returns
+        the version number."""
+        job = self._job(name)
+        spec = self.check_move(job.spec, entitlement)
+        return self.append_version(spec, now, f"version {len(job.versions) + 1}: move from "
+                                              f"{job.entitlement} to {entitlement}")
+
+    def check_move(self, spec: JobSpec, entitlement: str) -> JobSpec:
+        """``spec`` (a job's latest version) bound to ``entitlement``, once that move is
+        possible; otherwise an error that names the problem. Changes nothing: room is
+        checked with a placement the allocator proposes and does not commit.
+
+        Refused: an unknown entitlement or the job's own (``ValidationError``), a job
+        being deleted, or an entitlement whose machines and quota cannot hold the job's
+        tasks right now (``Conflict``). Finished batch tasks need no room."""
+        job = self.jobs.get(spec.name)
+        if job is not None and job.deleting:
+            raise Conflict(f"job {spec.name}", "a live job", "being deleted")
+        if entitlement not in self.allocator.entitlements:
+            raise ValidationError("entitlement", f"entitlement {entitlement!r} does not exist")
+        if entitlement == spec.entitlement:
+            raise ValidationError("entitlement", f"job {spec.name} already runs in entitlement "
+                                                 f"{entitlement!r}")
+        moved = spec.model_copy(update={"entitlement": entitlement})
+        done = set() if job is None else {i for i, r in job.tasks.items() if r.state in FINISHED}
+        need = [i for i in range(spec.task_count) if i not in done]
+        if need:
+            plan = self.allocator.propose(AllocationRequest.of(
+                spec.name, entitlement, spec.resources, allocate=need, policy=spec.policy))
+            if plan.unplaced:
+                raise Conflict(f"entitlement {entitlement}",
+                               f"room for the {len(need)} tasks of job {spec.name}",
+                               f"room for {len(need) - len(plan.unplaced)} "
+                               f"({plan.unplaced[0][1]})")
+        return moved
 
     def resize(self, name: str, task_count: int, now: float) -> int:
         job = self._job(name)
@@ -165,7 +215,10 @@ class Scheduler:
         job = self._job(name)
         if not 1 <= version <= len(job.versions):
             raise ValidationError("version", f"job {name} has versions 1..{len(job.versions)}")
-        return self.append_version(job.versions[version - 1], now,
+        spec = job.versions[version - 1]
+        if spec.entitlement != job.entitlement:  # a rollback stays where the job is
+            spec = spec.model_copy(update={"entitlement": job.entitlement})
+        return self.append_version(spec, now,
                                    f"version {len(job.versions) + 1}: rollback to version "
                                    f"{version}")
 
@@ -205,7 +258,8 @@ class Scheduler:
             rec = job.tasks.get(index)
             if rec is None:
                 job.in_progress.discard(index)
-            elif rec.op is not None and rec.op.kind in (OpKind.UPDATE, OpKind.RESTART) and (
+            elif rec.op is not None and (
+                    _to_target(rec.op) or rec.op.kind is OpKind.RESTART) and (
                     rec.state is not TaskState.STOPPING):
                 self._complete(job, rec)
         if not same_runtime(old, spec):  # a new runtime: a new rollout
@@ -256,6 +310,15 @@ class Scheduler:
         job = self._job(name)
         return [(r.index, self.fleet.name(r.machine)) for r in sorted(
             job.tasks.values(), key=lambda r: r.index) if r.serving and r.machine is not None]
+
+    def on_entitlement(self, job: JobRecord) -> int:
+        """Tasks of the job, within its count, running healthy (or finished) at a version
+        of its entitlement: the progress of a move (the allocator places a task only
+        on machines of the entitlement its request names)."""
+        count, versions, ent = job.spec.task_count, job.versions, job.entitlement
+        return sum(1 for r in job.tasks.values() if r.index < count and (
+            (r.state is TaskState.RUNNING and r.healthy) or r.state in FINISHED)
+            and versions[r.spec_version - 1].entitlement == ent)
 
     def unavailable(self, job: JobRecord) -> int:
         count = job.spec.task_count
@@ -380,6 +443,10 @@ class Scheduler:
                 for r in job.tasks.values()):
             job.rollout_active = False
             self._event(now, job.name, "rollout_done", f"all tasks run version {job.target}")
+            if job.moving_from is not None:
+                job.moving_from = None
+                self._event(now, job.name, "move_done",
+                            f"every task runs in entitlement {job.entitlement}")
 
     def _exited(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
         if not self._transition(rec, Event.EXITED):
@@ -400,7 +467,7 @@ class Scheduler:
                 job.halted = (f"{job.rollout_failures} tasks of version {job.target} failed "
                               "to become healthy")
                 self._event(now, job.name, "rollout_halted", job.halted)
-                for op in [o for o in job.acked.values() if o.kind is OpKind.UPDATE]:
+                for op in [o for o in job.acked.values() if _to_target(o)]:
                     del job.acked[op.op_id]  # acked but not started: dropped, reported done
                     if job.controller is not None:
                         job.completed.append(op)
@@ -455,7 +522,7 @@ class Scheduler:
                 self._parked.setdefault(event_id, set()).add(job.ref(rec.index))
                 self._complete(job, rec)
             return
-        if op.kind is OpKind.UPDATE:
+        if _to_target(op):
             rec.spec_version = job.target
         if op.kind is OpKind.RESTART:
             rec.restart = False
@@ -680,6 +747,8 @@ class Scheduler:
         self._failure_deadline(job, now)
         self._execute(job, now)
         self._place(job, now)
+        if job.rollout_active and not job.tasks:
+            self._rollout_done(job, now)  # no task left to report running
 
     # stage 1: operations wanted ------------------------------------------------------------
     def _want(self, job: JobRecord, notice: dict[int, tuple[str, float]], now: float) -> None:
@@ -693,6 +762,10 @@ class Scheduler:
         move: Wanted = ((OpKind.MOVE, _FAILURE),)
         restart: Wanted = ((OpKind.RESTART, _RESTART),)
         update: Wanted = ((OpKind.UPDATE, f"update to version {target}"),)
+        relocate: Wanted = ((OpKind.MOVE, f"{_RELOCATE}{job.entitlement}"),)
+        #: per version: the operation that brings a task of it to the target (an update,
+        #: or a move for a version of another entitlement); finished tasks need none
+        to_target: dict[int, Wanted] = {}
         maintenance: dict[str, Wanted] = {}
         none: Wanted = ()
         offers, serials = job.offers, job.serials
@@ -703,6 +776,7 @@ class Scheduler:
         pending, lost, finished = TaskState.PENDING, TaskState.LOST, FINISHED
         serial = job.op_counter
         dirty = False
+        settled = False  # a finished task reached the target without running again
         halted = job.halted is not None
         for rec in job.tasks.values():
             i = rec.index
@@ -722,8 +796,11 @@ class Scheduler:
                     continue
             elif state in finished:
                 if rec.spec_version != target and same_runtime(
-                        job.versions[rec.spec_version - 1], spec):
-                    rec.spec_version = target  # a resize only: it stays finished
+                        _placed_in(job.versions[rec.spec_version - 1], spec.entitlement), spec):
+                    # a resize or a move only: it stays finished (a move relocates
+                    # what runs; a finished task has nothing to move)
+                    rec.spec_version = target
+                    settled = True
                 if rec.restart or rec.spec_version != target:
                     # run it again, at the target version: it holds no machine, so
                     # this takes nothing down and needs no operation
@@ -749,7 +826,9 @@ class Scheduler:
                     if rec.machine is not None:
                         self._assign(job, rec, rec.machine)
                 elif not halted:
-                    wanted = update
+                    wanted = to_target.get(rec.spec_version) or to_target.setdefault(
+                        rec.spec_version, relocate if job.versions[
+                            rec.spec_version - 1].entitlement != spec.entitlement else update)
             if notice and not wanted and rec.machine is not None and rec.machine in notice:
                 event_id = notice[rec.machine][0]
                 wanted = maintenance.get(event_id) or maintenance.setdefault(
@@ -774,6 +853,8 @@ class Scheduler:
         job.op_counter = serial
         if dirty:
             job.dirty = True
+        if settled:
+            self._rollout_done(job, now)  # no report would tell: it runs nowhere
         for rec in dropped:
             self._complete(job, rec)
             self._free(job, [rec])
@@ -961,7 +1042,7 @@ class Scheduler:
             return rec.state is TaskState.LOST
         if rec.state is TaskState.LOST:
             return op.kind is OpKind.STOP and op.reason in (_RESIZE, _DELETE)
-        if op.kind is OpKind.UPDATE:
+        if _to_target(op):
             return rec.spec_version != job.target and job.halted is None
         if op.kind is OpKind.RESTART:
             return rec.restart
@@ -996,7 +1077,13 @@ class Scheduler:
         if not pending:
             return
         by_version: dict[int, list[TaskRecord]] = {}
+        ent, versions = job.entitlement, job.versions
         for rec in pending:
+            if versions[rec.spec_version - 1].entitlement != ent:
+                # waiting for a machine at a version of the entitlement the job left
+                # (never placed, or moved off a failed machine): it runs nowhere, so
+                # it starts on the new entitlement at the target version directly
+                rec.spec_version = job.target
             by_version.setdefault(rec.spec_version, []).append(rec)
         for version, recs in sorted(by_version.items()):
             spec = job.versions[version - 1]
@@ -1025,6 +1112,20 @@ class Scheduler:
 
 _LIVE = (TaskState.ALLOCATED, TaskState.STARTING, TaskState.RUNNING, TaskState.SUCCEEDED,
          TaskState.DEAD)
+
+
+def _to_target(op: TaskOp) -> bool:
+    """Does the operation bring its task to the job's target version (an update, or
+    the move to the job's new entitlement)?"""
+    return op.kind is OpKind.UPDATE or (op.kind is OpKind.MOVE
+                                        and op.reason.startswith(_RELOCATE))
+
+
+def _placed_in(spec: JobSpec, entitlement: str) -> JobSpec:
+    """``spec`` as if it were bound to ``entitlement``."""
+    if spec.entitlement == entitlement:
+        return spec
+    return spec.model_copy(update={"entitlement": entitlement})
 
 
 def _down(rec: TaskRecord) -> bool:

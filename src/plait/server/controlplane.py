@@ -460,6 +460,14 @@ class ControlPlane:
     def rollback_job(self, name: str, version: int) -> JobDoc:
         return self._changed(self.jobs.rollback(name, version, self.clock()))
 
+    def move_job(self, name: str, entitlement: str) -> JobDoc:
+        """Move a job to another entitlement (a paced rollout onto its machines); checked
+        against the region as it is now, then stored."""
+        doc = self.jobs.get(name)
+        with self.lock:
+            self.scheduler.check_move(doc.spec, entitlement)
+        return self._changed(self.jobs.move(name, entitlement, self.clock()))
+
     def restart_job(self, name: str, index: int | None = None) -> JobDoc:
         return self._changed(self.jobs.restart(name, index, self.clock()))
 
@@ -501,6 +509,8 @@ class ControlPlane:
                 "task_count": doc.spec.task_count, "tasks": counts, "serving": serving,
                 "updated": updated, "halted": job.halted if job else None,
                 "rollout_active": bool(job and job.rollout_active),
+                "moving_from": job.moving_from if job else None,
+                "on_entitlement": self.scheduler.on_entitlement(job) if job else 0,
                 "unplaced_reason": job.unplaced_reason if job else None,
                 "error": job.error if job else None,
                 "unavailable": self.scheduler.unavailable(job) if job else doc.spec.task_count,
