@@ -100,3 +100,73 @@ def endpoints_from_state(data: Path) -> dict[str, str]:
             if task["handle"]:
                 found[key] = f"127.0.0.1:{task['port']}"
     return found
+
+
+def test_up_with_replicas_survives_the_loss_of_its_own_process(tmp_path):
+    """`plait up --replicas 2`: the replica it starts takes over when `plait up` itself
+    (the leader) is killed; the next `plait up` adopts that replica, the agents and
+    their tasks; Ctrl-C stops every one of them."""
+    data, port = tmp_path / "region", free_port()
+    urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+    env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
+
+    def up() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", "plait.cli.main", "up", "--data-dir",
+                                 str(data), "--machines", "3", "--port", str(port),
+                                 "--heartbeat-timeout", "3", "--replicas", "2"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        wait_for(lambda: httpx.get(f"{urls[0]}/healthz").status_code == 200, what="plait up")
+        return proc
+
+    def role(url: str) -> str | None:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=2).json().get("role")
+        except httpx.HTTPError:
+            return None
+
+    proc = up()
+    replica = None
+    try:
+        wait_for(lambda: role(urls[0]) == "leader" and role(urls[1]) == "follower",
+                 what="one leads, one follows")
+        replica = int((data / "replicas" / "1.pid").read_text())
+        token = (data / "admin-token").read_text().strip()
+        # a client of the follower: its requests are served by the leader
+        admin = httpx.Client(base_url=urls[1], timeout=30,
+                             headers={"Authorization": f"Bearer {token}"})
+        admin.post("/v1/entitlements", json={"name": "web", "owner": "o",
+                                             "quota": {"machines": 3}})
+        assert admin.post("/v1/jobs", json=WEB).status_code == 201
+        wait_for(lambda: len(task_pids(data)) == 3 and all(
+            t["state"] == "running" for t in admin.get("/v1/jobs/web/tasks").json()["tasks"]),
+            what="the job runs")
+        first = task_pids(data)
+
+        proc.kill()  # `plait up` (the leader) dies; its replica and the agents do not
+        proc.wait(timeout=30)
+        wait_for(lambda: role(urls[1]) == "leader", what="the replica takes over")
+        assert admin.post("/v1/jobs", json={**WEB, "name": "web2", "task_count": 0}
+                          ).status_code == 201
+        time.sleep(4)  # past the heartbeat timeout: the agents beat to the new leader
+        events = admin.get("/v1/events", params={"limit": 1000}).json()["events"]
+        assert not [e for e in events if e["kind"] == "machine_unreachable"]
+        assert task_pids(data) == first and all(alive(p) for p in first.values())
+
+        proc = up()  # adopts the replica (still leading), the agents and the tasks
+        wait_for(lambda: role(urls[0]) == "follower", what="the new process follows")
+        assert int((data / "replicas" / "1.pid").read_text()) == replica
+        assert task_pids(data) == first
+        assert {j["name"] for j in admin.get("/v1/jobs").json()["jobs"]} == {"web", "web2"}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            output = proc.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = proc.communicate()[0]
+        for pid in task_pids(data).values():
+            if alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+    assert proc.returncode == 0, output.decode(errors="replace")
+    assert replica is not None and not alive(replica)  # Ctrl-C stopped the replica too
+    assert not any(alive(p) for p in first.values())

@@ -306,12 +306,18 @@ def up(
         min=0, help="seconds the agents have for their first heartbeat")] = 30.0,
     runtime: Annotated[str, typer.Option(help="the agents' runtime: process or sandbox")]
     = "process",
+    replicas: Annotated[int, typer.Option(
+        min=1, max=9, help="control-plane replicas (one leads; the others, `plait serve` "
+                           "processes on ports PORT+1..., take over when it goes)")] = 1,
+    store: Annotated[str | None, typer.Option(
+        help="zk://host:port,... (default: SQLite in --data-dir)")] = None,
 ) -> None:
     """A whole region on this box: the control plane (API, scheduler, allocator,
-    brokers, health checks) and one agent process per machine, each with its own
-    fault domain. Ctrl-C stops the agents and their tasks; `plait up` again on the same
-    data dir brings every job back. Agents that still run (the control plane alone was
-    killed) are adopted, with their tasks, instead of started again."""
+    brokers, health checks), with --replicas, and one agent process per machine, each
+    with its own fault domain. Ctrl-C stops the agents and their tasks; `plait up` again
+    on the same data dir brings every job back. Agents and replicas that still run (the
+    `plait up` process alone was killed) are adopted, with their tasks, instead of
+    started again."""
     import signal
     import subprocess
     import threading
@@ -325,7 +331,11 @@ def up(
     config = ControlPlaneConfig(region=region, tick_seconds=0.2,
                                 heartbeat_timeout=heartbeat_timeout,
                                 startup_grace=startup_grace)
-    started = prepare(data_dir, None, config, host, port)
+    # Ctrl-C from now on stops whatever has started, in order
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    started = prepare(data_dir, store, config, host, port)
     cp = started.control_plane
     join_file = data_dir / "join-token"
     if not join_file.exists():
@@ -336,7 +346,8 @@ def up(
     join = join_file.read_text().strip()
     # the agents start first (they retry their join until the API answers): their
     # start-up overlaps the control plane's
-    server = ApiServer(cp, host, port, log_level="warning")
+    server = ApiServer(cp, host, port, log_level="warning", replica=replicas > 1)
+    urls = [server.url] + [f"http://{host}:{port + i}" for i in range(1, replicas)]
     agents: dict[str, subprocess.Popen[bytes] | int] = {}
     adopted = 0
     for m in range(len(cp.fleet)):
@@ -353,24 +364,59 @@ def up(
         # each agent describes its machine, as on a real host (checked on join)
         agents[name] = subprocess.Popen(
             [sys.executable, "-m", "plait.cli.agent", "--machine-id", name,
-             "--control-plane", server.url, "--join-token", join, "--data-dir", str(home),
+             "--control-plane", ",".join(urls), "--join-token", join, "--data-dir", str(home),
              "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
              "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
              "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
              "--runtime", runtime, "--hide", str(data_dir.resolve())],
             stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
     server.start()
-    ready = cp.wait_for_agents(list(agents), timeout=60)
+    # the other replicas, once this one campaigns (it leads, unless a replica left
+    # running by a killed `plait up` does)
+    followers: dict[int, subprocess.Popen[bytes] | int] = {}
+    for i in range(1, replicas):
+        pid_file = data_dir / "replicas" / f"{i}.pid"
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        pid = _alive_pid(pid_file, b"serve")
+        if pid is not None:
+            followers[i] = pid
+            continue
+        log = open(data_dir / "replicas" / f"{i}.log", "ab")  # noqa: SIM115
+        followers[i] = proc = subprocess.Popen(
+            [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data_dir),
+             *(["--store", store] if store else []), "--host", host, "--port", str(port + i),
+             "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
+             str(heartbeat_timeout), "--startup-grace", str(startup_grace)],
+            stdout=log, stderr=log, start_new_session=True)
+        pid_file.write_text(f"{proc.pid}\n")
+    lead = server.leadership
+    deadline = time.monotonic() + 10
+    # until the election has an outcome: this replica leads, or another does
+    while lead is not None and not lead.leading and lead.leader() in (None, lead.identity) \
+            and time.monotonic() < deadline and not done.is_set():
+        time.sleep(0.05)
+    # (heartbeats are counted by the leader: here, unless another replica leads)
+    ready = cp.wait_for_agents(list(agents), timeout=60) if lead is None or lead.leading \
+        else 0
     out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
               f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
-              f"heartbeating), API on {server.url}")
+              f"heartbeating), API on {server.url}"
+              + (f", replicas on {', '.join(urls[1:])}" if replicas > 1 else ""))
     out.print(f"CLI configured ({started.config_path}): try "
               "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
-    done = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
     done.wait()
     out.print("stopping the agents and their tasks ...")
+    for follower in followers.values():  # (first: none takes over meanwhile)
+        pid = follower if isinstance(follower, int) else follower.pid
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    for follower in followers.values():
+        pid = follower if isinstance(follower, int) else follower.pid
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(pid):
+            if not isinstance(follower, int):
+                follower.poll()
+            time.sleep(0.05)
     for agent in agents.values():
         pid = agent if isinstance(agent, int) else agent.pid
         with contextlib.suppress(OSError):
@@ -397,7 +443,7 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _alive_pid(path: Path) -> int | None:
+def _alive_pid(path: Path, what: bytes = b"agent") -> int | None:
     try:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
@@ -408,7 +454,7 @@ def _alive_pid(path: Path) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    return pid if b"agent" in cmdline else None
+    return pid if what in cmdline else None
 
 
 # -- context -------------------------------------------------------------------------------
@@ -731,6 +777,18 @@ def job_rollback(name: str, version: int, wait: Wait = False, timeout: Timeout =
          f"rollback to version {version}", wait, timeout, output)
 
 
+@job_app.command("move")
+@guarded
+def job_move(name: str, to_entitlement: Annotated[str, typer.Option(
+        "--to-entitlement", help="the entitlement to move the job to")],
+        wait: Wait = False, timeout: Timeout = 600.0, output: Output = "table") -> None:
+    """Move a job to another entitlement: every task is stopped and started again on
+    that entitlement's machines, paced like an update (the bar counts tasks moved)."""
+    a = api()
+    _ack(a, name, a.post(f"/v1/jobs/{name}/move", {"entitlement": to_entitlement}),
+         f"move to entitlement {to_entitlement}", wait, timeout, output)
+
+
 @job_app.command("resume")
 @guarded
 def job_resume(name: str, output: Output = "table") -> None:
@@ -772,18 +830,6 @@ def task_restart(job: str, index: int, output: Output = "table") -> None:
     a = api()
     _ack(a, job, a.post(f"/v1/jobs/{job}/tasks/{index}/restart"), f"restart of task {index}",
          False, 0, output)
-
-
-@job_app.command("move")
-@guarded
-def job_move(name: str, to_entitlement: Annotated[str, typer.Option(
-        "--to-entitlement", help="the entitlement to move the job to")],
-        wait: Wait = False, timeout: Timeout = 600.0, output: Output = "table") -> None:
-    """Move a job to another entitlement: every task is stopped and started again on
-    that entitlement's machines, paced like an update (the bar counts tasks moved)."""
-    a = api()
-    _ack(a, name, a.post(f"/v1/jobs/{name}/move", {"entitlement": to_entitlement}),
-         f"move to entitlement {to_entitlement}", wait, timeout, output)
 
 
 @task_app.command("logs")
