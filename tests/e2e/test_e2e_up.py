@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 from test_e2e_agents import WEB, alive, answers, wait_for
 
+from plait.localregion import cmdline, kill_groups, processes_under
 from plait.server.serve import free_port
 
 
@@ -164,9 +165,9 @@ def test_up_with_replicas_survives_the_loss_of_its_own_process(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             output = proc.communicate()[0]
-        for pid in task_pids(data).values():
-            if alive(pid):
-                os.killpg(pid, signal.SIGKILL)
+        left = processes_under(data)  # (only when this test failed)
+        kill_groups(left)
     assert proc.returncode == 0, output.decode(errors="replace")
-    assert replica is not None and not alive(replica)  # Ctrl-C stopped the replica too
+    assert not left, [cmdline(p) for p in left]  # Ctrl-C stopped every process
+    assert replica is not None and not alive(replica)
     assert not any(alive(p) for p in first.values())
