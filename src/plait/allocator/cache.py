@@ -6,6 +6,11 @@ placement). The cache keeps, per job, the last complete request and its result.
 An entry is used only if the request is identical and no machine hosting the
 job's tasks changed since (each machine's generation in the index), so a hit is
 always a placement the allocator would keep anyway.
+
+The cache holds a request per job: in a full region that is every task of every
+job, two million (task, operation) pairs. The copy it keeps shares its pairs with
+the other entries' (one tuple per distinct pair), so a kept task costs a reference
+rather than a tuple of its own.
 """
 
 from __future__ import annotations
@@ -15,20 +20,25 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from plait.allocator.request import AllocationRequest, AllocationResult
+from plait.allocator.request import AllocationRequest, AllocationResult, TaskOp
+
+#: distinct (task, operation) pairs shared at most (task indices are below a job's
+#: task count, so a region's jobs seldom need more than a few tens of thousands)
+SHARED_PAIRS = 1 << 18
 
 
 @dataclass(slots=True)
 class _Entry:
     request: AllocationRequest
     result: AllocationResult
-    machines: npt.NDArray[np.int64]
+    machines: npt.NDArray[np.int32]
     gens: npt.NDArray[np.uint32]
 
 
 class AllocationCache:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
+        self._pairs: dict[tuple[int, TaskOp], tuple[int, TaskOp]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -44,7 +54,12 @@ class AllocationCache:
 
     def store(self, request: AllocationRequest, result: AllocationResult,
               gen: npt.NDArray[np.uint32]) -> None:
-        machines = np.fromiter(result.machines, np.int64, len(result.machines))
+        machines = np.fromiter(result.machines, np.int32, len(result.machines))
+        pairs = self._pairs
+        if len(pairs) + len(request.tasks) <= SHARED_PAIRS:
+            tasks = tuple(map(pairs.setdefault, request.tasks, request.tasks))
+            request = AllocationRequest(request.job, request.entitlement, request.resources,
+                                        tasks, request.policy)
         # a repeat does nothing new: it reports the placement, not the claims (built
         # directly: dataclasses.replace costs more than the rest of the store)
         hit = AllocationResult(result.job, result.entitlement, result.tasks, result.machines,

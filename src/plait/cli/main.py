@@ -84,6 +84,35 @@ def bench_scheduler(
                                    sim_seconds=sim_seconds, repeat=repeat, seed=seed)))
 
 
+@bench_app.command("region")
+def bench_region(
+    machines: Annotated[int, typer.Option(min=100, help="machines in the region")] = 1_000_000,
+    shards: Annotated[int, typer.Option(min=1, help="scheduler shards")] = 20,
+    tasks_per_machine: Annotated[float, typer.Option(min=0.01, help="tasks of the job mix "
+                                                                    "per machine")] = 2.0,
+    seed: int = 0,
+) -> None:
+    """A simulated sharded region: memory of its whole control-plane state and the
+    slowest shard's reconcile pass (one JSON object on stdout, progress on stderr)."""
+    from plait.bench import region
+
+    if machines < 100_000:
+        result = region.run(machines=machines, shards=shards,
+                            tasks_per_machine=tasks_per_machine, seed=seed)
+    else:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            bar = progress.add_task("region", total=1)
+
+            def show(what: str, done: int, total: int) -> None:
+                progress.update(bar, description=what, completed=done, total=total)
+
+            result = region.run(machines=machines, shards=shards,
+                                tasks_per_machine=tasks_per_machine, seed=seed,
+                                progress=show)
+    print(json.dumps(result))
+
+
 @bench_app.command("api")
 def bench_api(
     rate: Annotated[float, typer.Option(min=0.001, help="offered job creates per second "
