@@ -36,6 +36,9 @@ def default_path() -> Path:
 class Context:
     url: str
     token: str | None = None
+    #: the CA certificate the API's TLS certificate is checked against (https URLs;
+    #: default: the system's authorities)
+    ca_file: str | None = None
 
 
 @dataclass
@@ -58,7 +61,7 @@ class ClientConfig:
         for name, ctx in (data.get("contexts") or {}).items():
             if not isinstance(ctx, dict) or not isinstance(ctx.get("url"), str):
                 raise ValidationError(f"{path}: contexts.{name}", "expected {url, token}")
-            contexts[str(name)] = Context(ctx["url"], ctx.get("token"))
+            contexts[str(name)] = Context(ctx["url"], ctx.get("token"), ctx.get("ca_file"))
         return cls(data.get("current_context"), contexts)
 
     def save(self, path: Path | None = None) -> Path:
@@ -66,7 +69,9 @@ class ClientConfig:
         path.parent.mkdir(parents=True, exist_ok=True)
         text = yaml.safe_dump({
             "current_context": self.current_context,
-            "contexts": {n: {"url": c.url, "token": c.token} for n, c in self.contexts.items()},
+            "contexts": {n: {"url": c.url, "token": c.token,
+                             **({"ca_file": c.ca_file} if c.ca_file else {})}
+                         for n, c in self.contexts.items()},
         }, sort_keys=True)
         # a new private file beside it (mkstemp: mode 0600, never an existing file or a
         # symlink), then renamed over the old one
@@ -80,14 +85,16 @@ class ClientConfig:
             raise
         return path
 
-    def set_context(self, name: str, url: str, token: str | None, use: bool = True) -> None:
-        self.contexts[name] = Context(url, token)
+    def set_context(self, name: str, url: str, token: str | None, use: bool = True,
+                    ca_file: str | None = None) -> None:
+        self.contexts[name] = Context(url, token, ca_file)
         if use or self.current_context is None:
             self.current_context = name
 
     def resolve(self, context: str | None = None, url: str | None = None,
                 token: str | None = None) -> Context:
-        """The URL and token to use: flags, then PLAIT_URL/PLAIT_TOKEN, then the context."""
+        """The URL and token to use: flags, then PLAIT_URL/PLAIT_TOKEN, then the context
+        (and the CA file: PLAIT_CA_FILE, then the context's)."""
         name = context or self.current_context
         base = self.contexts.get(name) if name else None
         if context and base is None:
@@ -100,4 +107,6 @@ class ClientConfig:
         if not final_url:
             raise ValidationError("url", "no API URL: start `plait serve`, or set PLAIT_URL or "
                                          "--url")
-        return Context(final_url.rstrip("/"), final_token)
+        env_ca = None if context else os.environ.get("PLAIT_CA_FILE")
+        return Context(final_url.rstrip("/"), final_token,
+                       env_ca or (base.ca_file if base else None))

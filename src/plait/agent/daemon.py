@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from plait.agent.probe import Prober
+from plait.tls import verify as tls_verify
 from plait.agent.runtime import Handle, ProcessRuntime
 
 #: restart backoff after a crash: 1, 2, 4 ... seconds, at most this
@@ -93,7 +94,7 @@ class Agent:
     def __init__(self, machine: str, urls: list[str], join_token: str | None, data_dir: Path,
                  advertise: str = "127.0.0.1", timeout: float = 5.0,
                  runtime: ProcessRuntime | None = None,
-                 describe: dict[str, Any] | None = None) -> None:
+                 describe: dict[str, Any] | None = None, ca_file: str | None = None) -> None:
         """``describe``: this machine as it registers when it joins (fault_domain,
         cpu, memory_gb, type and optionally disk_gb); without it, the machine must be
         one the region has already."""
@@ -105,9 +106,10 @@ class Agent:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.advertise = advertise
         self.describe = describe or {}
-        # (loading the CA bundle costs a tenth of a second of cpu: only for https)
-        self.http = httpx.Client(timeout=timeout,
-                                 verify=any(u.startswith("https:") for u in self.urls))
+        # (loading the system's CA bundle costs a tenth of a second of cpu: only for
+        # https, and only when no CA file of the control plane is given)
+        self.http = httpx.Client(timeout=timeout, verify=tls_verify(
+            ca_file, "https:" if any(u.startswith("https:") for u in self.urls) else "http:"))
         self.runtime = runtime or ProcessRuntime(self.data_dir)
         self.state_path = self.data_dir / "agent.json"
         digest = hashlib.sha1(str(self.data_dir.resolve()).encode()).hexdigest()[:8]

@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from plait.tls import verify as tls_verify
+
 from plait.clientconfig import ClientConfig
 
 EXIT_FAILED, EXIT_INVALID, EXIT_UNREACHABLE, EXIT_DENIED = 1, 2, 3, 4
@@ -40,7 +42,12 @@ class Api:
             raise CliError(str(exc), EXIT_INVALID) from None
         self.url = ctx.url
         headers = {"Authorization": f"Bearer {ctx.token}"} if ctx.token else {}
-        self.http = httpx.Client(base_url=ctx.url, headers=headers, timeout=timeout)
+        try:
+            verify = tls_verify(ctx.ca_file, ctx.url)
+        except Exception as exc:
+            raise CliError(str(exc), EXIT_INVALID) from None
+        self.http = httpx.Client(base_url=ctx.url, headers=headers, timeout=timeout,
+                                 verify=verify)
 
     def call(self, method: str, path: str, **kw: Any) -> Any:
         try:

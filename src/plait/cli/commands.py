@@ -29,7 +29,7 @@ from rich.table import Table
 
 from plait.cli.client import EXIT_DENIED, EXIT_FAILED, EXIT_INVALID, Api, CliError, Target
 from plait.clientconfig import ClientConfig, default_path
-from plait.errors import PlaitError
+from plait.errors import PlaitError, ValidationError
 
 if TYPE_CHECKING:  # (imported where used: `plait agent` starts without the model)
     from plait.model import JobSpec
@@ -167,6 +167,13 @@ def serve(
     session_timeout: Annotated[float, typer.Option(
         min=0.2, help="seconds the leader's store session outlives it (failover time)")]
     = 1.0,
+    tls_cert: Annotated[Path | None, typer.Option(
+        help="serve https with this certificate (plait admin certs writes server.pem)")]
+    = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the certificate's key")] = None,
+    ca_file: Annotated[str | None, typer.Option(
+        help="the CA certificate other replicas' and TaskControllers' https certificates "
+             "are checked against (default: the system's authorities)")] = None,
 ) -> None:
     """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
     on one store campaigns: the leader runs the control plane, the others keep warm,
@@ -184,11 +191,17 @@ def serve(
     try:
         region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc,
                                   rows_per_msb=1, racks_per_row=2)
+        if (tls_cert is None) != (tls_key is None):
+            raise ValidationError("tls", "give --tls-cert and --tls-key together")
+        for f in (tls_cert, tls_key):
+            if f is not None and not f.is_file():
+                raise ValidationError("tls", f"{f} is not a file")
         config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
                                     retention=Retention(event_retention, event_max_age),
                                     heartbeat_timeout=heartbeat_timeout,
-                                    startup_grace=startup_grace)
-        started = prepare(data_dir, store, config, host, port, write_config, context)
+                                    startup_grace=startup_grace, ca_file=ca_file)
+        started = prepare(data_dir, store, config, host, port, write_config, context,
+                          scheme="https" if tls_cert else "http")
     except PlaitError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None
@@ -196,14 +209,15 @@ def serve(
 
     cp = started.control_plane
     leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
-    err.print(f"plait control plane: {len(cp.fleet)} machines, API on {started.url} "
-              f"(a replica: leads when elected)")
+    err.print(f"plait control plane: {len(cp.fleet)} machines, API on {started.url}")
     if started.config_path is not None:
         err.print(f"client configuration: {started.config_path} (context {context})")
     # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
     # signal that stopped it, so nothing after run() would run)
     uvicorn.run(create_app(cp, close_store=True, leadership=leadership), host=host, port=port,
-                log_level="warning", access_log=False)
+                log_level="warning", access_log=False,
+                ssl_certfile=str(tls_cert) if tls_cert else None,
+                ssl_keyfile=str(tls_key) if tls_key else None)
 
 
 # -- agent ---------------------------------------------------------------------------------
@@ -229,6 +243,9 @@ def agent(
              "read-only root, plus the same limits)")] = "process",
     hide: Annotated[list[Path] | None, typer.Option(
         help="a directory sandboxed tasks must not see (repeatable)")] = None,
+    ca_file: Annotated[str | None, typer.Option(
+        help="the CA certificate of the control plane's https URLs (plait admin certs "
+             "writes ca.pem); default: the system's authorities")] = None,
 ) -> None:
     """Run the agent of one machine: join, pull the desired task set, run the tasks as
     processes, report their statuses and output. Tasks keep running if the control
@@ -252,8 +269,9 @@ def agent(
     try:
         a = Agent(machine_id, control_plane.split(","), join_token, data_dir, advertise,
                   runtime=create_runtime(runtime, data_dir, hide or ()),
-                  describe=described if fault_domain is not None else None)
-    except (ValueError, OSError, RuntimeError) as exc:
+                  describe=described if fault_domain is not None else None,
+                  ca_file=ca_file)
+    except (ValueError, OSError, RuntimeError, PlaitError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     err.print(f"plait agent {machine_id}: isolation {a.runtime.describe()}; "
@@ -491,9 +509,13 @@ def context_use(name: str) -> None:
 def context_set(name: str, url: Annotated[str, typer.Option()],
                 token: Annotated[str | None, typer.Option()] = None,
                 use: Annotated[bool, typer.Option(help="make it the current context")] = False,
+                ca_file: Annotated[str | None, typer.Option(
+                    help="the CA certificate of an https API (plait admin certs writes "
+                         "ca.pem)")] = None,
                 ) -> None:
     cfg = ClientConfig.load()
-    cfg.set_context(name, url, token, use)
+    cfg.set_context(name, url, token, use, ca_file=str(Path(ca_file).resolve())
+                    if ca_file else None)
     err.print(f"context {name} saved in {cfg.save()}")
 
 

@@ -304,6 +304,27 @@ app.add_typer(admin_app, name="admin")
 STORE_HELP = "sqlite:///path/plait.db (or a path) or zk://host:port[,host:port]"
 
 
+@admin_app.command("certs")
+def admin_certs(
+    out: Annotated[Path, typer.Option(help="where the CA and certificates are written")],
+    host: Annotated[list[str], typer.Option(
+        help="a name or address the control plane is reached at (repeatable)")],
+    days: Annotated[int, typer.Option(min=1, help="validity of the server certificate")]
+    = 365,
+) -> None:
+    """A small CA and a server certificate for a lab: ca.pem (give it to clients and
+    agents with --ca-file), server.pem and server-key.pem (plait serve --tls-cert
+    --tls-key). An existing CA in --out is reused."""
+    from plait.tls import make_lab_certs
+
+    try:
+        paths = make_lab_certs(out, host, days)
+    except PlaitError as exc:
+        raise _refuse(exc) from None
+    for kind, path in paths.items():
+        print(f"{kind:>10}: {path}")
+
+
 @admin_app.command("backup")
 def admin_backup(
     file: Annotated[str, typer.Argument(help="where to write the backup (JSON)")],

@@ -57,7 +57,7 @@ class FollowerProxy:
             if not message.get("more_body"):
                 break
         if self._client is None:
-            self._client = httpx.AsyncClient(verify=target.startswith("https:"))
+            self._client = httpx.AsyncClient(verify=getattr(lead, "verify", True))
         url = target.rstrip("/") + scope["path"]
         query = scope.get("query_string", b"").decode()
         if query:

@@ -40,6 +40,7 @@ from plait.server.logs import TaskLogs
 from plait.sim import Behaviour, Simulation
 from plait.store.protocol import Namespace, Store
 from plait.taskcontrol.http import HttpController
+from plait.tls import verify as tls_verify
 from plait.taskcontrol.protocol import TaskController
 
 #: a drained machine stays out of service until uncordoned (at most this long)
@@ -80,6 +81,9 @@ class ControlPlaneConfig:
     #: after the control plane starts, a machine whose agent has not heartbeated yet
     #: is unavailable only after this long (its agent may be starting too)
     startup_grace: float = 30.0
+    #: the CA certificate https TaskControllers (and a leader, for a follower) are
+    #: checked against (default: the system's authorities)
+    ca_file: str | None = None
 
 
 def _machine(d: dict[str, Any]) -> Machine:
@@ -88,8 +92,14 @@ def _machine(d: dict[str, Any]) -> Machine:
                                        disk_gb=d.get("disk_gb", 0)))
 
 
-def _controller_for(spec: JobSpec) -> TaskController | None:
-    return None if spec.task_controller is None else HttpController(spec.task_controller)
+def _controllers(ca_file: str | None) -> Callable[[JobSpec], TaskController | None]:
+    """A job's TaskController client (https ones checked against ``ca_file``)."""
+    def controller_for(spec: JobSpec) -> TaskController | None:
+        if spec.task_controller is None:
+            return None
+        return HttpController(spec.task_controller, verify=tls_verify(
+            ca_file, spec.task_controller))
+    return controller_for
 
 
 class ControlPlane:
@@ -186,7 +196,8 @@ class ControlPlane:
         self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store)
         self.allocator.defer()  # placements are written with the scheduler's state
         self.scheduler = Scheduler(self.allocator, config.scheduler, now)
-        self.persist = PersistentScheduler.load(self.scheduler, store, now, _controller_for)
+        self.persist = PersistentScheduler.load(self.scheduler, store, now,
+                                                _controllers(config.ca_file))
         self.jobs: JobStore = self.persist.jobs
         start = config.sim_start_seconds
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from plait.errors import NotFound
 from plait.server.controlplane import ControlPlane
+from plait.tls import verify as tls_verify
 
 #: seconds a leader's session outlives its last sign of life: short enough for a fast
 #: failover, long enough for a busy host's pauses not to depose a live leader
@@ -37,6 +38,8 @@ class Leadership:
         self.name = name
         self.session_timeout = session_timeout
         self.poll = poll
+        #: what the leader's certificate is checked against when forwarding to it
+        self.verify = tls_verify(cp.config.ca_file, identity)
         self.session: Any = cp.store.session(session_timeout)
         self.election: Any = cp.store.election(name, identity, self.session)
         #: True while this replica leads and its loop runs (set once the state is loaded)

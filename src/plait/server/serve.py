@@ -93,11 +93,11 @@ class ApiServer:
 def prepare(data_dir: str | Path, store_url: str | None = None,
             config: ControlPlaneConfig | None = None, host: str = "127.0.0.1", port: int = 7070,
             write_config: bool = True, context: str = "local",
-            config_path: Path | None = None) -> Started:
+            config_path: Path | None = None, scheme: str = "http") -> Started:
     """Open the store and the control plane; at first start create the admin token and
     write it, with the URL, to the client configuration (mode 0600)."""
     cp = ControlPlane(store_for(data_dir, store_url), config)
-    url = f"http://{host}:{port}"
+    url = f"{scheme}://{host}:{port}"
     token = cp.bootstrap_admin()
     written = None
     if token is not None:
@@ -116,6 +116,6 @@ def prepare(data_dir: str | Path, store_url: str | None = None,
         if token is None:
             admin_file = Path(data_dir) / "admin-token"
             token = admin_file.read_text().strip() if admin_file.exists() else None
-        client.set_context(context, url, token)
+        client.set_context(context, url, token, ca_file=config.ca_file if config else None)
         written = client.save(config_path)
     return Started(url, cp, token, written)

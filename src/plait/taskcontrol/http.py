@@ -29,10 +29,12 @@ class TaskControlError(PlaitError):
 
 class HttpController:
     def __init__(self, url: str, timeout: float = 5.0, token: str | None = None,
-                 client: httpx.Client | None = None) -> None:
+                 client: httpx.Client | None = None, verify: Any = True) -> None:
+        """``verify``: what an https controller's certificate is checked against (an
+        ``ssl.SSLContext`` of the control plane's CA file, or the system's)."""
         self.url = url
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = client or httpx.Client(timeout=timeout, headers=headers)
+        self._client = client or httpx.Client(timeout=timeout, headers=headers, verify=verify)
 
     def process(self, request: TaskControlRequest) -> TaskControlResponse:
         try:

@@ -1,0 +1,104 @@
+"""TLS on every connection that crosses hosts, on loopback: two `plait serve` replicas
+with a certificate of a lab CA (`plait admin certs`), a follower forwarding to its
+leader over https, an agent and the CLI trusting that CA, and refusals without it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import subprocess
+import sys
+
+import httpx
+from e2e_region import wait_for
+
+from plait.localregion import kill_groups, processes_under
+from plait.server.serve import free_port
+
+JOB = {"name": "s", "entitlement": "e", "task_count": 1, "command": "sleep",
+       "args": ["infinity"], "resources": {"cpu": 0.1, "memory_gb": 0.1}}
+
+
+def plait(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "plait.cli.main", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
+    env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
+    env.pop("PLAIT_CA_FILE", None)
+    made = plait(env, "admin", "certs", "--out", str(tmp_path / "certs"), "--host",
+                 "127.0.0.1", "--host", "localhost")
+    assert made.returncode == 0, made.stderr
+    certs = tmp_path / "certs"
+    assert oct((certs / "server-key.pem").stat().st_mode & 0o777) == "0o600"
+    ca = str(certs / "ca.pem")
+    ports = [free_port(), free_port()]
+    urls = [f"https://127.0.0.1:{p}" for p in ports]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(log: str, *args: str) -> None:
+        with open(tmp_path / f"{log}.log", "ab") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", *args], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+
+    tls = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server-key.pem"),
+           "--ca-file", ca]
+    trust = ssl.create_default_context(cafile=ca)
+    client = httpx.Client(verify=trust, timeout=10)
+    try:
+        for i, port in enumerate(ports):
+            spawn(f"serve-{i}", "plait.cli.main", "serve", "--data-dir", str(tmp_path / "cp"),
+                  "--port", str(port), "--machines", "2", "--dcs", "1", "--msbs-per-dc", "1",
+                  "--heartbeat-timeout", "5", *tls, *(["--no-write-config"] if i else []))
+            wait_for(lambda port=port: client.get(f"https://127.0.0.1:{port}/healthz")
+                     .json().get("role") in ("leader", "follower"), what="a replica serves")
+        assert client.get(f"{urls[0]}/healthz").json()["role"] == "leader"
+        token = (tmp_path / "cp" / "admin-token").read_text().strip()
+        admin = httpx.Client(base_url=urls[1], timeout=30,  # the follower: forwarded
+                             verify=trust,
+                             headers={"Authorization": f"Bearer {token}"})
+        assert admin.post("/v1/entitlements", json={
+            "name": "e", "owner": "o", "quota": {"machines": 2}}).status_code == 201
+        join = admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
+        spawn("agent", "plait.cli.agent", "--machine-id", "m0000000", "--control-plane",
+              ",".join(reversed(urls)), "--join-token", join, "--data-dir",
+              str(tmp_path / "agent"), "--interval", "0.3", "--ca-file", ca)
+        assert admin.post("/v1/jobs", json=JOB).status_code == 201
+        wait_for(lambda: admin.get("/v1/jobs/s/tasks").json()["tasks"][0]["state"]
+                 == "running", what="the agent runs the task over https")
+
+        # the CLI: the context written at first start carries the CA file
+        listed = plait(env, "job", "list")
+        assert listed.returncode == 0, listed.stderr
+        assert "s" in listed.stdout
+        # ... and without it the server's certificate is not trusted
+        plain = plait({**env, "PLAIT_URL": urls[1], "PLAIT_TOKEN": token,
+                       "PLAIT_CONFIG": str(tmp_path / "none.yaml")}, "job", "list")
+        assert plain.returncode != 0
+        assert "CERTIFICATE_VERIFY_FAILED" in plain.stderr or "certificate" in plain.stderr
+        # plain http on an https port gets nowhere
+        try:
+            r = httpx.get(f"http://127.0.0.1:{ports[0]}/healthz", timeout=5)
+            assert r.status_code >= 400
+        except httpx.HTTPError:
+            pass
+        # an agent given a CA file that does not exist says so
+        bad = subprocess.run([sys.executable, "-m", "plait.cli.agent", "--machine-id",
+                              "m0000001", "--control-plane", urls[0], "--join-token", join,
+                              "--data-dir", str(tmp_path / "bad"), "--ca-file",
+                              str(tmp_path / "missing.pem")], env=env, capture_output=True,
+                             text=True, timeout=60)
+        said = " ".join(bad.stderr.split())
+        assert bad.returncode != 0 and "missing.pem is not a file" in said, said
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        kill_groups(processes_under(tmp_path))  # (only what a failed run left)
