@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from plait.errors import Conflict, NotFound, PlaitError, ValidationError
 from plait.model import JobSpec, parse
@@ -229,6 +229,13 @@ def _task_state(job: JobRecord, rec: TaskRecord, desired: bool, fleet_name: Call
             rec.restart, rec.parked, rec.lost_since, rec.healthy_since, rec.exit_code]
 
 
+class WarmCopy(Protocol):
+    """The records as a follower keeps them: ``plait.persist.warm.WarmRecords``."""
+
+    docs: dict[str, tuple[JobDoc, int]]
+    states: dict[str, tuple[bytes, int]]
+
+
 class PersistentScheduler:
     """Keeps a scheduler and the store in step: ``sync`` applies stored operations,
     ``save`` writes the state of the jobs that changed."""
@@ -409,15 +416,20 @@ class PersistentScheduler:
     # -- rebuild ---------------------------------------------------------------------------
     @classmethod
     def load(cls, scheduler: Scheduler, store: Store, now: float,
-             controller_for: ControllerFor = lambda spec: None) -> PersistentScheduler:
+             controller_for: ControllerFor = lambda spec: None,
+             warm: WarmCopy | None = None) -> PersistentScheduler:
         """Rebuild ``scheduler`` (over an allocator already loaded) from the store, then
-        apply the operations stored after the state was last written."""
+        apply the operations stored after the state was last written. ``warm``: the
+        records as a follower keeps them (``plait.persist.warm``), current already."""
         self = cls(scheduler, store, controller_for)
-        names = self.jobs.names()
-        # every record in two batched reads (a takeover on ZooKeeper: two round trips,
-        # not two per job)
-        docs = self.jobs.get_many(names)
-        states = self.ns.get_many([f"/state/{name}" for name in docs])
+        if warm is not None:
+            docs = {name: doc for name, (doc, _) in warm.docs.items()}
+            states = {f"/state/{name}": rec for name, rec in warm.states.items()}
+        else:
+            # every record in two batched reads (on ZooKeeper: pipelined, not a round
+            # trip per job)
+            docs = self.jobs.get_many(self.jobs.names())
+            states = self.ns.get_many([f"/state/{name}" for name in docs])
         for name, doc in docs.items():
             try:
                 value, version = states[f"/state/{name}"]

@@ -32,6 +32,7 @@ from plait.model.machine import FaultDomain, Machine, MachineState
 from plait.model.task import TaskRef, TaskState
 from plait.persist import PersistentAllocator, PersistentRegion
 from plait.persist.scheduler import JobDoc, JobStore, PersistentScheduler
+from plait.persist.warm import WarmRecords
 from plait.scheduler import Scheduler, SchedulerConfig
 from plait.scheduler.records import Assignment, TaskStatus
 from plait.server.auth import Role, TokenStore
@@ -132,6 +133,8 @@ class ControlPlane:
         self._generation: dict[str, int] = {}
         self._gen_base = 0
         self._created = time.monotonic()
+        #: a follower's copy of the job records (``keep_warm``), for a fast takeover
+        self.warm: WarmRecords | None = None
         self._sync_errors: dict[str, None] = {}
         self._pending: list[EventTuple] = []
         self._pending_lock = threading.Lock()
@@ -176,17 +179,23 @@ class ControlPlane:
             self.endpoints.clear()  # (reported again by the agents within a step)
             grace = max(config.heartbeat_timeout, config.startup_grace
                         - (time.monotonic() - self._created))
-            self._build(now, grace=grace)
+            if self.warm is not None:
+                self.warm.refresh()  # what changed since the follower last looked
+            self._build(now, grace=grace, warm=self.warm)
             self._generation.clear()
             self._gen_base = int(time.time() * 1000)
             self.steps = 0  # the first pass reads every stored job
 
     def keep_warm(self) -> None:
-        """A follower's chore: catch up with the leader's event log now and then, so a
-        takeover reads only what is new."""
+        """A follower's chore: catch up with the leader's event log and job records now
+        and then, so a takeover reads only what is new."""
         self.events.refresh()
+        if self.warm is None:
+            self.warm = WarmRecords(self.store)
+        self.warm.refresh()
 
-    def _build(self, now: float, grace: float | None = None) -> None:
+    def _build(self, now: float, grace: float | None = None,
+               warm: WarmRecords | None = None) -> None:
         """Brokers, allocator and scheduler over the region's machines, from the store
         (at start, and again when a machine registers: a new machine changes the index
         every part is built on)."""
@@ -197,7 +206,7 @@ class ControlPlane:
         self.allocator.defer()  # placements are written with the scheduler's state
         self.scheduler = Scheduler(self.allocator, config.scheduler, now)
         self.persist = PersistentScheduler.load(self.scheduler, store, now,
-                                                _controllers(config.ca_file))
+                                                _controllers(config.ca_file), warm=warm)
         self.jobs: JobStore = self.persist.jobs
         start = config.sim_start_seconds
 

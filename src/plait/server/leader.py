@@ -24,7 +24,7 @@ from plait.tls import verify as tls_verify
 #: failover, long enough for a busy host's pauses not to depose a live leader
 SESSION_TIMEOUT = 1.0
 #: seconds between a follower's catch-ups with the stored state
-WARM_EVERY = 5.0
+WARM_EVERY = 1.0
 
 
 class Leadership:
