@@ -59,8 +59,11 @@ def test_two_processes_cannot_both_claim_one_machine(tmp_path):
     version = a.region.version(0)
     a.region.claim(0, "e", version)
     with pytest.raises(Conflict):
-        b.region.claim(0, "e", b.region.version(0))  # b's view is stale; the store says no
-    assert b.region.record(0).entitlement is None  # nothing changed in b's memory
+        b.region.claim(0, "e2", b.region.version(0))  # b's view is stale; the store says no
+    # b's claim is not applied; b now sees the machine as the store has it (a's claim),
+    # so its next decision picks another machine
+    assert b.region.record(0).entitlement == "e"
+    assert b.allocator.index.ent[0] == b.region.entitlements.code("e")
     c = cluster(SqliteStore(str(tmp_path / "plait.db")))
     assert c.region.record(0).entitlement == "e"
 

@@ -61,9 +61,36 @@ class PersistentRegion(Region):
                 self._stored[machine] = self.ns.create(key, data)
             else:
                 self._stored[machine] = self.ns.set(key, data, seen)
-        except NotFound:
+        except (Conflict, NotFound) as exc:
+            # another process (a shard sharing the free pool) wrote it first: take its
+            # binding, so the caller's next decision sees the machine as it is
+            self.adopt(machine)
+            if isinstance(exc, Conflict):
+                raise
             raise Conflict(f"machine {self.fleet.name(machine)} record", seen,
                            "deleted") from None
+
+    def adopt(self, machine: int) -> None:
+        """Make this process's view of ``machine``'s binding and cordon the store's
+        (subscribers, such as the allocator's index, are told as for any change)."""
+        try:
+            value, version = self.ns.get(f"/machines/{self.fleet.name(machine)}")
+            data = _read(value)
+        except NotFound:
+            version, data = None, {"entitlement": None, "cordoned": False}
+        have, want = self.broker_of(machine).entitlement_of(machine), data["entitlement"]
+        if have != want:
+            if have is not None:
+                Region.release(self, machine, have, self.version(machine))
+            if want is not None:
+                Region.claim(self, machine, want, self.version(machine))
+        cordoned = bool(data.get("cordoned"))
+        if self.broker_of(machine).operator_cordoned(machine) != cordoned:
+            Region.set_cordon(self, machine, cordoned)
+        if version is None:
+            self._stored.pop(machine, None)
+        else:
+            self._stored[machine] = version
 
     def claim(self, machine: int, entitlement: str, expected_version: int) -> int:
         broker = self.broker_of(machine)
