@@ -19,12 +19,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from plait.localregion import alive
 from plait.server.serve import free_port
 from plait.store.zkensemble import LocalEnsemble
 
@@ -125,7 +125,7 @@ class ReplicatedRegion:
         for i in range(1, self.replicas):
             self.start_replica(i)
         for i in range(1, self.replicas):
-            wait_until(lambda i=i: self.role(i) == "follower", timeout, f"replica {i} follows")
+            wait_until(partial(self.is_follower, i), timeout, f"replica {i} follows")
         token = (self.work / "cp" / "admin-token").read_text().strip()
         self.admin = FailoverClient(self.urls, token)
         self.join = self.admin.post("/v1/tokens", json={"role": "join",
@@ -158,6 +158,9 @@ class ReplicatedRegion:
             return str(self.health(i).get("role"))
         except (httpx.HTTPError, ValueError):
             return None
+
+    def is_follower(self, i: int) -> bool:
+        return self.role(i) == "follower"
 
     def leader(self) -> int | None:
         for i in range(self.replicas):
@@ -255,7 +258,8 @@ class Writer:
         while not self._stop.is_set():
             name = f"{self.prefix}{k:06d}"
             spec = {"name": name, "entitlement": self.entitlement, "task_count": 0,
-                    "command": "sleep", "args": ["infinity"], "resources": {"cpu": 0.1, "memory_gb": 0.1}}
+                    "command": "sleep", "args": ["infinity"],
+                    "resources": {"cpu": 0.1, "memory_gb": 0.1}}
             try:
                 r = self.client.post("/v1/jobs", json=spec)
                 if r.status_code in (200, 201):

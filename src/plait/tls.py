@@ -59,7 +59,7 @@ def make_lab_certs(out: Path, hosts: list[str], days: int = 365) -> dict[str, Pa
             names.append(x509.DNSName(host))
     out.mkdir(parents=True, exist_ok=True)
     paths = {k: out / f"{k}.pem" for k in ("ca", "ca-key", "server", "server-key")}
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     pem = serialization.Encoding.PEM
     if paths["ca"].exists() and paths["ca-key"].exists():
         ca_cert = x509.load_pem_x509_certificate(paths["ca"].read_bytes())
@@ -74,7 +74,7 @@ def make_lab_certs(out: Path, hosts: list[str], days: int = 365) -> dict[str, Pa
                    .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
                    .add_extension(x509.KeyUsage(False, False, False, False, False, True, True,
                                                 False, False), critical=True)
-                   .sign(ca_key, hashes.SHA256()))  # type: ignore[arg-type]
+                   .sign(ca_key, hashes.SHA256()))
         _write(paths["ca-key"], ca_key.private_bytes(
             pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()), True)
         _write(paths["ca"], ca_cert.public_bytes(pem), False)

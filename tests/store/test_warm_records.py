@@ -32,7 +32,7 @@ def test_a_refresh_reads_what_changed_and_the_copy_matches_the_store(env):
         assert env.settle(caught_up)
         assert warm.last_read <= 3  # only the changed records, never all again
         leader.delete("j2", 3.0)  # (a delete request: the record stays until applied)
-        value, version = env.store.get("/scheduler/jobs/j3")
+        _, version = env.store.get("/scheduler/jobs/j3")
         env.store.delete("/scheduler/jobs/j3", version)
         assert env.settle(lambda: (warm.refresh(), "j3" not in warm.docs)[1])
         # the copy is the store, record for record, version for version

@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 
 from plait.agent.probe import Prober
-from plait.tls import verify as tls_verify
 from plait.agent.runtime import Handle, ProcessRuntime
+from plait.tls import verify as tls_verify
 
 #: restart backoff after a crash: 1, 2, 4 ... seconds, at most this
 MAX_BACKOFF = 30.0

@@ -13,9 +13,8 @@ from typing import Any
 
 import httpx
 
-from plait.tls import verify as tls_verify
-
 from plait.clientconfig import ClientConfig
+from plait.tls import verify as tls_verify
 
 EXIT_FAILED, EXIT_INVALID, EXIT_UNREACHABLE, EXIT_DENIED = 1, 2, 3, 4
 

@@ -24,14 +24,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plait import __version__
 from plait.errors import Conflict, NotFound, PlaitError, TransientError, ValidationError
+from plait.frontend.proxy import FollowerProxy
 from plait.model import Entitlement, JobSpec, Resources
 from plait.model.machine import FaultDomain, Machine
 from plait.scheduler.records import Phase, TaskStatus
 from plait.server.auth import AuthError, Principal, Role
-from plait.frontend.proxy import FollowerProxy
 from plait.server.controlplane import ControlPlane
-from plait.server.leader import Leadership
 from plait.server.events import Event
+from plait.server.leader import Leadership
 
 #: the largest request body accepted (a job spec is a few KB)
 MAX_BODY = 1 << 20

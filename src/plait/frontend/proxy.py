@@ -80,5 +80,5 @@ class FollowerProxy:
                 if k.lower() in _BACK]
         content = r.content
         await send({"type": "http.response.start", "status": r.status_code,
-                    "headers": back + [(b"content-length", str(len(content)).encode())]})
+                    "headers": [*back, (b"content-length", str(len(content)).encode())]})
         await send({"type": "http.response.body", "body": content})

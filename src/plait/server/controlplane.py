@@ -41,8 +41,8 @@ from plait.server.logs import TaskLogs
 from plait.sim import Behaviour, Simulation
 from plait.store.protocol import Namespace, Store
 from plait.taskcontrol.http import HttpController
-from plait.tls import verify as tls_verify
 from plait.taskcontrol.protocol import TaskController
+from plait.tls import verify as tls_verify
 
 #: a drained machine stays out of service until uncordoned (at most this long)
 DRAIN_HOLD = 365 * 86400.0

@@ -12,7 +12,6 @@ The process that writes also keeps the retained events in memory for queries.
 from __future__ import annotations
 
 import contextlib
-
 import json
 import threading
 from collections import deque
