@@ -213,7 +213,10 @@ def test_a_partitioned_agent_keeps_its_tasks_until_it_hears_they_moved(tmp_path)
             wait_until(lambda: any(e["machine"] == victim
                                    for e in region.events("machine_back")),
                        WAIT, "the machine is back")
-            # one copy of each index; the other tasks were left alone
+            # one copy of each index (once the agent has recorded the stop); the other
+            # tasks were left alone
+            wait_until(lambda: region.task_pids().get(f"s.{index}") not in (None, pid), WAIT,
+                       "the agents' records show one copy of the task")
             pids = region.task_pids()
             assert sorted(pids) == ["s.0", "s.1", "s.2"] and pids[f"s.{index}"] != pid
             assert all(alive(p) for p in pids.values())

@@ -732,7 +732,10 @@ def job_show(name: str, output: Output = "table") -> None:
     data = {**job, "task_list": tasks, "recent_events": events}
 
     def show(d: dict[str, Any]) -> None:
-        kv_table({"name": d["name"], "entitlement": d["entitlement"],
+        moving = d.get("moving_from")
+        kv_table({"name": d["name"], "entitlement": d["entitlement"] + (
+                      f" (moving from {moving}: {d.get('on_entitlement', 0)}/{d['task_count']}"
+                      " tasks there)" if moving else ""),
                   "version": f"{d['version']} (applied {d['applied_version']})",
                   "status": _status(d), "tasks": d["task_count"],
                   "states": ", ".join(f"{k} {v}" for k, v in sorted(d["tasks"].items())),
