@@ -79,6 +79,8 @@ def test_a_follower_takes_over_from_a_killed_leader_and_nothing_is_lost(region):
     # the agents follow the new leader: they keep beating, no machine is lost
     time.sleep(region.heartbeat_timeout + 1)
     assert region.events("machine_unreachable") == []
+    # the new leader's passes (their writes carry its election's fence) all went through
+    assert region.events("step_failed") == []
     assert region.task_pids() == pids
 
 

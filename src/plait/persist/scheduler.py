@@ -250,6 +250,9 @@ class PersistentScheduler:
         self.applied: dict[str, int] = {}
         #: per job: (stored version, bytes) of its state record
         self._saved: dict[str, tuple[int, bytes]] = {}
+        #: (key, version) every save checks: the election's fence of the replica that
+        #: leads (``Election.fence``), or None
+        self.fence: tuple[str, int] | None = None
         #: from now on the scheduler tells which jobs changed (the first save writes all)
         scheduler.changed_jobs = set(scheduler.jobs)
         #: jobs whose records could not be read or applied by the last ``sync``
@@ -397,6 +400,8 @@ class PersistentScheduler:
         placed = allocator.flush_into(txn) if allocator is not None else None
         if not txn.ops:
             return 0
+        if self.fence is not None:  # applied only while this replica still leads
+            txn.check(*self.fence)
         self.ns.store.commit(txn)
         if placed is not None:
             placed()

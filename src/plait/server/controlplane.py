@@ -164,7 +164,7 @@ class ControlPlane:
         return Fleet.from_machines(
             [base.machine(i) for i in range(len(base))] + [_machine(d) for d in added])
 
-    def take_over(self) -> None:
+    def take_over(self, fence: tuple[str, int] | None = None) -> None:
         """This replica was elected leader: everything from the store as the previous
         leader left it (jobs, tasks, placements, machine bindings, events), the loop not
         yet running. Agents keep beating (they follow the leader by themselves), so a
@@ -182,6 +182,7 @@ class ControlPlane:
             if self.warm is not None:
                 self.warm.refresh()  # what changed since the follower last looked
             self._build(now, grace=grace, warm=self.warm)
+            self.persist.fence = fence  # (a rebuild on registration keeps it: _build)
             self._generation.clear()
             self._gen_base = int(time.time() * 1000)
             self.steps = 0  # the first pass reads every stored job
@@ -205,8 +206,10 @@ class ControlPlane:
         self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store)
         self.allocator.defer()  # placements are written with the scheduler's state
         self.scheduler = Scheduler(self.allocator, config.scheduler, now)
+        fence = self.persist.fence if hasattr(self, "persist") else None
         self.persist = PersistentScheduler.load(self.scheduler, store, now,
                                                 _controllers(config.ca_file), warm=warm)
+        self.persist.fence = fence
         self.jobs: JobStore = self.persist.jobs
         start = config.sim_start_seconds
 

@@ -78,7 +78,8 @@ class Leadership:
             won = False
         if won and not self.leading:
             started = time.monotonic()
-            self.cp.take_over()
+            fence = getattr(self.election, "fence", None)
+            self.cp.take_over(fence() if fence is not None else None)
             self.cp.start()
             self.leading = True
             self.terms += 1

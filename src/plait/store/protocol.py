@@ -89,6 +89,11 @@ class Election(Protocol):
         """The identity of the current leader, if any."""
         ...
 
+    def fence(self) -> tuple[str, int] | None:
+        """While this contender leads: a key and version that a transaction checks so
+        that it applies only while this contender still leads (None: not offered)."""
+        ...
+
     def resign(self) -> None: ...
 
 

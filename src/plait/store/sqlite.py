@@ -83,6 +83,12 @@ class SqliteElection:
                 (self.key, self.store.clock()))
             return bool(rows) and rows[0][0] == self.session.id
 
+    def fence(self) -> tuple[str, int] | None:
+        """None: a lease key is created again (version 0) by the next leader, so its
+        version cannot tell leaders apart; on one host a lapsed leader is a paused
+        process, and its writes are the store's compare-and-swaps alone."""
+        return None
+
     def leader(self) -> str | None:
         try:
             value, _ = self.store.get(self.key)

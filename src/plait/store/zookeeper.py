@@ -103,6 +103,15 @@ class ZkElection:
             self._leading.wait(wait)
         return self._leading.is_set() and self.client.state == KazooState.CONNECTED
 
+    def fence(self) -> tuple[str, int] | None:
+        """A write made only while this contender leads checks this key and version:
+        its lock node, which goes with its session (so a deposed leader still
+        running cannot write over its successor's state)."""
+        lock = self._election.lock
+        if not self._leading.is_set() or lock.node is None:
+            return None
+        return f"{lock.path}/{lock.node}", 0
+
     def leader(self) -> str | None:
         contenders = self._election.contenders()
         return str(contenders[0]) if contenders else None
