@@ -206,7 +206,8 @@ class ControlPlane:
         self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store)
         self.allocator.defer()  # placements are written with the scheduler's state
         self.scheduler = Scheduler(self.allocator, config.scheduler, now)
-        fence = self.persist.fence if hasattr(self, "persist") else None
+        previous: PersistentScheduler | None = getattr(self, "persist", None)
+        fence = previous.fence if previous is not None else None
         self.persist = PersistentScheduler.load(self.scheduler, store, now,
                                                 _controllers(config.ca_file), warm=warm)
         self.persist.fence = fence
