@@ -3,24 +3,12 @@ member (the leader, even) is killed with SIGKILL, and loses no acknowledged writ
 
 import os
 import signal
-import socket
 import subprocess
 
 import pytest
 from zkutil import ZK_SERVER, _free_port, wait_until
 
-
-def _mode(port: int) -> str:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-            conn.sendall(b"srvr")
-            data = conn.recv(4096).decode(errors="replace")
-    except OSError:
-        return ""
-    for line in data.splitlines():
-        if line.startswith("Mode:"):
-            return line.split(":", 1)[1].strip()
-    return ""
+from plait.store.zkensemble import mode as _mode
 
 
 @pytest.fixture
