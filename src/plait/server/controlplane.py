@@ -287,7 +287,9 @@ class ControlPlane:
                     self._inbox.add(_RESYNC)
             self.steps += 1
             self.last_step = time.monotonic()
-        self.flush_events()
+            # before the lock goes: whoever reads the outcome of this pass (a job that
+            # failed) can read the events that say why
+            self.flush_events()
 
     def _check_health(self, now: float) -> None:
         """Flow 2: a machine whose agent stopped heartbeating fails in its broker (its
