@@ -174,12 +174,17 @@ def serve(
     ca_file: Annotated[str | None, typer.Option(
         help="the CA certificate other replicas' and TaskControllers' https certificates "
              "are checked against (default: the system's authorities)")] = None,
+    shard: Annotated[int | None, typer.Option(
+        min=0, help="run as this scheduler shard of the region (behind plait frontend); "
+                    "replicas of one shard give the same number")] = None,
 ) -> None:
     """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
     on one store campaigns: the leader runs the control plane, the others keep warm,
     pass requests on to the leader and take over when it goes. At first start it
     creates an admin token and writes it to the client configuration, so the CLI works
-    at once."""
+    at once. With --shard, it is one scheduler shard of the region: it manages the
+    jobs of the entitlements the front end maps to it, and clients talk to the front
+    end (plait frontend), which writes the client configuration."""
     import uvicorn
 
     from plait.frontend import create_app
@@ -199,8 +204,9 @@ def serve(
         config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
                                     retention=Retention(event_retention, event_max_age),
                                     heartbeat_timeout=heartbeat_timeout,
-                                    startup_grace=startup_grace, ca_file=ca_file)
-        started = prepare(data_dir, store, config, host, port, write_config, context,
+                                    startup_grace=startup_grace, ca_file=ca_file, shard=shard)
+        started = prepare(data_dir, store, config, host, port,
+                          write_config and shard is None, context,
                           scheme="https" if tls_cert else "http")
     except PlaitError as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -209,7 +215,8 @@ def serve(
 
     cp = started.control_plane
     leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
-    err.print(f"plait control plane: {len(cp.fleet)} machines, API on {started.url}")
+    err.print(f"plait control plane{'' if shard is None else f' shard {shard}'}: "
+              f"{len(cp.fleet)} machines, API on {started.url}")
     if started.config_path is not None:
         err.print(f"client configuration: {started.config_path} (context {context})")
     # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
@@ -218,6 +225,71 @@ def serve(
                 log_level="warning", access_log=False,
                 ssl_certfile=str(tls_cert) if tls_cert else None,
                 ssl_keyfile=str(tls_key) if tls_key else None)
+
+
+def frontend(
+    data_dir: Annotated[Path, typer.Option(
+        help="where the SQLite store is (when no --store) and the admin token was "
+             "written")] = Path(".plait"),
+    store: Annotated[str | None, typer.Option(help="zk://host:port,... or sqlite:///path "
+                                                   "(default: SQLite in --data-dir)")] = None,
+    host: str = "127.0.0.1",
+    port: int = 7070,
+    context: Annotated[str, typer.Option(help="client context to write")] = "local",
+    write_config: Annotated[bool, typer.Option(help="write URL and admin token to the "
+                                                    "client configuration")] = True,
+    tls_cert: Annotated[Path | None, typer.Option(
+        help="serve https with this certificate (plait admin certs writes server.pem)")]
+    = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the certificate's key")] = None,
+    ca_file: Annotated[str | None, typer.Option(
+        help="the CA certificate the shards' https certificates are checked against")]
+    = None,
+) -> None:
+    """Run a front end of a sharded region: one API over every scheduler shard
+    (plait serve --shard S). It keeps no state (the entitlement-to-shard map is in the
+    store), so several may run, each behind its own URL; clients and agents may use any
+    of them."""
+    import uvicorn
+
+    from plait.clientconfig import ClientConfig
+    from plait.frontend.router import ShardRouter
+    from plait.server.serve import store_for
+
+    if (tls_cert is None) != (tls_key is None):
+        err.print("[red]error:[/red] tls: give --tls-cert and --tls-key together")
+        raise typer.Exit(EXIT_INVALID)
+    url = f"{'https' if tls_cert else 'http'}://{host}:{port}"
+    try:
+        opened = store_for(data_dir, store)
+    except PlaitError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    if write_config:
+        admin_file = data_dir / "admin-token"
+        client = ClientConfig.load(None)
+        old = client.contexts.get(context)
+        token = admin_file.read_text().strip() if admin_file.exists() else (
+            old.token if old is not None else None)
+        client.set_context(context, url, token, ca_file=ca_file)
+        err.print(f"client configuration: {client.save(None)} (context {context})")
+    err.print(f"plait front end: API on {url}")
+    uvicorn.run(ShardRouter(opened, identity=url, ca_file=ca_file), host=host, port=port,
+                log_level="warning", access_log=False,
+                ssl_certfile=str(tls_cert) if tls_cert else None,
+                ssl_keyfile=str(tls_key) if tls_key else None)
+
+
+def entitlement_move(name: str, to_shard: Annotated[int, typer.Option(
+        "--to-shard", min=0, help="the scheduler shard to manage it from now on")],
+        output: Output = "table") -> None:
+    """Move an entitlement to another scheduler shard, without restarting any of its
+    tasks (its jobs accept no changes for the moment it takes)."""
+    a = api()
+    done = a.post(f"/v1/admin/entitlements/{name}/move", {"shard": to_shard})
+    emit(done, output, lambda d: print(
+        f"entitlement {d['entitlement']}: shard {d['from_shard']} -> {d['to_shard']}, "
+        f"{d['jobs']} jobs, writes held for {d['unavailable_s']:.3f}s"))
 
 
 # -- agent ---------------------------------------------------------------------------------
@@ -1154,6 +1226,7 @@ def register(app: typer.Typer) -> None:
         target.context, target.url, target.token = context, url, token
 
     app.command()(serve)
+    app.command()(frontend)
     app.command()(agent)
     app.command()(up)
     app.command()(discover)
@@ -1167,4 +1240,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
 
 
-__all__ = ["EXIT_FAILED", "register"]
+__all__ = ["EXIT_FAILED", "entitlement_move", "guarded", "register"]

@@ -304,6 +304,25 @@ app.add_typer(admin_app, name="admin")
 STORE_HELP = "sqlite:///path/plait.db (or a path) or zk://host:port[,host:port]"
 
 
+admin_entitlement_app = typer.Typer(help="Entitlements across scheduler shards.",
+                                    no_args_is_help=True)
+admin_app.add_typer(admin_entitlement_app, name="entitlement")
+
+
+@admin_entitlement_app.command("move")
+def admin_entitlement_move(
+    name: Annotated[str, typer.Argument(help="the entitlement")],
+    to_shard: Annotated[int, typer.Option("--to-shard", min=0,
+                                          help="the scheduler shard to manage it from now on")],
+    output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
+) -> None:
+    """Move an entitlement to another scheduler shard, without restarting any of its
+    tasks (its jobs accept no changes for the moment it takes)."""
+    from plait.cli.commands import entitlement_move, guarded
+
+    guarded(entitlement_move)(name, to_shard=to_shard, output=output)
+
+
 @admin_app.command("certs")
 def admin_certs(
     out: Annotated[Path, typer.Option(help="where the CA and certificates are written")],

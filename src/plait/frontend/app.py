@@ -65,6 +65,11 @@ class Drain(pydantic.BaseModel):
     deadline_seconds: float | None = pydantic.Field(default=None, ge=0, le=30 * 86400)
 
 
+class ShardMove(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    shard: int = pydantic.Field(ge=0)
+
+
 class Maintenance(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     machines: list[str] = pydantic.Field(min_length=1, max_length=100_000)
@@ -595,6 +600,19 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     @app.get("/v1/maintenance", tags=["maintenance"])
     def list_maintenance(who: Admin) -> dict[str, Any]:
         return {"events": cp.maintenance()}
+
+    # -- a scheduler shard's part in moving an entitlement (called by the front end) -------
+    @app.post("/v1/shard/entitlements/{name}/handoff", tags=["shards"])
+    def handoff(name: str, body: ShardMove, who: Admin) -> dict[str, Any]:
+        """Hand an entitlement's records to another scheduler shard and stop managing
+        them (its tasks are untouched)."""
+        return {"entitlement": name, "shard": body.shard, "jobs": cp.handoff(name, body.shard)}
+
+    @app.post("/v1/shard/reload", tags=["shards"])
+    def reload(who: Admin) -> dict[str, Any]:
+        """Read this shard's records again (an entitlement was handed to it)."""
+        cp.reload()
+        return {"shard": cp.config.shard, "entitlements": len(cp.allocator.entitlements)}
 
     # -- events ----------------------------------------------------------------------------
     @app.get("/v1/events", tags=["events"])

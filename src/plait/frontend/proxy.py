@@ -21,13 +21,54 @@ _HOP = {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-enc
 _BACK = {"content-type", "retry-after", "www-authenticate", "location"}
 
 
-async def _unavailable(send: Send, message: str) -> None:
+async def unavailable(send: Send, message: str) -> None:
     body = json.dumps({"error": "unavailable", "message": message}).encode()
     await send({"type": "http.response.start", "status": 503,
                 "headers": [(b"content-type", b"application/json"),
                             (b"retry-after", b"1"),
                             (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def read_body(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += bytes(message.get("body", b""))
+        if not message.get("more_body"):
+            return body
+
+
+def forward_headers(scope: Scope) -> list[tuple[str, str]]:
+    """The request's headers that are passed on (all but hop-by-hop ones)."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+            if k.lower() not in _HOP]
+
+
+async def call(client: httpx.AsyncClient, target: str, scope: Scope, body: bytes,
+               headers: list[tuple[str, str]], path: str | None = None) -> httpx.Response:
+    """Send the request of ``scope`` to the API at ``target`` (a long-poll is given
+    the client's wait, plus slack). Raises httpx.HTTPError if it does not answer."""
+    url = target.rstrip("/") + (path or scope["path"])
+    query = scope.get("query_string", b"").decode()
+    if query:
+        url += "?" + query
+    try:
+        wait = float(dict(httpx.QueryParams(query)).get("wait", 0) or 0)
+    except ValueError:
+        wait = 0.0
+    return await client.request(scope["method"], url, content=body, headers=headers,
+                                timeout=30.0 + min(wait, 300.0))
+
+
+async def answer(send: Send, r: httpx.Response) -> None:
+    """Pass an upstream answer back (status, body, and the headers that matter)."""
+    back = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in r.headers.items()
+            if k.lower() in _BACK]
+    content = r.content
+    await send({"type": "http.response.start", "status": r.status_code,
+                "headers": [*back, (b"content-length", str(len(content)).encode())]})
+    await send({"type": "http.response.body", "body": content})
 
 
 class FollowerProxy:
@@ -41,44 +82,23 @@ class FollowerProxy:
         if scope["type"] != "http" or lead.leading or scope["path"] == "/healthz":
             await self.app(scope, receive, send)
             return
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
-        if any(k.lower() == FORWARDED.encode() for k, _ in headers):
-            await _unavailable(send, f"{lead.identity} is not the leader either; the "
+        headers = forward_headers(scope)
+        if any(k.lower() == FORWARDED for k, _ in headers):
+            await unavailable(send, f"{lead.identity} is not the leader either; the "
                                      "election is settling: retry")
             return
         target = lead.leader()
         if target is None or target == lead.identity:
-            await _unavailable(send, "no control-plane leader elected yet: retry")
+            await unavailable(send, "no control-plane leader elected yet: retry")
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         if self._client is None:
             self._client = httpx.AsyncClient(verify=getattr(lead, "verify", True))
-        url = target.rstrip("/") + scope["path"]
-        query = scope.get("query_string", b"").decode()
-        if query:
-            url += "?" + query
-        # a long-poll waits at the leader: the wait is the client's, plus slack
         try:
-            wait = float(dict(httpx.QueryParams(query)).get("wait", 0) or 0)
-        except ValueError:
-            wait = 0.0
-        try:
-            r = await self._client.request(
-                scope["method"], url, content=body,
-                headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers]
-                + [(FORWARDED, lead.identity)], timeout=30.0 + min(wait, 300.0))
+            r = await call(self._client, target, scope, body,
+                           [*headers, (FORWARDED, lead.identity)])
         except httpx.HTTPError as exc:
-            await _unavailable(send, f"the leader {target} did not answer "
+            await unavailable(send, f"the leader {target} did not answer "
                                      f"({type(exc).__name__}): retry")
             return
-        back = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in r.headers.items()
-                if k.lower() in _BACK]
-        content = r.content
-        await send({"type": "http.response.start", "status": r.status_code,
-                    "headers": [*back, (b"content-length", str(len(content)).encode())]})
-        await send({"type": "http.response.body", "body": content})
+        await answer(send, r)

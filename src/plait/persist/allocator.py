@@ -119,7 +119,10 @@ class PersistentAllocator(Allocator):
             self._put(f"/jobs/{job}", data)
 
     @classmethod
-    def load(cls, index: MachineIndex, store: Store) -> PersistentAllocator:
+    def load(cls, index: MachineIndex, store: Store,
+             shared_pool: bool = False) -> PersistentAllocator:
+        """``shared_pool``: other allocators (scheduler shards) hold the region's other
+        entitlements; machines bound to those are theirs, never released here."""
         allocator = cls(index, store)
         for name in allocator.ns.children("/entitlements"):
             value, version = allocator.ns.get(f"/entitlements/{name}")
@@ -136,7 +139,8 @@ class PersistentAllocator(Allocator):
                 raise ValueError(f"job {job}: a record of a newer schema than this plait reads")
             records.append((job, data))
         allocator._release_unused({(fleet.index_of(machine), ent) for _, data in records
-                                   for machine, *_, ent in data["tasks"].values()})
+                                   for machine, *_, ent in data["tasks"].values()},
+                                  shared_pool)
         for job, data in records:
             state = JobState(codes.code(data["entitlement"]))
             for t, (machine, cpu, mem, disk, ent) in data["tasks"].items():
@@ -173,13 +177,15 @@ class PersistentAllocator(Allocator):
             return False
         return True
 
-    def _release_unused(self, used: set[tuple[int, str]]) -> None:
+    def _release_unused(self, used: set[tuple[int, str]], shared_pool: bool = False) -> None:
         """Machines bound to an entitlement that no stored placement of it uses go back
         to the free pool (the allocator releases emptied machines at once, so only a
-        crash leaves them)."""
+        crash leaves them). With a shared pool, only this allocator's entitlements'."""
         region, index = self.region, self.index
         names = region.entitlements.names
         for code, members in list(index.members.items()):
+            if shared_pool and names[code] not in self.entitlements:
+                continue  # another shard's
             for m in members.ids.tolist():
                 if (m, names[code]) not in used:
                     region.release(m, names[code], region.version(m))

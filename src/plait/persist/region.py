@@ -92,6 +92,30 @@ class PersistentRegion(Region):
         else:
             self._stored[machine] = version
 
+    def adopt_event(self, event_id: str, now: float) -> None:
+        """Make this process's view of event ``event_id`` the store's: raised by
+        another process, changed, or ended (its record gone)."""
+        try:
+            value, _ = self.ns.get(f"/events/{event_id}")
+        except NotFound:
+            if any(e.id == event_id for e in self.events()):
+                Region.end_event(self, event_id, now)
+            return
+        data = _read(value)
+        event = UnavailabilityEvent(event_id, data["kind"], tuple(data["machines"]),
+                                    float(data["start"]),
+                                    None if data["end"] is None else float(data["end"]),
+                                    str(data["reason"]))
+        parts = [e for e in self.events() if e.id == event_id]  # (one per DC)
+        if parts and {m for e in parts for m in e.machines} == set(event.machines) and all(
+                (e.kind, e.start, e.end, e.reason) == (event.kind, event.start, event.end,
+                                                       event.reason) for e in parts):
+            return
+        if parts:
+            Region.end_event(self, event_id, now)
+        if event.end is None or event.end > now:
+            Region.add_event(self, event, now)
+
     def claim(self, machine: int, entitlement: str, expected_version: int) -> int:
         broker = self.broker_of(machine)
         if broker.version(machine) != expected_version or broker.entitlement_of(machine):

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait.allocator import AllocationRequest, MachineIndex
-from plait.errors import Conflict, NotFound, ValidationError
+from plait.errors import Conflict, NotFound, TransientError, ValidationError
 from plait.health import HealthCheck
 from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.model.machine import FaultDomain, Machine, MachineState
 from plait.model.task import TaskRef, TaskState
 from plait.persist import PersistentAllocator, PersistentRegion
+from plait.persist.follow import SharedRecords
 from plait.persist.scheduler import JobDoc, JobStore, PersistentScheduler
 from plait.persist.warm import WarmRecords
 from plait.scheduler import Scheduler, SchedulerConfig
@@ -39,7 +40,8 @@ from plait.server.auth import Role, TokenStore
 from plait.server.events import EventLog, Retention
 from plait.server.logs import TaskLogs
 from plait.sim import Behaviour, Simulation
-from plait.store.protocol import Namespace, Store
+from plait.store.protocol import Namespace, Store, Transaction
+from plait.store.shard import ShardStore, shard_prefix
 from plait.taskcontrol.http import HttpController
 from plait.taskcontrol.protocol import TaskController
 from plait.tls import verify as tls_verify
@@ -85,6 +87,9 @@ class ControlPlaneConfig:
     #: the CA certificate https TaskControllers (and a leader, for a follower) are
     #: checked against (default: the system's authorities)
     ca_file: str | None = None
+    #: run as this scheduler shard of the region (None: the whole region in one
+    #: control plane); see ``plait.store.shard`` and decision 43
+    shard: int | None = None
 
 
 def _machine(d: dict[str, Any]) -> Machine:
@@ -106,8 +111,18 @@ def _controllers(ca_file: str | None) -> Callable[[JobSpec], TaskController | No
 class ControlPlane:
     def __init__(self, store: Store, config: ControlPlaneConfig | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        self.store = store
         self.config = config = config or ControlPlaneConfig()
+        #: a shard sees its own records under /shards/S, and the region's as they are
+        self.shared: SharedRecords | None = None
+        if config.shard is not None:
+            store = ShardStore(store, config.shard)
+            with contextlib.suppress(Conflict):  # the front end finds the shards here
+                store.create(f"/frontend/shards/{config.shard}", b"{}")
+            self.shared = SharedRecords(store)  # (before the build: no change missed)
+        self.store = store
+        #: a shard's machines: bound to its entitlements (and, for shard 0, the free
+        #: ones); the others' agents are answered by their shards
+        self._owned: set[str] = set()
         self.clock = clock
         self.lock = threading.RLock()
         now = clock()
@@ -203,7 +218,8 @@ class ControlPlane:
         store, config = self.store, self.config
         self.fleet = self._fleet()
         self.region = PersistentRegion.load(self.fleet, store, now)
-        self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store)
+        self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store,
+                                                  shared_pool=config.shard is not None)
         self.allocator.defer()  # placements are written with the scheduler's state
         self.scheduler = Scheduler(self.allocator, config.scheduler, now)
         previous: PersistentScheduler | None = getattr(self, "persist", None)
@@ -230,10 +246,17 @@ class ControlPlane:
         # real agents: a machine is up only while its agent beats
         down = {e.id[len("health-"):] for e in self.region.events()
                 if e.id.startswith("health-")}
+        if self.shared is not None:  # a shard watches its own machines only
+            owned = {self.fleet.name(m) for m in range(len(self.fleet)) if self._owns(m)}
+            for name in set(self.liveness.last) - owned:
+                self._disown(name)
+            self._owned = owned
         for m in range(len(self.fleet)):
             name = self.fleet.name(m)
             if name in self.liveness.last:
                 continue  # (a rebuild: known already)
+            if self.shared is not None and name not in self._owned:
+                continue
             if name in down:
                 self.liveness.last[name] = float("-inf")
                 self.liveness.down.add(name)
@@ -247,6 +270,8 @@ class ControlPlane:
         """One pass: apply stored job operations, reconcile, store the outcome."""
         with self.lock:
             now = self.clock()
+            if self.shared is not None:
+                self._follow(now)
             names = self._take_inbox()
             try:
                 errors = self.persist.sync(now, names)
@@ -295,6 +320,8 @@ class ControlPlane:
         """Flow 2: a machine whose agent stopped heartbeating fails in its broker (its
         tasks are disabled in discovery and replaced per TaskControl); one that is
         back is healthy again."""
+        if self.shared is not None:
+            self._track_owned(now)
         went, came = self.liveness.check(now)
         for machine in went:
             self.region.add_event(UnavailabilityEvent(
@@ -307,6 +334,125 @@ class ControlPlane:
                 self.region.end_event(f"health-{machine}", now)
             self.record("health", "machine_back", f"{machine}: heartbeating again",
                         machine=machine)
+
+    # -- a shard among others -------------------------------------------------------------
+    def _owns(self, m: int) -> bool:
+        """Whether this control plane manages machine ``m`` (always, unsharded)."""
+        if self.config.shard is None:
+            return True
+        ent = self.region.broker_of(m).entitlement_of(m)
+        if ent is None:
+            return self.config.shard == 0
+        return ent in self.allocator.entitlements
+
+    def _check_owned(self, machine: str) -> int:
+        m = self.machine_index(machine)
+        if not self._owns(m):
+            raise TransientError(f"machine {machine} is not managed by scheduler shard "
+                                 f"{self.config.shard} (now): ask the front end again")
+        return m
+
+    def _disown(self, name: str) -> None:
+        """A machine another shard manages now: not watched here, and an agent
+        long-polling its set here is answered (and sent on by the front end)."""
+        self.liveness.last.pop(name, None)
+        self.liveness.grace.pop(name, None)
+        self.liveness.down.discard(name)
+        self._generation[name] = self._generation.get(name, 0) + 1
+
+    def _track_owned(self, now: float) -> None:
+        """Machines that came to this shard (claimed from the free pool, an
+        entitlement moved here) are watched from now, with one heartbeat timeout for
+        their agents to be heard here; those that left are not."""
+        fleet = self.fleet
+        owned = {fleet.name(m) for m in range(len(fleet)) if self._owns(m)}
+        if owned == self._owned:
+            return
+        for name in self._owned - owned:
+            self._disown(name)
+        down = {e.id[len("health-"):] for e in self.region.events()
+                if e.id.startswith("health-")}
+        for name in owned - self._owned:
+            if name in down:  # failed while another shard watched it
+                self.liveness.last[name] = float("-inf")
+                self.liveness.down.add(name)
+            else:
+                self.liveness.watch(name, now, self.config.heartbeat_timeout)
+        self._owned = owned
+
+    def _known(self, machine: str) -> bool:
+        try:
+            self.fleet.index_of(machine)
+            return True
+        except NotFound:
+            return False
+
+    def _follow(self, now: float) -> None:
+        """What other shards changed in the region's shared records: machines that
+        registered (a rebuild), bindings and cordons (adopted), events."""
+        assert self.shared is not None
+        machines, events, registered = self.shared.take()
+        if registered and not all(self._known(name) for name in self.meta.children("/machines")):
+            self.persist.save(self.allocator)  # nothing in memory is lost by the rebuild
+            self._build(now)
+            return  # (the rebuild read every record)
+        for name in machines:
+            with contextlib.suppress(NotFound):
+                self.region.adopt(self.fleet.index_of(name))
+        for event_id in events:
+            self.region.adopt_event(event_id, now)
+
+    def handoff(self, entitlement: str, to_shard: int) -> int:
+        """Move ``entitlement`` to scheduler shard ``to_shard``: its records (the
+        entitlement, its jobs and their tasks' state and placements) go from this
+        shard's part of the store to the other's in one transaction, and this shard
+        stops managing them. Its tasks are untouched. Returns how many jobs moved."""
+        if self.config.shard is None:
+            raise ValidationError("shard", "this control plane is not sharded")
+        if to_shard == self.config.shard:
+            raise ValidationError("shard", f"entitlement {entitlement!r} is on shard "
+                                           f"{to_shard} already")
+        with self.lock:
+            self.entitlement(entitlement)
+            self.persist.save(self.allocator)  # what is in memory, stored first
+            view = self.store
+            assert isinstance(view, ShardStore)
+            there = shard_prefix(to_shard)
+            jobs = sorted(name for name, j in self.scheduler.jobs.items()
+                          if j.entitlement == entitlement)
+            names = self.region.entitlements.names
+            for name, state in self.allocator.jobs.items():
+                ents = {names[e] for e in state.ents.values()} | {names[state.entitlement]}
+                if entitlement in ents and ents != {entitlement}:
+                    raise Conflict(f"entitlement {entitlement}", "no job moving in or out",
+                                   f"job {name} moving between entitlements "
+                                   f"{' and '.join(sorted(ents))}: wait for it to finish")
+            keys = [f"/allocator/entitlements/{entitlement}"] + [
+                f"/{part}/{name}" for name in jobs
+                for part in ("allocator/jobs", "scheduler/jobs", "scheduler/state")]
+            txn = Transaction()
+            for key, (value, version) in view.get_many(keys).items():
+                txn.create(there + key, value)
+                txn.delete(view.prefix + key, version)
+            view.base.commit(txn)
+            self._build(self.clock())
+        self.record("scheduler", "entitlement_moved",
+                    f"{entitlement}: {len(jobs)} jobs handed to scheduler shard {to_shard}",
+                    entitlement=entitlement)
+        self._wake.set()
+        return len(jobs)
+
+    def reload(self) -> None:
+        """Read this shard's records again (an entitlement was moved here): the
+        loop goes on from them; agents' long-polls see a new generation."""
+        with self.lock:
+            now = self.clock()
+            self.persist.save(self.allocator)
+            self._build(now)
+            self._gen_base = int(time.time() * 1000)
+            self._generation.clear()
+            self.steps = 0  # the next pass reads every stored job
+        self._wake.set()
 
     def _sim_output(self) -> None:
         assert self.sim is not None and self.sim.output is not None
@@ -821,8 +967,8 @@ class ControlPlane:
 
     # -- agents ----------------------------------------------------------------------------
     def desired(self, machine: str) -> list[Assignment]:
-        self.machine_index(machine)
         with self.lock:
+            self._check_owned(machine)
             return self.scheduler.desired_for(machine)
 
     def desired_generation(self, machine: str) -> int:
@@ -833,8 +979,8 @@ class ControlPlane:
     def task_output(self, machine: str, chunks: list[tuple[str, int, str]]) -> int:
         """An agent's output of the tasks on its machine; output of a task the machine
         does not hold (any more) is refused. Returns the chunks taken."""
-        m = self.machine_index(machine)
         with self.lock:
+            m = self._check_owned(machine)
             placed = self.scheduler.placed.get(m, set())
             taken = [(job, index, text) for job, index, text in chunks
                      if TaskRef(job, index) in placed]
@@ -850,8 +996,8 @@ class ControlPlane:
     def report(self, machine: str, statuses: list[TaskStatus],
                endpoints: dict[tuple[str, int], str] | None = None) -> None:
         """An agent's heartbeat: its tasks' statuses and where they listen."""
-        self.machine_index(machine)
         with self.lock:
+            self._check_owned(machine)
             now = self.clock()
             self.liveness.beat(machine, now)
             self.scheduler.report(machine, statuses, now)
@@ -877,4 +1023,5 @@ class ControlPlane:
 
     def joined(self, machine: str) -> None:
         with self.lock:
-            self.liveness.watch(machine, self.clock())
+            if self._owns(self.machine_index(machine)):
+                self.liveness.watch(machine, self.clock())

@@ -31,17 +31,19 @@ class Leadership:
     """This replica's part in the election ``name`` of its control plane's store;
     ``identity`` is the URL other replicas reach its API at."""
 
-    def __init__(self, cp: ControlPlane, identity: str, name: str = "controlplane",
+    def __init__(self, cp: ControlPlane, identity: str, name: str | None = None,
                  session_timeout: float = SESSION_TIMEOUT, poll: float = 0.05) -> None:
         self.cp = cp
         self.identity = identity
-        self.name = name
+        #: (a scheduler shard's replicas elect the shard's leader)
+        shard = cp.config.shard
+        self.name = name or ("controlplane" if shard is None else f"shard-{shard}")
         self.session_timeout = session_timeout
         self.poll = poll
         #: what the leader's certificate is checked against when forwarding to it
         self.verify = tls_verify(cp.config.ca_file, identity)
         self.session: Any = cp.store.session(session_timeout)
-        self.election: Any = cp.store.election(name, identity, self.session)
+        self.election: Any = cp.store.election(self.name, identity, self.session)
         #: True while this replica leads and its loop runs (set once the state is loaded)
         self.leading = False
         #: times this replica became leader

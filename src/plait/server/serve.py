@@ -10,6 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Self
 
 import uvicorn
 
@@ -48,27 +49,23 @@ class Started:
     config_path: Path | None
 
 
-class ApiServer:
-    """The API and the control-plane loop in this process, uvicorn in a thread."""
+class AsgiServer:
+    """An ASGI app served by uvicorn in a thread of this process."""
 
-    def __init__(self, cp: ControlPlane, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning", replica: bool = False,
-                 session_timeout: float = SESSION_TIMEOUT) -> None:
-        """``replica``: one of the control plane's replicas, leading or following (an
-        election in the store), rather than its only process."""
-        self.cp = cp
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning") -> None:
         self.host = host
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
-        self.leadership = Leadership(cp, self.url, session_timeout=session_timeout) \
-            if replica else None
-        config = uvicorn.Config(create_app(cp, leadership=self.leadership), host=host,
-                                port=self.port, log_level=log_level, access_log=False,
-                                timeout_keep_alive=30)
+        self._serve(app, log_level)
+
+    def _serve(self, app: Any, log_level: str) -> None:
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level=log_level,
+                                access_log=False, timeout_keep_alive=30)
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
-    def start(self, timeout: float = 30.0) -> ApiServer:
+    def start(self, timeout: float = 30.0) -> Self:
         self._thread = threading.Thread(target=self.server.run, name="plait-api", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
@@ -83,11 +80,28 @@ class ApiServer:
         if self._thread is not None:
             self._thread.join(timeout=30)
 
-    def __enter__(self) -> ApiServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class ApiServer(AsgiServer):
+    """The API and the control-plane loop in this process, uvicorn in a thread."""
+
+    def __init__(self, cp: ControlPlane, host: str = "127.0.0.1", port: int = 0,
+                 log_level: str = "warning", replica: bool = False,
+                 session_timeout: float = SESSION_TIMEOUT) -> None:
+        """``replica``: one of the control plane's replicas, leading or following (an
+        election in the store), rather than its only process."""
+        self.cp = cp
+        self.host = host
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        self.leadership = Leadership(cp, self.url, session_timeout=session_timeout) \
+            if replica else None
+        self._serve(create_app(cp, leadership=self.leadership), log_level)
 
 
 def prepare(data_dir: str | Path, store_url: str | None = None,

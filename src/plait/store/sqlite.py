@@ -285,6 +285,14 @@ class SqliteStore:
         return SqliteElection(self, name, identity, session)
 
     # -- watches ---------------------------------------------------------------------------------
+    def leader_of(self, name: str) -> str | None:
+        """The identity of election ``name``'s leader, read without campaigning."""
+        try:
+            value, _ = self.get(f"/_elections/{name}/leader")
+        except NotFound:
+            return None
+        return value.decode()
+
     def watch(self, key: str, callback: WatchCallback) -> Callable[[], None]:
         entry = (check_key(key), callback)
         with self._lock:

@@ -222,6 +222,11 @@ class ZkStore:
                          failures[0])
             raise Conflict("transaction", "every step to apply", type(first).__name__)
 
+    def leader_of(self, name: str) -> str | None:
+        """The identity of election ``name``'s leader, read without campaigning."""
+        contenders = Election(self.client, f"/_elections/{name}").contenders()
+        return str(contenders[0]) if contenders else None
+
     def watch(self, key: str, callback: WatchCallback) -> Callable[[], None]:
         """Fire ``callback(path)`` after every change of ``key`` or a direct child."""
         key = check_key(key)

@@ -1,0 +1,473 @@
+"""The front end of a sharded region (``plait frontend``): one API over many scheduler
+shards, so users and agents see one control plane and never name a shard.
+
+It holds no state of its own; everything it needs is in the store:
+
+    /frontend/shards/{S}               a shard that has started (``plait serve --shard S``)
+    /frontend/entitlements/{E}         {"shard": S, "machines": quota, "moving_to": S2?}
+    /shards/{S}/scheduler/jobs/{J}     where a job's record is: that shard manages it
+    /broker/machines/{M}               a machine's entitlement: its shard answers its agent
+    /_elections/shard-{S}              each shard's leader (its API URL)
+
+A request goes to the leader of the shard that owns what it names: an entitlement by
+the map (a new one to the shard with the least quota mapped to it), a job by where
+its record is, a machine by its entitlement (free machines: shard 0). Lists and the
+event log are asked of every shard and merged. Tokens, agents joining and
+maintenance windows are the region's and go to shard 0 (every shard reads the same
+tokens and brokers' records).
+
+Moving an entitlement between shards (``POST /v1/admin/entitlements/{E}/move``) marks
+it moving in the map, so its jobs' writes get a 409 with a Retry-After and its
+machines' agents a 503 (they keep their tasks and ask again); has the old shard hand
+its records to the new one in one transaction; has the new one read them; and
+points the map at the new shard. No task is stopped: the placements move with the
+records, and the new shard's desired sets are the old one's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
+
+from plait import __version__
+from plait.errors import Conflict, NotFound
+from plait.frontend.proxy import FORWARDED, answer, call, forward_headers, read_body
+from plait.server.auth import AuthError, Role, TokenStore
+from plait.store.protocol import Namespace, Store
+from plait.store.shard import shard_prefix
+from plait.tls import verify as tls_verify
+
+#: seconds a shard's leader, once read, is trusted before it is read again
+LEADER_TTL = 0.5
+#: how long a move waits for the shards' leaders to answer
+MOVE_ATTEMPTS = 20
+
+#: agents' calls about their own machine (answered 503 while it is moving: they keep
+#: their tasks and ask again)
+_AGENT_PARTS = ("desired", "status", "output")
+
+
+def _json(status: int, body: dict[str, Any],
+          headers: list[tuple[bytes, bytes]] | None = None) -> tuple[int, bytes, list[Any]]:
+    data = json.dumps(body).encode()
+    return status, data, [(b"content-type", b"application/json"), *(headers or [])]
+
+
+async def _send(send: Send, status: int, data: bytes, headers: list[Any]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _error(status: int, kind: str, message: str, retry: bool = False) -> tuple[int, bytes,
+                                                                              list[Any]]:
+    return _json(status, {"error": kind, "message": message},
+                 [(b"retry-after", b"1")] if retry else None)
+
+
+class Refused(Exception):
+    def __init__(self, status: int, kind: str, message: str, retry: bool = False) -> None:
+        super().__init__(message)
+        self.reply = _error(status, kind, message, retry)
+
+
+class ShardMap:
+    """The region's shards, its entitlement-to-shard map, and where jobs and
+    machines are: read from the store (blocking calls: run off the event loop)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.ns = Namespace(store, "/frontend")
+        self._leaders: dict[int, tuple[float, str | None]] = {}
+
+    def shards(self) -> list[int]:
+        try:
+            return sorted(int(s) for s in self.ns.children("/shards") if s.isdigit())
+        except NotFound:
+            return []
+
+    def leader(self, shard: int) -> str | None:
+        now = time.monotonic()
+        at, who = self._leaders.get(shard, (0.0, None))
+        if now - at > LEADER_TTL or who is None:
+            try:
+                who = self.store.leader_of(f"shard-{shard}")  # type: ignore[attr-defined]
+            except Exception:
+                who = None
+            self._leaders[shard] = (now, who)
+        return who
+
+    def forget(self, shard: int) -> None:
+        self._leaders.pop(shard, None)
+
+    def entry(self, entitlement: str) -> tuple[dict[str, Any], int] | None:
+        try:
+            value, version = self.ns.get(f"/entitlements/{entitlement}")
+        except NotFound:
+            return None
+        return json.loads(value), version
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        try:
+            names = self.ns.children("/entitlements")
+        except NotFound:
+            return {}
+        found = self.ns.get_many([f"/entitlements/{n}" for n in names])
+        return {k.rsplit("/", 1)[1]: json.loads(v) for k, (v, _) in found.items()}
+
+    def place(self, entitlement: str, machines: int) -> dict[str, Any]:
+        """The entry of ``entitlement``; a new one goes to the shard with the least
+        quota (machines) mapped to it."""
+        for _ in range(10):
+            found = self.entry(entitlement)
+            if found is not None:
+                return found[0]
+            shards = self.shards()
+            if not shards:
+                raise Refused(503, "unavailable", "no scheduler shard has started: retry",
+                              retry=True)
+            load = dict.fromkeys(shards, 0)
+            for e in self.entries().values():
+                if e["shard"] in load:
+                    load[e["shard"]] += int(e.get("machines", 0))
+            shard = min(shards, key=lambda s: (load[s], s))
+            entry = {"shard": shard, "machines": machines}
+            try:
+                self.ns.create(f"/entitlements/{entitlement}", json.dumps(entry).encode())
+                return entry
+            except Conflict:
+                continue  # another front end placed it meanwhile
+        raise Refused(503, "unavailable", f"entitlement {entitlement!r}: could not be placed "
+                                          "on a shard (contended): retry", retry=True)
+
+    def job(self, name: str) -> tuple[int, str] | None:
+        """(shard, entitlement) of the job's record, if it is stored."""
+        shards = self.shards()
+        found = self.store.get_many([f"{shard_prefix(s)}/scheduler/jobs/{name}"
+                                     for s in shards])
+        for s in shards:
+            got = found.get(f"{shard_prefix(s)}/scheduler/jobs/{name}")
+            if got is not None:
+                return s, str(json.loads(got[0])["entitlement"])
+        return None
+
+    def machine(self, machine: str) -> str | None:
+        """The entitlement the machine is bound to (None: free or unknown)."""
+        try:
+            value, _ = self.store.get(f"/broker/machines/{machine}")
+        except NotFound:
+            return None
+        ent = json.loads(value).get("entitlement")
+        return str(ent) if ent is not None else None
+
+
+def _pack(cursors: dict[int, int]) -> int:
+    """Per-shard event cursors as one (each below 2**40)."""
+    return sum(c << (40 * s) for s, c in cursors.items())
+
+
+def _unpack(cursor: int, shards: list[int]) -> dict[int, int]:
+    return {s: (cursor >> (40 * s)) & ((1 << 40) - 1) for s in shards}
+
+
+class ShardRouter:
+    """The front end as a plain ASGI app."""
+
+    def __init__(self, store: Store, identity: str = "frontend",
+                 ca_file: str | None = None) -> None:
+        self.store = store
+        self.map = ShardMap(store)
+        self.tokens = TokenStore(store)
+        self.identity = identity
+        self.ca_file = ca_file
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            verify: Any = tls_verify(self.ca_file)
+            self._client = httpx.AsyncClient(verify=verify)
+        return self._client
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    if self._client is not None:
+                        await self._client.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = await read_body(receive)
+        try:
+            reply = await self.route(scope, body)
+        except Refused as exc:
+            reply = exc.reply
+        if isinstance(reply, httpx.Response):
+            await answer(send, reply)
+        else:
+            await _send(send, *reply)
+
+    # -- routing ---------------------------------------------------------------------------
+    async def route(self, scope: Scope, body: bytes) -> Any:
+        path, method = scope["path"], scope["method"]
+        parts = [p for p in path.split("/") if p]
+        m = self.map
+        if path == "/healthz":
+            return await self.health()
+        if parts[:3] == ["v1", "admin", "entitlements"] and len(parts) == 5 \
+                and parts[4] == "move" and method == "POST":
+            return await self.move(scope, parts[3], body)
+        if parts[:2] == ["v1", "entitlements"]:
+            if len(parts) == 2 and method == "GET":
+                return await self.fan_out(scope, body, "entitlements")
+            if len(parts) == 2 and method == "POST":
+                spec = self._body(body)
+                name = str(spec.get("name", ""))
+                quota = spec.get("quota")
+                machines = quota.get("machines", 0) if isinstance(quota, dict) else 0
+                entry = await run_in_threadpool(
+                    m.place, name, machines if isinstance(machines, int) else 0)
+                self._writable(name, entry)
+                return await self.to_shard(entry["shard"], scope, body)
+            found = await run_in_threadpool(m.entry, parts[2])
+            if found is None:
+                return await self.to_shard(0, scope, body)  # (its 404)
+            if method != "GET":
+                self._writable(parts[2], found[0])
+            return await self.to_shard(found[0]["shard"], scope, body)
+        if parts[:2] == ["v1", "jobs"]:
+            if len(parts) == 2 and method == "GET":
+                return await self.fan_out(scope, body, "jobs")
+            if len(parts) == 2:  # a create names its entitlement
+                ent = str(self._body(body).get("entitlement", ""))
+                found = await run_in_threadpool(m.entry, ent)
+                if found is None:
+                    return await self.to_shard(0, scope, body)  # (its 422 names it)
+                self._writable(ent, found[0])
+                return await self.to_shard(found[0]["shard"], scope, body)
+            return await self.to_job(scope, body, parts[2], write=method != "GET",
+                                     moving=parts[3:] == ["move"])
+        if parts[:2] == ["v1", "discovery"] and len(parts) == 3:
+            return await self.to_job(scope, body, parts[2], write=False)
+        if parts[:2] == ["v1", "machines"]:
+            if len(parts) == 2:
+                return await self.fan_out(scope, body, "machines")
+            bound = await run_in_threadpool(m.machine, parts[2])
+            if bound is None:
+                return await self.to_shard(0, scope, body)
+            found = await run_in_threadpool(m.entry, bound)
+            if found is None:
+                return await self.to_shard(0, scope, body)
+            entry = found[0]
+            if entry.get("moving_to") is not None and (method != "GET"
+                                                       or parts[3:4] == ["desired"]):
+                agent = len(parts) == 4 and parts[3] in _AGENT_PARTS
+                raise Refused(503 if agent else 409, "unavailable" if agent else "conflict",
+                              f"machine {parts[2]}'s entitlement {bound!r} is moving to "
+                              f"scheduler shard {entry['moving_to']}: retry", retry=True)
+            return await self.to_shard(entry["shard"], scope, body)
+        if parts[:2] == ["v1", "events"] and method == "GET":
+            return await self.events(scope, body)
+        return await self.to_shard(0, scope, body)  # tokens, agents joining, maintenance
+
+    @staticmethod
+    def _body(body: bytes) -> dict[str, Any]:
+        try:
+            data = json.loads(body or b"{}")
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    @staticmethod
+    def _writable(entitlement: str, entry: dict[str, Any]) -> None:
+        if entry.get("moving_to") is not None:
+            raise Refused(409, "conflict", f"entitlement {entitlement!r} is moving to "
+                                           f"scheduler shard {entry['moving_to']}: its jobs "
+                                           "accept no changes until it has moved; retry",
+                          retry=True)
+
+    async def to_job(self, scope: Scope, body: bytes, job: str, write: bool,
+                     moving: bool = False) -> Any:
+        found = await run_in_threadpool(self.map.job, job)
+        if found is None:
+            return await self.to_shard(0, scope, body)  # (its 404)
+        shard, ent = found
+        if write:
+            entry = await run_in_threadpool(self.map.entry, ent)
+            if entry is not None:
+                self._writable(ent, entry[0])
+            if moving:  # a job moves between entitlements of one shard
+                target = str(self._body(body).get("entitlement", ""))
+                other = await run_in_threadpool(self.map.entry, target)
+                if other is not None and other[0]["shard"] != shard:
+                    raise Refused(422, "invalid", f"entitlement {target!r} is managed by "
+                                                  f"scheduler shard {other[0]['shard']}, job "
+                                                  f"{job} by shard {shard}: move one "
+                                                  "entitlement to the other's shard first "
+                                                  "(plait admin entitlement move)")
+        return await self.to_shard(shard, scope, body)
+
+    async def to_shard(self, shard: int, scope: Scope, body: bytes,
+                       path: str | None = None, method: str | None = None) -> httpx.Response:
+        leader = await run_in_threadpool(self.map.leader, shard)
+        if leader is None:
+            raise Refused(503, "unavailable", f"scheduler shard {shard} has no leader "
+                                              "elected (yet): retry", retry=True)
+        headers = [*forward_headers(scope), (FORWARDED, self.identity)]
+        if method is not None:
+            scope = {**scope, "method": method, "query_string": b""}
+        try:
+            return await call(self.client, leader, scope, body, headers, path)
+        except httpx.HTTPError as exc:
+            self.map.forget(shard)
+            raise Refused(503, "unavailable", f"scheduler shard {shard}'s leader {leader} did "
+                                              f"not answer ({type(exc).__name__}): retry",
+                          retry=True) from None
+
+    async def fan_out(self, scope: Scope, body: bytes, key: str) -> Any:
+        shards = await run_in_threadpool(self.map.shards)
+        replies = await asyncio.gather(*(self.to_shard(s, scope, body) for s in shards))
+        for r in replies:
+            if r.status_code != 200:
+                return r  # (a refusal is every shard's: the token's)
+        pages = [r.json() for r in replies]
+        if key == "machines":  # every shard lists every machine; tasks are the owner's
+            merged = pages[0]
+            for page in pages[1:]:
+                for mine, theirs in zip(merged["machines"], page["machines"], strict=False):
+                    mine["tasks"] += theirs.get("tasks", 0)
+            return _json(200, merged)
+        items = sorted((x for p in pages for x in p[key]), key=lambda x: str(x.get("name")))
+        return _json(200, {key: items})
+
+    async def events(self, scope: Scope, body: bytes) -> Any:
+        """Every shard's events merged oldest first; ``after``, ``next`` and each
+        event's ``seq`` carry one cursor per shard (packed in one integer)."""
+        shards = await run_in_threadpool(self.map.shards)
+        query = dict(httpx.QueryParams(scope.get("query_string", b"").decode()))
+        try:
+            after = int(query.get("after", 0) or 0)
+            limit = int(query.get("limit", 100) or 100)
+        except ValueError:
+            raise Refused(422, "invalid", "after and limit are integers") from None
+        cursors = _unpack(after, shards)
+
+        async def one(s: int) -> httpx.Response:
+            q = httpx.QueryParams({**query, "after": str(cursors[s])})
+            return await self.to_shard(s, {**scope, "query_string": str(q).encode()}, body)
+
+        replies = await asyncio.gather(*(one(s) for s in shards))
+        for r in replies:
+            if r.status_code != 200:
+                return r
+        pages = [r.json() for r in replies]
+        merged = sorted(((e["time"], s, e["seq"], e) for s, page in zip(shards, pages,
+                                                                      strict=True)
+                         for e in page["events"]), key=lambda x: (x[0], x[1], x[2]))
+        kept, dropped = merged[:limit], {x[1] for x in merged[limit:]}
+        # each event's ``seq`` is the cursor just past it (so ``after=seq`` goes on
+        # from there, as with one control plane); ``shard_seq`` is its shard's number
+        events = []
+        for _, s, seq, e in kept:
+            cursors[s] = seq
+            events.append({**e, "seq": _pack(cursors), "shard": s, "shard_seq": seq})
+        more = bool(dropped) or any(page["next"] is not None for page in pages)
+        last = {s: int(page["last_seq"]) for s, page in zip(shards, pages, strict=True)}
+        return _json(200, {"events": events, "next": _pack(cursors) if more else None,
+                           "last_seq": _pack(last)})
+
+    async def health(self) -> Any:
+        shards = await run_in_threadpool(self.map.shards)
+        leaders = {str(s): await run_in_threadpool(self.map.leader, s) for s in shards}
+        ok = bool(shards) and all(leaders.values())
+        return _json(200 if ok else 503, {
+            "ok": ok, "role": "frontend", "version": __version__, "shards": leaders,
+            "status": "ok" if ok else "a shard has no leader (or none has started)"})
+
+    # -- moving an entitlement between shards ----------------------------------------------
+    async def move(self, scope: Scope, name: str, body: bytes) -> Any:
+        headers = dict(forward_headers(scope))
+        token = headers.get("authorization", headers.get("Authorization", ""))
+        scheme, _, secret = token.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise Refused(401, "unauthorized", "missing bearer token (Authorization: Bearer "
+                                               "<token>)")
+        try:
+            who = await run_in_threadpool(self.tokens.verify, secret.strip())
+        except AuthError as exc:
+            raise Refused(401, "unauthorized", exc.reason) from None
+        if who.role is not Role.ADMIN:
+            raise Refused(403, "forbidden", f"{who} may not do this (admin only)")
+        spec = self._body(body)
+        to = spec.get("shard")
+        shards = await run_in_threadpool(self.map.shards)
+        if not isinstance(to, int) or isinstance(to, bool) or to not in shards:
+            raise Refused(422, "invalid", f"shard: {to!r} is not a scheduler shard of this "
+                                          f"region (shards: {shards})")
+        started = time.monotonic()
+        found = await run_in_threadpool(self.map.entry, name)
+        if found is None:
+            raise Refused(404, "not_found", f"entitlement {name!r} not found")
+        entry, version = found
+        source = int(entry["shard"])
+        if entry.get("moving_to") not in (None, to):
+            raise Refused(409, "conflict", f"entitlement {name!r} is moving to shard "
+                                           f"{entry['moving_to']}: retry when it has moved",
+                          retry=True)
+        if source == to:
+            raise Refused(409, "conflict", f"entitlement {name!r} is on shard {to} already")
+        if entry.get("moving_to") is None:  # (else: a move left unfinished, resumed)
+            entry = {**entry, "moving_to": to}
+            try:
+                version = await run_in_threadpool(
+                    self.map.ns.set, f"/entitlements/{name}", json.dumps(entry).encode(),
+                    version)
+            except Conflict:
+                raise Refused(409, "conflict", f"entitlement {name!r} changed meanwhile: "
+                                               "retry", retry=True) from None
+        jobs = 0
+        handed = await self._ask(source, scope, f"/v1/shard/entitlements/{name}/handoff",
+                                 json.dumps({"shard": to}).encode())
+        if handed.status_code == 200:
+            jobs = int(handed.json()["jobs"])
+        elif handed.status_code != 404:  # (404: handed over already, by a move resumed)
+            if handed.status_code in (409, 422):  # refused: the move did not start
+                back = {k: v for k, v in entry.items() if k != "moving_to"}
+                await run_in_threadpool(self.map.ns.set, f"/entitlements/{name}",
+                                        json.dumps(back).encode(), version)
+            return handed
+        loaded = await self._ask(to, scope, "/v1/shard/reload", b"{}")
+        if loaded.status_code != 200:
+            return loaded  # (the map still says moving: run the move again to finish)
+        done = {k: v for k, v in entry.items() if k != "moving_to"} | {"shard": to}
+        await run_in_threadpool(self.map.ns.set, f"/entitlements/{name}",
+                                json.dumps(done).encode(), version)
+        return _json(200, {"entitlement": name, "from_shard": source, "to_shard": to,
+                           "jobs": jobs, "unavailable_s": round(time.monotonic() - started, 3)})
+
+    async def _ask(self, shard: int, scope: Scope, path: str, body: bytes) -> httpx.Response:
+        """POST to a shard's leader, waiting (a while) for one to be elected."""
+        for attempt in range(MOVE_ATTEMPTS):
+            try:
+                r = await self.to_shard(shard, {**scope, "query_string": b""}, body,
+                                        path=path, method="POST")
+            except Refused:
+                if attempt == MOVE_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.25)
+                continue
+            if r.status_code != 503:
+                return r
+            await asyncio.sleep(0.25)
+        return r

@@ -1,0 +1,225 @@
+"""A sharded region in this process: two scheduler shards (each its own control plane
+over its part of one SQLite store, elected leader of its shard), the front end over
+them, and real agents running ``sleep`` tasks, talking to the front end only. Every
+wait is a liveness bound."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+from livecp import wait_for
+
+from plait.agent.daemon import Agent
+from plait.frontend.router import ShardRouter
+from plait.model import RegionSpec
+from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.server.serve import ApiServer, AsgiServer, store_for
+
+REGION = RegionSpec.sized(6, dcs=1, msbs_per_dc=2, rows_per_msb=1, racks_per_row=1)
+MACHINES = [f"m{i:07d}" for i in range(6)]
+
+
+def job(name: str, ent: str, tasks: int = 2, version: str = "1") -> dict:
+    return {"name": name, "entitlement": ent, "task_count": tasks, "command": "sleep",
+            "args": ["600"], "env": {"V": version}, "resources": {"cpu": 1, "memory_gb": 1},
+            "update": {"max_unavailable": 1}}
+
+
+class Sharded:
+    def __init__(self, tmp, shards: int = 2) -> None:
+        self.tmp = tmp
+        self.shards = []
+        token = None
+        for s in range(shards):
+            cp = ControlPlane(store_for(tmp / "cp"), ControlPlaneConfig(
+                region=REGION, tick_seconds=0.05, heartbeat_timeout=30, shard=s))
+            token = cp.bootstrap_admin() or token
+            self.shards.append(ApiServer(cp, replica=True, session_timeout=1.0).start())
+        assert token is not None
+        self.token = token
+        self.front_store = store_for(tmp / "cp")
+        self.front = AsgiServer(ShardRouter(self.front_store)).start()
+        self.api = httpx.Client(base_url=self.front.url, timeout=30,
+                                headers={"Authorization": f"Bearer {token}"})
+        wait_for(lambda: self.api.get("/healthz").status_code == 200)
+        join = self.api.post("/v1/tokens", json={"role": "join", "name": "j"}).json()["token"]
+        self.stop = threading.Event()
+        self.agents = [Agent(m, [self.front.url], join, tmp / m) for m in MACHINES]
+        self.threads = [threading.Thread(target=a.run, args=(0.2, self.stop), daemon=True)
+                        for a in self.agents]
+        for t in self.threads:
+            t.start()
+
+    def cp(self, shard: int) -> ControlPlane:
+        return self.shards[shard].cp
+
+    def entry(self, ent: str) -> dict:
+        return json.loads(self.front_store.get(f"/frontend/entitlements/{ent}")[0])
+
+    def pids(self) -> dict[str, int]:
+        """Every running task's process id, by task."""
+        return {f"{a.machine}/{key}": h.pid for a in self.agents
+                for key, h in list(a.handles.items())}
+
+    def running(self, name: str, n: int) -> bool:
+        r = self.api.get(f"/v1/jobs/{name}/tasks")
+        return r.status_code == 200 and [t["state"] for t in r.json()["tasks"]].count(
+            "running") == n
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+        for a in self.agents:
+            a.shutdown()
+            a.prober.close()
+        self.api.close()
+        self.front.stop()
+        for s in self.shards:
+            s.stop()
+            s.cp.store.close()
+        self.front_store.close()
+
+
+@pytest.fixture
+def region(tmp_path):
+    r = Sharded(tmp_path)
+    yield r
+    r.close()
+
+
+def test_one_api_over_two_shards(region):
+    api = region.api
+    for ent in ("a", "b"):
+        r = api.post("/v1/entitlements", json={"name": ent, "owner": "o",
+                                                "quota": {"machines": 3}})
+        assert r.status_code == 201, r.text
+    # each new entitlement went to the shard with the least quota mapped to it
+    assert (region.entry("a")["shard"], region.entry("b")["shard"]) == (0, 1)
+    assert sorted(region.cp(0).allocator.entitlements) == ["a"]
+    assert sorted(region.cp(1).allocator.entitlements) == ["b"]
+    assert [e["name"] for e in api.get("/v1/entitlements").json()["entitlements"]] == [
+        "a", "b"]
+    for name, ent in (("ja", "a"), ("jb", "b")):
+        r = api.post("/v1/jobs", json=job(name, ent))
+        assert r.status_code == 201, r.text
+    # both shards' jobs run on the agents, which only ever called the front end
+    wait_for(lambda: region.running("ja", 2) and region.running("jb", 2))
+    assert set(region.cp(0).scheduler.jobs) == {"ja"}
+    assert set(region.cp(1).scheduler.jobs) == {"jb"}
+    assert [j["name"] for j in api.get("/v1/jobs").json()["jobs"]] == ["ja", "jb"]
+    assert api.get("/v1/jobs/jb").json()["entitlement"] == "b"
+    wait_for(lambda: len(api.get("/v1/discovery/jb").json()["endpoints"]) == 2)
+    # the shared free pool: no machine is bound twice, and the shards agree
+    machines = api.get("/v1/machines").json()["machines"]
+    bound = {m["id"]: m["entitlement"] for m in machines if m["entitlement"]}
+    assert sorted(bound.values()) == ["a", "a", "b", "b"]
+    assert sum(m["tasks"] for m in machines) == 4
+    for s in (0, 1):
+        cp = region.cp(s)
+        wait_for(lambda cp=cp: {cp.fleet.name(m): cp.region.broker_of(m).entitlement_of(m)
+                                for m in range(len(cp.fleet))
+                                if cp.region.broker_of(m).entitlement_of(m)} == bound)
+    # a shard that reads its records again (as after a restart) leaves the machines of
+    # the other shard's entitlements bound: they are not its to give back
+    pids = region.pids()
+    region.cp(0).reload()
+    region.cp(1).reload()
+    machines = api.get("/v1/machines").json()["machines"]
+    assert {m["id"]: m["entitlement"] for m in machines if m["entitlement"]} == bound
+    wait_for(lambda: region.running("ja", 2) and region.running("jb", 2))
+    assert region.pids() == pids
+    # the event log is both shards', merged oldest first, and pages without a gap
+    created = [e for e in api.get("/v1/events", params={"kind": "entitlement_created"}).json()[
+        "events"]]
+    assert [(e["entitlement"], e["shard"]) for e in created] == [("a", 0), ("b", 1)]
+    seen, after = [], 0
+    while True:
+        page = api.get("/v1/events", params={"after": after, "limit": 3}).json()
+        if not page["events"]:
+            break
+        seen += [(e["shard"], e["shard_seq"]) for e in page["events"]]
+        if page["next"] is None:
+            break
+        after = page["next"]
+    whole = api.get("/v1/events", params={"limit": 1000}).json()["events"]
+    assert sorted(seen) == sorted((e["shard"], e["shard_seq"]) for e in whole)
+    # an event's seq is where a follower goes on from: after the last, nothing new
+    # but what happened since
+    last = whole[-1]["seq"]
+    tail = api.get("/v1/events", params={"after": last}).json()["events"]
+    assert all(e["time"] >= whole[-1]["time"] for e in tail)
+    assert len(seen) == len(set(seen))
+    # a job cannot move to an entitlement of another shard; it says what to do instead
+    r = api.post("/v1/jobs/ja/move", json={"entitlement": "b"})
+    assert r.status_code == 422 and "plait admin entitlement move" in r.json()["message"]
+
+
+def test_an_entitlement_moves_between_shards_without_restarting_a_task(region):
+    api = region.api
+    for ent in ("a", "b"):
+        api.post("/v1/entitlements", json={"name": ent, "owner": "o",
+                                           "quota": {"machines": 3}})
+    api.post("/v1/jobs", json=job("ja", "a", tasks=3))
+    wait_for(lambda: region.running("ja", 3))
+    before = region.pids()
+    assert len(before) == 3
+    # while the map says the entitlement is moving, its jobs take no writes (409 and a
+    # retry hint) and its machines' agents are told to ask again (503: tasks kept)
+    entry, version = region.front_store.get("/frontend/entitlements/a")
+    region.front_store.set("/frontend/entitlements/a", json.dumps(
+        {**json.loads(entry), "moving_to": 1}).encode(), version)
+    r = api.put("/v1/jobs/ja", json=job("ja", "a", tasks=3, version="2"))
+    assert r.status_code == 409 and r.headers["retry-after"] == "1"
+    assert "moving to scheduler shard 1" in r.json()["message"]
+    machine = api.get("/v1/jobs/ja/tasks").json()["tasks"][0]["machine"]
+    r = api.get(f"/v1/machines/{machine}/desired")
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    # the move (resumed from that state) hands every record to shard 1
+    r = api.post("/v1/admin/entitlements/a/move", json={"shard": 1})
+    assert r.status_code == 200, r.text
+    assert (r.json()["from_shard"], r.json()["to_shard"], r.json()["jobs"]) == (0, 1, 1)
+    assert region.entry("a") == {"shard": 1, "machines": 3}
+    assert "a" not in region.cp(0).allocator.entitlements
+    assert "ja" not in region.cp(0).scheduler.jobs and "ja" in region.cp(1).scheduler.jobs
+    assert not region.front_store.exists("/shards/0/scheduler/jobs/ja")
+    # the agents are served by shard 1 now; their tasks were never restarted
+    wait_for(lambda: all(a.reachable for a in region.agents))
+    wait_for(lambda: region.running("ja", 3))
+    assert region.pids() == before
+    # and the job is managed by its new shard: an update rolls out there
+    r = api.put("/v1/jobs/ja", json=job("ja", "a", tasks=3, version="2"))
+    assert r.status_code == 200, r.text
+    wait_for(lambda: [t["version"] for t in api.get("/v1/jobs/ja/tasks").json()["tasks"]] ==
+             [2, 2, 2] and region.running("ja", 3))
+    # and it moves back the same way
+    r = api.post("/v1/admin/entitlements/a/move", json={"shard": 0})
+    assert r.status_code == 200 and r.json()["to_shard"] == 0
+    after = region.pids()
+    wait_for(lambda: region.running("ja", 3))
+    assert region.pids() == after
+
+
+def test_moving_an_entitlement_refuses_bad_requests(region):
+    api = region.api
+    api.post("/v1/entitlements", json={"name": "a", "owner": "o", "quota": {"machines": 1}})
+    owner = api.post("/v1/tokens", json={"role": "owner", "name": "o"}).json()["token"]
+    url = "/v1/admin/entitlements/a/move"
+    assert httpx.post(region.front.url + url, json={"shard": 1}).status_code == 401
+    r = httpx.post(region.front.url + url, json={"shard": 1},
+                   headers={"Authorization": f"Bearer {owner}"})
+    assert r.status_code == 403 and "admin only" in r.json()["message"]
+    r = api.post(url, json={"shard": 7})
+    assert r.status_code == 422 and "not a scheduler shard" in r.json()["message"]
+    r = api.post(url, json={"shard": "1"})
+    assert r.status_code == 422
+    r = api.post("/v1/admin/entitlements/nope/move", json={"shard": 1})
+    assert r.status_code == 404 and "nope" in r.json()["message"]
+    r = api.post(url, json={"shard": 0})
+    assert r.status_code == 409 and "already" in r.json()["message"]
+    # nothing was half-done: the entitlement is where it was, and takes writes
+    assert region.entry("a") == {"shard": 0, "machines": 1}
+    assert api.post("/v1/jobs", json=job("ja", "a", tasks=1)).status_code == 201
