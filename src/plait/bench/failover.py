@@ -11,19 +11,29 @@ host), then SIGKILL of the leading replica.
 * ``acknowledged_writes`` / ``lost_writes``: jobs the control plane acknowledged (201)
   and, of those, jobs it does not have at the end;
 * ``spurious_failovers``: leader elections during the steady window;
-* ``entitlement_move_unavailable_s``: None: moving an entitlement between scheduler
-  shards is not built yet (plait runs one scheduler shard, replicated).
+* then, on the same ensemble (in a part of its tree of its own), two scheduler shards
+  and their front end in this process, with real agents: an entitlement whose tasks
+  run moves from one shard to the other while a client writes to it 20 times a second
+  (``plait.localshards.measure_move``). ``entitlement_move_unavailable_s`` is what the
+  client saw: from its first write refused (409) to its first write accepted after
+  the move began; ``entitlement_move_server_s`` what the front end measured (map
+  marked moving to map pointing at the new shard); ``entitlement_move_task_restarts``
+  the entitlement's tasks whose process changed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from plait.errors import Conflict
 from plait.localreplicas import ReplicatedRegion, Writer, wait_until
+from plait.localshards import measure_move
+from plait.store.zookeeper import ZkStore
 
 
 def run(replicas: int = 2, machines: int = 3, tasks: int = 6, steady_seconds: float = 120.0,
@@ -70,6 +80,12 @@ def run(replicas: int = 2, machines: int = 3, tasks: int = 6, steady_seconds: fl
             restarts = sum(1 for k, pid in pids.items() if now.get(k) != pid)
             loads = [float(m.group(1)) for e in region.events("leader_elected")
                      if (m := re.search(r"state loaded in ([0-9.]+)s", e["message"]))]
+            root = ZkStore(region.ensemble.hosts)
+            with contextlib.suppress(Conflict):
+                root.create("/sharded", b"")
+            root.close()
+            move = measure_move(Path(work or tmp) / "shards",
+                                store=f"{region.ensemble.url}/sharded")
     return {
         "failover_s": round(failover_s, 3),
         "new_leader_s": round(new_leader_s, 3),
@@ -78,7 +94,7 @@ def run(replicas: int = 2, machines: int = 3, tasks: int = 6, steady_seconds: fl
         "lost_writes": len(lost),
         "write_failures": writer.failed,
         "spurious_failovers": spurious,
-        "entitlement_move_unavailable_s": None,
+        **move,
         "steady_seconds": steady_seconds,
         "session_timeout_s": session_timeout,
         "state_load_s": loads[-1] if loads else None,
