@@ -55,7 +55,8 @@ def test_shards_and_a_front_end_by_their_own_commands(tmp_path):
                   "--msbs-per-dc", "1", "--heartbeat-timeout", "5")
             wait_for(lambda s=s: healthy(f"http://127.0.0.1:{ports[s]}"),
                      what=f"shard {s} serves")
-        spawn("frontend", "frontend", "--data-dir", data, "--port", str(ports[2]))
+        spawn("frontend", "frontend", "--data-dir", data, "--port", str(ports[2]),
+              "--shards", "2")
         wait_for(lambda: healthy(front), what="the front end sees both shards' leaders")
         shards = probe.get(f"{front}/healthz").json()["shards"]
         assert shards == {"0": f"http://127.0.0.1:{ports[0]}",

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from plait.cli.client import EXIT_DENIED, EXIT_FAILED, EXIT_INVALID, Api, CliError, Target
 from plait.clientconfig import ClientConfig, default_path
-from plait.errors import PlaitError, ValidationError
+from plait.errors import Conflict, PlaitError, ValidationError
 
 if TYPE_CHECKING:  # (imported where used: `plait agent` starts without the model)
     from plait.model import JobSpec
@@ -245,6 +245,9 @@ def frontend(
     ca_file: Annotated[str | None, typer.Option(
         help="the CA certificate the shards' https certificates are checked against")]
     = None,
+    shards: Annotated[int | None, typer.Option(
+        min=1, help="the region's scheduler shards (0..N-1): until each has a leader the "
+                    "front end is not healthy (default: those that have started)")] = None,
 ) -> None:
     """Run a front end of a sharded region: one API over every scheduler shard
     (plait serve --shard S). It keeps no state (the entitlement-to-shard map is in the
@@ -262,6 +265,9 @@ def frontend(
     url = f"{'https' if tls_cert else 'http'}://{host}:{port}"
     try:
         opened = store_for(data_dir, store)
+        for shard in range(shards or 0):
+            with contextlib.suppress(Conflict):
+                opened.create(f"/frontend/shards/{shard}", b"{}")
     except PlaitError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None
@@ -401,32 +407,43 @@ def up(
                            "processes on ports PORT+1..., take over when it goes)")] = 1,
     store: Annotated[str | None, typer.Option(
         help="zk://host:port,... (default: SQLite in --data-dir)")] = None,
+    shards: Annotated[int, typer.Option(
+        min=1, max=16, help="scheduler shards behind a front end on PORT (shard S replica "
+                            "R on PORT+1+S*REPLICAS+R)")] = 1,
 ) -> None:
     """A whole region on this box: the control plane (API, scheduler, allocator,
     brokers, health checks), with --replicas, and one agent process per machine, each
-    with its own fault domain. Ctrl-C stops the agents and their tasks; `plait up` again
-    on the same data dir brings every job back. Agents and replicas that still run (the
-    `plait up` process alone was killed) are adopted, with their tasks, instead of
-    started again."""
+    with its own fault domain. With --shards, the scheduling is split by entitlement
+    between shards (each with --replicas), behind a front end. Ctrl-C stops the agents
+    and their tasks; `plait up` again on the same data dir brings every job back.
+    Agents and replicas that still run (the `plait up` process alone was killed) are
+    adopted, with their tasks, instead of started again."""
     import signal
     import subprocess
     import threading
 
+    import httpx
+
+    from plait.frontend.router import ShardRouter
     from plait.model import RegionSpec
     from plait.server.controlplane import ControlPlaneConfig
-    from plait.server.serve import ApiServer, prepare
+    from plait.server.serve import ApiServer, AsgiServer, prepare, store_for
 
     region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc, rows_per_msb=1,
                               racks_per_row=1)
+    sharded = shards > 1
     config = ControlPlaneConfig(region=region, tick_seconds=0.2,
                                 heartbeat_timeout=heartbeat_timeout,
-                                startup_grace=startup_grace)
+                                startup_grace=startup_grace, shard=0 if sharded else None)
     # Ctrl-C from now on stops whatever has started, in order
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     started = prepare(data_dir, store, config, host, port)
     cp = started.control_plane
+    for shard in range(shards if sharded else 0):  # the front end waits for each one's leader
+        with contextlib.suppress(Conflict):
+            cp.store.create(f"/frontend/shards/{shard}", b"{}")
     join_file = data_dir / "join-token"
     if not join_file.exists():
         _, token = cp.tokens.create("join", "plait-up", cp.clock(), "agents of plait up")
@@ -436,8 +453,15 @@ def up(
     join = join_file.read_text().strip()
     # the agents start first (they retry their join until the API answers): their
     # start-up overlaps the control plane's
-    server = ApiServer(cp, host, port, log_level="warning", replica=replicas > 1)
-    urls = [server.url] + [f"http://{host}:{port + i}" for i in range(1, replicas)]
+    # sharded: the front end on PORT, shard S replica R on PORT+1+S*REPLICAS+R (this
+    # process runs the front end and shard 0's first replica)
+    first = port + 1 if sharded else port
+    server = ApiServer(cp, host, first, log_level="warning",
+                       replica=replicas > 1 or sharded)
+    front = AsgiServer(ShardRouter(store_for(data_dir, store), identity=f"http://{host}:"
+                                   f"{port}"), host, port) if sharded else None
+    urls = [front.url] if front is not None else [server.url] + [
+        f"http://{host}:{port + i}" for i in range(1, replicas)]
     agents: dict[str, subprocess.Popen[bytes] | int] = {}
     adopted = 0
     for m in range(len(cp.fleet)):
@@ -463,35 +487,57 @@ def up(
     server.start()
     # the other replicas, once this one campaigns (it leads, unless a replica left
     # running by a killed `plait up` does)
-    followers: dict[int, subprocess.Popen[bytes] | int] = {}
-    for i in range(1, replicas):
-        pid_file = data_dir / "replicas" / f"{i}.pid"
-        pid_file.parent.mkdir(parents=True, exist_ok=True)
-        pid = _alive_pid(pid_file, b"serve")
-        if pid is not None:
-            followers[i] = pid
-            continue
-        log = open(data_dir / "replicas" / f"{i}.log", "ab")  # noqa: SIM115
-        followers[i] = proc = subprocess.Popen(
-            [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data_dir),
-             *(["--store", store] if store else []), "--host", host, "--port", str(port + i),
-             "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
-             str(heartbeat_timeout), "--startup-grace", str(startup_grace)],
-            stdout=log, stderr=log, start_new_session=True)
-        pid_file.write_text(f"{proc.pid}\n")
+    followers: dict[str, subprocess.Popen[bytes] | int] = {}
+    for shard in range(shards):
+        for i in range(replicas):
+            if shard == 0 and i == 0:
+                continue  # (this process)
+            name = f"{shard}-{i}" if sharded else str(i)
+            pid_file = data_dir / "replicas" / f"{name}.pid"
+            pid_file.parent.mkdir(parents=True, exist_ok=True)
+            pid = _alive_pid(pid_file, b"serve")
+            if pid is not None:
+                followers[name] = pid
+                continue
+            log = open(data_dir / "replicas" / f"{name}.log", "ab")  # noqa: SIM115
+            at = first + shard * replicas + i
+            followers[name] = proc = subprocess.Popen(
+                [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data_dir),
+                 *(["--store", store] if store else []), "--host", host, "--port", str(at),
+                 "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
+                 str(heartbeat_timeout), "--startup-grace", str(startup_grace),
+                 *(["--shard", str(shard)] if sharded else [])],
+                stdout=log, stderr=log, start_new_session=True)
+            pid_file.write_text(f"{proc.pid}\n")
+    if front is not None:
+        front.start()
     lead = server.leadership
     deadline = time.monotonic() + 10
     # until the election has an outcome: this replica leads, or another does
     while lead is not None and not lead.leading and lead.leader() in (None, lead.identity) \
             and time.monotonic() < deadline and not done.is_set():
         time.sleep(0.05)
-    # (heartbeats are counted by the leader: here, unless another replica leads)
-    ready = cp.wait_for_agents(list(agents), timeout=60) if lead is None or lead.leading \
-        else 0
-    out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
-              f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
-              f"heartbeating), API on {server.url}"
-              + (f", replicas on {', '.join(urls[1:])}" if replicas > 1 else ""))
+    if front is not None:  # every shard has a leader: the front end serves
+        probe = httpx.Client(timeout=5)
+        deadline = time.monotonic() + 60
+        while not done.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if probe.get(f"{front.url}/healthz").status_code == 200:
+                    break
+            time.sleep(0.1)
+        probe.close()
+        out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
+                  f"({len(agents) - adopted} agents started, {adopted} adopted), "
+                  f"{shards} scheduler shards x {replicas} replicas on ports {first}-"
+                  f"{first + shards * replicas - 1}, API (front end) on {front.url}")
+    else:
+        # (heartbeats are counted by the leader: here, unless another replica leads)
+        ready = cp.wait_for_agents(list(agents), timeout=60) if lead is None or \
+            lead.leading else 0
+        out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
+                  f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
+                  f"heartbeating), API on {server.url}"
+                  + (f", replicas on {', '.join(urls[1:])}" if replicas > 1 else ""))
     out.print(f"CLI configured ({started.config_path}): try "
               "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
     done.wait()
@@ -518,6 +564,8 @@ def up(
             if not isinstance(agent, int):
                 agent.poll()
             time.sleep(0.1)
+    if front is not None:
+        front.stop()
     server.stop()
     cp.store.close()
 
@@ -1226,6 +1274,8 @@ def register(app: typer.Typer) -> None:
         target.context, target.url, target.token = context, url, token
 
     app.command()(serve)
+    app.command("scheduler", help="Run a replica of scheduler shard --shard S of a sharded "
+                "region (the same as plait serve --shard S).")(serve)
     app.command()(frontend)
     app.command()(agent)
     app.command()(up)

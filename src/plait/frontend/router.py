@@ -47,6 +47,9 @@ from plait.tls import verify as tls_verify
 LEADER_TTL = 0.5
 #: how long a move waits for the shards' leaders to answer
 MOVE_ATTEMPTS = 20
+#: a request that finds no leader (an election settling) is tried again this many
+#: times, a quarter second apart
+RETRIES = 4
 
 #: agents' calls about their own machine (answered 503 while it is moving: they keep
 #: their tasks and ask again)
@@ -320,20 +323,40 @@ class ShardRouter:
 
     async def to_shard(self, shard: int, scope: Scope, body: bytes,
                        path: str | None = None, method: str | None = None) -> httpx.Response:
-        leader = await run_in_threadpool(self.map.leader, shard)
-        if leader is None:
-            raise Refused(503, "unavailable", f"scheduler shard {shard} has no leader "
-                                              "elected (yet): retry", retry=True)
+        """The request answered by the shard's leader. A leader that changed meanwhile
+        (a replica answering 503: it applied nothing) or cannot be connected to is
+        looked up again, a few times within about a second."""
         headers = [*forward_headers(scope), (FORWARDED, self.identity)]
         if method is not None:
             scope = {**scope, "method": method, "query_string": b""}
-        try:
-            return await call(self.client, leader, scope, body, headers, path)
-        except httpx.HTTPError as exc:
+        for attempt in range(RETRIES + 1):
+            last = attempt == RETRIES
+            leader = await run_in_threadpool(self.map.leader, shard)
+            if leader is None:
+                if last:
+                    raise Refused(503, "unavailable", f"scheduler shard {shard} has no "
+                                                      "leader elected (yet): retry", retry=True)
+            else:
+                try:
+                    r = await call(self.client, leader, scope, body, headers, path)
+                    if r.status_code != 503 or last:
+                        return r
+                except httpx.ConnectError as exc:
+                    if last:
+                        self.map.forget(shard)
+                        raise Refused(503, "unavailable", f"scheduler shard {shard}'s leader "
+                                                          f"{leader} did not answer "
+                                                          f"({type(exc).__name__}): retry",
+                                      retry=True) from None
+                except httpx.HTTPError as exc:  # (it may have been applied: not retried)
+                    self.map.forget(shard)
+                    raise Refused(503, "unavailable", f"scheduler shard {shard}'s leader "
+                                                      f"{leader} did not answer "
+                                                      f"({type(exc).__name__}): retry",
+                                  retry=True) from None
             self.map.forget(shard)
-            raise Refused(503, "unavailable", f"scheduler shard {shard}'s leader {leader} did "
-                                              f"not answer ({type(exc).__name__}): retry",
-                          retry=True) from None
+            await asyncio.sleep(0.25)
+        raise AssertionError("unreachable")
 
     async def fan_out(self, scope: Scope, body: bytes, key: str) -> Any:
         shards = await run_in_threadpool(self.map.shards)
