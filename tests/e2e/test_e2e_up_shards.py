@@ -1,11 +1,13 @@
 """`plait up --shards 2 --replicas 2 --store zk://...` on a 3-member ZooKeeper ensemble
 started by the test: a client writing continuously to an entitlement of shard 1 while
 that shard's leader is SIGKILLed loses no acknowledged write, no task restarts, an
-entitlement moves between the shards, and Ctrl-C stops every process. Liveness
+entitlement moves between the shards, every control-plane process SIGKILLed leaves
+the tasks running and a new `plait up` adopts them, and Ctrl-C stops every process. Liveness
 bounds only; nothing asserts speed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,15 +44,20 @@ def test_up_with_shards_on_zookeeper_survives_a_shard_leader_kill(tmp_path):
     ensemble = LocalEnsemble(tmp_path / "zk").start()
     proc = None
     left: set[int] = set()
-    first: dict[str, int] = {}
-    try:
-        proc = subprocess.Popen(
+
+    def up() -> subprocess.Popen[bytes]:
+        started = subprocess.Popen(
             [sys.executable, "-m", "plait.cli.main", "up", "--data-dir", str(data),
              "--machines", "4", "--port", str(port), "--heartbeat-timeout", "5",
              "--shards", "2", "--replicas", "2", "--store", ensemble.url],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wait_for(lambda: role(front) == "frontend" and httpx.get(
             f"{front}/healthz").status_code == 200, what="every shard has a leader")
+        return started
+
+    first: dict[str, int] = {}
+    try:
+        proc = up()
         token = (data / "admin-token").read_text().strip()
         admin = httpx.Client(base_url=front, timeout=30,
                              headers={"Authorization": f"Bearer {token}"})
@@ -111,6 +118,24 @@ def test_up_with_shards_on_zookeeper_survives_a_shard_leader_kill(tmp_path):
         assert admin.put("/v1/jobs/sa", json={**sleepers("sa", "a"), "task_count": 1}
                          ).status_code == 200  # managed by shard 1 now
         wait_for(lambda: len(task_pids(data)) == 3, what="the resize by the new shard")
+        kept = task_pids(data)
+
+        # SIGKILL every control-plane process: the tasks run on; a new `plait up`
+        # adopts the agents and their tasks, and every job is back
+        proc.kill()
+        proc.wait(timeout=30)
+        for pid_file in (data / "replicas").glob("*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        time.sleep(2.0)
+        assert task_pids(data) == kept and all(alive(p) for p in kept.values())
+        proc = up()
+        wait_for(lambda: all(t["state"] == "running" for j in ("sa", "sb")
+                             for t in admin.get(f"/v1/jobs/{j}/tasks").json()["tasks"]),
+                 what="the jobs are back")
+        assert task_pids(data) == kept
+        assert len(admin.get("/v1/jobs", params={"entitlement": "b"}).json()["jobs"]) == len(
+            stored)
     finally:
         output = b""
         if proc is not None:
