@@ -155,6 +155,18 @@ def test_moving_an_entitlement_refuses_bad_requests(region):
     assert r.status_code == 404 and "nope" in r.json()["message"]
     r = api.post(url, json={"shard": 0})
     assert r.status_code == 409 and "already" in r.json()["message"]
+    # nothing is placed for a caller who may not create entitlements, and a name that
+    # cannot be one is refused, not looked up
+    for headers in ({}, {"Authorization": f"Bearer {owner}"}):
+        r = httpx.post(region.front.url + "/v1/entitlements", headers=headers,
+                       json={"name": "sneaky", "owner": "o", "quota": {"machines": 1}})
+        assert r.status_code in (401, 403)
+    assert not region.front_store.exists("/frontend/entitlements/sneaky")
+    r = api.post("/v1/entitlements", json={"name": "Bad Name", "owner": "o",
+                                           "quota": {"machines": 1}})
+    assert r.status_code == 422
+    for path in ("/v1/jobs/a..b", "/v1/machines/x..y", "/v1/entitlements/a..b"):
+        assert api.get(path).status_code in (404, 422), path
     # nothing was half-done: the entitlement is where it was, and takes writes
     assert region.entry("a") == {"shard": 0, "machines": 1}
     assert api.post("/v1/jobs", json=job("ja", "a", tasks=1)).status_code == 201

@@ -36,8 +36,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from plait import __version__
-from plait.errors import Conflict, NotFound
+from plait.errors import Conflict, NotFound, ValidationError
 from plait.frontend.proxy import FORWARDED, answer, call, forward_headers, read_body
+from plait.model.entitlement import NAME_RE
 from plait.server.auth import AuthError, Role, TokenStore
 from plait.store.protocol import Namespace, Store
 from plait.store.shard import shard_prefix
@@ -216,6 +217,8 @@ class ShardRouter:
             reply = await self.route(scope, body)
         except Refused as exc:
             reply = exc.reply
+        except ValidationError as exc:  # (a name that cannot be a key in the store)
+            reply = _error(422, "invalid", str(exc))
         if isinstance(reply, httpx.Response):
             await answer(send, reply)
         else:
@@ -237,6 +240,9 @@ class ShardRouter:
             if len(parts) == 2 and method == "POST":
                 spec = self._body(body)
                 name = str(spec.get("name", ""))
+                if not NAME_RE.match(name):
+                    return await self.to_shard(0, scope, body)  # (its 422 names the field)
+                await self.admin(scope)  # placed only for whoever may create it
                 quota = spec.get("quota")
                 machines = quota.get("machines", 0) if isinstance(quota, dict) else 0
                 entry = await run_in_threadpool(
@@ -419,7 +425,8 @@ class ShardRouter:
             "status": "ok" if ok else "a shard has no leader (or none has started)"})
 
     # -- moving an entitlement between shards ----------------------------------------------
-    async def move(self, scope: Scope, name: str, body: bytes) -> Any:
+    async def admin(self, scope: Scope) -> None:
+        """Refuse (401/403) a request without an admin token."""
         headers = dict(forward_headers(scope))
         token = headers.get("authorization", headers.get("Authorization", ""))
         scheme, _, secret = token.partition(" ")
@@ -432,6 +439,9 @@ class ShardRouter:
             raise Refused(401, "unauthorized", exc.reason) from None
         if who.role is not Role.ADMIN:
             raise Refused(403, "forbidden", f"{who} may not do this (admin only)")
+
+    async def move(self, scope: Scope, name: str, body: bytes) -> Any:
+        await self.admin(scope)
         spec = self._body(body)
         to = spec.get("shard")
         shards = await run_in_threadpool(self.map.shards)
