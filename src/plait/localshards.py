@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ from plait.server.serve import ApiServer, AsgiServer, store_for
 
 class ShardedBox:
     def __init__(self, work: Path, shards: int = 2, machines: int = 6,
-                 store: str | None = None, heartbeat_timeout: float = 30.0) -> None:
+                 store: str | None = None, heartbeat_timeout: float = 30.0,
+                 agent_urls: Callable[[str, str], list[str]] | None = None) -> None:
+        """``agent_urls(machine, front end URL)``: the URLs that machine's agent is
+        given (the front end's by default; a test puts a forwarder in between)."""
         self.work = work
         region = RegionSpec.sized(machines, dcs=1, msbs_per_dc=2, rows_per_msb=1,
                                   racks_per_row=1)
@@ -49,7 +53,8 @@ class ShardedBox:
         self.stop_agents = threading.Event()
         names = [self.cp(0).fleet.name(m)
                  for m in range(len(self.cp(0).fleet))]
-        self.agents = [Agent(m, [self.front.url], join, work / m) for m in names]
+        self.agents = [Agent(m, agent_urls(m, self.front.url) if agent_urls else
+                             [self.front.url], join, work / m) for m in names]
         self.threads = [threading.Thread(target=a.run, args=(0.2, self.stop_agents),
                                          daemon=True) for a in self.agents]
         for t in self.threads:
