@@ -102,3 +102,66 @@ def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         kill_groups(processes_under(tmp_path))  # (only what a failed run left)
+
+
+def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
+    """`plait frontend` over https, calling two `plait scheduler --shard` processes over
+    https (checked against the lab CA); an agent and the CLI reach only the front end."""
+    env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
+    env.pop("PLAIT_CA_FILE", None)
+    made = plait(env, "admin", "certs", "--out", str(tmp_path / "certs"), "--host",
+                 "127.0.0.1")
+    assert made.returncode == 0, made.stderr
+    certs = tmp_path / "certs"
+    ca = str(certs / "ca.pem")
+    tls = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server-key.pem"),
+           "--ca-file", ca]
+    ports = [free_port() for _ in range(3)]
+    front = f"https://127.0.0.1:{ports[2]}"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(log: str, *args: str) -> None:
+        with open(tmp_path / f"{log}.log", "ab") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", *args], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+
+    client = httpx.Client(verify=ssl.create_default_context(cafile=ca), timeout=10)
+    try:
+        for s in (0, 1):
+            spawn(f"shard-{s}", "plait.cli.main", "scheduler", "--shard", str(s), "--data-dir",
+                  str(tmp_path / "cp"), "--port", str(ports[s]), "--machines", "2", "--dcs",
+                  "1", "--msbs-per-dc", "1", *tls)
+            wait_for(lambda s=s: client.get(f"https://127.0.0.1:{ports[s]}/healthz")
+                     .json().get("role") == "leader", what=f"shard {s} leads")
+        spawn("frontend", "plait.cli.main", "frontend", "--data-dir", str(tmp_path / "cp"),
+              "--port", str(ports[2]), "--shards", "2", *tls)
+        wait_for(lambda: client.get(f"{front}/healthz").status_code == 200,
+                 what="the front end reaches both shards over https")
+        token = (tmp_path / "cp" / "admin-token").read_text().strip()
+        admin = httpx.Client(base_url=front, timeout=30, verify=ssl.create_default_context(
+            cafile=ca), headers={"Authorization": f"Bearer {token}"})
+        for ent in ("a", "b"):  # one on each shard
+            assert admin.post("/v1/entitlements", json={
+                "name": ent, "owner": "o", "quota": {"machines": 1}}).status_code == 201
+        join = admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
+        spawn("agent", "plait.cli.agent", "--machine-id", "m0000000", "--control-plane",
+              front, "--join-token", join, "--data-dir", str(tmp_path / "agent"),
+              "--interval", "0.3", "--ca-file", ca)
+        assert admin.post("/v1/jobs", json={**JOB, "entitlement": "b"}).status_code == 201
+        wait_for(lambda: admin.get("/v1/jobs/s/tasks").json()["tasks"][0]["state"]
+                 == "running", what="shard 1's task runs, its agent reached over https")
+        # the CLI, configured by the front end with the CA file
+        listed = plait(env, "job", "list")
+        assert listed.returncode == 0 and "s" in listed.stdout, listed.stderr
+        moved = plait(env, "admin", "entitlement", "move", "b", "--to-shard", "0")
+        assert moved.returncode == 0, moved.stderr
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        kill_groups(processes_under(tmp_path))  # (only what a failed run left)
