@@ -81,7 +81,9 @@ class ReplicatedRegion:
     def __init__(self, work: Path, replicas: int = 2, machines: int = 3,
                  zk_members: int = 3, heartbeat_timeout: float = 3.0,
                  session_timeout: float = 1.0, interval: float = 0.3,
-                 zk_tick_ms: int = 200) -> None:
+                 zk_tick_ms: int = 200, frontend: bool = False) -> None:
+        """``frontend``: the replicas are those of scheduler shard 0 of a sharded
+        region, behind a ``plait frontend`` process that clients and agents call."""
         self.work = Path(work)
         self.replicas = replicas
         self.machines = machines
@@ -92,6 +94,10 @@ class ReplicatedRegion:
         self.ensemble = LocalEnsemble(self.work / "zk", zk_members, tick_ms=zk_tick_ms)
         self.ports = [free_port() for _ in range(replicas)]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.frontend: subprocess.Popen[bytes] | None = None
+        self.front_port = free_port() if frontend else None
+        #: what clients and agents call: the front end, or every replica
+        self.api_urls = [f"http://127.0.0.1:{self.front_port}"] if frontend else self.urls
         self.serves: list[subprocess.Popen[bytes] | None] = [None] * replicas
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {**os.environ, "PLAIT_CONFIG": str(self.work / "config.yaml"),
@@ -115,7 +121,8 @@ class ReplicatedRegion:
             str(min(3, self.machines)), "--tick", "0.2",
             "--heartbeat-timeout", str(self.heartbeat_timeout), "--startup-grace", "30",
             "--session-timeout", str(self.session_timeout),
-            *(["--no-write-config"] if i else []))
+            *(["--no-write-config"] if i else []),
+            *(["--shard", "0"] if self.front_port is not None else []))
 
     def start(self, timeout: float = 120.0) -> ReplicatedRegion:
         self.ensemble.start(timeout)
@@ -126,8 +133,14 @@ class ReplicatedRegion:
             self.start_replica(i)
         for i in range(1, self.replicas):
             wait_until(partial(self.is_follower, i), timeout, f"replica {i} follows")
+        if self.front_port is not None:
+            self.frontend = self._spawn(
+                "frontend", "plait.cli.main", "frontend", "--store", self.ensemble.url,
+                "--data-dir", str(self.work / "cp"), "--port", str(self.front_port),
+                "--shards", "1", "--no-write-config")
+            wait_until(self._front_up, timeout, "the front end serves")
         token = (self.work / "cp" / "admin-token").read_text().strip()
-        self.admin = FailoverClient(self.urls, token)
+        self.admin = FailoverClient(self.api_urls, token)
         self.join = self.admin.post("/v1/tokens", json={"role": "join",
                                                         "name": "cluster"}).json()["token"]
         for name in self.machine_names():
@@ -138,7 +151,7 @@ class ReplicatedRegion:
         """``urls``: the front ends this agent is given (every replica by default)."""
         self.agents[machine] = self._spawn(
             f"agent-{machine}", "plait.cli.agent", "--machine-id", machine,
-            "--control-plane", ",".join(urls or self.urls), "--join-token", self.join,
+            "--control-plane", ",".join(urls or self.api_urls), "--join-token", self.join,
             "--data-dir", str(self.work / "agents" / machine),
             "--interval", str(self.interval))
 
@@ -158,6 +171,12 @@ class ReplicatedRegion:
             return str(self.health(i).get("role"))
         except (httpx.HTTPError, ValueError):
             return None
+
+    def _front_up(self) -> bool:
+        try:
+            return httpx.get(f"{self.api_urls[0]}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def is_follower(self, i: int) -> bool:
         return self.role(i) == "follower"
@@ -204,11 +223,11 @@ class ReplicatedRegion:
     def stop(self) -> None:
         if self.admin is not None:
             self.admin.close()
-        for proc in [*self.serves, *self.agents.values()]:
+        for proc in [self.frontend, *self.serves, *self.agents.values()]:
             if proc is not None and proc.poll() is None:
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGTERM)
-        for proc in [*self.serves, *self.agents.values()]:
+        for proc in [self.frontend, *self.serves, *self.agents.values()]:
             if proc is None:
                 continue
             try:
@@ -242,7 +261,7 @@ class Writer:
                  prefix: str = "w") -> None:
         assert region.admin is not None
         self.region = region
-        self.client = FailoverClient(region.urls, region.admin.http.headers["Authorization"]
+        self.client = FailoverClient(region.api_urls, region.admin.http.headers["Authorization"]
                                      .split(" ", 1)[1], timeout=5.0)
         self.entitlement = entitlement
         self.gap = 1.0 / rate

@@ -1,6 +1,8 @@
-"""``plait bench failover``: a replicated control plane on a 3-member ZooKeeper ensemble
-(all on loopback, started here), real agents running sleeping tasks, and a client
-creating jobs continuously through any replica. First ``steady_seconds`` with no fault
+"""``plait bench failover``: a replicated scheduler shard on a 3-member ZooKeeper
+ensemble, behind a ``plait frontend`` process (all on loopback, started here; with
+``frontend=False`` the replicas of an unsharded control plane, called directly), real
+agents running sleeping tasks, and a client creating jobs continuously through the
+front end. First ``steady_seconds`` with no fault
 (every leader change then is spurious: the session timeout is too short for this
 host), then SIGKILL of the leading replica.
 
@@ -38,10 +40,10 @@ from plait.store.zookeeper import ZkStore
 
 def run(replicas: int = 2, machines: int = 3, tasks: int = 6, steady_seconds: float = 120.0,
         rate: float = 10.0, session_timeout: float = 1.0, timeout: float = 120.0,
-        work: Path | None = None) -> dict[str, Any]:
+        work: Path | None = None, frontend: bool = True) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="plait-failover-") as tmp:
         region = ReplicatedRegion(Path(work or tmp), replicas=replicas, machines=machines,
-                                  session_timeout=session_timeout)
+                                  session_timeout=session_timeout, frontend=frontend)
         with region:
             admin = region.admin
             assert admin is not None
@@ -99,6 +101,7 @@ def run(replicas: int = 2, machines: int = 3, tasks: int = 6, steady_seconds: fl
         "session_timeout_s": session_timeout,
         "state_load_s": loads[-1] if loads else None,
         "replicas": replicas,
+        "behind_frontend": frontend,
         "zk_members": 3,
         "machines": machines,
         "tasks": tasks,

@@ -186,15 +186,20 @@ def bench_failover(
                                                    "session timeout, seconds")] = 1.0,
     timeout: Annotated[float, typer.Option(min=1, help="seconds each wait may take at "
                                                        "most")] = 120.0,
+    frontend: Annotated[bool, typer.Option(
+        help="the replicas are a scheduler shard's, behind plait frontend (else an "
+             "unsharded control plane's, called directly)")] = True,
 ) -> None:
-    """A replicated control plane on a 3-member ZooKeeper ensemble on this box: steady
-    writes with no fault, then SIGKILL of the leader (one JSON object on stdout)."""
+    """A replicated scheduler shard on a 3-member ZooKeeper ensemble on this box, behind
+    a front end: steady writes with no fault, then SIGKILL of the leader; then an
+    entitlement moved between two shards under writes (one JSON object on stdout)."""
     from plait.bench import failover
 
     try:
         result = failover.run(replicas=replicas, machines=machines, tasks=tasks,
                               steady_seconds=steady_seconds, rate=rate,
-                              session_timeout=session_timeout, timeout=timeout)
+                              session_timeout=session_timeout, timeout=timeout,
+                              frontend=frontend)
     except PlaitError as exc:
         raise _refuse(exc) from None
     print(json.dumps(result))
