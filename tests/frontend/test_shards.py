@@ -103,7 +103,7 @@ def test_an_entitlement_moves_between_shards_without_restarting_a_task(region):
     before = region.pids()
     assert len(before) == 3
     # while the map says the entitlement is moving, its jobs take no writes (409 and a
-    # retry hint) and its machines' agents are told to ask again (503: tasks kept)
+    # retry hint); its machines' agents are still answered by the shard holding it
     entry, version = region.front_store.get("/frontend/entitlements/a")
     region.front_store.set("/frontend/entitlements/a", json.dumps(
         {**json.loads(entry), "moving_to": 1}).encode(), version)
@@ -112,11 +112,15 @@ def test_an_entitlement_moves_between_shards_without_restarting_a_task(region):
     assert "moving to scheduler shard 1" in r.json()["message"]
     machine = api.get("/v1/jobs/ja/tasks").json()["tasks"][0]["machine"]
     r = api.get(f"/v1/machines/{machine}/desired")
+    assert r.status_code == 200 and {t["job"] for t in r.json()["tasks"]} == {"ja"}
+    # ... and after the handoff, by neither shard until the map points at the new one
+    region.cp(0).handoff("a", 1)
+    r = api.get(f"/v1/machines/{machine}/desired")
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
-    # the move (resumed from that state) hands every record to shard 1
+    # the move, resumed from that state (the handoff done), finishes on shard 1
     r = api.post("/v1/admin/entitlements/a/move", json={"shard": 1})
     assert r.status_code == 200, r.text
-    assert (r.json()["from_shard"], r.json()["to_shard"], r.json()["jobs"]) == (0, 1, 1)
+    assert (r.json()["from_shard"], r.json()["to_shard"]) == (0, 1)
     assert region.entry("a") == {"shard": 1, "machines": 3}
     assert "a" not in region.cp(0).allocator.entitlements
     assert "ja" not in region.cp(0).scheduler.jobs and "ja" in region.cp(1).scheduler.jobs
@@ -167,6 +171,16 @@ def test_moving_an_entitlement_refuses_bad_requests(region):
     assert r.status_code == 422
     for path in ("/v1/jobs/a..b", "/v1/machines/x..y", "/v1/entitlements/a..b"):
         assert api.get(path).status_code in (404, 422), path
+    # a shard's own part in a move is not reachable through the front end
+    r = api.post("/v1/shard/entitlements/a/handoff", json={"shard": 1})
+    assert r.status_code == 404 and "admin/entitlements" in r.json()["message"]
+    # a job name is one job in the region, whichever shard holds it
+    api.post("/v1/entitlements", json={"name": "b", "owner": "o", "quota": {"machines": 1}})
+    assert region.entry("b")["shard"] == 1
+    assert api.post("/v1/jobs", json=job("same", "a", tasks=1)).status_code == 201
+    r = api.post("/v1/jobs", json=job("same", "b", tasks=1))
+    assert r.status_code == 409 and "entitlement 'a'" in r.json()["message"]
+    assert not region.front_store.exists("/shards/1/scheduler/jobs/same")
     # nothing was half-done: the entitlement is where it was, and takes writes
     assert region.entry("a") == {"shard": 0, "machines": 1}
     assert api.post("/v1/jobs", json=job("ja", "a", tasks=1)).status_code == 201

@@ -70,6 +70,11 @@ class ShardMove(pydantic.BaseModel):
     shard: int = pydantic.Field(ge=0)
 
 
+class ShardReload(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    entitlement: str | None = None
+
+
 class Maintenance(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     machines: list[str] = pydantic.Field(min_length=1, max_length=100_000)
@@ -609,9 +614,11 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return {"entitlement": name, "shard": body.shard, "jobs": cp.handoff(name, body.shard)}
 
     @app.post("/v1/shard/reload", tags=["shards"])
-    def reload(who: Admin) -> dict[str, Any]:
-        """Read this shard's records again (an entitlement was handed to it)."""
-        cp.reload()
+    def reload(who: Admin, body: Annotated[ShardReload | None, Body()] = None
+               ) -> dict[str, Any]:
+        """Read this shard's records again (an entitlement was handed to it: 503
+        until its records are seen here)."""
+        cp.reload(body.entitlement if body else None)
         return {"shard": cp.config.shard, "entitlements": len(cp.allocator.entitlements)}
 
     # -- events ----------------------------------------------------------------------------

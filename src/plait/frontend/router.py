@@ -17,16 +17,20 @@ maintenance windows are the region's and go to shard 0 (every shard reads the sa
 tokens and brokers' records).
 
 Moving an entitlement between shards (``POST /v1/admin/entitlements/{E}/move``) marks
-it moving in the map, so its jobs' writes get a 409 with a Retry-After and its
-machines' agents a 503 (they keep their tasks and ask again); has the old shard hand
-its records to the new one in one transaction; has the new one read them; and
-points the map at the new shard. No task is stopped: the placements move with the
+it moving in the map, so its jobs' writes get a 409 with a Retry-After; has the old
+shard hand its records to the new one in one transaction (its machines' agents are
+answered by the old shard until then, and by neither, with a 503, until the map
+points at the new one: they keep their tasks and ask again); has the new one read
+them; and points the map at the new shard. Whether a failed handoff is undone is
+decided by the store: the map goes back only while the old shard still holds the
+records. No task is stopped: the placements move with the
 records, and the new shard's desired sets are the old one's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import time
 from typing import Any
@@ -219,6 +223,11 @@ class ShardRouter:
             reply = exc.reply
         except ValidationError as exc:  # (a name that cannot be a key in the store)
             reply = _error(422, "invalid", str(exc))
+        except Conflict as exc:  # (two moves of one entitlement, say)
+            reply = _error(409, "conflict", f"{exc}: retry", retry=True)
+        except Exception as exc:  # the store unreachable: nothing was done here
+            reply = _error(503, "unavailable", f"the front end cannot read the store "
+                                               f"({type(exc).__name__}): retry", retry=True)
         if isinstance(reply, httpx.Response):
             await answer(send, reply)
         else:
@@ -259,11 +268,17 @@ class ShardRouter:
             if len(parts) == 2 and method == "GET":
                 return await self.fan_out(scope, body, "jobs")
             if len(parts) == 2:  # a create names its entitlement
-                ent = str(self._body(body).get("entitlement", ""))
+                spec = self._body(body)
+                ent = str(spec.get("entitlement", ""))
                 found = await run_in_threadpool(m.entry, ent)
-                if found is None:
+                if found is None or not NAME_RE.match(str(spec.get("name", ""))):
                     return await self.to_shard(0, scope, body)  # (its 422 names it)
                 self._writable(ent, found[0])
+                have = await run_in_threadpool(m.job, str(spec["name"]))
+                if have is not None and have[0] != found[0]["shard"]:
+                    raise Refused(409, "conflict", f"job {spec['name']}: expected absent or "
+                                                   f"the same spec, found a job of entitlement "
+                                                   f"{have[1]!r}")
                 return await self.to_shard(found[0]["shard"], scope, body)
             return await self.to_job(scope, body, parts[2], write=method != "GET",
                                      moving=parts[3:] == ["move"])
@@ -279,13 +294,17 @@ class ShardRouter:
             if found is None:
                 return await self.to_shard(0, scope, body)
             entry = found[0]
-            if entry.get("moving_to") is not None and (method != "GET"
-                                                       or parts[3:4] == ["desired"]):
-                agent = len(parts) == 4 and parts[3] in _AGENT_PARTS
-                raise Refused(503 if agent else 409, "unavailable" if agent else "conflict",
-                              f"machine {parts[2]}'s entitlement {bound!r} is moving to "
-                              f"scheduler shard {entry['moving_to']}: retry", retry=True)
+            agent = len(parts) == 4 and parts[3] in _AGENT_PARTS
+            if entry.get("moving_to") is not None and method != "GET" and not agent:
+                raise Refused(409, "conflict", f"machine {parts[2]}'s entitlement {bound!r} "
+                                               f"is moving to scheduler shard "
+                                               f"{entry['moving_to']}: retry", retry=True)
+            # (an agent goes on with the shard the map names: the old one until its
+            # records are handed over, which then answers 503 until the map moves)
             return await self.to_shard(entry["shard"], scope, body)
+        if parts[:2] == ["v1", "shard"]:  # a shard's own part in a move: not for callers
+            raise Refused(404, "not_found", f"{path}: not served by the front end (use "
+                                            "/v1/admin/entitlements/{name}/move)")
         if parts[:2] == ["v1", "events"] and method == "GET":
             return await self.events(scope, body)
         return await self.to_shard(0, scope, body)  # tokens, agents joining, maintenance
@@ -319,6 +338,8 @@ class ShardRouter:
             if moving:  # a job moves between entitlements of one shard
                 target = str(self._body(body).get("entitlement", ""))
                 other = await run_in_threadpool(self.map.entry, target)
+                if other is not None:
+                    self._writable(target, other[0])
                 if other is not None and other[0]["shard"] != shard:
                     raise Refused(422, "invalid", f"entitlement {target!r} is managed by "
                                                   f"scheduler shard {other[0]['shard']}, job "
@@ -374,8 +395,9 @@ class ShardRouter:
         if key == "machines":  # every shard lists every machine; tasks are the owner's
             merged = pages[0]
             for page in pages[1:]:
-                for mine, theirs in zip(merged["machines"], page["machines"], strict=False):
-                    mine["tasks"] += theirs.get("tasks", 0)
+                tasks = {m["id"]: m.get("tasks", 0) for m in page["machines"]}
+                for mine in merged["machines"]:
+                    mine["tasks"] += tasks.get(mine["id"], 0)
             return _json(200, merged)
         items = sorted((x for p in pages for x in p[key]), key=lambda x: str(x.get("name")))
         return _json(200, {key: items})
@@ -401,9 +423,11 @@ class ShardRouter:
             if r.status_code != 200:
                 return r
         pages = [r.json() for r in replies]
-        merged = sorted(((e["time"], s, e["seq"], e) for s, page in zip(shards, pages,
-                                                                      strict=True)
-                         for e in page["events"]), key=lambda x: (x[0], x[1], x[2]))
+        # each shard's page stays in its own order (seq), interleaved by time: a
+        # cursor past an event is then past every earlier event of that shard
+        merged = list(heapq.merge(*([(e["time"], s, e["seq"], e) for e in page["events"]]
+                                    for s, page in zip(shards, pages, strict=True)),
+                                  key=lambda x: x[0]))
         kept, dropped = merged[:limit], {x[1] for x in merged[limit:]}
         # each event's ``seq`` is the cursor just past it (so ``after=seq`` goes on
         # from there, as with one control plane); ``shard_seq`` is its shard's number
@@ -470,17 +494,28 @@ class ShardRouter:
                 raise Refused(409, "conflict", f"entitlement {name!r} changed meanwhile: "
                                                "retry", retry=True) from None
         jobs = 0
-        handed = await self._ask(source, scope, f"/v1/shard/entitlements/{name}/handoff",
-                                 json.dumps({"shard": to}).encode())
-        if handed.status_code == 200:
+        try:
+            handed = await self._ask(source, scope, f"/v1/shard/entitlements/{name}/handoff",
+                                     json.dumps({"shard": to}).encode())
+        except Refused:
+            handed = None
+        if handed is not None and handed.status_code == 200:
             jobs = int(handed.json()["jobs"])
-        elif handed.status_code != 404:  # (404: handed over already, by a move resumed)
-            if handed.status_code in (409, 422):  # refused: the move did not start
+        else:
+            # whatever the answer (a refusal, an error after the records moved, none):
+            # the store says whether the records are still the old shard's
+            held = f"{shard_prefix(source)}/allocator/entitlements/{name}"
+            if await run_in_threadpool(self.store.exists, held):
                 back = {k: v for k, v in entry.items() if k != "moving_to"}
                 await run_in_threadpool(self.map.ns.set, f"/entitlements/{name}",
                                         json.dumps(back).encode(), version)
-            return handed
-        loaded = await self._ask(to, scope, "/v1/shard/reload", b"{}")
+                if handed is None:
+                    raise Refused(503, "unavailable", f"scheduler shard {source} did not "
+                                                      "hand the entitlement over: retry",
+                                  retry=True)
+                return handed
+        loaded = await self._ask(to, scope, "/v1/shard/reload",
+                                 json.dumps({"entitlement": name}).encode())
         if loaded.status_code != 200:
             return loaded  # (the map still says moving: run the move again to finish)
         done = {k: v for k, v in entry.items() if k != "moving_to"} | {"shard": to}

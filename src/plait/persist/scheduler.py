@@ -253,6 +253,9 @@ class PersistentScheduler:
         #: (key, version) every save checks: the election's fence of the replica that
         #: leads (``Election.fence``), or None
         self.fence: tuple[str, int] | None = None
+        #: (a scheduler shard) jobs of entitlements this scheduler does not hold are
+        #: another shard's, or moved here and not read yet (``ControlPlane.reload``)
+        self.only_held = False
         #: from now on the scheduler tells which jobs changed (the first save writes all)
         scheduler.changed_jobs = set(scheduler.jobs)
         #: jobs whose records could not be read or applied by the last ``sync``
@@ -287,6 +290,8 @@ class PersistentScheduler:
         entries = [e for e in doc.log if e["seq"] > done]
         if doc.name not in sched.jobs:
             if done:  # finished and removed; the record is gone or about to be
+                return
+            if self.only_held and doc.entitlement not in sched.allocator.entitlements:
                 return
             # the first entries may have been trimmed from the log: start at the
             # latest version

@@ -27,6 +27,7 @@ from plait.allocator import AllocationRequest, MachineIndex
 from plait.errors import Conflict, NotFound, TransientError, ValidationError
 from plait.health import HealthCheck
 from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
+from plait.model.entitlement import NAME_RE
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.model.machine import FaultDomain, Machine, MachineState
 from plait.model.task import TaskRef, TaskState
@@ -123,6 +124,7 @@ class ControlPlane:
         #: a shard's machines: bound to its entitlements (and, for shard 0, the free
         #: ones); the others' agents are answered by their shards
         self._owned: set[str] = set()
+        self._stale = False
         self.clock = clock
         self.lock = threading.RLock()
         now = clock()
@@ -227,6 +229,7 @@ class ControlPlane:
         self.persist = PersistentScheduler.load(self.scheduler, store, now,
                                                 _controllers(config.ca_file), warm=warm)
         self.persist.fence = fence
+        self.persist.only_held = config.shard is not None
         self.jobs: JobStore = self.persist.jobs
         start = config.sim_start_seconds
 
@@ -270,6 +273,10 @@ class ControlPlane:
         """One pass: apply stored job operations, reconcile, store the outcome."""
         with self.lock:
             now = self.clock()
+            if self._stale:  # a handoff's rebuild failed: read everything again
+                self._build(now)
+                self._stale = False
+                self.steps = 0
             if self.shared is not None:
                 self._follow(now)
             names = self._take_inbox()
@@ -418,8 +425,19 @@ class ControlPlane:
             view = self.store
             assert isinstance(view, ShardStore)
             there = shard_prefix(to_shard)
-            jobs = sorted(name for name, j in self.scheduler.jobs.items()
-                          if j.entitlement == entitlement)
+            for name, job in self.scheduler.jobs.items():
+                if job.moving_from is not None and entitlement in (job.moving_from,
+                                                                   job.entitlement):
+                    raise Conflict(f"entitlement {entitlement}", "no job moving in or out",
+                                   f"job {name} moving from {job.moving_from} to "
+                                   f"{job.entitlement}: wait for it to finish")
+            # every job of the entitlement, applied or only stored (acknowledged, not
+            # yet applied by the loop)
+            stored = self.jobs.get_many(self.jobs.names())
+            jobs = sorted({name for name, j in self.scheduler.jobs.items()
+                           if j.entitlement == entitlement}
+                          | {name for name, doc in stored.items()
+                             if doc.entitlement == entitlement})
             names = self.region.entitlements.names
             for name, state in self.allocator.jobs.items():
                 ents = {names[e] for e in state.ents.values()} | {names[state.entitlement]}
@@ -431,22 +449,45 @@ class ControlPlane:
                 f"/{part}/{name}" for name in jobs
                 for part in ("allocator/jobs", "scheduler/jobs", "scheduler/state")]
             txn = Transaction()
+            if self.persist.fence is not None:  # only while this replica still leads
+                txn.check(*self.persist.fence)
             for key, (value, version) in view.get_many(keys).items():
                 txn.create(there + key, value)
                 txn.delete(view.prefix + key, version)
             view.base.commit(txn)
-            self._build(self.clock())
+            # the records are gone: this shard must not go on from its memory of them
+            for attempt in range(3):
+                try:
+                    self._build(self.clock())
+                    break
+                except Exception:
+                    if attempt == 2:
+                        self._stale = True  # rebuilt by the next pass
+                        raise
+                    time.sleep(0.1)
         self.record("scheduler", "entitlement_moved",
                     f"{entitlement}: {len(jobs)} jobs handed to scheduler shard {to_shard}",
                     entitlement=entitlement)
         self._wake.set()
         return len(jobs)
 
-    def reload(self) -> None:
-        """Read this shard's records again (an entitlement was moved here): the
-        loop goes on from them; agents' long-polls see a new generation."""
+    def reload(self, entitlement: str | None = None) -> None:
+        """Read this shard's records again (``entitlement`` was moved here: until it
+        is seen in the store, a TransientError): the loop goes on from them; agents'
+        long-polls see a new generation."""
+        if self.config.shard is None:
+            raise ValidationError("shard", "this control plane is not sharded")
+        if entitlement is not None and not NAME_RE.match(entitlement):
+            raise ValidationError("entitlement", f"{entitlement!r} is not an entitlement name")
         with self.lock:
             now = self.clock()
+            sync: Any = getattr(self.store, "sync", None)
+            if sync is not None:
+                sync()  # (ZooKeeper: read what the handoff wrote, not a lagging copy)
+            if entitlement is not None and not self.store.exists(
+                    f"/allocator/entitlements/{entitlement}"):
+                raise TransientError(f"entitlement {entitlement!r} has not reached scheduler "
+                                     f"shard {self.config.shard} yet: retry")
             self.persist.save(self.allocator)
             self._build(now)
             self._gen_base = int(time.time() * 1000)

@@ -222,6 +222,11 @@ class ZkStore:
                          failures[0])
             raise Conflict("transaction", "every step to apply", type(first).__name__)
 
+    def sync(self) -> None:
+        """Let this client's server catch up with the ensemble's leader (a read after
+        another client's write then sees it)."""
+        self.client.sync("/")
+
     def leader_of(self, name: str) -> str | None:
         """The identity of election ``name``'s leader, read without campaigning."""
         contenders = Election(self.client, f"/_elections/{name}").contenders()
