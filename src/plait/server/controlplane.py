@@ -653,8 +653,11 @@ class ControlPlane:
                                   f"entitlement {spec.entitlement!r} does not exist")
 
     def create_job(self, spec: JobSpec) -> tuple[JobDoc, bool]:
-        self._check_job(spec)
-        doc, created = self.jobs.create(spec, self.clock())
+        # a shard checks and stores under its lock, so a handoff of the entitlement
+        # either carries the new record or comes first (and the check refuses it)
+        with self.lock if self.config.shard is not None else contextlib.nullcontext():
+            self._check_job(spec)
+            doc, created = self.jobs.create(spec, self.clock())
         if created:
             self.notify(spec.name)
         return doc, created
