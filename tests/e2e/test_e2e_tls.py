@@ -25,6 +25,19 @@ def plait(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+def stop(procs: list[subprocess.Popen[bytes]], tmp_path) -> None:
+    """Ctrl-C every process started, then kill what is left (a failed run's)."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+    kill_groups(processes_under(tmp_path))
+
+
 def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
     env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
     env.pop("PLAIT_CA_FILE", None)
@@ -93,15 +106,7 @@ def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
         said = " ".join(bad.stderr.split())
         assert bad.returncode != 0 and "missing.pem is not a file" in said, said
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        kill_groups(processes_under(tmp_path))  # (only what a failed run left)
+        stop(procs, tmp_path)
 
 
 def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
@@ -156,12 +161,4 @@ def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
         moved = plait(env, "admin", "entitlement", "move", "b", "--to-shard", "0")
         assert moved.returncode == 0, moved.stderr
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGINT)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        kill_groups(processes_under(tmp_path))  # (only what a failed run left)
+        stop(procs, tmp_path)
