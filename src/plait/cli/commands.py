@@ -177,6 +177,11 @@ def serve(
     shard: Annotated[int | None, typer.Option(
         min=0, help="run as this scheduler shard of the region (behind plait frontend); "
                     "replicas of one shard give the same number")] = None,
+    controller_networks: Annotated[str, typer.Option(
+        help="comma-separated networks (CIDR; 'loopback', 'any') TaskController URLs may "
+             "point into; loopback and link-local only when named")] = "any",
+    controller_deadline: Annotated[float, typer.Option(
+        min=0.1, max=60, help="hard deadline of one TaskController call, seconds")] = 5.0,
 ) -> None:
     """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
     on one store campaigns: the leader runs the control plane, the others keep warm,
@@ -204,7 +209,9 @@ def serve(
         config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
                                     retention=Retention(event_retention, event_max_age),
                                     heartbeat_timeout=heartbeat_timeout,
-                                    startup_grace=startup_grace, ca_file=ca_file, shard=shard)
+                                    startup_grace=startup_grace, ca_file=ca_file, shard=shard,
+                                    controller_networks=tuple(controller_networks.split(",")),
+                                    controller_deadline=controller_deadline)
         started = prepare(data_dir, store, config, host, port,
                           write_config and shard is None, context,
                           scheme="https" if tls_cert else "http")
@@ -214,6 +221,7 @@ def serve(
     from plait.server.leader import Leadership
 
     cp = started.control_plane
+    cp.serving_at(started.url, *([advertise] if advertise else []))
     leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
     err.print(f"plait control plane{'' if shard is None else f' shard {shard}'}: "
               f"{len(cp.fleet)} machines, API on {started.url}")
@@ -432,9 +440,11 @@ def up(
     region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc, rows_per_msb=1,
                               racks_per_row=1)
     sharded = shards > 1
+    # a region on one box: its TaskControllers run on loopback too
     config = ControlPlaneConfig(region=region, tick_seconds=0.2,
                                 heartbeat_timeout=heartbeat_timeout,
-                                startup_grace=startup_grace, shard=0 if sharded else None)
+                                startup_grace=startup_grace, shard=0 if sharded else None,
+                                controller_networks=("loopback", "any"))
     # Ctrl-C from now on stops whatever has started, in order
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())
@@ -506,6 +516,7 @@ def up(
                  *(["--store", store] if store else []), "--host", host, "--port", str(at),
                  "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
                  str(heartbeat_timeout), "--startup-grace", str(startup_grace),
+                 "--controller-networks", "loopback,any",
                  *(["--shard", str(shard)] if sharded else [])],
                 stdout=log, stderr=log, start_new_session=True)
             pid_file.write_text(f"{proc.pid}\n")

@@ -33,14 +33,19 @@ from plait.persist.allocator import PersistentAllocator
 from plait.scheduler import Scheduler
 from plait.scheduler.records import JobRecord, TaskRecord
 from plait.store.protocol import Namespace, Store, Transaction
-from plait.taskcontrol.protocol import TaskController, op_from_wire, op_to_wire
+from plait.taskcontrol.protocol import (
+    RemoteController,
+    TaskController,
+    op_from_wire,
+    op_to_wire,
+)
 
 SCHEMA = 1
 #: operations kept in a job's log (its history)
 LOG_LIMIT = 200
 _ATTEMPTS = 20
 
-ControllerFor = Callable[[JobSpec], TaskController | None]
+ControllerFor = Callable[[JobSpec], TaskController | RemoteController | None]
 
 
 @dataclass
@@ -328,6 +333,8 @@ class PersistentScheduler:
                     spec = doc.versions[v - 1]
                     if spec.task_controller != job.spec.task_controller:
                         job.controller = self.controller_for(spec)  # paces from now on
+                        job.in_flight = None  # (an answer of the old one is dropped)
+                        job.recheck = None
                     sched.append_version(spec, now,
                                          entry["message"] if v == version else f"version {v}")
         elif op == "restart":

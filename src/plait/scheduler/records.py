@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 
 from plait.model.job import JobSpec
 from plait.model.task import TaskRef, TaskState
-from plait.taskcontrol.protocol import OpKind, TaskController, TaskOp
+from plait.taskcontrol.protocol import (
+    OpKind,
+    RemoteController,
+    TaskController,
+    TaskControlRequest,
+    TaskOp,
+)
 
 #: what the scheduler wants done to one task: one (kind, reason), or for maintenance
 #: a move and a stop to choose from
@@ -91,7 +97,7 @@ class JobRecord:
     #: every spec version, version ``v`` at ``versions[v - 1]``
     versions: list[JobSpec]
     target: int
-    controller: TaskController | None = None
+    controller: TaskController | RemoteController | None = None
     tasks: dict[int, TaskRecord] = field(default_factory=dict)
     #: operations offered and not yet acked, per task: the (kind, reason) pairs (a
     #: shared tuple); TaskOp objects are made only when sent or acked (a 15,000-task
@@ -108,6 +114,12 @@ class JobRecord:
     completed: list[TaskOp] = field(default_factory=list)
     sequence_number: int = 0
     last_call: float | None = None
+    #: a remote controller's request sent and not answered yet (one at a time per
+    #: job), and when it was handed to the shell
+    in_flight: TaskControlRequest | None = None
+    in_flight_since: float = 0.0
+    #: the controller's last "ask again after" (None: the default re-check)
+    recheck: float | None = None
     #: something the controller should hear about happened
     dirty: bool = True
     #: why the rollout halted, if it did

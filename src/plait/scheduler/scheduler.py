@@ -52,8 +52,11 @@ from plait.scheduler.records import (
 )
 from plait.taskcontrol.protocol import (
     AdvanceNotice,
+    ControllerAnswer,
+    ControllerCall,
     NoticeKind,
     OpKind,
+    RemoteController,
     TaskController,
     TaskControlRequest,
     TaskControlResponse,
@@ -77,8 +80,12 @@ class SchedulerConfig:
     burst: float = 40.0
     #: most operations offered to a controller in one call
     controller_batch: int = 1000
-    #: call a controller again after this long even if nothing changed
+    #: call a controller again after this long even if nothing changed (unless it
+    #: asked to be called again sooner or later: ``ask_again_after``)
     recheck_interval: float = 30.0
+    #: a remote controller's request with no answer from the shell after this long
+    #: is taken as failed (the shell's own hard deadline is much shorter)
+    controller_lost_after: float = 60.0
     #: move a task off a failed machine without an ack after this long
     failure_deadline: float = 300.0
     #: events kept
@@ -115,11 +122,15 @@ class Scheduler:
         self._idle: set[str] = set()
         self._changes: list[BrokerChange] = []
         self._parked: dict[str, set[TaskRef]] = {}
+        #: remote controllers' requests for the shell to send (``take_calls``), and
+        #: the answers it handed back, applied by the next pass
+        self.outbox: list[ControllerCall] = []
+        self._answers: dict[str, ControllerAnswer] = {}
         self.region.subscribe(self._changes.append)
 
     # -- job operations (what users ask for) -------------------------------------------------
     def create_job(self, spec: JobSpec, now: float,
-                   controller: TaskController | None = None) -> JobRecord:
+                   controller: TaskController | RemoteController | None = None) -> JobRecord:
         """Persist a job at version 1; its tasks are placed on the next ``tick``.
         Creating the same spec again is a no-op; a different spec is a conflict."""
         existing = self.jobs.get(spec.name)
@@ -919,19 +930,36 @@ class Scheduler:
 
     def _ask_controller(self, job: JobRecord, notice: dict[int, tuple[str, float]],
                         now: float) -> None:
+        """Plan the job's TaskControl request when the controller should hear of
+        something (or its re-check is due). An in-process controller answers at once;
+        a remote one's request goes to ``outbox`` for the shell, and its answer is
+        applied by a later pass (``answer``): the pass never waits on a tenant."""
         notices = self._notices(job, notice)
         notice_key = tuple(n.notice_id for n in notices)
         if notice_key != job.notices:
             job.notices = notice_key
             job.dirty = True
-        due = job.offers and (job.last_call is None
-                               or now - job.last_call >= self.config.recheck_interval)
+        remote = isinstance(job.controller, RemoteController)
+        if remote and job.in_flight is not None:
+            got = self._answers.pop(job.name, None)
+            if got is not None:
+                self._answered(job, job.in_flight, got.response, got.error, now)
+                job.in_flight = None
+            elif now - job.in_flight_since >= self.config.controller_lost_after:
+                # the shell enforces a hard deadline, so this is a safety net: a
+                # request it lost (a restart of the dispatcher) must not hold the job
+                lost = job.in_flight
+                job.in_flight = None
+                self._answered(job, lost, None, "no answer came back from the shell", now)
+            else:
+                return  # one call at a time per job; the answer is applied when it comes
+        recheck = self.config.recheck_interval if job.recheck is None else job.recheck
+        due = job.offers and (job.last_call is None or now - job.last_call >= recheck)
         if not (job.dirty or due):
             return
         job.sequence_number += 1
         pending = [op for index in sorted(job.offers)[: self.config.controller_batch]
                    for op in self._ops(job, index)]
-        offered = {op.op_id: op for op in pending}
         request = TaskControlRequest(
             job_handle=job.name,
             request=tuple(pending),
@@ -944,25 +972,70 @@ class Scheduler:
         job.dirty = False
         job.last_call = now
         self.counters["controller_calls"] += 1
-        assert job.controller is not None
+        controller = job.controller
+        if isinstance(controller, RemoteController):
+            job.in_flight = request
+            job.in_flight_since = now
+            self._answers.pop(job.name, None)  # (a stale answer of a forgotten call)
+            self.outbox.append(ControllerCall(job.name, controller.url, request))
+            return
+        assert controller is not None
+        response: TaskControlResponse | None = None
+        error: str | None = None
         try:
-            response = job.controller.process(request)
-            if not isinstance(response, TaskControlResponse) or isinstance(
-                    response.ack, str) or not all(isinstance(a, str) for a in response.ack):
-                raise TypeError(f"expected a TaskControlResponse, got {response!r}")
+            response = controller.process(request)
         except Exception as exc:  # a controller's failure acks nothing, never crashes us
+            error = str(exc)
+        self._answered(job, request, response, error, now)
+
+    def answer(self, answer: ControllerAnswer) -> None:
+        """The shell's delivery of a remote controller's answer (or of why there is
+        none); applied to the job by the next pass. An answer to a request the job
+        no longer waits for (an older sequence number) is dropped there."""
+        job = self.jobs.get(answer.job)
+        if job is None or job.in_flight is None or (
+                job.in_flight.sequence_number != answer.sequence_number):
+            return
+        self._answers[answer.job] = answer
+        self._idle.discard(answer.job)
+
+    def take_calls(self) -> list[ControllerCall]:
+        """The remote controllers' requests planned since the last call (the shell
+        sends them)."""
+        calls, self.outbox = self.outbox, []
+        return calls
+
+    def _answered(self, job: JobRecord, request: TaskControlRequest,
+                  response: TaskControlResponse | None, error: str | None,
+                  now: float) -> None:
+        """Apply a controller's answer to ``request``: acks of operations still offered
+        as they were sent; nothing at all for an error or garbage."""
+        if error is None and (not isinstance(response, TaskControlResponse) or isinstance(
+                response.ack, str) or not all(isinstance(a, str) for a in response.ack)):
+            error = f"expected a TaskControlResponse, got {response!r}"
+        if error is not None or response is None:
             self.counters["controller_errors"] += 1
-            self._event(now, job.name, "controller_error", f"acked nothing: {exc}")
+            self._event(now, job.name, "controller_error", f"acked nothing: {error}")
             return  # the completions are sent again with the next call
         job.completed = job.completed[len(request.completed):]
+        job.recheck = response.ask_again_after
+        job.last_call = now  # (the re-check counts from the answer)
+        offered = {op.op_id: op for op in request.request}
         chosen: dict[int, TaskOp] = {}
+        current: dict[int, set[str]] = {}
         for op_id in response.ack:
             op = offered.get(op_id)
             if op is None or op.task.index not in job.offers:
                 continue  # unknown or already done
-            prior = chosen.get(op.task.index)
+            index = op.task.index
+            ids = current.get(index)
+            if ids is None:
+                ids = current[index] = {o.op_id for o in self._ops(job, index)}
+            if op_id not in ids:
+                continue  # the task's situation changed since the request was sent
+            prior = chosen.get(index)
             if prior is None or (op.kind is OpKind.MOVE and prior.kind is OpKind.STOP):
-                chosen[op.task.index] = op  # of a maintenance pair, move wins
+                chosen[index] = op  # of a maintenance pair, move wins
         for op in chosen.values():
             self._ack(job, op)
 

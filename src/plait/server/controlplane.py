@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -43,8 +45,10 @@ from plait.server.logs import TaskLogs
 from plait.sim import Behaviour, Simulation
 from plait.store.protocol import Namespace, Store, Transaction
 from plait.store.shard import ShardStore, shard_prefix
-from plait.taskcontrol.http import HttpController
-from plait.taskcontrol.protocol import TaskController
+from plait.taskcontrol import signing
+from plait.taskcontrol.dispatch import DEFAULT_DEADLINE, DEFAULT_MAX_REPLY, Dispatcher
+from plait.taskcontrol.protocol import ControllerAnswer, RemoteController
+from plait.taskcontrol.urlpolicy import UrlPolicy, networks, own_addresses
 from plait.tls import verify as tls_verify
 
 #: a drained machine stays out of service until uncordoned (at most this long)
@@ -91,6 +95,15 @@ class ControlPlaneConfig:
     #: run as this scheduler shard of the region (None: the whole region in one
     #: control plane); see ``plait.store.shard`` and decision 43
     shard: int | None = None
+    #: TaskController calls (decision 45): the hard deadline of one call (connect to
+    #: the reply's last byte), the largest reply read, how many calls at once
+    controller_deadline: float = DEFAULT_DEADLINE
+    controller_reply_bytes: int = DEFAULT_MAX_REPLY
+    controller_concurrency: int = 64
+    #: the networks controller URLs may point into (``plait.taskcontrol.urlpolicy``;
+    #: ``loopback`` and ``any`` are shorthands); loopback and link-local only when
+    #: named explicitly
+    controller_networks: tuple[str, ...] = ("any",)
 
 
 def _machine(d: dict[str, Any]) -> Machine:
@@ -99,14 +112,12 @@ def _machine(d: dict[str, Any]) -> Machine:
                                        disk_gb=d.get("disk_gb", 0)))
 
 
-def _controllers(ca_file: str | None) -> Callable[[JobSpec], TaskController | None]:
-    """A job's TaskController client (https ones checked against ``ca_file``)."""
-    def controller_for(spec: JobSpec) -> TaskController | None:
-        if spec.task_controller is None:
-            return None
-        return HttpController(spec.task_controller, verify=tls_verify(
-            ca_file, spec.task_controller))
-    return controller_for
+def _controllers(spec: JobSpec) -> RemoteController | None:
+    """A job's TaskController: a tenant's URL, never called from the pass (the
+    dispatcher sends its requests)."""
+    if spec.task_controller is None:
+        return None
+    return RemoteController(spec.task_controller)
 
 
 class ControlPlane:
@@ -164,6 +175,19 @@ class ControlPlane:
         self.last_step: float | None = None
         self._drains = 0
         self._last_full = self._last_freeze = 0.0
+        #: agents' reports taken by the API and applied by the next pass (a heartbeat
+        #: never waits for a pass), and the heartbeats' times, read by the next pass
+        self._reports: list[tuple[str, list[TaskStatus], dict[tuple[str, int], str],
+                                  float]] = []
+        self._beats: dict[str, float] = {}
+        #: per machine: (generation, desired set) as the last pass left it; an agent's
+        #: long-poll reads it without the lock
+        self._desired_view: dict[str, tuple[int, list[Assignment]]] = {}
+        #: TaskControl off the pass: answers handed back by the dispatcher
+        self._answers: list[ControllerAnswer] = []
+        self.url_policy = UrlPolicy(allow=networks(config.controller_networks))
+        self._signing_secret: bytes | None = None
+        self.dispatcher: Dispatcher | None = None
         self._build(now)
 
     def _fleet(self) -> Fleet:
@@ -227,7 +251,8 @@ class ControlPlane:
         previous: PersistentScheduler | None = getattr(self, "persist", None)
         fence = previous.fence if previous is not None else None
         self.persist = PersistentScheduler.load(self.scheduler, store, now,
-                                                _controllers(config.ca_file), warm=warm)
+                                                _controllers, warm=warm)
+        self._desired_view = {}
         self.persist.fence = fence
         self.persist.only_held = config.shard is not None
         self.jobs: JobStore = self.persist.jobs
@@ -279,6 +304,7 @@ class ControlPlane:
                 self.steps = 0
             if self.shared is not None:
                 self._follow(now)
+            self._take_reports(now)
             names = self._take_inbox()
             try:
                 errors = self.persist.sync(now, names)
@@ -291,6 +317,10 @@ class ControlPlane:
                     while len(self._sync_errors) > 1000:
                         del self._sync_errors[next(iter(self._sync_errors))]
                     self.record("scheduler", "operation_failed", error)
+            with self._pending_lock:
+                answers, self._answers = self._answers, []
+            for answer in answers:
+                self.scheduler.answer(answer)
             if self.sim is not None:
                 self.sim.step(now)
                 self._sim_output()
@@ -300,12 +330,17 @@ class ControlPlane:
                 self.scheduler.tick(now)
                 # desired sets that changed (in this pass, or by reports since the
                 # last): wake the agents long-polling them (simulated agents are
-                # stepped by the simulation, which reads the same set)
+                # stepped by the simulation, which reads the same set); the set is
+                # kept first, then the generation bumped, so a long-poll never reads
+                # a generation newer than the set
                 touched, self.scheduler.touched = self.scheduler.touched, set()
-                gen, name = self._generation, self.fleet.name
+                gen, name, view = self._generation, self.fleet.name, self._desired_view
                 for m in touched:
                     key = name(m)
-                    gen[key] = gen.get(key, 0) + 1
+                    g = gen.get(key, 0) + 1
+                    view[key] = (self._gen_base + g, self.scheduler.desired_for(key))
+                    gen[key] = g
+            calls = self.scheduler.take_calls()
             # events are attributed before the save drops the records of deleted jobs
             events, self.scheduler.events[:] = list(self.scheduler.events), []
             for ev in events:
@@ -322,6 +357,96 @@ class ControlPlane:
             # before the lock goes: whoever reads the outcome of this pass (a job that
             # failed) can read the events that say why
             self.flush_events()
+        if calls:  # TaskControl after the pass, off the lock (decision 45)
+            self._dispatcher().send(calls)
+
+    def _take_reports(self, now: float) -> None:
+        """Apply the agents' reports taken since the last pass, in order, and their
+        heartbeats."""
+        with self._pending_lock:
+            reports, self._reports = self._reports, []
+            beats, self._beats = self._beats, {}
+        for machine, at in beats.items():
+            if self._known(machine):
+                self.liveness.beat(machine, at)
+        jobs = self.scheduler.jobs
+        for machine, statuses, endpoints, at in reports:
+            try:
+                m = self._check_owned(machine)
+            except (NotFound, TransientError):
+                continue  # (the machine left this shard since it reported)
+            self.scheduler.report(machine, statuses, max(at, self.scheduler.now))
+            for (job, index), endpoint in endpoints.items():
+                found = jobs.get(job)
+                rec = found.tasks.get(index) if found is not None else None
+                if rec is not None and rec.machine == m:  # only where the task is placed
+                    self.endpoints[(job, index)] = endpoint
+
+    # -- TaskControl, off the pass ----------------------------------------------------------
+    def _dispatcher(self) -> Dispatcher:
+        if self.dispatcher is None:
+            config = self.config
+            self.dispatcher = Dispatcher(
+                self._deliver, deadline=config.controller_deadline,
+                max_reply_bytes=config.controller_reply_bytes,
+                max_in_flight=config.controller_concurrency, policy=self.url_policy,
+                verify=lambda url: tls_verify(config.ca_file, url), key_for=self.controller_key,
+                clock=self.clock)
+        return self.dispatcher
+
+    def _deliver(self, answer: ControllerAnswer) -> None:
+        with self._pending_lock:
+            self._answers.append(answer)
+        self._wake.set()
+
+    def serving_at(self, *urls: str) -> None:
+        """The API's own URLs: a controller URL may not point at them."""
+        policy = self.url_policy
+        self.url_policy = UrlPolicy(allow=policy.allow, own=policy.own | own_addresses(urls))
+        if self.dispatcher is not None:
+            self.dispatcher.policy = self.url_policy
+
+    def check_controller_url(self, url: str, resolve_timeout: float = 2.0) -> None:
+        """Refuse a controller URL the policy does not allow (a ``ValidationError``
+        naming the rule). A name is resolved with a bound; one that does not resolve
+        now is left to the check at each call."""
+        policy = self.url_policy
+        host, port = policy.host(url)
+        literal = policy.literal(host)
+        if literal is not None:
+            policy.check(url, [str(literal)])
+            return
+        found: list[str] = []
+
+        def resolve() -> None:
+            with contextlib.suppress(OSError, UnicodeError):
+                found.extend(sorted({str(i[4][0]) for i in socket.getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM)}))
+        worker = threading.Thread(target=resolve, daemon=True)
+        worker.start()
+        worker.join(resolve_timeout)
+        if found and not worker.is_alive():
+            policy.check(url, found)
+
+    def _secret(self) -> bytes:
+        """The region's TaskControl signing secret (made at first use, shared by every
+        replica and shard: it lives under /auth)."""
+        if self._signing_secret is None:
+            key = "/auth/taskcontrol-secret"
+            try:
+                self._signing_secret = bytes.fromhex(self.store.get(key)[0].decode())
+            except NotFound:
+                fresh = secrets.token_bytes(32)
+                try:
+                    self.store.create(key, fresh.hex().encode())
+                    self._signing_secret = fresh
+                except Conflict:  # another replica made it first
+                    self._signing_secret = bytes.fromhex(self.store.get(key)[0].decode())
+        return self._signing_secret
+
+    def controller_key(self, job: str) -> str:
+        """The key a job's controller verifies this region's calls with."""
+        return signing.job_key(self._secret(), job)
 
     def _check_health(self, now: float) -> None:
         """Flow 2: a machine whose agent stopped heartbeating fails in its broker (its
@@ -588,6 +713,9 @@ class ControlPlane:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        if self.dispatcher is not None:
+            self.dispatcher.close()
+            self.dispatcher = None
 
     # -- events ----------------------------------------------------------------------------
     def record(self, source: str, kind: str, message: str, job: str | None = None,
@@ -655,6 +783,8 @@ class ControlPlane:
     def create_job(self, spec: JobSpec) -> tuple[JobDoc, bool]:
         # a shard checks and stores under its lock, so a handoff of the entitlement
         # either carries the new record or comes first (and the check refuses it)
+        if spec.task_controller is not None:  # (resolving a name: never under the lock)
+            self.check_controller_url(spec.task_controller)
         with self.lock if self.config.shard is not None else contextlib.nullcontext():
             self._check_job(spec)
             doc, created = self.jobs.create(spec, self.clock())
@@ -667,6 +797,8 @@ class ControlPlane:
         return doc
 
     def update_job(self, spec: JobSpec) -> JobDoc:
+        if spec.task_controller is not None:
+            self.check_controller_url(spec.task_controller)
         self._check_job(spec)
         return self._changed(self.jobs.update(spec, self.clock()))
 
@@ -1011,6 +1143,12 @@ class ControlPlane:
 
     # -- agents ----------------------------------------------------------------------------
     def desired(self, machine: str) -> list[Assignment]:
+        """The machine's desired set: as the last pass left it (no lock), or read under
+        the lock when no pass has touched it since this replica started leading."""
+        self._check_owned(machine)
+        kept = self._desired_view.get(machine)
+        if kept is not None and kept[0] == self.desired_generation(machine):
+            return kept[1]
         with self.lock:
             self._check_owned(machine)
             return self.scheduler.desired_for(machine)
@@ -1039,18 +1177,14 @@ class ControlPlane:
 
     def report(self, machine: str, statuses: list[TaskStatus],
                endpoints: dict[tuple[str, int], str] | None = None) -> None:
-        """An agent's heartbeat: its tasks' statuses and where they listen."""
-        with self.lock:
-            self._check_owned(machine)
-            now = self.clock()
-            self.liveness.beat(machine, now)
-            self.scheduler.report(machine, statuses, now)
-            m, jobs = self.fleet.index_of(machine), self.scheduler.jobs
-            for (job, index), endpoint in (endpoints or {}).items():
-                found = jobs.get(job)
-                rec = found.tasks.get(index) if found is not None else None
-                if rec is not None and rec.machine == m:  # only where the task is placed
-                    self.endpoints[(job, index)] = endpoint
+        """An agent's heartbeat: its tasks' statuses and where they listen. Taken at
+        once, without waiting for a pass (decision 45): the heartbeat counts from now,
+        the statuses are applied by the next pass."""
+        self._check_owned(machine)
+        now = self.clock()
+        with self._pending_lock:
+            self._beats[machine] = now
+            self._reports.append((machine, statuses, dict(endpoints or {}), now))
         self._wake.set()
 
     def wait_for_agents(self, machines: list[str], timeout: float) -> int:
@@ -1059,8 +1193,11 @@ class ControlPlane:
         since = self.clock()
         deadline = time.monotonic() + timeout
         while True:
+            with self._pending_lock:
+                beats = dict(self._beats)
             with self.lock:
-                beating = sum(1 for m in machines if self.liveness.last.get(m, since) > since)
+                beating = sum(1 for m in machines if max(
+                    self.liveness.last.get(m, since), beats.get(m, since)) > since)
             if beating == len(machines) or time.monotonic() > deadline:
                 return beating
             time.sleep(0.05)

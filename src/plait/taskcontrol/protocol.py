@@ -3,7 +3,7 @@
     TaskControlRequest  {job_handle, request: [TaskOp], completed: [TaskOp],
                          advance_notices: [AdvanceNotice], all_unhealthy_tasks: [TaskRef],
                          sequence_number}
-    TaskControlResponse {ack: [op_id]}
+    TaskControlResponse {ack: [op_id]}          (+ optional ask_again_after: seconds)
 
 An application's TaskController approves (acks) a subset of the pending operations
 on its tasks; the scheduler reports operations it completed on the next call, and
@@ -12,9 +12,15 @@ advance notices carry a deadline, and per task the scheduler offers a ``move`` o
 and a ``stop`` op; acking neither keeps the task running until the deadline.
 
 The wire form is JSON with snake_case keys; ``to_wire``/``response_from_wire`` are
-pure conversions (the HTTP transport lives in ``plait.taskcontrol.http``). An
-answer that is not exactly ``{"ack": [op ids]}`` is garbage, and garbage acks
-nothing.
+pure conversions (the HTTP transport lives in ``plait.taskcontrol.http`` and
+``plait.taskcontrol.dispatch``). An answer that is not ``{"ack": [op ids]}``, with at
+most the optional ``"ask_again_after": seconds`` beside it, is garbage, and garbage
+acks nothing.
+
+``ask_again_after`` is plait's one addition to the paper's response: a controller
+that declines for a reason plait cannot see (a replica catching up, a shard
+migrating) says when it wants to be asked again, instead of waiting for the
+scheduler's default re-check (``SchedulerConfig.recheck_interval``, 30 s).
 """
 
 from __future__ import annotations
@@ -69,15 +75,58 @@ class TaskControlRequest:
     sequence_number: int = 0
 
 
+#: the longest "ask again after" honoured (a larger one is taken as this)
+MAX_ASK_AGAIN_AFTER = 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class TaskControlResponse:
     ack: tuple[str, ...] = ()
+    #: ask again after this many seconds even if nothing changed (None: the
+    #: scheduler's default re-check)
+    ask_again_after: float | None = None
 
 
 class TaskController(Protocol):
-    """An application's plugin: approves or delays operations on its own tasks."""
+    """An application's plugin: approves or delays operations on its own tasks.
+
+    An in-process controller (the built-in ones) is called by the scheduler's pass
+    itself; it must be pure and quick. A tenant's controller is a ``RemoteController``
+    and is never called from the pass."""
 
     def process(self, request: TaskControlRequest) -> TaskControlResponse: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteController:
+    """A tenant's controller behind a URL. The scheduler never calls it: each pass
+    leaves the job's request in ``Scheduler.outbox``, the shell sends it (with a hard
+    deadline and a reply-size cap, concurrently with other jobs' calls), and hands
+    the answer back with ``Scheduler.answer``; the next pass applies it. So a slow
+    or hung controller delays its own job's operations and nothing else."""
+
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerCall:
+    """A request for a job's remote TaskController, left by a pass for the shell."""
+
+    job: str
+    url: str
+    request: TaskControlRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerAnswer:
+    """What became of a ``ControllerCall``: the controller's response, or why there
+    is none (timeout, refused URL, oversized or malformed reply)."""
+
+    job: str
+    sequence_number: int
+    response: TaskControlResponse | None = None
+    error: str | None = None
+
 
 
 # -- wire format -------------------------------------------------------------------------
@@ -158,17 +207,29 @@ def request_from_wire(data: Any) -> TaskControlRequest:
 
 
 def response_from_wire(data: Any) -> TaskControlResponse:
-    """Parse a controller's answer; anything but ``{"ack": [str, ...]}`` is refused."""
-    if not isinstance(data, dict) or set(data) != {"ack"}:
-        raise ValidationError("", "expected exactly {\"ack\": [op ids]}")
+    """Parse a controller's answer; anything but ``{"ack": [str, ...]}`` (with an
+    optional ``"ask_again_after": seconds``) is refused."""
+    if not isinstance(data, dict) or "ack" not in data or not set(data) <= {
+            "ack", "ask_again_after"}:
+        raise ValidationError("", "expected {\"ack\": [op ids]} and at most "
+                                  "\"ask_again_after\": seconds")
     ack = data["ack"]
     if not isinstance(ack, list) or not all(isinstance(a, str) for a in ack):
         raise ValidationError("ack", "must be a list of op id strings")
-    return TaskControlResponse(tuple(ack))
+    again = data.get("ask_again_after")
+    if again is not None:
+        if isinstance(again, bool) or not isinstance(again, int | float) or not (
+                0 <= again < float("inf")):
+            raise ValidationError("ask_again_after", "must be a number of seconds >= 0")
+        again = min(float(again), MAX_ASK_AGAIN_AFTER)
+    return TaskControlResponse(tuple(ack), again)
 
 
 def response_to_wire(response: TaskControlResponse) -> dict[str, Any]:
-    return {"ack": list(response.ack)}
+    wire: dict[str, Any] = {"ack": list(response.ack)}
+    if response.ask_again_after is not None:
+        wire["ask_again_after"] = response.ask_again_after
+    return wire
 
 
 def op_to_wire(op: TaskOp) -> dict[str, Any]:

@@ -1,0 +1,226 @@
+"""Sending TaskControl calls off the pass (shell, outside the pure core).
+
+The scheduler's pass leaves each job's request for its remote controller in
+``Scheduler.outbox``; the control plane hands them to ``Dispatcher.send`` after the
+pass and goes on. The dispatcher runs its own event loop in one thread and sends
+the calls concurrently (at most ``max_in_flight`` at once), each with:
+
+* a hard total deadline (``deadline`` seconds from connect to the last byte of the
+  reply, whatever the controller does: a tarpit that sends one byte every two
+  seconds is cut off at the deadline, not kept alive by each byte);
+* a reply-size cap (``max_reply_bytes``; the reply is read as a stream and dropped
+  as soon as it is larger);
+* the URL policy checked on the addresses the host resolves to at call time;
+* a signature the controller can verify (``plait.taskcontrol.signing``).
+
+Every call ends in exactly one ``ControllerAnswer`` passed to ``deliver`` (from the
+dispatcher's thread): the response, or why there is none. The scheduler applies it
+at its next pass. A slow or broken controller costs one slot of ``max_in_flight``
+for at most ``deadline`` seconds and delays its own job only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from plait.errors import ValidationError
+from plait.taskcontrol import signing
+from plait.taskcontrol.protocol import (
+    ControllerAnswer,
+    ControllerCall,
+    response_from_wire,
+    to_wire,
+)
+from plait.taskcontrol.urlpolicy import UrlPolicy
+
+#: the default hard deadline of one call, and the default reply cap
+DEFAULT_DEADLINE = 5.0
+DEFAULT_MAX_REPLY = 1 << 20
+
+
+@dataclass
+class DispatchStats:
+    calls: int = 0
+    answered: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    refused: int = 0
+    oversized: int = 0
+    in_flight: int = 0
+    #: the latest calls' durations (seconds), for percentiles
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+
+
+class Dispatcher:
+    def __init__(self, deliver: Callable[[ControllerAnswer], None], *,
+                 deadline: float = DEFAULT_DEADLINE,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY,
+                 max_in_flight: int = 64,
+                 policy: UrlPolicy | None = None,
+                 verify: Callable[[str], Any] = lambda url: True,
+                 key_for: Callable[[str], str | None] = lambda job: None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``verify(url)``: what an https controller's certificate is checked against;
+        ``key_for(job)``: the job's signing key (None: unsigned)."""
+        self.deliver = deliver
+        self.deadline = deadline
+        self.max_reply_bytes = max_reply_bytes
+        self.max_in_flight = max_in_flight
+        self.policy = policy or UrlPolicy()
+        self.verify = verify
+        self.key_for = key_for
+        self.clock = clock
+        self.stats = DispatchStats()
+        self._clients: dict[int, httpx.AsyncClient] = {}
+        self._verify_ids: dict[str, Any] = {}
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="plait-taskcontrol",
+                                        daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._sem = asyncio.Semaphore(self.max_in_flight)
+        self._ready.set()
+        self._loop.run_forever()
+
+    # -- the caller's side ---------------------------------------------------------------
+    def send(self, calls: Iterable[ControllerCall]) -> None:
+        """Send each call (returns at once; answers come to ``deliver``)."""
+        batch = list(calls)
+        if batch:
+            self._loop.call_soon_threadsafe(self._start, batch)
+
+    def close(self) -> None:
+        if not self._loop.is_running():
+            return
+        done: Future[None] = asyncio.run_coroutine_threadsafe(self._aclose(), self._loop)
+        with contextlib.suppress(Exception):  # closing is best effort
+            done.result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    async def _aclose(self) -> None:
+        for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+            task.cancel()
+        for client in self._clients.values():
+            await client.aclose()
+
+    # -- the loop's side -----------------------------------------------------------------
+    def _start(self, batch: list[ControllerCall]) -> None:
+        for call in batch:
+            self.stats.calls += 1
+            self._loop.create_task(self._call(call))
+
+    def _client(self, url: str) -> httpx.AsyncClient:
+        verify = self.verify(url) if url.startswith("https:") else True
+        key = id(verify) if not isinstance(verify, bool) else int(verify)
+        client = self._clients.get(key)
+        if client is None:
+            self._verify_ids[url] = verify  # (keeps the context alive with its id)
+            limits = httpx.Limits(max_connections=self.max_in_flight,
+                                  max_keepalive_connections=self.max_in_flight)
+            client = self._clients[key] = httpx.AsyncClient(
+                verify=verify, limits=limits, trust_env=False, follow_redirects=False,
+                timeout=httpx.Timeout(self.deadline))
+        return client
+
+    async def _call(self, call: ControllerCall) -> None:
+        async with self._sem:
+            self.stats.in_flight += 1
+            started = time.monotonic()
+            response = None
+            error: str | None = None
+            try:
+                async with asyncio.timeout(self.deadline):
+                    response = await self._exchange(call)
+                self.stats.answered += 1
+            except TimeoutError:
+                self.stats.timeouts += 1
+                error = (f"controller {call.url}: no whole reply within the "
+                         f"{self.deadline:g}s deadline")
+            except _Refused as exc:
+                self.stats.refused += 1
+                error = str(exc)
+            except _Oversized as exc:
+                self.stats.oversized += 1
+                error = str(exc)
+            except Exception as exc:  # whatever the controller did, it acks nothing
+                error = f"controller {call.url}: {exc}"
+            finally:
+                self.stats.in_flight -= 1
+                self.stats.latencies.append(time.monotonic() - started)
+            if error is not None:
+                self.stats.errors += 1
+        self.deliver(ControllerAnswer(call.job, call.request.sequence_number, response, error))
+
+    async def _exchange(self, call: ControllerCall) -> Any:
+        url = call.url
+        try:
+            host, port = self.policy.host(url)
+            literal = self.policy.literal(host)
+            if literal is not None:
+                addresses = [str(literal)]
+            else:
+                infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                addresses = sorted({str(info[4][0]) for info in infos})
+            self.policy.check(url, addresses)
+        except ValidationError as exc:
+            raise _Refused(str(exc)) from None
+        except OSError as exc:
+            raise _Refused(f"controller {url}: cannot resolve {exc}") from None
+        body = json.dumps(to_wire(call.request), separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
+                   signing.JOB_HEADER: call.job}
+        key = self.key_for(call.job)
+        if key is not None:
+            headers[signing.SIGNATURE_HEADER] = signing.sign(key, body, self.clock())
+        client = self._client(url)
+        async with client.stream("POST", url, content=body, headers=headers) as reply:
+            if not reply.is_success:
+                raise _Unusable(f"HTTP {reply.status_code}")
+            declared = reply.headers.get("content-length")
+            if declared is not None and declared.isdigit() and (
+                    int(declared) > self.max_reply_bytes):
+                raise _Oversized(f"controller {url}: reply of {declared} bytes is over the "
+                                 f"{self.max_reply_bytes} byte cap")
+            data = bytearray()
+            async for chunk in reply.aiter_raw():
+                data += chunk
+                if len(data) > self.max_reply_bytes:
+                    raise _Oversized(f"controller {url}: reply over the "
+                                     f"{self.max_reply_bytes} byte cap")
+        try:
+            parsed = json.loads(data)
+        except ValueError:
+            raise _Unusable("reply is not JSON") from None
+        try:
+            return response_from_wire(parsed)
+        except ValidationError as exc:
+            raise _Unusable(f"malformed reply: {exc}") from None
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Oversized(Exception):
+    pass
+
+
+class _Unusable(Exception):
+    pass

@@ -1,0 +1,84 @@
+"""Signed TaskControl calls: a controller can tell that a request comes from its
+region's control plane, for its own job, recently.
+
+Every job has its own key, derived from the region's TaskControl secret (created at
+the first start and kept under ``/auth`` in the store; the job's owner reads the
+key with ``plait job controller-key JOB`` or ``GET /v1/jobs/{job}/controller-key``)::
+
+    key = hex(HMAC-SHA256(secret, "plait taskcontrol v1\\0" + job))
+
+Each request carries two headers::
+
+    Plait-Job: web
+    Plait-Signature: t=1767225600,v1=<hex HMAC-SHA256(bytes.fromhex(key), b"<t>." + body)>
+
+where ``body`` is the exact bytes of the request body. A controller verifies with
+``verify(key, headers["Plait-Signature"], body, now=time.time())``; without plait
+installed, the same check is a few lines::
+
+    import hashlib, hmac, time
+    def verify(key: str, header: str, body: bytes, tolerance: float = 300) -> bool:
+        parts = dict(p.split("=", 1) for p in header.split(","))
+        t, sig = parts["t"], parts["v1"]
+        want = hmac.new(bytes.fromhex(key), t.encode() + b"." + body,
+                        hashlib.sha256).hexdigest()
+        return hmac.compare_digest(want, sig) and abs(time.time() - int(t)) <= tolerance
+
+The timestamp bounds a replay to the tolerance; the request's ``sequence_number``,
+which only grows, lets a controller refuse a replay within it.
+
+This module is pure: the time is passed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from plait.errors import ValidationError
+
+SIGNATURE_HEADER = "Plait-Signature"
+JOB_HEADER = "Plait-Job"
+#: how far a signature's timestamp may be from the verifier's clock
+DEFAULT_TOLERANCE = 300.0
+_KEY_CONTEXT = b"plait taskcontrol v1\0"
+
+
+class SignatureError(ValidationError):
+    """A TaskControl request whose signature is missing, malformed, wrong or stale."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(SIGNATURE_HEADER, message)
+
+
+def job_key(secret: bytes, job: str) -> str:
+    """The job's signing key (hex), derived from the region's secret."""
+    return hmac.new(secret, _KEY_CONTEXT + job.encode(), hashlib.sha256).hexdigest()
+
+
+def sign(key: str, body: bytes, now: float) -> str:
+    """The ``Plait-Signature`` header value for ``body`` sent at ``now``."""
+    t = str(int(now))
+    mac = hmac.new(bytes.fromhex(key), t.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"t={t},v1={mac}"
+
+
+def verify(key: str, header: str | None, body: bytes, now: float,
+           tolerance: float = DEFAULT_TOLERANCE) -> None:
+    """Raise ``SignatureError`` unless ``header`` signs ``body`` with ``key`` within
+    ``tolerance`` seconds of ``now``."""
+    if not header:
+        raise SignatureError("the request is not signed")
+    try:
+        parts = dict(p.strip().split("=", 1) for p in header.split(","))
+        t, mac = parts["t"], parts["v1"]
+        stamp = int(t)
+    except (ValueError, KeyError):
+        raise SignatureError("malformed signature header: expected t=<seconds>,v1=<hex>") \
+            from None
+    want = hmac.new(bytes.fromhex(key), t.encode() + b"." + body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(want, mac):
+        raise SignatureError("the signature does not match the body")
+    if abs(now - stamp) > tolerance:
+        raise SignatureError(f"the signature is {abs(now - stamp):.0f}s old "
+                             f"(at most {tolerance:g}s accepted)")
