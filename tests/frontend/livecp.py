@@ -43,9 +43,10 @@ def wait_for(check: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def start_live(data_dir, sim_agents: bool = True) -> Live:
+def start_live(data_dir, sim_agents: bool = True, **config) -> Live:
     cp = ControlPlane(store_for(data_dir), ControlPlaneConfig(
-        region=REGION, tick_seconds=0.05, sim_agents=sim_agents, sim_start_seconds=0.2))
+        region=REGION, tick_seconds=0.05, sim_agents=sim_agents, sim_start_seconds=0.2,
+        **config))
     token = cp.bootstrap_admin()
     assert token is not None
     server = ApiServer(cp).start()

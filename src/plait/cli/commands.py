@@ -893,6 +893,15 @@ def job_history(name: str, output: Output = "table") -> None:
         title=f"job {name}: {d['versions']} versions"))
 
 
+@job_app.command("controller-key")
+@guarded
+def job_controller_key(name: str, output: Output = "table") -> None:
+    """The key the job's TaskController checks plait's calls with: each call carries
+    Plait-Signature: t=<seconds>,v1=<hex HMAC-SHA256(key, "<t>." + body)>."""
+    data = api().get(f"/v1/jobs/{name}/controller-key")
+    emit(data, output, lambda d: out.print(d["key"], highlight=False))
+
+
 def _ack(a: Api, name: str, result: dict[str, Any], what: str, wait: bool, timeout: float,
          output: str, deleting: bool = False) -> None:
     if output == "table":

@@ -531,6 +531,16 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             raise NotFound("version", f"{name} version {version}")
         return doc.versions[version - 1].model_dump(mode="json")
 
+    @app.get("/v1/jobs/{name}/controller-key", tags=["jobs"])
+    def controller_key(name: str, who: User, request: Request) -> dict[str, Any]:
+        """The key this region signs the job's TaskControl calls with (header
+        ``Plait-Signature: t=<seconds>,v1=<hex HMAC-SHA256(key, "<t>." + body)>``); the
+        job's controller verifies each call with it (``plait.taskcontrol.signing``)."""
+        may_job(request, who, name)
+        cp.jobs.get(name)
+        return {"job": name, "key": cp.controller_key(name),
+                "header": "Plait-Signature", "algorithm": "HMAC-SHA256"}
+
     @app.get("/v1/jobs/{name}/tasks", tags=["tasks"])
     def job_tasks(name: str, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)

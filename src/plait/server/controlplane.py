@@ -268,6 +268,7 @@ class ControlPlane:
         if config.sim_agents:
             self.sim = Simulation(self.fleet, behaviour, scheduler=self.scheduler, now=now)
             self.sim.output = []  # the simulated processes' output goes to the task logs
+            self.sim.carry_calls = False  # the dispatcher sends TaskControl calls
             if old is not None:  # the simulated processes live on
                 self.sim.agents = old.agents
             return

@@ -10,6 +10,7 @@ them to assert invariants at every instant, not just at the end).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 from plait.allocator import Allocator, MachineIndex
@@ -19,6 +20,7 @@ from plait.model.task import TaskRef
 from plait.model.topology import Fleet
 from plait.scheduler import Scheduler, SchedulerConfig
 from plait.sim.agents import BehaviourFn, SimAgent, default_behaviour
+from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall, TaskController
 
 Observer = Callable[["Simulation"], None]
 
@@ -46,6 +48,15 @@ class Simulation:
         #: when a list, the simulated processes' output lands here: (task, time, line)
         self.output: list[tuple[TaskRef, float, str]] | None = None
         self._event_seq = 0
+        #: stand-ins for remote TaskControllers, by URL: the controller and how many
+        #: seconds it takes to answer. The simulator is the shell that carries a
+        #: ``RemoteController``'s calls (``Scheduler.outbox``) and answers, as the
+        #: control plane's dispatcher does for real ones
+        self.remotes: dict[str, tuple[TaskController, float]] = {}
+        self._calls: list[tuple[float, int, ControllerCall]] = []
+        #: False when another shell carries the calls (a control plane running
+        #: simulated agents sends its jobs' calls to their real controllers)
+        self.carry_calls = True
 
     def agent(self, machine: int) -> SimAgent:
         agent = self.agents.get(machine)
@@ -73,9 +84,32 @@ class Simulation:
             sched.report(agent.machine, statuses, now)
             if agent.busy() or len(agent.processes) != len(desired):
                 self._busy.add(m)
+        self._answer_calls(now)
         sched.tick(now)
+        for call in sched.take_calls() if self.carry_calls else ():
+            latency = self.remotes[call.url][1] if call.url in self.remotes else 0.0
+            heapq.heappush(self._calls, (now + latency, self._event_seq, call))
+            self._event_seq += 1
         for observe in self.observers:
             observe(self)
+
+    def _answer_calls(self, now: float) -> None:
+        """Deliver the remote controllers' answers that are due."""
+        sched = self.scheduler
+        while self._calls and self._calls[0][0] <= now:
+            _, _, call = heapq.heappop(self._calls)
+            remote = self.remotes.get(call.url)
+            seq = call.request.sequence_number
+            if remote is None:
+                sched.answer(ControllerAnswer(call.job, seq, None,
+                                              f"controller {call.url}: connection refused"))
+                continue
+            try:
+                response = remote[0].process(call.request)
+            except Exception as exc:  # what the real shell turns into "acked nothing"
+                sched.answer(ControllerAnswer(call.job, seq, None, str(exc)))
+                continue
+            sched.answer(ControllerAnswer(call.job, seq, response))
 
     def run(self, seconds: float) -> None:
         end = self.now + seconds

@@ -111,10 +111,11 @@ class UrlPolicy:
             raise refused(url, "own-api", f"{addr} port {port} is this control plane's API")
         if addr in METADATA_ADDRESSES:
             raise refused(url, "metadata", f"{addr} is a cloud metadata service")
-        if addr.is_unspecified or addr.is_multicast or (
-                addr.is_reserved and not addr.is_loopback):
-            raise refused(url, "unspecified/multicast/reserved",
-                          f"{addr} is not a unicast address")
+        for kind, flag in (("unspecified", addr.is_unspecified),
+                           ("multicast", addr.is_multicast),
+                           ("reserved", addr.is_reserved and not addr.is_loopback)):
+            if flag:
+                raise refused(url, kind, f"{addr} is a {kind} address, not a host")
         for kind, flag in (("loopback", addr.is_loopback), ("link-local", addr.is_link_local)):
             if flag and not any(n.prefixlen > 0 and addr in n for n in self.allow
                                 if n.version == addr.version):
