@@ -95,8 +95,12 @@ class Server:
     then killed if it has not exited within ``grace`` seconds."""
 
     def __init__(self, machines: int, tick: float = 0.5, start_timeout: float = 60.0,
-                 grace: float = 10.0) -> None:
+                 grace: float = 10.0, sim_agents: bool = True,
+                 extra: tuple[str, ...] = ()) -> None:
+        """``sim_agents``: simulated agents on every machine (else machines are up only
+        while something heartbeats for them); ``extra``: more ``plait serve`` options."""
         self.machines, self.tick = machines, tick
+        self.sim_agents, self.extra = sim_agents, extra
         self.start_timeout, self.grace = start_timeout, grace
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -125,7 +129,8 @@ class Server:
                "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data),
                "--host", "127.0.0.1", "--port", str(port), "--machines", str(self.machines),
-               "--sim-agents", "--tick", str(self.tick), "--no-write-config"]
+               *(["--sim-agents"] if self.sim_agents else []), "--tick", str(self.tick),
+               "--no-write-config", *self.extra]
         with open(self.dir / "server.log", "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)

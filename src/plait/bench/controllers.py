@@ -6,6 +6,11 @@ One asyncio server answers ``POST /{mode}/{job}``; the mode says how:
 
 * ``ack``: acks every operation requested (the application is always ready);
 * ``one``: acks the first operation requested (one at a time);
+* ``gate``: a health gate: while any of the job's tasks is unhealthy, acks nothing
+  and asks to be asked again after 1 s; otherwise acks the first operation;
+* ``lag``: a replica-lag gate plait cannot see: acks the first operation on one call
+  in five (by sequence number), and otherwise acks nothing and asks to be asked
+  again after 1 s;
 * ``later``: acks nothing and asks to be asked again after 1 s, the first 3 times
   for each job; then acks everything;
 * ``slow``: like ``ack``, after 4.5 s (inside a 5 s deadline);
@@ -27,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-MODES = ("ack", "one", "later", "slow", "tarpit", "hung", "huge", "garbage")
+MODES = ("ack", "one", "gate", "lag", "later", "slow", "tarpit", "hung", "huge", "garbage")
 
 
 @dataclass
@@ -42,13 +47,16 @@ class Seen:
 class FarmState:
     seen: dict[str, list[Seen]] = field(default_factory=lambda: defaultdict(list))
     calls: int = 0
+    by_mode: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: keep every request (tests) or only count them (the benchmark)
+    keep: bool = True
 
 
 class ControllerFarm:
     """The farm, served by an event loop in a thread of this process."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.state = FarmState()
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, keep: bool = True) -> None:
+        self.state = FarmState(keep=keep)
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(host, port), daemon=True,
@@ -95,18 +103,31 @@ class ControllerFarm:
         """Answer one request; False: the connection ends here."""
         parts = path.strip("/").split("/", 1)
         mode, job = [*parts, ""][:2]
+        if mode == "stats":
+            return self._json(writer, {"calls": self.state.calls,
+                                       "by_mode": dict(self.state.by_mode)})
         try:
             request = json.loads(body)
         except ValueError:
             request = {}
         self.state.calls += 1
+        self.state.by_mode[mode] += 1
         log = self.state.seen[job]
-        log.append(Seen(int(request.get("sequence_number", -1)),
-                        headers.get("plait-signature"), body, request))
+        if self.state.keep or mode == "later":
+            log.append(Seen(int(request.get("sequence_number", -1)),
+                            headers.get("plait-signature"), body, request))
         ops = [op["op_id"] for op in request.get("request", [])]
         if mode == "ack":
             return self._json(writer, {"ack": ops})
         if mode == "one":
+            return self._json(writer, {"ack": ops[:1]})
+        if mode == "gate":
+            if request.get("all_unhealthy_tasks"):
+                return self._json(writer, {"ack": [], "ask_again_after": 1})
+            return self._json(writer, {"ack": ops[:1]})
+        if mode == "lag":
+            if int(request.get("sequence_number", 0)) % 5:
+                return self._json(writer, {"ack": [], "ask_again_after": 1})
             return self._json(writer, {"ack": ops[:1]})
         if mode == "later":
             if len(log) <= 3:
@@ -150,3 +171,19 @@ class ControllerFarm:
         writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
         return True
+
+
+def main() -> None:
+    """``python -m plait.bench.controllers PORT``: serve the farm until killed (the
+    benchmark runs it in a process of its own, off the control plane's GIL)."""
+    import sys
+    import time
+
+    farm = ControllerFarm(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0, keep=False)
+    print(farm.url, flush=True)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

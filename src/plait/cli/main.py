@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from plait import __version__
-from plait.errors import PlaitError
+from plait.errors import PlaitError, ValidationError
 
 app = typer.Typer(help="plait: a cluster manager with one control plane per region.",
                   no_args_is_help=True, add_completion=False)
@@ -144,6 +144,29 @@ def bench_api(
     except PlaitError as exc:
         raise _refuse(exc) from None
     print(json.dumps(result))
+
+
+@bench_app.command("taskcontrol")
+def bench_taskcontrol(
+    jobs: Annotated[int, typer.Option(min=2, help="jobs, each with an HTTP TaskController")]
+    = 1000,
+    tarpits: Annotated[int, typer.Option(min=0, help="of them behind a tarpit (one byte "
+                                                     "every 2 s)")] = 10,
+    machines: Annotated[int, typer.Option(min=1, help="machines, each with an agent "
+                                                      "heartbeating over the API")] = 100,
+    seconds: Annotated[float, typer.Option(min=1, help="measured window")] = 30.0,
+    update_rate: Annotated[float, typer.Option(min=0.1, help="job updates per second "
+                                                             "during the window")] = 120.0,
+) -> None:
+    """TaskControl off the pass: controller calls per second, other tenants' API
+    latency and the agents' heartbeat latency while tarpit controllers hang on
+    (one JSON object on stdout)."""
+    from plait.bench import taskcontrol
+
+    if tarpits >= jobs:
+        raise _refuse(ValidationError("tarpits", "must be fewer than the jobs"))
+    print(json.dumps(taskcontrol.run(jobs=jobs, tarpits=tarpits, machines=machines,
+                                     seconds=seconds, update_rate=update_rate)))
 
 
 @bench_app.command("recovery")

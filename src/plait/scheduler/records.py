@@ -120,6 +120,8 @@ class JobRecord:
     in_flight_since: float = 0.0
     #: the controller's last "ask again after" (None: the default re-check)
     recheck: float | None = None
+    #: acked operations wait for the rate limit (reported once, when it begins)
+    throttled: bool = False
     #: something the controller should hear about happened
     dirty: bool = True
     #: why the rollout halted, if it did

@@ -120,6 +120,9 @@ class Scheduler:
         #: jobs left quiet by their last reconcile and untouched since: ``tick`` skips
         #: them (a region's settled jobs cost nothing per tick)
         self._idle: set[str] = set()
+        #: idle jobs with a controller, and when they must be looked at again even
+        #: if nothing happens (a re-check due, an answer given up for lost)
+        self._wake_at: dict[str, float] = {}
         self._changes: list[BrokerChange] = []
         self._parked: dict[str, set[TaskRef]] = {}
         #: remote controllers' requests for the shell to send (``take_calls``), and
@@ -374,6 +377,26 @@ class Scheduler:
         target, live = job.target, _LIVE
         return all(r.state in live and r.op is None and not r.restart
                    and r.spec_version == target for r in job.tasks.values())
+
+    def _waiting_for_controller(self, job: JobRecord) -> bool:
+        """Operations offered to the job's controller, and nothing else under way:
+        only its answer (or its re-check) can move the job on."""
+        if job.acked or job.in_progress or job.lost or job.deleting or (
+                len(job.tasks) != job.spec.task_count):
+            return False
+        live = _LIVE
+        return all(r.state in live and r.op is None for r in job.tasks.values())
+
+    def _controller_timer(self, job: JobRecord) -> float:
+        """When an idle job with a controller must be looked at again by itself: its
+        answer given up for lost, or its re-check due (far off when nothing is
+        offered: nothing to ask about)."""
+        if job.in_flight is not None:
+            return job.in_flight_since + self.config.controller_lost_after
+        if not job.offers or job.last_call is None:
+            return float("inf")
+        recheck = self.config.recheck_interval if job.recheck is None else job.recheck
+        return job.last_call + recheck
 
     def _event(self, now: float, job: str, kind: str, message: str) -> None:
         self._mark(job)
@@ -715,6 +738,10 @@ class Scheduler:
         self._on_machines(now)
         notice = self._maintenance(now)
         idle = self._idle
+        if self._wake_at:
+            for name in [n for n, at in self._wake_at.items() if at <= now]:
+                del self._wake_at[name]
+                idle.discard(name)
         for name in sorted(self.jobs):
             job = self.jobs[name]
             if name in idle and not (notice and any(
@@ -735,10 +762,21 @@ class Scheduler:
             quiet_now = self._quiet(job)
             if not (quiet and quiet_now):
                 self._mark(name)
-            if job.controller is None and (quiet_now or self._waiting(job)):
-                idle.add(name)  # (a controller is called again every recheck_interval)
+            if job.controller is None:
+                if quiet_now or self._waiting(job):
+                    idle.add(name)
+            elif not job.dirty and (quiet_now or self._waiting(job)
+                                    or self._waiting_for_controller(job)):
+                # only an answer, an input or its timer can move it on
+                idle.add(name)
+                at = self._controller_timer(job)
+                if at < float("inf"):
+                    self._wake_at[name] = at
+                else:
+                    self._wake_at.pop(name, None)
             if job.deleting and not job.tasks:
                 del self.jobs[name]
+                self._wake_at.pop(name, None)
                 self.allocator.cache.drop(name)
                 self._event(now, name, "deleted", "all tasks stopped")
 
@@ -1107,8 +1145,12 @@ class Scheduler:
                 down += 1
         if throttled:
             self.counters["throttled"] += 1
-            self._event(now, job.name, "throttled",
-                        f"{len(job.acked)} acked operations wait for the rate limit")
+            if not job.throttled:  # once when it starts waiting, not on every pass
+                job.throttled = True
+                self._event(now, job.name, "throttled",
+                            f"{len(job.acked)} acked operations wait for the rate limit")
+        elif job.throttled and not job.acked:
+            job.throttled = False
 
     def _still_applies(self, job: JobRecord, rec: TaskRecord, op: TaskOp) -> bool:
         if op.kind is OpKind.MOVE and op.reason == _FAILURE:

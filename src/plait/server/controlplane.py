@@ -38,7 +38,7 @@ from plait.persist.follow import SharedRecords
 from plait.persist.scheduler import JobDoc, JobStore, PersistentScheduler
 from plait.persist.warm import WarmRecords
 from plait.scheduler import Scheduler, SchedulerConfig
-from plait.scheduler.records import Assignment, TaskStatus
+from plait.scheduler.records import Assignment, JobRecord, TaskStatus
 from plait.server.auth import Role, TokenStore
 from plait.server.events import EventLog, Retention
 from plait.server.logs import TaskLogs
@@ -58,6 +58,51 @@ DRAIN_HOLD = 365 * 86400.0
 _RESYNC = "/all"
 
 EventTuple = tuple[float, str, str, str, str | None, str | None, str | None]
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What readers see of a job's tasks: made by a pass under the lock, read
+    without it."""
+
+    target: int
+    records: int
+    counts: dict[str, int]
+    serving: int
+    updated: int
+    halted: str | None
+    rollout_active: bool
+    moving_from: str | None
+    on_entitlement: int
+    unplaced_reason: str | None
+    error: str | None
+    unavailable: int
+    tasks: tuple[dict[str, Any], ...]
+    #: (index, machine) of the tasks enabled in service discovery
+    serving_on: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def of(cls, sched: Scheduler, job: JobRecord, fleet: Fleet) -> JobState:
+        counts: dict[str, int] = {}
+        serving = updated = 0
+        target, running = job.target, TaskState.RUNNING
+        tasks = []
+        serving_on = []
+        for r in sorted(job.tasks.values(), key=lambda r: r.index):
+            counts[r.state.value] = counts.get(r.state.value, 0) + 1
+            serving += r.serving
+            updated += r.spec_version == target and r.state is running and r.healthy
+            machine = None if r.machine is None else fleet.name(r.machine)
+            tasks.append({"index": r.index, "state": r.state.value, "version": r.spec_version,
+                          "machine": machine, "serving": r.serving, "healthy": r.healthy,
+                          "exit_code": r.exit_code,
+                          "operation": None if r.op is None else r.op.kind.value})
+            if r.serving and machine is not None:
+                serving_on.append((r.index, machine))
+        return cls(target, len(job.tasks), counts, serving, updated, job.halted,
+                   job.rollout_active, job.moving_from, sched.on_entitlement(job),
+                   job.unplaced_reason, job.error, sched.unavailable(job), tuple(tasks),
+                   tuple(serving_on))
 
 
 @dataclass(frozen=True)
@@ -188,6 +233,8 @@ class ControlPlane:
         self.url_policy = UrlPolicy(allow=networks(config.controller_networks))
         self._signing_secret: bytes | None = None
         self.dispatcher: Dispatcher | None = None
+        #: per job: what readers see of its tasks, as the last pass left them
+        self._views: dict[str, JobState] = {}
         self._build(now)
 
     def _fleet(self) -> Fleet:
@@ -255,6 +302,7 @@ class ControlPlane:
         self._desired_view = {}
         self.persist.fence = fence
         self.persist.only_held = config.shard is not None
+        self._publish(None)
         self.jobs: JobStore = self.persist.jobs
         start = config.sim_start_seconds
 
@@ -349,7 +397,10 @@ class ControlPlane:
                 ent = job.entitlement if job is not None else self._entitlement_of(ev.job)
                 self.record("scheduler", ev.kind, ev.message, job=ev.job, entitlement=ent,
                             at=ev.time)
+            changed = self.scheduler.changed_jobs
+            changed = None if changed is None else set(changed)
             self.persist.save(self.allocator)
+            self._publish(changed)
             if self.steps % self.config.resync_passes == 0 and self.steps:
                 with self._pending_lock:  # a safety net: every stored job is looked at
                     self._inbox.add(_RESYNC)
@@ -828,48 +879,43 @@ class ControlPlane:
 
     # -- jobs: reads -----------------------------------------------------------------------
     def job_view(self, name: str) -> dict[str, Any]:
+        """The job as stored (spec, versions) and as the last pass left its tasks (no
+        lock: a read never waits for a pass)."""
         doc = self.jobs.get(name)
-        with self.lock:
-            job = self.scheduler.jobs.get(name)
-            counts: dict[str, int] = {}
-            serving = updated = 0
-            if job is not None:
-                for rec in job.tasks.values():
-                    counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
-                    serving += rec.serving
-                    updated += (rec.spec_version == job.target
-                                and rec.state is TaskState.RUNNING and rec.healthy)
-            spec = doc.spec
-            succeeded = counts.get(TaskState.SUCCEEDED.value, 0)
-            failed = counts.get(TaskState.DEAD.value, 0)
-            if not spec.restart.batch:
-                phase = "running"
-            elif failed:
-                phase = "failed"  # a task exhausted its retries (the others run on)
-            elif (job is not None and job.target == len(doc.versions)
-                  and succeeded == spec.task_count == len(job.tasks)):
-                phase = "complete"
-            else:
-                phase = "running"
-            view = {
-                "name": name, "entitlement": doc.entitlement, "version": len(doc.versions),
-                "applied_version": job.target if job else 0,
-                "spec": doc.spec.model_dump(mode="json"), "deleting": doc.deleting,
-                "task_count": doc.spec.task_count, "tasks": counts, "serving": serving,
-                "updated": updated, "halted": job.halted if job else None,
-                "rollout_active": bool(job and job.rollout_active),
-                "moving_from": job.moving_from if job else None,
-                "on_entitlement": self.scheduler.on_entitlement(job) if job else 0,
-                "unplaced_reason": job.unplaced_reason if job else None,
-                "error": job.error if job else None,
-                "unavailable": self.scheduler.unavailable(job) if job else doc.spec.task_count,
-                "batch": spec.restart.batch, "phase": phase, "succeeded": succeeded,
-                "failed": failed, "running": counts.get(TaskState.RUNNING.value, 0),
-                "settled": bool(job and job.target == len(doc.versions) and not doc.deleting
-                                and updated == doc.spec.task_count
-                                and len(job.tasks) == doc.spec.task_count),
-            }
-        return view
+        job = self._views.get(name)
+        counts = job.counts if job is not None else {}
+        spec = doc.spec
+        succeeded = counts.get(TaskState.SUCCEEDED.value, 0)
+        failed = counts.get(TaskState.DEAD.value, 0)
+        if not spec.restart.batch:
+            phase = "running"
+        elif failed:
+            phase = "failed"  # a task exhausted its retries (the others run on)
+        elif (job is not None and job.target == len(doc.versions)
+              and succeeded == spec.task_count == job.records):
+            phase = "complete"
+        else:
+            phase = "running"
+        updated = job.updated if job is not None else 0
+        return {
+            "name": name, "entitlement": doc.entitlement, "version": len(doc.versions),
+            "applied_version": job.target if job else 0,
+            "spec": doc.spec.model_dump(mode="json"), "deleting": doc.deleting,
+            "task_count": doc.spec.task_count, "tasks": dict(counts),
+            "serving": job.serving if job else 0,
+            "updated": updated, "halted": job.halted if job else None,
+            "rollout_active": bool(job and job.rollout_active),
+            "moving_from": job.moving_from if job else None,
+            "on_entitlement": job.on_entitlement if job else 0,
+            "unplaced_reason": job.unplaced_reason if job else None,
+            "error": job.error if job else None,
+            "unavailable": job.unavailable if job else doc.spec.task_count,
+            "batch": spec.restart.batch, "phase": phase, "succeeded": succeeded,
+            "failed": failed, "running": counts.get(TaskState.RUNNING.value, 0),
+            "settled": bool(job and job.target == len(doc.versions) and not doc.deleting
+                            and updated == doc.spec.task_count
+                            and job.records == doc.spec.task_count),
+        }
 
     def job_names(self, entitlements: set[str] | None = None) -> list[str]:
         names = self.jobs.names()
@@ -879,24 +925,31 @@ class ControlPlane:
 
     def tasks_view(self, name: str) -> list[dict[str, Any]]:
         self.jobs.get(name)  # NotFound for an unknown job
-        with self.lock:
-            job = self.scheduler.jobs.get(name)
-            if job is None:
-                return []
-            fleet = self.fleet
-            return [{"index": r.index, "state": r.state.value, "version": r.spec_version,
-                     "machine": None if r.machine is None else fleet.name(r.machine),
-                     "serving": r.serving, "healthy": r.healthy, "exit_code": r.exit_code,
-                     "operation": None if r.op is None else r.op.kind.value}
-                    for r in sorted(job.tasks.values(), key=lambda r: r.index)]
+        job = self._views.get(name)
+        return [dict(t) for t in job.tasks] if job is not None else []
 
     def discovery(self, name: str) -> list[dict[str, Any]]:
         self.jobs.get(name)
-        with self.lock:
-            if name not in self.scheduler.jobs:
-                return []
-            return [{"index": i, "machine": m, "endpoint": self.endpoints.get((name, i))}
-                    for i, m in self.scheduler.discovery(name)]
+        job = self._views.get(name)
+        if job is None:
+            return []
+        endpoints = self.endpoints
+        return [{"index": i, "machine": m, "endpoint": endpoints.get((name, i))}
+                for i, m in job.serving_on]
+
+    def _publish(self, changed: set[str] | None) -> None:
+        """Keep the read views of the jobs this pass changed (``None``: every job),
+        so readers never take the lock (decision 45)."""
+        sched, views = self.scheduler, self._views
+        for name in list(sched.jobs) if changed is None else changed:
+            job = sched.jobs.get(name)
+            if job is None:
+                views.pop(name, None)
+            else:
+                views[name] = JobState.of(sched, job, self.fleet)
+        if changed is None:
+            for name in [n for n in views if n not in sched.jobs]:
+                del views[name]
 
     def plan(self, spec: JobSpec) -> dict[str, Any]:
         """What deploying ``spec`` would do, changing nothing: the spec fields that

@@ -1,0 +1,252 @@
+"""``plait bench taskcontrol``: a region whose jobs each have an HTTP TaskController,
+some of them tarpits, while other tenants read and update their jobs and agents
+heartbeat.
+
+Three processes, as in production: ``plait serve`` (real-agent mode: a machine is up
+only while its agent heartbeats), a farm of controllers on one port
+(``plait.bench.controllers``: ``lag`` is a replica-lag gate that acks one operation
+on one call in five and otherwise declines, asking to be asked again after 1 s;
+``tarpit`` sends one byte every 2 s and never finishes), and this process, which
+plays the agents and the users on asyncio streams:
+
+* ``machines`` agents, each every ``agent_interval`` seconds reading its machine's
+  desired set and reporting every task in it running and healthy (the status POST's
+  round trip is the heartbeat latency);
+* ``jobs`` jobs of ``tasks_per_job`` tasks, ``tarpits`` of them behind a tarpit; the
+  others are updated round-robin at ``update_rate`` per second during the window, so
+  their controllers are asked about rolling updates all the time;
+* a tenant without a controller who reads one of its ``other_jobs`` and updates
+  another, ``other_rate`` times a second each (their latency is
+  ``other_jobs_api_p99_ms``).
+
+``controller_calls_per_s`` counts the calls the healthy controllers received during
+the window; ``false_machine_failures`` the machines declared unreachable during the
+whole run (every agent heartbeats throughout, so any is false).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+
+from plait.bench.api import Connection, Server
+
+
+def _spec(name: str, tasks: int, controller: str | None, rev: int) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": name, "entitlement": "tc", "task_count": tasks,
+        "resources": {"cpu": 0.1, "memory_gb": 0.1}, "command": "serve",
+        "args": [f"--rev{rev}"], "update": {"max_unavailable": 1}}
+    if controller is not None:
+        body["task_controller"] = controller
+    return body
+
+
+class Api:
+    """Requests on one keep-alive connection."""
+
+    def __init__(self, url: str, token: str) -> None:
+        target = httpx.URL(url)
+        self.host, self.port = target.host, target.port or 80
+        self.token = token
+        self.conn = Connection(self.host, self.port)
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        payload = b"" if body is None else json.dumps(body).encode()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Authorization: Bearer {self.token}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n\r\n").encode()
+        status, answer = await self.conn.request(head + payload)
+        return status, json.loads(answer) if answer else None
+
+
+def _p(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)) * 1000, 2) if values else None
+
+
+async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
+                 tasks_per_job: int, machines: list[str], seconds: float, update_rate: float,
+                 other_jobs: int, other_rate: float, agent_interval: float,
+                 settle_timeout: float) -> dict[str, Any]:
+    stop = asyncio.Event()
+    beats: list[float] = []
+    beat_errors = 0
+    measuring = False
+
+    async def agent(machine: str, offset: float) -> None:
+        nonlocal beat_errors
+        api = Api(url, token)
+        await asyncio.sleep(offset)
+        while not stop.is_set():
+            try:
+                _, desired = await api.call("GET", f"/v1/machines/{machine}/desired")
+                tasks = [{"job": t["job"], "index": t["index"], "revision": t["revision"],
+                          "phase": "running", "healthy": True} for t in desired["tasks"]]
+                started = time.perf_counter()
+                status, _ = await api.call("POST", f"/v1/machines/{machine}/status",
+                                           {"tasks": tasks})
+                if measuring:
+                    beats.append(time.perf_counter() - started)
+                if status != 200:
+                    beat_errors += 1
+            except (OSError, ValueError, KeyError, TypeError):
+                beat_errors += 1
+                api.conn.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), agent_interval)
+
+    agents = [asyncio.create_task(agent(m, i * agent_interval / len(machines)))
+              for i, m in enumerate(machines)]
+    admin = Api(url, token)
+    status, body = await admin.call("POST", "/v1/entitlements", {
+        "name": "tc", "owner": "bench", "quota": {"machines": len(machines)}})
+    if status not in (200, 201):
+        raise RuntimeError(f"entitlement: {status} {body}")
+    names = [f"tc-{i:04d}" for i in range(jobs)]
+    mode = {n: ("tarpit" if i >= jobs - tarpits else "lag") for i, n in enumerate(names)}
+    controller = {n: f"{farm}/{mode[n]}/{n}" for n in names}
+    others = [f"other-{k}" for k in range(other_jobs)]
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for n in names + others:
+        queue.put_nowait(n)
+
+    async def creator() -> None:
+        api = Api(url, token)
+        while not queue.empty():
+            n = queue.get_nowait()
+            status, body = await api.call("POST", "/v1/jobs", _spec(
+                n, tasks_per_job, controller.get(n), 1))
+            if status not in (200, 201):
+                raise RuntimeError(f"creating {n}: {status} {body}")
+    await asyncio.gather(*(creator() for _ in range(8)))
+    # every job's tasks run before the window opens
+    deadline = time.monotonic() + settle_timeout
+    while True:
+        _, listed = await admin.call("GET", "/v1/jobs")
+        running = sum(1 for j in listed["jobs"] if j["settled"])
+        if running == len(names) + len(others):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {running} of {len(names) + len(others)} jobs settled "
+                               f"within {settle_timeout:g}s")
+        await asyncio.sleep(1.0)
+
+    async def farm_calls() -> dict[str, int]:
+        async with httpx.AsyncClient() as c:
+            by_mode: dict[str, int] = (await c.get(f"{farm}/stats")).json()["by_mode"]
+            return by_mode
+
+    before = await farm_calls()
+    measuring = True
+    window_start = time.perf_counter()
+    rev = {n: 1 for n in names + others}
+    sent = 0
+    healthy = [n for n in names if mode[n] != "tarpit"]
+    other_latency: list[float] = []
+    other_errors = 0
+
+    async def updater() -> None:
+        nonlocal sent
+        api = Api(url, token)
+        for n in names:  # the tarpits are asked once, and never answer
+            if mode[n] == "tarpit":
+                rev[n] += 1
+                await api.call("PUT", f"/v1/jobs/{n}", _spec(n, tasks_per_job,
+                                                             controller[n], rev[n]))
+        i = 0
+        while not stop.is_set():
+            due = window_start + sent / update_rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if stop.is_set():
+                break
+            n = healthy[i % len(healthy)]
+            i += 1
+            rev[n] += 1
+            await api.call("PUT", f"/v1/jobs/{n}", _spec(n, tasks_per_job, controller[n],
+                                                         rev[n]))
+            sent += 1
+
+    async def tenant() -> None:
+        nonlocal other_errors
+        api = Api(url, token)
+        k = 0
+        while not stop.is_set():
+            n = others[k % len(others)]
+            k += 1
+            started = time.perf_counter()
+            if k % 2:
+                status, _ = await api.call("GET", f"/v1/jobs/{n}")
+            else:
+                rev[n] += 1
+                status, _ = await api.call("PUT", f"/v1/jobs/{n}",
+                                           _spec(n, tasks_per_job, None, rev[n]))
+            other_latency.append(time.perf_counter() - started)
+            if status != 200:
+                other_errors += 1
+            await asyncio.sleep(max(0.0, 1 / (2 * other_rate)
+                                    - (time.perf_counter() - started)))
+
+    workers = [asyncio.create_task(updater()), asyncio.create_task(tenant())]
+    await asyncio.sleep(seconds)
+    window = time.perf_counter() - window_start
+    after = await farm_calls()
+    stop.set()
+    await asyncio.gather(*workers, *agents, return_exceptions=True)
+    _, failed = await admin.call("GET", "/v1/events?kind=machine_unreachable&limit=1000")
+    _, errors = await admin.call("GET", "/v1/events?kind=controller_error&limit=1000")
+    healthy_calls = sum(v - before.get(k, 0) for k, v in after.items() if k != "tarpit")
+    return {
+        "controller_calls_per_s": round(healthy_calls / window, 1),
+        "tarpit_calls": after.get("tarpit", 0),
+        "updates_per_s": round(sent / window, 1),
+        "other_jobs_api_p50_ms": _p(other_latency, 50),
+        "other_jobs_api_p99_ms": _p(other_latency, 99),
+        "other_jobs_api_requests": len(other_latency),
+        "other_jobs_api_errors": other_errors,
+        "heartbeat_p50_ms": _p(beats, 50),
+        "heartbeat_p99_ms": _p(beats, 99),
+        "heartbeat_max_ms": _p(beats, 100),
+        "heartbeats": len(beats),
+        "heartbeat_errors": beat_errors,
+        "false_machine_failures": len(failed["events"]),
+        "controller_error_events": len(errors["events"]),
+        "window_s": round(window, 1),
+    }
+
+
+def run(jobs: int = 1000, tarpits: int = 10, tasks_per_job: int = 2, machines: int = 100,
+        seconds: float = 30.0, update_rate: float = 120.0, other_jobs: int = 10,
+        other_rate: float = 10.0, agent_interval: float = 1.0,
+        heartbeat_timeout: float = 5.0, settle_timeout: float = 180.0) -> dict[str, Any]:
+    farm_proc = subprocess.Popen([sys.executable, "-m", "plait.bench.controllers"],
+                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        assert farm_proc.stdout is not None
+        farm = farm_proc.stdout.readline().decode().strip()
+        if not farm.startswith("http://"):
+            raise RuntimeError("the controller farm did not start")
+        server = Server(machines, tick=0.1, sim_agents=False, extra=(
+            "--controller-networks", "loopback,any", "--heartbeat-timeout",
+            str(heartbeat_timeout), "--startup-grace", "60"))
+        with server:
+            names = [f"m{i:07d}" for i in range(machines)]
+            figures = asyncio.run(_drive(
+                server.url, server.token, farm, jobs=jobs, tarpits=tarpits,
+                tasks_per_job=tasks_per_job, machines=names, seconds=seconds,
+                update_rate=update_rate, other_jobs=other_jobs, other_rate=other_rate,
+                agent_interval=agent_interval, settle_timeout=settle_timeout))
+    finally:
+        farm_proc.kill()
+        farm_proc.wait()
+    return {"jobs": jobs, "tarpits": tarpits, "tasks_per_job": tasks_per_job,
+            "machines": machines, "update_rate": update_rate, **figures}
