@@ -9,8 +9,8 @@ One asyncio server answers ``POST /{mode}/{job}``; the mode says how:
 * ``gate``: a health gate: while any of the job's tasks is unhealthy, acks nothing
   and asks to be asked again after 1 s; otherwise acks the first operation;
 * ``lag``: a replica-lag gate plait cannot see: acks the first operation on one call
-  in five (by sequence number), and otherwise acks nothing and asks to be asked
-  again after 1 s;
+  in twenty (by sequence number, offset per job), and otherwise acks nothing; always
+  asks to be asked again after 1 s;
 * ``later``: acks nothing and asks to be asked again after 1 s, the first 3 times
   for each job; then acks everything;
 * ``slow``: like ``ack``, after 4.5 s (inside a 5 s deadline);
@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,9 +127,9 @@ class ControllerFarm:
                 return self._json(writer, {"ack": [], "ask_again_after": 1})
             return self._json(writer, {"ack": ops[:1]})
         if mode == "lag":
-            if int(request.get("sequence_number", 0)) % 5:
-                return self._json(writer, {"ack": [], "ask_again_after": 1})
-            return self._json(writer, {"ack": ops[:1]})
+            turn = int(request.get("sequence_number", 0)) + zlib.crc32(job.encode())
+            acked = [] if turn % 20 else ops[:1]
+            return self._json(writer, {"ack": acked, "ask_again_after": 1})
         if mode == "later":
             if len(log) <= 3:
                 return self._json(writer, {"ack": [], "ask_again_after": 1})

@@ -5,16 +5,19 @@ heartbeat.
 Three processes, as in production: ``plait serve`` (real-agent mode: a machine is up
 only while its agent heartbeats), a farm of controllers on one port
 (``plait.bench.controllers``: ``lag`` is a replica-lag gate that acks one operation
-on one call in five and otherwise declines, asking to be asked again after 1 s;
+on one call in twenty and otherwise declines, asking to be asked again after 1 s;
 ``tarpit`` sends one byte every 2 s and never finishes), and this process, which
 plays the agents and the users on asyncio streams:
 
 * ``machines`` agents, each every ``agent_interval`` seconds reading its machine's
   desired set and reporting every task in it running and healthy (the status POST's
   round trip is the heartbeat latency);
-* ``jobs`` jobs of ``tasks_per_job`` tasks, ``tarpits`` of them behind a tarpit; the
-  others are updated round-robin at ``update_rate`` per second during the window, so
-  their controllers are asked about rolling updates all the time;
+* ``jobs`` jobs of ``tasks_per_job`` tasks, ``tarpits`` of them behind a tarpit; once
+  every task runs, every job gets a new version at once, so the window (after
+  ``warmup`` seconds) finds a thousand rollouts under way, their operations waiting
+  for their controllers and for the region's rate limit of destructive operations,
+  and each controller asked again every second; during the window jobs are updated
+  again round-robin at ``update_rate`` per second;
 * a tenant without a controller who reads one of its ``other_jobs`` and updates
   another, ``other_rate`` times a second each (their latency is
   ``other_jobs_api_p99_ms``).
@@ -32,12 +35,13 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import numpy as np
 
-from plait.bench.api import Connection, Server
+from plait.bench.api import Connection, Server, _host_busy_seconds
 
 
 def _spec(name: str, tasks: int, controller: str | None, rev: int) -> dict[str, Any]:
@@ -75,7 +79,8 @@ def _p(values: list[float], q: float) -> float | None:
 async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
                  tasks_per_job: int, machines: list[str], seconds: float, update_rate: float,
                  other_jobs: int, other_rate: float, agent_interval: float,
-                 settle_timeout: float) -> dict[str, Any]:
+                 settle_timeout: float, warmup: float,
+                 server_cpu: Callable[[], float | None]) -> dict[str, Any]:
     stop = asyncio.Event()
     beats: list[float] = []
     beat_errors = 0
@@ -139,6 +144,22 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
                                f"within {settle_timeout:g}s")
         await asyncio.sleep(1.0)
 
+    # the wave: every job gets a new version (the window finds them mid-rollout, each
+    # controller asked again every second while its operations wait)
+    for n in names:
+        queue.put_nowait(n)
+
+    async def wave() -> None:
+        api = Api(url, token)
+        while not queue.empty():
+            n = queue.get_nowait()
+            rev[n] += 1
+            await api.call("PUT", f"/v1/jobs/{n}", _spec(n, tasks_per_job, controller[n],
+                                                         rev[n]))
+    rev = {n: 1 for n in names + others}
+    await asyncio.gather(*(wave() for _ in range(8)))
+    await asyncio.sleep(warmup)
+
     async def farm_calls() -> dict[str, int]:
         async with httpx.AsyncClient() as c:
             by_mode: dict[str, int] = (await c.get(f"{farm}/stats")).json()["by_mode"]
@@ -146,8 +167,8 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
 
     before = await farm_calls()
     measuring = True
+    cpu0, host0 = server_cpu(), _host_busy_seconds()
     window_start = time.perf_counter()
-    rev = {n: 1 for n in names + others}
     sent = 0
     healthy = [n for n in names if mode[n] != "tarpit"]
     other_latency: list[float] = []
@@ -156,13 +177,8 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
     async def updater() -> None:
         nonlocal sent
         api = Api(url, token)
-        for n in names:  # the tarpits are asked once, and never answer
-            if mode[n] == "tarpit":
-                rev[n] += 1
-                await api.call("PUT", f"/v1/jobs/{n}", _spec(n, tasks_per_job,
-                                                             controller[n], rev[n]))
         i = 0
-        while not stop.is_set():
+        while not stop.is_set() and update_rate > 0:
             due = window_start + sent / update_rate
             delay = due - time.perf_counter()
             if delay > 0:
@@ -199,6 +215,7 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
     workers = [asyncio.create_task(updater()), asyncio.create_task(tenant())]
     await asyncio.sleep(seconds)
     window = time.perf_counter() - window_start
+    cpu1, host1 = server_cpu(), _host_busy_seconds()
     after = await farm_calls()
     stop.set()
     await asyncio.gather(*workers, *agents, return_exceptions=True)
@@ -221,13 +238,19 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
         "false_machine_failures": len(failed["events"]),
         "controller_error_events": len(errors["events"]),
         "window_s": round(window, 1),
+        # CPU cores busy during the window: the server process, and the whole host
+        "server_cpu_cores": None if cpu0 is None or cpu1 is None
+        else round((cpu1 - cpu0) / window, 2),
+        "host_cpu_cores": None if host0 is None or host1 is None
+        else round((host1 - host0) / window, 2),
     }
 
 
 def run(jobs: int = 1000, tarpits: int = 10, tasks_per_job: int = 2, machines: int = 100,
-        seconds: float = 30.0, update_rate: float = 120.0, other_jobs: int = 10,
+        seconds: float = 30.0, update_rate: float = 10.0, other_jobs: int = 10,
         other_rate: float = 10.0, agent_interval: float = 1.0,
-        heartbeat_timeout: float = 5.0, settle_timeout: float = 180.0) -> dict[str, Any]:
+        heartbeat_timeout: float = 5.0, settle_timeout: float = 180.0,
+        warmup: float = 5.0) -> dict[str, Any]:
     farm_proc = subprocess.Popen([sys.executable, "-m", "plait.bench.controllers"],
                                  stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
@@ -244,7 +267,8 @@ def run(jobs: int = 1000, tarpits: int = 10, tasks_per_job: int = 2, machines: i
                 server.url, server.token, farm, jobs=jobs, tarpits=tarpits,
                 tasks_per_job=tasks_per_job, machines=names, seconds=seconds,
                 update_rate=update_rate, other_jobs=other_jobs, other_rate=other_rate,
-                agent_interval=agent_interval, settle_timeout=settle_timeout))
+                agent_interval=agent_interval, settle_timeout=settle_timeout,
+                warmup=warmup, server_cpu=server.cpu_seconds))
     finally:
         farm_proc.kill()
         farm_proc.wait()

@@ -31,7 +31,7 @@ from plait.model.entitlement import NAME_RE
 from plait.model.task import TaskState
 from plait.persist.allocator import PersistentAllocator
 from plait.scheduler import Scheduler
-from plait.scheduler.records import JobRecord, TaskRecord
+from plait.scheduler.records import SEQUENCE_BLOCK, JobRecord, TaskRecord
 from plait.store.protocol import Namespace, Store, Transaction
 from plait.taskcontrol.protocol import (
     RemoteController,
@@ -359,7 +359,9 @@ class PersistentScheduler:
             "halted": job.halted, "rollout_active": job.rollout_active,
             "moving_from": job.moving_from,
             "rollout_failures": job.rollout_failures, "failed_tasks": sorted(job.failed_tasks),
-            "op_counter": job.op_counter, "sequence_number": job.sequence_number,
+            "op_counter": job.op_counter,
+            # a block reserved ahead (records.SEQUENCE_BLOCK)
+            "sequence_number": -(-job.sequence_number // SEQUENCE_BLOCK) * SEQUENCE_BLOCK,
             "tasks": tasks,
         }, sort_keys=True).encode()
 

@@ -15,6 +15,11 @@ from plait.taskcontrol.protocol import (
     TaskOp,
 )
 
+#: TaskControl sequence numbers are stored reserved in blocks of this many (a call
+#: changes a job's stored record once per block; a scheduler that loads it goes on
+#: from the end of the block, so it never reuses a number its predecessor sent)
+SEQUENCE_BLOCK = 1000
+
 #: what the scheduler wants done to one task: one (kind, reason), or for maintenance
 #: a move and a stop to choose from
 Wanted = tuple[tuple[OpKind, str], ...]
@@ -142,6 +147,8 @@ class JobRecord:
     #: indices of tasks with an operation in progress
     in_progress: set[int] = field(default_factory=set)
     _revisions: dict[int, int] = field(default_factory=dict)
+    #: (target, {version: runs the same way as the target}), kept across reconciles
+    _same: tuple[int, dict[int, bool]] = (0, {})
 
     def revision(self, version: int) -> int:
         """The first version that runs the same way as ``version``."""
@@ -152,6 +159,13 @@ class JobRecord:
                           if same_runtime(self.versions[v - 1], spec)), version)
             self._revisions[version] = found
         return found
+
+    def same_as(self, target: int) -> dict[int, bool]:
+        """Per version, whether it runs the same way as ``target`` (filled in by the
+        caller; versions never change, so it holds until the target does)."""
+        if self._same[0] != target:
+            self._same = (target, {})
+        return self._same[1]
 
     @property
     def spec(self) -> JobSpec:

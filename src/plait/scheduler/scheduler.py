@@ -28,6 +28,7 @@ tasks already down on a failed machine.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ from plait.model.task import TaskRef, TaskState
 from plait.scheduler.lifecycle import DOWN, FINISHED, Event, advance
 from plait.scheduler.ratelimit import TokenBucket
 from plait.scheduler.records import (
+    SEQUENCE_BLOCK,
     Assignment,
     JobRecord,
     Phase,
@@ -123,6 +125,12 @@ class Scheduler:
         #: idle jobs with a controller, and when they must be looked at again even
         #: if nothing happens (a re-check due, an answer given up for lost)
         self._wake_at: dict[str, float] = {}
+        #: idle jobs whose acked operations wait for the rate limit, oldest first: each
+        #: tick wakes as many as there are tokens (not a thousand reconciles a pass
+        #: for one or two tokens), in turn
+        self._for_tokens: dict[str, None] = {}
+        #: the last reconcile's acked operations ran out of tokens
+        self._throttled = False
         self._changes: list[BrokerChange] = []
         self._parked: dict[str, set[TaskRef]] = {}
         #: remote controllers' requests for the shell to send (``take_calls``), and
@@ -381,11 +389,23 @@ class Scheduler:
     def _waiting_for_controller(self, job: JobRecord) -> bool:
         """Operations offered to the job's controller, and nothing else under way:
         only its answer (or its re-check) can move the job on."""
-        if job.acked or job.in_progress or job.lost or job.deleting or (
+        return not job.acked and self._only_ops(job)
+
+    def _only_ops(self, job: JobRecord) -> bool:
+        """Every task placed, with no operation under way and none lost: a reconcile
+        can only offer, ack (or call about) and start operations."""
+        if job.in_progress or job.lost or job.deleting or (
                 len(job.tasks) != job.spec.task_count):
             return False
         live = _LIVE
         return all(r.state in live and r.op is None for r in job.tasks.values())
+
+    def _unchanged(self, job: JobRecord) -> tuple[object, ...]:
+        """What a reconcile of a job of ``_only_ops`` changes when it changes anything
+        worth storing or showing (compared around it)."""
+        return (job.op_counter, job.target, len(job.offers), len(job.acked),
+                len(job.completed), job.notices, job.halted, job.error,
+                job.sequence_number // SEQUENCE_BLOCK, self.counters["ops_started"])
 
     def _controller_timer(self, job: JobRecord) -> float:
         """When an idle job with a controller must be looked at again by itself: its
@@ -742,12 +762,21 @@ class Scheduler:
             for name in [n for n, at in self._wake_at.items() if at <= now]:
                 del self._wake_at[name]
                 idle.discard(name)
+        if self._for_tokens:
+            for name in itertools.islice(self._for_tokens, int(self.bucket.tokens)):
+                idle.discard(name)
         for name in sorted(self.jobs):
             job = self.jobs[name]
             if name in idle and not (notice and any(
                     r.machine in notice for r in job.tasks.values())):
                 continue  # nothing under way and nothing new: its reconcile is a no-op
             quiet = self._quiet(job)
+            # a job waiting for its controller's answer or for the rate limit, whose
+            # reconcile changed nothing but a call's own bookkeeping, is not marked
+            # changed (nothing to store or show)
+            before = self._unchanged(job) if self._only_ops(job) else None
+            started = self.counters["ops_started"]
+            self._throttled = False
             try:
                 self._reconcile(job, notice, now)
             except Exception as exc:  # one job's failure must not stall the region
@@ -760,12 +789,20 @@ class Scheduler:
                 continue
             job.error = None
             quiet_now = self._quiet(job)
-            if not (quiet and quiet_now):
+            if not (quiet and quiet_now) and not (
+                    before is not None and self._only_ops(job)
+                    and before == self._unchanged(job)):
                 self._mark(name)
+            for_tokens = self._throttled and not job.dirty and self._only_ops(job)
+            if not for_tokens:
+                self._for_tokens.pop(name, None)
+            elif name not in self._for_tokens or self.counters["ops_started"] > started:
+                self._for_tokens.pop(name, None)  # its turn is over: to the back
+                self._for_tokens[name] = None
             if job.controller is None:
-                if quiet_now or self._waiting(job):
+                if quiet_now or self._waiting(job) or for_tokens:
                     idle.add(name)
-            elif not job.dirty and (quiet_now or self._waiting(job)
+            elif not job.dirty and (quiet_now or self._waiting(job) or for_tokens
                                     or self._waiting_for_controller(job)):
                 # only an answer, an input or its timer can move it on
                 idle.add(name)
@@ -777,6 +814,7 @@ class Scheduler:
             if job.deleting and not job.tasks:
                 del self.jobs[name]
                 self._wake_at.pop(name, None)
+                self._for_tokens.pop(name, None)
                 self.allocator.cache.drop(name)
                 self._event(now, name, "deleted", "all tasks stopped")
 
@@ -804,7 +842,7 @@ class Scheduler:
         spec = job.spec
         count = 0 if job.deleting else spec.task_count
         target = job.target
-        runtime_same: dict[int, bool] = {}
+        runtime_same = job.same_as(target)
         acked_tasks = {op.task.index for op in job.acked.values()}
         # the wanted tuples are shared, so "unchanged" is a cheap comparison
         stop: Wanted = ((OpKind.STOP, _DELETE if job.deleting else _RESIZE),)
@@ -1143,6 +1181,7 @@ class Scheduler:
             self._start(job, rec, op, now)
             if costs:
                 down += 1
+        self._throttled = throttled
         if throttled:
             self.counters["throttled"] += 1
             if not job.throttled:  # once when it starts waiting, not on every pass
