@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import subprocess
 import sys
@@ -166,6 +167,10 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
             return by_mode
 
     before = await farm_calls()
+    # the generator's own garbage collection must not pause its clocks
+    gc.collect()
+    gc.freeze()
+    gc.disable()
     measuring = True
     cpu0, host0 = server_cpu(), _host_busy_seconds()
     window_start = time.perf_counter()
@@ -212,13 +217,24 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
             await asyncio.sleep(max(0.0, 1 / (2 * other_rate)
                                     - (time.perf_counter() - started)))
 
-    workers = [asyncio.create_task(updater()), asyncio.create_task(tenant())]
+    lags: list[float] = []
+
+    async def lag() -> None:  # how late this generator's own loop runs
+        while not stop.is_set():
+            started = time.perf_counter()
+            await asyncio.sleep(0.01)
+            lags.append(time.perf_counter() - started - 0.01)
+
+    workers = [asyncio.create_task(updater()), asyncio.create_task(tenant()),
+               asyncio.create_task(lag())]
     await asyncio.sleep(seconds)
     window = time.perf_counter() - window_start
     cpu1, host1 = server_cpu(), _host_busy_seconds()
     after = await farm_calls()
     stop.set()
     await asyncio.gather(*workers, *agents, return_exceptions=True)
+    gc.enable()
+    gc.unfreeze()
     _, failed = await admin.call("GET", "/v1/events?kind=machine_unreachable&limit=1000")
     _, errors = await admin.call("GET", "/v1/events?kind=controller_error&limit=1000")
     healthy_calls = sum(v - before.get(k, 0) for k, v in after.items() if k != "tarpit")
@@ -237,6 +253,7 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
         "heartbeat_errors": beat_errors,
         "false_machine_failures": len(failed["events"]),
         "controller_error_events": len(errors["events"]),
+        "generator_lag_p99_ms": _p(lags, 99),
         "window_s": round(window, 1),
         # CPU cores busy during the window: the server process, and the whole host
         "server_cpu_cores": None if cpu0 is None or cpu1 is None

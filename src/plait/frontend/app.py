@@ -12,6 +12,7 @@ applies it asynchronously, and its progress shows in the job's status and events
 
 
 import asyncio
+import functools
 from typing import Annotated, Any
 
 import pydantic
@@ -233,6 +234,13 @@ def _event(e: Event) -> dict[str, Any]:
     return {"seq": e.seq, "time": e.time, "source": e.source, "kind": e.kind,
             "message": e.message, "job": e.job, "entitlement": e.entitlement,
             "machine": e.machine}
+
+
+@functools.lru_cache(maxsize=4096)
+def spec_wire(spec: JobSpec) -> dict[str, Any]:
+    """A spec's JSON form, made once per spec (every agent of a job's tasks is sent
+    the same version; the result is only serialized, never changed)."""
+    return spec.model_dump(mode="json")
 
 
 def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = False,
@@ -724,10 +732,12 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             while cp.desired_generation(machine) == since and loop.time() < deadline:
                 await asyncio.sleep(0.02)
         generation = cp.desired_generation(machine)  # (read first: never newer than tasks)
-        tasks = await run_in_threadpool(cp.desired, machine)
+        tasks = cp.desired_kept(machine)
+        if tasks is None:  # not kept yet: read under the control plane's lock
+            tasks = await run_in_threadpool(cp.desired, machine)
         return {"machine": machine, "generation": generation, "tasks": [
             {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
-             "spec": a.spec.model_dump(mode="json")} for a in tasks]}
+             "spec": spec_wire(a.spec)} for a in tasks]}
 
     @app.post("/v1/machines/{machine}/output", tags=["agents"])
     def output(machine: str, body: Output, who: Who, request: Request) -> dict[str, Any]:
@@ -737,8 +747,10 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return {"machine": machine, "accepted": taken, "refused": len(body.chunks) - taken}
 
     @app.post("/v1/machines/{machine}/status", tags=["agents"])
-    def status(machine: str, body: Report, who: Who, request: Request) -> dict[str, Any]:
-        """An agent's report of the tasks on its machine."""
+    async def status(machine: str, body: Report, who: Who,
+                     request: Request) -> dict[str, Any]:
+        """An agent's report of the tasks on its machine (taken at once, never
+        blocking: applied by the next pass)."""
         machine_only(request, who, machine)
         cp.report(machine, [TaskStatus(t.job, t.index, t.revision, t.phase, t.healthy,
                                        t.exit_code, t.final) for t in body.tasks],
