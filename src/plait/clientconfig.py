@@ -6,6 +6,10 @@ holds tokens)::
     current_context: local
     contexts:
       local: {url: "http://127.0.0.1:7070", token: "plait_..."}
+      prod:  {url: "https://cp1:7070,https://cp2:7070", token: "plait_...", ca_file: ca.pem}
+
+A context's ``url`` may list several URLs, comma-separated (the replicas of a
+control plane, or several front ends): clients fail over between them.
 
 ``PLAIT_URL`` and ``PLAIT_TOKEN`` override the current context's values (not a
 context named with ``--context``), and flags override both.
@@ -34,11 +38,16 @@ def default_path() -> Path:
 
 @dataclass
 class Context:
+    #: one URL, or several comma-separated
     url: str
     token: str | None = None
     #: the CA certificate the API's TLS certificate is checked against (https URLs;
     #: default: the system's authorities)
     ca_file: str | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.url.split(",") if u.strip()]
 
 
 @dataclass
@@ -108,5 +117,8 @@ class ClientConfig:
             raise ValidationError("url", "no API URL: start `plait serve`, or set PLAIT_URL or "
                                          "--url")
         env_ca = None if context else os.environ.get("PLAIT_CA_FILE")
-        return Context(final_url.rstrip("/"), final_token,
-                       env_ca or (base.ca_file if base else None))
+        found = Context(final_url, final_token, env_ca or (base.ca_file if base else None))
+        for u in found.urls:
+            if not (u.startswith("http://") or u.startswith("https://")):
+                raise ValidationError("url", f"{u!r} is not an http(s) URL")
+        return Context(",".join(found.urls), found.token, found.ca_file)

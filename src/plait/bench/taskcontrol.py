@@ -177,6 +177,8 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
     sent = 0
     healthy = [n for n in names if mode[n] != "tarpit"]
     other_latency: list[float] = []
+    reads: list[float] = []
+    writes: list[float] = []
     other_errors = 0
 
     async def updater() -> None:
@@ -212,6 +214,7 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
                 status, _ = await api.call("PUT", f"/v1/jobs/{n}",
                                            _spec(n, tasks_per_job, None, rev[n]))
             other_latency.append(time.perf_counter() - started)
+            (reads if k % 2 else writes).append(other_latency[-1])
             if status != 200:
                 other_errors += 1
             await asyncio.sleep(max(0.0, 1 / (2 * other_rate)
@@ -244,6 +247,8 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
         "updates_per_s": round(sent / window, 1),
         "other_jobs_api_p50_ms": _p(other_latency, 50),
         "other_jobs_api_p99_ms": _p(other_latency, 99),
+        "other_jobs_read_p99_ms": _p(reads, 99),
+        "other_jobs_update_p99_ms": _p(writes, 99),
         "other_jobs_api_requests": len(other_latency),
         "other_jobs_api_errors": other_errors,
         "heartbeat_p50_ms": _p(beats, 50),

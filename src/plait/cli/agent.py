@@ -5,7 +5,7 @@ CLI start-up."""
 
 import typer
 
-from plait.cli.commands import agent
+from plait.cli.daemons import agent
 
 if __name__ == "__main__":
     typer.run(agent)

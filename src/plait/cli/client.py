@@ -1,5 +1,6 @@
-"""The CLI's HTTP client: finds the API from the client configuration and turns every
-failure into one line and an exit code.
+"""The CLI's API access: ``plait.client.Client`` (failover between a context's URLs,
+retries of 503s with backoff) with every failure turned into one line and an exit
+code.
 
 Exit codes: 0 done; 1 the API refused or the operation failed (conflict, not found,
 halted rollout, timeout); 2 bad input (a malformed file or request, HTTP 422);
@@ -11,10 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
+from plait.client.client import ApiError, Client, Unreachable
 from plait.clientconfig import ClientConfig
-from plait.tls import verify as tls_verify
 
 EXIT_FAILED, EXIT_INVALID, EXIT_UNREACHABLE, EXIT_DENIED = 1, 2, 3, 4
 
@@ -37,44 +36,38 @@ class Api:
     def __init__(self, target: Target, timeout: float = 30.0) -> None:
         try:
             ctx = ClientConfig.load().resolve(target.context, target.url, target.token)
+            # one or two calls per command: the standard library's HTTP client
+            # starts sooner than httpx
+            self.client = Client(ctx.urls, ctx.token, ctx.ca_file, timeout=timeout,
+                                 transport="stdlib")
         except Exception as exc:
             raise CliError(str(exc), EXIT_INVALID) from None
-        self.url = ctx.url
-        headers = {"Authorization": f"Bearer {ctx.token}"} if ctx.token else {}
-        try:
-            verify = tls_verify(ctx.ca_file, ctx.url)
-        except Exception as exc:
-            raise CliError(str(exc), EXIT_INVALID) from None
-        self.http = httpx.Client(base_url=ctx.url, headers=headers, timeout=timeout,
-                                 verify=verify)
 
-    def call(self, method: str, path: str, **kw: Any) -> Any:
+    @property
+    def url(self) -> str:
+        return self.client.url
+
+    def call(self, method: str, path: str, json: Any = None,
+             params: dict[str, Any] | None = None) -> Any:
         try:
-            r = self.http.request(method, path, **kw)
-        except httpx.TransportError as exc:
-            raise CliError(f"cannot reach the API at {self.url}: {exc}", EXIT_UNREACHABLE) \
-                from None
-        if r.status_code >= 400:
-            try:
-                body = r.json()
-                message = body.get("message") or body.get("detail") or r.text
-            except ValueError:
-                message = r.text.strip() or r.reason_phrase
+            return self.client.request(method, path, json=json, params=params)
+        except Unreachable as exc:
+            raise CliError(f"cannot reach the API: {exc}", EXIT_UNREACHABLE) from None
+        except ApiError as exc:
             code = {401: EXIT_DENIED, 403: EXIT_DENIED, 422: EXIT_INVALID,
-                    413: EXIT_INVALID}.get(r.status_code, EXIT_FAILED)
-            raise CliError(f"{message} (HTTP {r.status_code})", code)
-        return r.json()
+                    413: EXIT_INVALID}.get(exc.status, EXIT_FAILED)
+            raise CliError(str(exc), code) from None
+        except OSError as exc:  # (a CA file that cannot be read, ...)
+            raise CliError(str(exc), EXIT_INVALID) from None
 
     def get(self, path: str, **params: Any) -> Any:
-        return self.call("GET", path, params={k: v for k, v in params.items() if v is not None})
+        return self.call("GET", path, params=params)
 
     def post(self, path: str, body: Any = None, **params: Any) -> Any:
-        return self.call("POST", path, json=body,
-                         params={k: v for k, v in params.items() if v is not None})
+        return self.call("POST", path, json=body, params=params)
 
     def put(self, path: str, body: Any, **params: Any) -> Any:
-        return self.call("PUT", path, json=body,
-                         params={k: v for k, v in params.items() if v is not None})
+        return self.call("PUT", path, json=body, params=params)
 
     def delete(self, path: str) -> Any:
         return self.call("DELETE", path)

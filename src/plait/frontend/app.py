@@ -474,17 +474,28 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         may_job(request, who, name)
         return cp.job_view(name)
 
-    @app.put("/v1/jobs/{name}", tags=["jobs"])
+    @app.put("/v1/jobs/{name}", tags=["jobs"],
+             responses={201: {"description": "The job did not exist: created"}})
     def update_job(name: str, spec: JobSpec, who: User, request: Request,
-                   dry_run: bool = False) -> dict[str, Any]:
-        """A new spec version, rolled out at the pace of its update policy."""
+                   response: Response, dry_run: bool = False) -> dict[str, Any]:
+        """The job's spec: a new version, rolled out at the pace of its update policy
+        (the same spec again changes nothing); a job that does not exist is created
+        (201), so ``PUT`` deploys in one call."""
         if spec.name != name:
             raise ValidationError("name", f"the spec names job {spec.name!r}, the path {name!r}")
-        may_job(request, who, name)
         may_entitlement(request, who, spec.entitlement)
         if dry_run:
+            if name in cp.jobs.names_cached():
+                may_job(request, who, name)
             return cp.plan(spec)
-        return ack(cp.update_job(spec))
+        try:
+            cp.jobs.get(name)
+        except NotFound:
+            doc, created = cp.create_job(spec)
+            response.status_code = 201 if created else 200
+            return ack(doc, created)
+        may_job(request, who, name)
+        return ack(cp.update_job(spec), False)
 
     @app.post("/v1/jobs/{name}/resize", tags=["jobs"])
     def resize_job(name: str, body: Resize, who: User, request: Request) -> dict[str, Any]:

@@ -328,6 +328,14 @@ class ShardRouter:
     async def to_job(self, scope: Scope, body: bytes, job: str, write: bool,
                      moving: bool = False) -> Any:
         found = await run_in_threadpool(self.map.job, job)
+        if found is None and scope["method"] == "PUT" and len(
+                [p for p in scope["path"].split("/") if p]) == 3:
+            # a PUT of a job that does not exist creates it: on its entitlement's shard
+            ent = str(self._body(body).get("entitlement", ""))
+            entry = await run_in_threadpool(self.map.entry, ent)
+            if entry is not None:
+                self._writable(ent, entry[0])
+                return await self.to_shard(entry[0]["shard"], scope, body)
         if found is None:
             return await self.to_shard(0, scope, body)  # (its 404)
         shard, ent = found

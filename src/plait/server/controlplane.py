@@ -74,6 +74,7 @@ class JobState:
     """What readers see of a job's tasks: made by a pass under the lock, read
     without it."""
 
+    entitlement: str
     target: int
     records: int
     counts: dict[str, int]
@@ -108,7 +109,7 @@ class JobState:
                           "operation": None if r.op is None else r.op.kind.value})
             if r.serving and machine is not None:
                 serving_on.append((r.index, machine))
-        return cls(target, len(job.tasks), counts, serving, updated, job.halted,
+        return cls(job.entitlement, target, len(job.tasks), counts, serving, updated, job.halted,
                    job.rollout_active, job.moving_from, sched.on_entitlement(job),
                    job.unplaced_reason, job.error, sched.unavailable(job), tuple(tasks),
                    tuple(serving_on))
@@ -850,10 +851,10 @@ class ControlPlane:
         return ent
 
     def entitlement_view(self, name: str) -> dict[str, Any]:
-        with self.lock:
-            ent = self.entitlement(name)
-            usage = self.allocator.usage(name)
-            jobs = sorted(j.name for j in self.scheduler.jobs.values() if j.entitlement == name)
+        """(No lock: plain reads of the allocator's counters and the jobs' views.)"""
+        ent = self.entitlement(name)
+        usage = self.allocator.usage(name)
+        jobs = sorted(n for n, v in list(self._views.items()) if v.entitlement == name)
         return {**ent.model_dump(mode="json"), "machines": usage.machines,
                 "rru": round(usage.rru, 3), "jobs": jobs}
 

@@ -1,0 +1,208 @@
+"""What the ``plait`` verbs share: the API client, output, errors, time parsing.
+
+The verbs that talk to a control plane: serve, entitlement, job, task,
+machine, maintenance, events, token, context.
+
+Every verb finds the API URL and token in the client configuration (a named context;
+``--context`` picks another), overridable by ``PLAIT_URL``/``PLAIT_TOKEN`` and by
+``--url``/``--token``. Lists print tables; ``--output json`` prints the API's JSON
+for scripts. Errors are one line on stderr and a non-zero exit code (see
+``plait.cli.client``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from plait.cli.client import EXIT_INVALID, Api, CliError, Target
+from plait.errors import PlaitError
+
+if TYPE_CHECKING:  # (imported where used: `plait agent` starts without the model)
+    from rich.console import Console
+
+    from plait.model import JobSpec
+
+
+class _Console:
+    """A Rich console made at first use (a command that prints nothing through it
+    does not import Rich)."""
+
+    def __init__(self, stderr: bool = False) -> None:
+        self._stderr = stderr
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=self._stderr)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+
+err = _Console(stderr=True)
+
+
+def say(text: str) -> None:
+    """One plain line on stderr (what most verbs print: no Rich needed)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+out = _Console()
+target = Target()
+
+def _output_format(value: str) -> str:
+    if value not in ("table", "json"):  # checked before anything is sent
+        raise typer.BadParameter(f"must be table or json, not {value!r}")
+    return value
+
+
+Output = Annotated[str, typer.Option("--output", "-o", help="table or json",
+                                     callback=_output_format)]
+Wait = Annotated[bool, typer.Option("--wait", help="follow the rollout until it settles")]
+Timeout = Annotated[float, typer.Option("--timeout", help="seconds --wait waits at most")]
+
+
+def guarded(fn: Callable[..., None]) -> Callable[..., None]:
+    """Run a verb; a failure becomes one line on stderr and its exit code."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except CliError as exc:
+            err.print(f"[red]error:[/red] {exc.message}", highlight=False)
+            raise typer.Exit(exc.code) from None
+        except PlaitError as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(EXIT_INVALID) from None
+    return run
+
+
+def api() -> Api:
+    return Api(target)
+
+
+def emit(data: Any, output: str, table: Callable[[Any], object]) -> None:
+    if output == "json":
+        print(json.dumps(data, indent=2, sort_keys=True))
+    elif output == "table":
+        table(data)
+    else:
+        raise CliError(f"--output must be table or json, not {output!r}", EXIT_INVALID)
+
+
+def kv_table(data: dict[str, Any], title: str | None = None) -> None:
+    from rich.table import Table
+
+    t = Table(title=title, show_header=False)
+    for key, value in data.items():
+        t.add_row(key, value if isinstance(value, str) else json.dumps(value))
+    out.print(t)
+
+
+def rows(columns: list[str], items: list[list[Any]], title: str | None = None) -> None:
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c)
+    for item in items:
+        t.add_row(*["" if v is None else str(v) for v in item])
+    out.print(t)
+
+
+def load_documents(path: Path) -> list[dict[str, Any]]:
+    """The mappings in a YAML file: one, several documents, or a list under any key."""
+    try:
+        text = sys.stdin.read() if str(path) == "-" else path.read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}", EXIT_INVALID) from None
+    import yaml
+
+    try:
+        docs = [d for d in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader",
+                                                              yaml.SafeLoader))
+                if d is not None]
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path} is not valid YAML: {exc}", EXIT_INVALID) from None
+    found: list[dict[str, Any]] = []
+    for doc in docs:
+        if isinstance(doc, list):
+            found.extend(doc)
+        elif isinstance(doc, dict) and len(doc) == 1 and isinstance(next(iter(doc.values())),
+                                                                    list):
+            found.extend(next(iter(doc.values())))
+        else:
+            found.append(doc)
+    for item in found:
+        if not isinstance(item, dict):
+            raise CliError(f"{path}: expected mappings, found {type(item).__name__}",
+                           EXIT_INVALID)
+    if not found:
+        raise CliError(f"{path} is empty", EXIT_INVALID)
+    return found
+
+
+def job_spec_from(path: Path) -> JobSpec:
+    from plait.model import JobSpec, parse
+
+    docs = load_documents(path)
+    if len(docs) != 1:
+        raise CliError(f"{path} holds {len(docs)} jobs; give one per file", EXIT_INVALID)
+    try:
+        return parse(JobSpec, docs[0])
+    except PlaitError as exc:
+        raise CliError(f"{path}: {exc}", EXIT_INVALID) from None
+
+
+def parse_duration(text: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise CliError(f"{text!r} is not a duration like 90, 90s, 10m, 2h or 1d", EXIT_INVALID)
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+def parse_time(text: str) -> float:
+    """``now``, ``+10m`` (from now), a unix time, or an ISO 8601 time."""
+    if text == "now":
+        return time.time()
+    if text.startswith("+"):
+        return time.time() + parse_duration(text[1:])
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(f"{text!r} is not a time (now, +10m, unix seconds or ISO 8601)",
+                       EXIT_INVALID) from None
+    if when.tzinfo is None:
+        when = when.astimezone()
+    return when.timestamp()
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def refuse(exc: PlaitError) -> typer.Exit:
+    """Bad input: say what is wrong, in one line, and exit 2 (as a usage error)."""
+    err.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(EXIT_INVALID)

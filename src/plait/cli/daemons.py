@@ -1,0 +1,285 @@
+"""The long-running processes: plait serve (and scheduler), frontend, agent."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from plait.cli.client import EXIT_DENIED, EXIT_INVALID
+from plait.cli.common import Output, api, emit, err
+from plait.clientconfig import ClientConfig
+from plait.errors import Conflict, PlaitError, ValidationError
+
+
+# -- serve ---------------------------------------------------------------------------------
+def serve(
+    data_dir: Annotated[Path, typer.Option(help="where the SQLite store and admin token live")]
+    = Path(".plait"),
+    store: Annotated[str | None, typer.Option(help="zk://host:port,... or sqlite:///path "
+                                                   "(default: SQLite in --data-dir)")] = None,
+    host: str = "127.0.0.1",
+    port: int = 7070,
+    machines: Annotated[int, typer.Option(min=1, help="machines of a new region")] = 48,
+    dcs: Annotated[int, typer.Option(min=1)] = 2,
+    msbs_per_dc: Annotated[int, typer.Option(min=1)] = 3,
+    sim_agents: Annotated[bool, typer.Option(help="run simulated agents on every machine")]
+    = False,
+    tick: Annotated[float, typer.Option(min=0.01, help="seconds between reconcile passes")]
+    = 0.5,
+    event_retention: Annotated[int, typer.Option(min=1, help="events kept")] = 10_000,
+    event_max_age: Annotated[float, typer.Option(min=1, help="seconds events are kept")]
+    = 7 * 86400.0,
+    heartbeat_timeout: Annotated[float, typer.Option(
+        min=0.5, help="seconds without a heartbeat before a machine is unavailable")] = 5.0,
+    startup_grace: Annotated[float, typer.Option(
+        min=0, help="after a start, seconds a machine's agent has for its first heartbeat")]
+    = 30.0,
+    context: Annotated[str, typer.Option(help="client context to write")] = "local",
+    write_config: Annotated[bool, typer.Option(help="write URL and admin token to the "
+                                                    "client configuration")] = True,
+    advertise: Annotated[str | None, typer.Option(
+        help="the URL other replicas reach this one at (default http://HOST:PORT)")] = None,
+    session_timeout: Annotated[float, typer.Option(
+        min=0.2, help="seconds the leader's store session outlives it (failover time)")]
+    = 1.0,
+    tls_cert: Annotated[Path | None, typer.Option(
+        help="serve https with this certificate (plait admin certs writes server.pem)")]
+    = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the certificate's key")] = None,
+    ca_file: Annotated[str | None, typer.Option(
+        help="the CA certificate other replicas' and TaskControllers' https certificates "
+             "are checked against (default: the system's authorities)")] = None,
+    shard: Annotated[int | None, typer.Option(
+        min=0, help="run as this scheduler shard of the region (behind plait frontend); "
+                    "replicas of one shard give the same number")] = None,
+    controller_networks: Annotated[str, typer.Option(
+        help="comma-separated networks (CIDR; 'loopback', 'any') TaskController URLs may "
+             "point into; loopback and link-local only when named")] = "any",
+    controller_deadline: Annotated[float, typer.Option(
+        min=0.1, max=60, help="hard deadline of one TaskController call, seconds")] = 5.0,
+) -> None:
+    """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
+    on one store campaigns: the leader runs the control plane, the others keep warm,
+    pass requests on to the leader and take over when it goes. At first start it
+    creates an admin token and writes it to the client configuration, so the CLI works
+    at once. With --shard, it is one scheduler shard of the region: it manages the
+    jobs of the entitlements the front end maps to it, and clients talk to the front
+    end (plait frontend), which writes the client configuration."""
+    import uvicorn
+
+    from plait.frontend import create_app
+    from plait.model import RegionSpec
+    from plait.server.controlplane import ControlPlaneConfig
+    from plait.server.events import Retention
+    from plait.server.serve import prepare
+
+    try:
+        region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc,
+                                  rows_per_msb=1, racks_per_row=2)
+        if (tls_cert is None) != (tls_key is None):
+            raise ValidationError("tls", "give --tls-cert and --tls-key together")
+        for f in (tls_cert, tls_key):
+            if f is not None and not f.is_file():
+                raise ValidationError("tls", f"{f} is not a file")
+        config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
+                                    retention=Retention(event_retention, event_max_age),
+                                    heartbeat_timeout=heartbeat_timeout,
+                                    startup_grace=startup_grace, ca_file=ca_file, shard=shard,
+                                    controller_networks=tuple(controller_networks.split(",")),
+                                    controller_deadline=controller_deadline)
+        started = prepare(data_dir, store, config, host, port,
+                          write_config and shard is None, context,
+                          scheme="https" if tls_cert else "http")
+    except PlaitError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    from plait.server.leader import Leadership
+
+    cp = started.control_plane
+    cp.serving_at(started.url, *([advertise] if advertise else []))
+    leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
+    err.print(f"plait control plane{'' if shard is None else f' shard {shard}'}: "
+              f"{len(cp.fleet)} machines, API on {started.url}")
+    if started.config_path is not None:
+        err.print(f"client configuration: {started.config_path} (context {context})")
+    # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
+    # signal that stopped it, so nothing after run() would run)
+    uvicorn.run(create_app(cp, close_store=True, leadership=leadership), host=host, port=port,
+                log_level="warning", access_log=False,
+                ssl_certfile=str(tls_cert) if tls_cert else None,
+                ssl_keyfile=str(tls_key) if tls_key else None)
+
+
+def frontend(
+    data_dir: Annotated[Path, typer.Option(
+        help="where the SQLite store is (when no --store) and the admin token was "
+             "written")] = Path(".plait"),
+    store: Annotated[str | None, typer.Option(help="zk://host:port,... or sqlite:///path "
+                                                   "(default: SQLite in --data-dir)")] = None,
+    host: str = "127.0.0.1",
+    port: int = 7070,
+    context: Annotated[str, typer.Option(help="client context to write")] = "local",
+    write_config: Annotated[bool, typer.Option(help="write URL and admin token to the "
+                                                    "client configuration")] = True,
+    tls_cert: Annotated[Path | None, typer.Option(
+        help="serve https with this certificate (plait admin certs writes server.pem)")]
+    = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the certificate's key")] = None,
+    ca_file: Annotated[str | None, typer.Option(
+        help="the CA certificate the shards' https certificates are checked against")]
+    = None,
+    shards: Annotated[int | None, typer.Option(
+        min=1, help="the region's scheduler shards (0..N-1): until each has a leader the "
+                    "front end is not healthy (default: those that have started)")] = None,
+) -> None:
+    """Run a front end of a sharded region: one API over every scheduler shard
+    (plait serve --shard S). It keeps no state (the entitlement-to-shard map is in the
+    store), so several may run, each behind its own URL; clients and agents may use any
+    of them."""
+    import uvicorn
+
+    from plait.frontend.router import ShardRouter
+    from plait.server.serve import store_for
+
+    if (tls_cert is None) != (tls_key is None):
+        err.print("[red]error:[/red] tls: give --tls-cert and --tls-key together")
+        raise typer.Exit(EXIT_INVALID)
+    url = f"{'https' if tls_cert else 'http'}://{host}:{port}"
+    try:
+        opened = store_for(data_dir, store)
+        for shard in range(shards or 0):
+            with contextlib.suppress(Conflict):
+                opened.create(f"/frontend/shards/{shard}", b"{}")
+    except PlaitError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    if write_config:
+        admin_file = data_dir / "admin-token"
+        client = ClientConfig.load(None)
+        old = client.contexts.get(context)
+        token = admin_file.read_text().strip() if admin_file.exists() else (
+            old.token if old is not None else None)
+        client.set_context(context, url, token, ca_file=ca_file)
+        err.print(f"client configuration: {client.save(None)} (context {context})")
+    err.print(f"plait front end: API on {url}")
+    uvicorn.run(ShardRouter(opened, identity=url, ca_file=ca_file), host=host, port=port,
+                log_level="warning", access_log=False,
+                ssl_certfile=str(tls_cert) if tls_cert else None,
+                ssl_keyfile=str(tls_key) if tls_key else None)
+
+
+def entitlement_move(name: str, to_shard: Annotated[int, typer.Option(
+        "--to-shard", min=0, help="the scheduler shard to manage it from now on")],
+        output: Output = "table") -> None:
+    """Move an entitlement to another scheduler shard, without restarting any of its
+    tasks (its jobs accept no changes for the moment it takes)."""
+    a = api()
+    done = a.post(f"/v1/admin/entitlements/{name}/move", {"shard": to_shard})
+    emit(done, output, lambda d: print(
+        f"entitlement {d['entitlement']}: shard {d['from_shard']} -> {d['to_shard']}, "
+        f"{d['jobs']} jobs, writes held for {d['unavailable_s']:.3f}s"))
+
+
+# -- agent ---------------------------------------------------------------------------------
+def agent(
+    machine_id: Annotated[str, typer.Option(help="this machine's id in the region")],
+    control_plane: Annotated[str, typer.Option(help="front-end URL(s), comma-separated")],
+    data_dir: Annotated[Path, typer.Option(help="the agent's state, task dirs and logs")],
+    join_token: Annotated[str | None, typer.Option(
+        envvar="PLAIT_JOIN_TOKEN", help="the cluster join token (first start only)")] = None,
+    advertise: Annotated[str, typer.Option(help="address tasks are reached at")] = "127.0.0.1",
+    interval: Annotated[float, typer.Option(min=0.05, help="seconds between steps")] = 1.0,
+    fault_domain: Annotated[str | None, typer.Option(
+        help="region/dc/msb/row/rack: registers the machine (with --cpu, --memory-gb, "
+             "--type) when it joins; a machine the region has must match")] = None,
+    cpu: Annotated[float | None, typer.Option(min=0.001, help="the machine's cpu (RRU)")]
+    = None,
+    memory_gb: Annotated[float | None, typer.Option(min=0.001)] = None,
+    disk_gb: Annotated[float, typer.Option(min=0)] = 0.0,
+    type: Annotated[str | None, typer.Option("--type", help="the machine type (SKU)")]
+    = None,
+    runtime: Annotated[str, typer.Option(
+        help="process (cgroups or rlimits), or sandbox (bubblewrap namespaces and a "
+             "read-only root, plus the same limits)")] = "process",
+    hide: Annotated[list[Path] | None, typer.Option(
+        help="a directory sandboxed tasks must not see (repeatable)")] = None,
+    ca_file: Annotated[str | None, typer.Option(
+        help="the CA certificate of the control plane's https URLs (plait admin certs "
+             "writes ca.pem); default: the system's authorities")] = None,
+) -> None:
+    """Run the agent of one machine: join, pull the desired task set, run the tasks as
+    processes, report their statuses and output. Tasks keep running if the control
+    plane is unreachable, and a restarted agent adopts them."""
+    import signal
+    import threading
+
+    import httpx
+
+    from plait.agent.daemon import Agent
+    from plait.agent.runtime import create_runtime
+
+    described = {"fault_domain": fault_domain, "cpu": cpu, "memory_gb": memory_gb,
+                 "type": type}
+    if any(v is not None for v in described.values()):
+        missing = [f"--{k.replace('_', '-')}" for k, v in described.items() if v is None]
+        if missing:
+            err.print(f"[red]error:[/red] registering a machine needs {', '.join(missing)} too")
+            raise typer.Exit(EXIT_INVALID)
+        described["disk_gb"] = disk_gb
+    try:
+        a = Agent(machine_id, control_plane.split(","), join_token, data_dir, advertise,
+                  runtime=create_runtime(runtime, data_dir, hide or ()),
+                  describe=described if fault_domain is not None else None,
+                  ca_file=ca_file)
+    except (ValueError, OSError, RuntimeError, PlaitError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
+    err.print(f"plait agent {machine_id}: isolation {a.runtime.describe()}; "
+              f"{len(a.handles)} running tasks adopted")
+    stop = threading.Event()
+    shutdown = {"tasks": False}
+
+    def stop_tasks(*_: object) -> None:  # Ctrl-C (SIGINT): stop the tasks too
+        shutdown["tasks"] = True
+        stop.set()
+
+    # SIGTERM stops the agent alone: its tasks keep running, and a new agent adopts them
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, stop_tasks)
+    (data_dir / "agent.pid").write_text(f"{os.getpid()}\n")
+    while not stop.is_set():  # join first: a refused join is an error, not a retry
+        try:
+            a.join()
+            break
+        except ConnectionError as exc:
+            err.print(f"plait agent {machine_id}: {exc}; retrying")
+            stop.wait(interval)
+        except httpx.HTTPStatusError as exc:
+            try:
+                reason = exc.response.json().get("message", exc.response.text)
+            except ValueError:
+                reason = exc.response.text
+            err.print(f"[red]error:[/red] the control plane refused machine {machine_id}: "
+                      f"{reason}")
+            raise typer.Exit(EXIT_DENIED if exc.response.status_code in (401, 403)
+                             else EXIT_INVALID) from None
+    a.run(interval, stop)
+    if shutdown["tasks"]:
+        a.shutdown()
+        err.print(f"plait agent {machine_id}: tasks stopped")
+
+
+# one command each (plait.cli.main loads them when named)
+serve_app = typer.Typer()
+serve_app.command()(serve)
+scheduler_app = typer.Typer()
+scheduler_app.command("scheduler", help="Run a replica of scheduler shard --shard S of a "
+                      "sharded region (the same as plait serve --shard S).")(serve)
+frontend_app = typer.Typer()
+frontend_app.command()(frontend)
+agent_app = typer.Typer()
+agent_app.command()(agent)

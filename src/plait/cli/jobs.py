@@ -1,0 +1,315 @@
+"""plait job: deploy, inspect, update, resize, restart, roll back, move, delete."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from plait.cli.client import EXIT_FAILED, EXIT_INVALID, Api, CliError
+from plait.cli.common import (
+    Output,
+    Timeout,
+    Wait,
+    _when,
+    api,
+    emit,
+    err,
+    guarded,
+    job_spec_from,
+    kv_table,
+    load_documents,
+    out,
+    rows,
+    say,
+)
+
+# -- jobs ----------------------------------------------------------------------------------
+job_app = typer.Typer(help="Jobs: deploy, inspect, update, resize, restart, roll back.",
+                      no_args_is_help=True)
+
+
+def _status(j: dict[str, Any]) -> str:
+    if j["deleting"]:
+        return "deleting"
+    if j["halted"]:
+        return "halted"
+    if j.get("batch") and j["phase"] != "running":
+        return str(j["phase"])  # complete, or failed
+    if j["settled"]:
+        return "settled"
+    if j["unplaced_reason"]:
+        return "unplaced"
+    return "rolling out" if j["rollout_active"] else "converging"
+
+
+def _job_rows(jobs: list[dict[str, Any]]) -> None:
+    rows(["name", "entitlement", "version", "tasks", "running", "serving", "updated",
+          "status"], [
+        [j["name"], j["entitlement"], j["version"], j["task_count"],
+         j["tasks"].get("running", 0), j["serving"], j["updated"], _status(j)] for j in jobs])
+
+
+def _plan_table(plan: dict[str, Any]) -> None:
+    out.print(f"[bold]{plan['action']}[/bold] job {plan['job']}: "
+              f"+{plan['tasks_added']} tasks, -{plan['tasks_removed']} tasks, "
+              f"{plan['tasks_updated']} updated (at most {plan['max_unavailable']} "
+              "unavailable at once)")
+    if plan["changes"]:
+        rows(["field", "current", "new"], [
+            [k, json.dumps(v["from"]), json.dumps(v["to"])] for k, v in plan["changes"].items()],
+            title="spec changes")
+    p = plan["placement"]
+    out.print(f"placement now: {p['placeable']} placeable "
+              f"({', '.join(f'{k}: {v}' for k, v in sorted(p['by_dc'].items())) or 'none'}), "
+              f"{p['machines_to_claim']} machines to claim from the free pool, "
+              f"{p['unplaced']} unplaced" + (f" ({p['unplaced_reason']})"
+                                             if p["unplaced_reason"] else ""))
+
+
+def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[str, Any]:
+    """A live progress bar until the job settles (or is gone, for a delete)."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] = {}
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                  console=err.console) as progress:
+        bar = progress.add_task(f"{name}", total=None, detail="")
+        while True:
+            try:
+                job: dict[str, Any] = a.get(f"/v1/jobs/{name}")
+            except CliError as exc:
+                if deleting and "not found" in exc.message:
+                    progress.update(bar, total=1, completed=1, detail="deleted")
+                    return last
+                raise
+            last = job
+            if deleting:
+                left = sum(job["tasks"].values())
+                progress.update(bar, total=max(left, 1), completed=0,
+                                detail=f"{left} tasks left")
+            elif job.get("batch"):  # a batch job: until every task exited 0
+                progress.update(bar, total=job["task_count"], completed=job["succeeded"],
+                                description=f"{name} v{job['version']}",
+                                detail=f"{job['running']} running, {job['failed']} failed")
+                if job["phase"] == "failed":
+                    raise CliError(f"batch job {name} failed: {job['failed']} tasks exited "
+                                   f"non-zero with no retries left (plait job show {name})",
+                                   EXIT_FAILED)
+                if job["phase"] == "complete" and job["applied_version"] == job["version"]:
+                    return job
+            else:
+                progress.update(bar, total=job["task_count"], completed=job["updated"],
+                                description=f"{name} v{job['version']}",
+                                detail=f"{job['unavailable']} unavailable, {job['serving']} "
+                                       "serving")
+                if job["halted"]:
+                    raise CliError(f"rollout of {name} halted: {job['halted']} "
+                                   f"(plait job resume {name}, or roll back)", EXIT_FAILED)
+                if job["settled"]:
+                    return job
+            if time.monotonic() > deadline:
+                reason = job.get("unplaced_reason")
+                raise CliError(f"{name} did not settle within {timeout:g}s" +
+                               (f" ({reason})" if reason else ""), EXIT_FAILED)
+            time.sleep(0.3)
+
+
+@job_app.command("deploy")
+@guarded
+def job_deploy(file: Path, dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="show what would change, change nothing")] = False,
+        wait: Wait = False, timeout: Timeout = 600.0, output: Output = "table") -> None:
+    """Create the job in FILE, or roll out FILE as its new version (one PUT: the
+    control plane validates the spec and says which field is wrong)."""
+    body = _job_document(file)
+    name = body.get("name")
+    if not isinstance(name, str) or not name:
+        raise CliError(f"{file}: name: a job needs a name", EXIT_INVALID)
+    a = api()
+    try:
+        if dry_run:
+            emit(a.post("/v1/jobs", body, dry_run="true"), output, _plan_table)
+            return
+        result = a.put(f"/v1/jobs/{name}", body)
+    except CliError as exc:
+        if exc.code == EXIT_INVALID:
+            raise CliError(f"{file}: {exc.message}", exc.code) from None
+        raise
+    if output == "table":
+        say(f"job {name}: version {result['version']} stored "
+                  f"({'created' if result.get('created') else 'updated'})")
+    if wait:
+        result = follow(a, name, timeout)
+    if output == "json":
+        emit(result, output, lambda d: None)
+
+
+def _job_document(path: Path) -> dict[str, Any]:
+    """The one job spec in a YAML or JSON file, as JSON (not validated here)."""
+    docs = load_documents(path)
+    if len(docs) != 1:
+        raise CliError(f"{path} holds {len(docs)} jobs; give one per file", EXIT_INVALID)
+    try:
+        json.dumps(docs[0])
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"{path}: {exc}", EXIT_INVALID) from None
+    return docs[0]
+
+
+@job_app.command("update")
+@guarded
+def job_update(file: Path, wait: Wait = False, timeout: Timeout = 600.0,
+               output: Output = "table") -> None:
+    """Roll out FILE as a new version of an existing job."""
+    spec = job_spec_from(file)
+    a = api()
+    result = a.put(f"/v1/jobs/{spec.name}", spec.model_dump(mode="json"))
+    say(f"job {spec.name}: version {result['version']} stored")
+    if wait:
+        result = follow(a, spec.name, timeout)
+    if output == "json":
+        emit(result, output, lambda d: None)
+
+
+@job_app.command("list")
+@guarded
+def job_list(entitlement: Annotated[str | None, typer.Option()] = None,
+             output: Output = "table") -> None:
+    data = api().get("/v1/jobs", entitlement=entitlement)
+    emit(data, output, lambda d: _job_rows(d["jobs"]))
+
+
+@job_app.command("show")
+@guarded
+def job_show(name: str, output: Output = "table") -> None:
+    a = api()
+    job = a.get(f"/v1/jobs/{name}")
+    tasks = a.get(f"/v1/jobs/{name}/tasks")["tasks"]
+    events = a.get("/v1/events", job=name, limit=1000)["events"][-10:]
+    data = {**job, "task_list": tasks, "recent_events": events}
+
+    def show(d: dict[str, Any]) -> None:
+        moving = d.get("moving_from")
+        kv_table({"name": d["name"], "entitlement": d["entitlement"] + (
+                      f" (moving from {moving}: {d.get('on_entitlement', 0)}/{d['task_count']}"
+                      " tasks there)" if moving else ""),
+                  "version": f"{d['version']} (applied {d['applied_version']})",
+                  "status": _status(d), "tasks": d["task_count"],
+                  "states": ", ".join(f"{k} {v}" for k, v in sorted(d["tasks"].items())),
+                  "serving": d["serving"], "unavailable": d["unavailable"],
+                  **({"succeeded / failed / running":
+                      f"{d['succeeded']} / {d['failed']} / {d['running']}"}
+                     if d.get("batch") else {}),
+                  "command": " ".join([d["spec"]["command"], *d["spec"]["args"]]),
+                  "halted": d["halted"] or "-", "unplaced": d["unplaced_reason"] or "-",
+                  "error": d.get("error") or "-"},
+                 f"job {name}")
+        _task_rows(d["task_list"])
+        for e in d["recent_events"]:
+            out.print(f"  {_when(e['time'])}  {e['kind']:18} {e['message']}", highlight=False)
+    emit(data, output, show)
+
+
+@job_app.command("history")
+@guarded
+def job_history(name: str, output: Output = "table") -> None:
+    data = api().get(f"/v1/jobs/{name}/history")
+    emit(data, output, lambda d: rows(["#", "time", "operation", "what"], [
+        [e["seq"], _when(e["time"]), e["op"], e["message"]] for e in d["operations"]],
+        title=f"job {name}: {d['versions']} versions"))
+
+
+@job_app.command("controller-key")
+@guarded
+def job_controller_key(name: str, output: Output = "table") -> None:
+    """The key the job's TaskController checks plait's calls with: each call carries
+    Plait-Signature: t=<seconds>,v1=<hex HMAC-SHA256(key, "<t>." + body)>."""
+    data = api().get(f"/v1/jobs/{name}/controller-key")
+    emit(data, output, lambda d: out.print(d["key"], highlight=False))
+
+
+def _ack(a: Api, name: str, result: dict[str, Any], what: str, wait: bool, timeout: float,
+         output: str, deleting: bool = False) -> None:
+    if output == "table":
+        say(f"job {name}: {what} stored (operation {result['operation']})")
+    if wait:
+        result = follow(a, name, timeout, deleting)
+    if output == "json":
+        emit(result, output, lambda d: None)
+
+
+@job_app.command("resize")
+@guarded
+def job_resize(name: str, task_count: int, wait: Wait = False, timeout: Timeout = 600.0,
+               output: Output = "table") -> None:
+    a = api()
+    _ack(a, name, a.post(f"/v1/jobs/{name}/resize", {"task_count": task_count}),
+         f"resize to {task_count}", wait, timeout, output)
+
+
+@job_app.command("restart")
+@guarded
+def job_restart(name: str, index: Annotated[int | None, typer.Option(
+        help="restart one task only")] = None, wait: Wait = False, timeout: Timeout = 600.0,
+        output: Output = "table") -> None:
+    """Restart every task (or one), paced like an update and through TaskControl."""
+    a = api()
+    _ack(a, name, a.post(f"/v1/jobs/{name}/restart", {"index": index}),
+         "restart", wait, timeout, output)
+
+
+@job_app.command("rollback")
+@guarded
+def job_rollback(name: str, version: int, wait: Wait = False, timeout: Timeout = 600.0,
+                 output: Output = "table") -> None:
+    """Roll out an earlier version again (as a new version)."""
+    a = api()
+    _ack(a, name, a.post(f"/v1/jobs/{name}/rollback", {"version": version}),
+         f"rollback to version {version}", wait, timeout, output)
+
+
+@job_app.command("move")
+@guarded
+def job_move(name: str, to_entitlement: Annotated[str, typer.Option(
+        "--to-entitlement", help="the entitlement to move the job to")],
+        wait: Wait = False, timeout: Timeout = 600.0, output: Output = "table") -> None:
+    """Move a job to another entitlement: every task is stopped and started again on
+    that entitlement's machines, paced like an update (the bar counts tasks moved)."""
+    a = api()
+    _ack(a, name, a.post(f"/v1/jobs/{name}/move", {"entitlement": to_entitlement}),
+         f"move to entitlement {to_entitlement}", wait, timeout, output)
+
+
+@job_app.command("resume")
+@guarded
+def job_resume(name: str, output: Output = "table") -> None:
+    """Resume a halted rollout."""
+    a = api()
+    _ack(a, name, a.post(f"/v1/jobs/{name}/resume"), "resume", False, 0, output)
+
+
+@job_app.command("delete")
+@guarded
+def job_delete(name: str, wait: Wait = False, timeout: Timeout = 600.0,
+               output: Output = "table") -> None:
+    a = api()
+    _ack(a, name, a.delete(f"/v1/jobs/{name}"), "delete", wait, timeout, output, deleting=True)
+
+def _task_rows(tasks: list[dict[str, Any]]) -> None:
+    rows(["index", "state", "version", "machine", "serving", "healthy", "operation", "exit"], [
+        [t["index"], t["state"], t["version"], t["machine"] or "-",
+         "yes" if t["serving"] else "no", "yes" if t["healthy"] else "no",
+         t["operation"] or "-", "-" if t.get("exit_code") is None else t["exit_code"]]
+        for t in tasks])

@@ -1,0 +1,87 @@
+"""plait machine: inspect, fail, repair, cordon, drain (admin)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from plait.cli.common import Output, api, emit, err, guarded, kv_table, out, parse_duration, rows
+
+# -- machines ------------------------------------------------------------------------------
+machine_app = typer.Typer(help="Machines: inspect, fail, drain, cordon (admin).",
+                          no_args_is_help=True)
+
+
+def _machine_rows(ms: list[dict[str, Any]]) -> None:
+    rows(["id", "state", "cordoned", "entitlement", "dc", "msb", "rack", "type", "tasks"], [
+        [m["id"], m["state"], "yes" if m["cordoned"] else "", m["entitlement"] or "(free)",
+         m["fault_domain"]["dc"], m["fault_domain"]["msb"], m["fault_domain"]["rack"],
+         m["type"], m["tasks"]] for m in ms])
+
+
+@machine_app.command("list")
+@guarded
+def machine_list(state: Annotated[str | None, typer.Option()] = None,
+                 entitlement: Annotated[str | None, typer.Option()] = None,
+                 limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
+                 offset: Annotated[int, typer.Option(min=0)] = 0,
+                 output: Output = "table") -> None:
+    data = api().get("/v1/machines", state=state, entitlement=entitlement, limit=limit,
+                     offset=offset)
+
+    def show(d: dict[str, Any]) -> None:
+        _machine_rows(d["machines"])
+        out.print(f"{len(d['machines'])} of {d['total']} machines from {d['offset']}")
+    emit(data, output, show)
+
+
+@machine_app.command("show")
+@guarded
+def machine_show(machine: str, output: Output = "table") -> None:
+    data = api().get(f"/v1/machines/{machine}")
+    emit(data, output, lambda d: kv_table(d, f"machine {machine}"))
+
+
+def _machine_op(machine: str, op: str, body: Any, output: str) -> None:
+    data = api().post(f"/v1/machines/{machine}/{op}", body)
+    emit(data, output, lambda d: err.print(f"machine {machine}: {op} "
+                                           f"({json.dumps(d.get('event', d.get('ended', '')))})"))
+
+
+@machine_app.command("fail")
+@guarded
+def machine_fail(machine: str, output: Output = "table") -> None:
+    """Mark a machine failed: its tasks are moved per TaskControl."""
+    _machine_op(machine, "fail", None, output)
+
+
+@machine_app.command("repair")
+@guarded
+def machine_repair(machine: str, output: Output = "table") -> None:
+    _machine_op(machine, "repair", None, output)
+
+
+@machine_app.command("cordon")
+@guarded
+def machine_cordon(machine: str, output: Output = "table") -> None:
+    """No new tasks on the machine; running ones stay."""
+    _machine_op(machine, "cordon", None, output)
+
+
+@machine_app.command("uncordon")
+@guarded
+def machine_uncordon(machine: str, output: Output = "table") -> None:
+    _machine_op(machine, "uncordon", None, output)
+
+
+@machine_app.command("drain")
+@guarded
+def machine_drain(machine: str, deadline: Annotated[str | None, typer.Option(
+        help="time TaskControl has to move the tasks (300, 90s, 10m, 2h)")] = None,
+        output: Output = "table") -> None:
+    """Cordon and move every task off through TaskControl; stop what is left at the
+    deadline."""
+    body = None if deadline is None else {"deadline_seconds": parse_duration(deadline)}
+    _machine_op(machine, "drain", body, output)

@@ -1,0 +1,230 @@
+"""plait up: a whole region on this box (control plane, replicas, shards, agents)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from plait.cli.common import out
+from plait.errors import Conflict
+
+
+# -- up ------------------------------------------------------------------------------------
+def up(
+    data_dir: Annotated[Path, typer.Option(help="store, tokens and agents' state")]
+    = Path(".plait"),
+    machines: Annotated[int, typer.Option(min=1, max=200, help="agents (one per machine)")]
+    = 6,
+    dcs: Annotated[int, typer.Option(min=1)] = 2,
+    msbs_per_dc: Annotated[int, typer.Option(min=1)] = 3,
+    host: str = "127.0.0.1",
+    port: int = 7070,
+    heartbeat_timeout: Annotated[float, typer.Option(min=0.5)] = 5.0,
+    startup_grace: Annotated[float, typer.Option(
+        min=0, help="seconds the agents have for their first heartbeat")] = 30.0,
+    runtime: Annotated[str, typer.Option(help="the agents' runtime: process or sandbox")]
+    = "process",
+    replicas: Annotated[int, typer.Option(
+        min=1, max=9, help="control-plane replicas (one leads; the others, `plait serve` "
+                           "processes on ports PORT+1..., take over when it goes)")] = 1,
+    store: Annotated[str | None, typer.Option(
+        help="zk://host:port,... (default: SQLite in --data-dir)")] = None,
+    shards: Annotated[int, typer.Option(
+        min=1, max=16, help="scheduler shards behind a front end on PORT (shard S replica "
+                            "R on PORT+1+S*REPLICAS+R)")] = 1,
+) -> None:
+    """A whole region on this box: the control plane (API, scheduler, allocator,
+    brokers, health checks), with --replicas, and one agent process per machine, each
+    with its own fault domain. With --shards, the scheduling is split by entitlement
+    between shards (each with --replicas), behind a front end. Ctrl-C stops the agents
+    and their tasks; `plait up` again on the same data dir brings every job back.
+    Agents and replicas that still run (the `plait up` process alone was killed) are
+    adopted, with their tasks, instead of started again."""
+    import signal
+    import subprocess
+    import threading
+
+    import httpx
+
+    from plait.frontend.router import ShardRouter
+    from plait.model import RegionSpec
+    from plait.server.controlplane import ControlPlaneConfig
+    from plait.server.serve import ApiServer, AsgiServer, prepare, store_for
+
+    region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc, rows_per_msb=1,
+                              racks_per_row=1)
+    sharded = shards > 1
+    # a region on one box: its TaskControllers run on loopback too
+    config = ControlPlaneConfig(region=region, tick_seconds=0.2,
+                                heartbeat_timeout=heartbeat_timeout,
+                                startup_grace=startup_grace, shard=0 if sharded else None,
+                                controller_networks=("loopback", "any"))
+    # Ctrl-C from now on stops whatever has started, in order
+    done = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    started = prepare(data_dir, store, config, host, port)
+    cp = started.control_plane
+    for shard in range(shards if sharded else 0):  # the front end waits for each one's leader
+        with contextlib.suppress(Conflict):
+            cp.store.create(f"/frontend/shards/{shard}", b"{}")
+    join_file = data_dir / "join-token"
+    if not join_file.exists():
+        _, token = cp.tokens.create("join", "plait-up", cp.clock(), "agents of plait up")
+        fd = os.open(join_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    join = join_file.read_text().strip()
+    # the agents start first (they retry their join until the API answers): their
+    # start-up overlaps the control plane's
+    # sharded: the front end on PORT, shard S replica R on PORT+1+S*REPLICAS+R (this
+    # process runs the front end and shard 0's first replica)
+    first = port + 1 if sharded else port
+    server = ApiServer(cp, host, first, log_level="warning",
+                       replica=replicas > 1 or sharded)
+    front = AsgiServer(ShardRouter(store_for(data_dir, store), identity=f"http://{host}:"
+                                   f"{port}"), host, port) if sharded else None
+    urls = [front.url] if front is not None else [server.url] + [
+        f"http://{host}:{port + i}" for i in range(1, replicas)]
+    agents: dict[str, subprocess.Popen[bytes] | int] = {}
+    adopted = 0
+    for m in range(len(cp.fleet)):
+        name = cp.fleet.name(m)
+        home = data_dir / "agents" / name
+        home.mkdir(parents=True, exist_ok=True)
+        pid = _alive_pid(home / "agent.pid")
+        if pid is not None:
+            agents[name] = pid  # still running from before: adopted with its tasks
+            adopted += 1
+            continue
+        log = open(home / "agent.log", "ab")  # noqa: SIM115 (the agent's lifetime)
+        res = cp.fleet.resources(m)
+        # each agent describes its machine, as on a real host (checked on join)
+        agents[name] = subprocess.Popen(
+            [sys.executable, "-m", "plait.cli.agent", "--machine-id", name,
+             "--control-plane", ",".join(urls), "--join-token", join, "--data-dir", str(home),
+             "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
+             "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
+             "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
+             "--runtime", runtime, "--hide", str(data_dir.resolve())],
+            stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
+    server.start()
+    # the other replicas, once this one campaigns (it leads, unless a replica left
+    # running by a killed `plait up` does)
+    followers: dict[str, subprocess.Popen[bytes] | int] = {}
+    for shard in range(shards):
+        for i in range(replicas):
+            if shard == 0 and i == 0:
+                continue  # (this process)
+            name = f"{shard}-{i}" if sharded else str(i)
+            pid_file = data_dir / "replicas" / f"{name}.pid"
+            pid_file.parent.mkdir(parents=True, exist_ok=True)
+            pid = _alive_pid(pid_file, b"serve")
+            if pid is not None:
+                followers[name] = pid
+                continue
+            log = open(data_dir / "replicas" / f"{name}.log", "ab")  # noqa: SIM115
+            at = first + shard * replicas + i
+            followers[name] = proc = subprocess.Popen(
+                [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data_dir),
+                 *(["--store", store] if store else []), "--host", host, "--port", str(at),
+                 "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
+                 str(heartbeat_timeout), "--startup-grace", str(startup_grace),
+                 "--controller-networks", "loopback,any",
+                 *(["--shard", str(shard)] if sharded else [])],
+                stdout=log, stderr=log, start_new_session=True)
+            pid_file.write_text(f"{proc.pid}\n")
+    if front is not None:
+        front.start()
+    lead = server.leadership
+    deadline = time.monotonic() + 10
+    # until the election has an outcome: this replica leads, or another does
+    while lead is not None and not lead.leading and lead.leader() in (None, lead.identity) \
+            and time.monotonic() < deadline and not done.is_set():
+        time.sleep(0.05)
+    if front is not None:  # every shard has a leader: the front end serves
+        probe = httpx.Client(timeout=5)
+        deadline = time.monotonic() + 60
+        while not done.is_set() and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if probe.get(f"{front.url}/healthz").status_code == 200:
+                    break
+            time.sleep(0.1)
+        probe.close()
+        out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
+                  f"({len(agents) - adopted} agents started, {adopted} adopted), "
+                  f"{shards} scheduler shards x {replicas} replicas on ports {first}-"
+                  f"{first + shards * replicas - 1}, API (front end) on {front.url}")
+    else:
+        # (heartbeats are counted by the leader: here, unless another replica leads)
+        ready = cp.wait_for_agents(list(agents), timeout=60) if lead is None or \
+            lead.leading else 0
+        out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
+                  f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
+                  f"heartbeating), API on {server.url}"
+                  + (f", replicas on {', '.join(urls[1:])}" if replicas > 1 else ""))
+    out.print(f"CLI configured ({started.config_path}): try "
+              "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
+    done.wait()
+    out.print("stopping the agents and their tasks ...")
+    for follower in followers.values():  # (first: none takes over meanwhile)
+        pid = follower if isinstance(follower, int) else follower.pid
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    for follower in followers.values():
+        pid = follower if isinstance(follower, int) else follower.pid
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(pid):
+            if not isinstance(follower, int):
+                follower.poll()
+            time.sleep(0.05)
+    for agent in agents.values():
+        pid = agent if isinstance(agent, int) else agent.pid
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 30
+    for agent in agents.values():
+        pid = agent if isinstance(agent, int) else agent.pid
+        while time.monotonic() < deadline and _alive(pid):
+            if not isinstance(agent, int):
+                agent.poll()
+            time.sleep(0.1)
+    if front is not None:
+        front.stop()
+    server.stop()
+    cp.store.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a zombie child is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _alive_pid(path: Path, what: bytes = b"agent") -> int | None:
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not _alive(pid):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return pid if what in cmdline else None
+
+
+up_app = typer.Typer()
+up_app.command()(up)
