@@ -20,6 +20,7 @@ was applied (creating the same job again is safe, and says so with 200).
 from __future__ import annotations
 
 import builtins
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -132,6 +133,8 @@ class Client:
         except _Retry as first:
             if self.attempts <= 1:
                 raise Unreachable(first.cause) from None
+            # (stamina runs its first attempt at once: the first wait is here)
+            time.sleep(_backoff(first) if first.retry_after is not None else 0.2)
         import stamina
 
         try:
