@@ -1,10 +1,15 @@
 """The API's answers as typed dicts: the server declares them as its response models
 (so the OpenAPI document types every answer) and the SDK returns them. Only
-``typing`` is imported: a client pays nothing to use them."""
+``typing`` is imported: a client pays nothing to use them.
+
+Every one allows keys it does not name (``__pydantic_config__`` below): an answer
+is never cut down to what its type lists, and a newer server may add fields."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any
+
+from typing_extensions import TypedDict
 
 
 class Health(TypedDict, total=False):
@@ -155,3 +160,130 @@ class EventPage(TypedDict):
     #: the cursor of the next page (None: the end)
     next: int | None
     last_seq: int
+
+
+class Plan(TypedDict, total=False):
+    """A dry run: what deploying a spec would change, and where its tasks would go."""
+
+    job: str
+    #: create, update or none
+    action: str
+    changes: dict[str, Any]
+    tasks_added: int
+    tasks_removed: int
+    tasks_updated: int
+    max_unavailable: int | None
+    placement: dict[str, Any]
+
+
+class JobSpecView(TypedDict, total=False):
+    """A job spec as stored (see plait.model.JobSpec for every field)."""
+
+    name: str
+    entitlement: str
+    task_count: int
+    command: str
+    args: list[str]
+    resources: dict[str, Any]
+
+
+class TaskLogs(TypedDict):
+    job: str
+    index: int
+    machine: str | None
+    data: str
+    #: ask again with after=next for what follows
+    next: int
+    skipped: bool
+
+
+class MachineEvent(TypedDict):
+    machine: str
+    #: the unavailability event raised
+    event: str
+
+
+class MachineRepair(TypedDict):
+    machine: str
+    #: the events ended
+    ended: list[str]
+
+
+class MaintenanceCreated(TypedDict):
+    event: str
+
+
+class MaintenanceView(TypedDict):
+    id: str
+    kind: str
+    machines: list[str]
+    start: float
+    end: float | None
+    reason: str
+
+
+class MaintenanceList(TypedDict):
+    events: list[MaintenanceView]
+
+
+class ShardHandoff(TypedDict):
+    entitlement: str
+    shard: int
+    jobs: int
+
+
+class ShardReload(TypedDict):
+    shard: int | None
+    entitlements: int
+
+
+class TokenView(TypedDict, total=False):
+    id: str
+    role: str
+    name: str
+    created: float
+    revoked: bool
+    description: str
+    #: the token itself: shown once, when made
+    token: str
+
+
+class TokenList(TypedDict):
+    tokens: list[TokenView]
+
+
+class Joined(TypedDict):
+    machine: str
+    #: the machine's own credential
+    token: str
+    id: str
+
+
+class DesiredTask(TypedDict):
+    job: str
+    index: int
+    version: int
+    revision: int
+    spec: dict[str, Any]
+
+
+class DesiredSet(TypedDict):
+    machine: str
+    generation: int
+    tasks: list[DesiredTask]
+
+
+class OutputAck(TypedDict):
+    machine: str
+    accepted: int
+    refused: int
+
+
+class StatusAck(TypedDict):
+    machine: str
+    accepted: int
+
+
+for _view in list(globals().values()):
+    if isinstance(_view, type) and issubclass(_view, dict) and _view is not dict:
+        _view.__pydantic_config__ = {"extra": "allow"}  # type: ignore[attr-defined]

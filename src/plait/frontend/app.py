@@ -16,14 +16,19 @@ import functools
 from typing import Annotated, Any
 
 import pydantic
-from fastapi import Body, Depends, FastAPI, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, Query, Request, Response, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from swagger_ui_bundle import swagger_ui_path
 
 from plait import __version__
+from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TransientError, ValidationError
 from plait.frontend.proxy import FollowerProxy
 from plait.model import Entitlement, JobSpec, Resources
@@ -243,6 +248,13 @@ def spec_wire(spec: JobSpec) -> dict[str, Any]:
     return spec.model_dump(mode="json")
 
 
+#: where /docs finds the Swagger UI files
+DOCS_STATIC = "/docs/static"
+bearer = HTTPBearer(auto_error=False, scheme_name="token", description=(
+    "A plait token (plait_<id>_<secret>): the admin token written at first start, an "
+    "owner's from plait token create, or a machine's from /v1/agents/join."))
+
+
 def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = False,
                leadership: Leadership | None = None) -> FastAPI:
     """The API over a control plane; with ``run_loop`` the app starts and stops the
@@ -267,7 +279,20 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
 
     app = FastAPI(title="plait", version=__version__, lifespan=lifespan, responses=ERRORS,
                   description="The plait control plane: entitlements, jobs, tasks, machines, "
-                              "maintenance, events and service discovery.")
+                              "maintenance, events and service discovery. Every call but "
+                              "/healthz takes a bearer token (Authorize, above).",
+                  docs_url=None, redoc_url=None)
+    # /docs from the Swagger UI files of the swagger-ui-bundle package: it works on a
+    # machine without internet (FastAPI's default page loads them from a CDN)
+    app.mount(DOCS_STATIC, StaticFiles(directory=swagger_ui_path), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json", title="plait API",
+            swagger_js_url=f"{DOCS_STATIC}/swagger-ui-bundle.js",
+            swagger_css_url=f"{DOCS_STATIC}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_STATIC}/favicon-32x32.png")
 
     # -- errors ----------------------------------------------------------------------------
     @app.exception_handler(AuthError)
@@ -346,7 +371,10 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             refusals["suppressed"] += 1
         return AuthError(status, reason)
 
-    async def principal(request: Request) -> Principal:
+    async def principal(request: Request, declared: Annotated[
+            HTTPAuthorizationCredentials | None, Security(bearer)] = None) -> Principal:
+        # (``bearer`` declares the scheme in the OpenAPI document; the header is read
+        # here, so every refusal has plait's shape and is recorded)
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -396,7 +424,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         may_entitlement(request, who, cp.jobs.get(job).entitlement)
 
     # -- health ----------------------------------------------------------------------------
-    @app.get("/healthz", tags=["health"])
+    @app.get("/healthz", response_model=t.Health, tags=["health"])
     def healthz(response: Response) -> dict[str, Any]:
         """Health; needs no token. 503 when the control-plane loop has stopped passing
         (acknowledged operations would not be applied)."""
@@ -410,21 +438,24 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                 "failed_passes": cp.failures, **role}
 
     # -- entitlements ----------------------------------------------------------------------
-    @app.post("/v1/entitlements", tags=["entitlements"], status_code=201,
-              responses={200: {"description": "An existing entitlement, changed or the same"}})
+    @app.post("/v1/entitlements", response_model=t.EntitlementView, tags=["entitlements"],
+              status_code=201,
+              responses={200: {"model": t.EntitlementView,
+                                   "description": "An existing entitlement, changed or the "
+                                                  "same"}})
     def create_entitlement(ent: Entitlement, who: Admin, response: Response) -> dict[str, Any]:
         """Create an entitlement, or change its quota and settings (admin)."""
         if not cp.define_entitlement(ent):
             response.status_code = 200
         return cp.entitlement_view(ent.name)
 
-    @app.get("/v1/entitlements", tags=["entitlements"])
+    @app.get("/v1/entitlements", response_model=t.EntitlementList, tags=["entitlements"])
     def list_entitlements(who: User) -> dict[str, Any]:
         mine = owned(who)
         names = sorted(n for n in list(cp.allocator.entitlements) if mine is None or n in mine)
         return {"entitlements": [cp.entitlement_view(n) for n in names]}
 
-    @app.get("/v1/entitlements/{name}", tags=["entitlements"])
+    @app.get("/v1/entitlements/{name}", response_model=t.EntitlementView, tags=["entitlements"])
     def get_entitlement(name: str, who: User, request: Request) -> dict[str, Any]:
         cp.entitlement(name)
         may_entitlement(request, who, name)
@@ -438,8 +469,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             body["created"] = created
         return body
 
-    @app.post("/v1/jobs", tags=["jobs"], status_code=201,
-              responses={200: {"description": "The same spec again, or a dry run's plan"}})
+    @app.post("/v1/jobs", response_model=t.JobAck | t.Plan, tags=["jobs"], status_code=201,
+              responses={200: {"model": t.JobAck | t.Plan,
+                                   "description": "The same spec again, or a dry run's plan"}})
     def create_job(spec: JobSpec, who: User, request: Request, response: Response,
                    dry_run: bool = False) -> dict[str, Any]:
         """Create a job from a spec. Acknowledged once stored; tasks are placed
@@ -456,7 +488,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             response.status_code = 200
         return ack(doc, created)
 
-    @app.get("/v1/jobs", tags=["jobs"])
+    @app.get("/v1/jobs", response_model=t.JobList, tags=["jobs"])
     def list_jobs(who: User, entitlement: str | None = None) -> dict[str, Any]:
         mine = owned(who)
         if entitlement is not None:
@@ -469,13 +501,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                 continue  # deleted meanwhile
         return {"jobs": views}
 
-    @app.get("/v1/jobs/{name}", tags=["jobs"])
+    @app.get("/v1/jobs/{name}", response_model=t.JobView, tags=["jobs"])
     def get_job(name: str, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         return cp.job_view(name)
 
-    @app.put("/v1/jobs/{name}", tags=["jobs"],
-             responses={201: {"description": "The job did not exist: created"}})
+    @app.put("/v1/jobs/{name}", response_model=t.JobAck | t.Plan, tags=["jobs"],
+             responses={201: {"model": t.JobAck,
+                                  "description": "The job did not exist: created"}})
     def update_job(name: str, spec: JobSpec, who: User, request: Request,
                    response: Response, dry_run: bool = False) -> dict[str, Any]:
         """The job's spec: a new version, rolled out at the pace of its update policy
@@ -497,17 +530,17 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         may_job(request, who, name)
         return ack(cp.update_job(spec), False)
 
-    @app.post("/v1/jobs/{name}/resize", tags=["jobs"])
+    @app.post("/v1/jobs/{name}/resize", response_model=t.JobAck, tags=["jobs"])
     def resize_job(name: str, body: Resize, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         return ack(cp.resize_job(name, body.task_count))
 
-    @app.post("/v1/jobs/{name}/rollback", tags=["jobs"])
+    @app.post("/v1/jobs/{name}/rollback", response_model=t.JobAck, tags=["jobs"])
     def rollback_job(name: str, body: Rollback, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         return ack(cp.rollback_job(name, body.version))
 
-    @app.post("/v1/jobs/{name}/move", tags=["jobs"])
+    @app.post("/v1/jobs/{name}/move", response_model=t.JobAck, tags=["jobs"])
     def move_job(name: str, body: Move, who: User, request: Request) -> dict[str, Any]:
         """Move the job to another entitlement: every task is stopped and placed again
         on that entitlement's machines, paced like an update and through TaskControl.
@@ -517,32 +550,32 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         may_entitlement(request, who, body.entitlement)
         return ack(cp.move_job(name, body.entitlement))
 
-    @app.post("/v1/jobs/{name}/restart", tags=["jobs"])
+    @app.post("/v1/jobs/{name}/restart", response_model=t.JobAck, tags=["jobs"])
     def restart_job(name: str, who: User, request: Request,
                     body: Annotated[Restart | None, Body()] = None) -> dict[str, Any]:
         """Restart every task (or one, with ``index``), paced like an update."""
         may_job(request, who, name)
         return ack(cp.restart_job(name, body.index if body else None))
 
-    @app.post("/v1/jobs/{name}/resume", tags=["jobs"])
+    @app.post("/v1/jobs/{name}/resume", response_model=t.JobAck, tags=["jobs"])
     def resume_job(name: str, who: User, request: Request) -> dict[str, Any]:
         """Resume a halted rollout."""
         may_job(request, who, name)
         return ack(cp.resume_job(name))
 
-    @app.delete("/v1/jobs/{name}", tags=["jobs"], status_code=202)
+    @app.delete("/v1/jobs/{name}", response_model=t.JobAck, tags=["jobs"], status_code=202)
     def delete_job(name: str, who: User, request: Request) -> dict[str, Any]:
         """Stop every task, then forget the job."""
         may_job(request, who, name)
         return ack(cp.delete_job(name))
 
-    @app.get("/v1/jobs/{name}/history", tags=["jobs"])
+    @app.get("/v1/jobs/{name}/history", response_model=t.JobHistory, tags=["jobs"])
     def job_history(name: str, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         doc = cp.jobs.get(name)
         return {"name": name, "versions": len(doc.versions), "operations": doc.log}
 
-    @app.get("/v1/jobs/{name}/versions/{version}", tags=["jobs"])
+    @app.get("/v1/jobs/{name}/versions/{version}", response_model=t.JobSpecView, tags=["jobs"])
     def job_version(name: str, version: int, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         doc = cp.jobs.get(name)
@@ -550,7 +583,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             raise NotFound("version", f"{name} version {version}")
         return doc.versions[version - 1].model_dump(mode="json")
 
-    @app.get("/v1/jobs/{name}/controller-key", tags=["jobs"])
+    @app.get("/v1/jobs/{name}/controller-key", response_model=t.ControllerKey, tags=["jobs"])
     def controller_key(name: str, who: User, request: Request) -> dict[str, Any]:
         """The key this region signs the job's TaskControl calls with (header
         ``Plait-Signature: t=<seconds>,v1=<hex HMAC-SHA256(key, "<t>." + body)>``); the
@@ -560,17 +593,17 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return {"job": name, "key": cp.controller_key(name),
                 "header": "Plait-Signature", "algorithm": "HMAC-SHA256"}
 
-    @app.get("/v1/jobs/{name}/tasks", tags=["tasks"])
+    @app.get("/v1/jobs/{name}/tasks", response_model=t.TaskList, tags=["tasks"])
     def job_tasks(name: str, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         return {"job": name, "tasks": cp.tasks_view(name)}
 
-    @app.post("/v1/jobs/{name}/tasks/{index}/restart", tags=["tasks"])
+    @app.post("/v1/jobs/{name}/tasks/{index}/restart", response_model=t.JobAck, tags=["tasks"])
     def restart_task(name: str, index: int, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         return ack(cp.restart_job(name, index))
 
-    @app.get("/v1/jobs/{name}/tasks/{index}/logs", tags=["tasks"])
+    @app.get("/v1/jobs/{name}/tasks/{index}/logs", response_model=t.TaskLogs, tags=["tasks"])
     def task_logs(name: str, index: int, who: User, request: Request,
                   after: Annotated[int, Query(ge=0)] = 0,
                   limit: Annotated[int, Query(ge=1, le=1 << 20)] = 1 << 16) -> dict[str, Any]:
@@ -581,43 +614,43 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return {"job": name, "index": index, "machine": machine, "data": text, "next": nxt,
                 "skipped": skipped}
 
-    @app.get("/v1/discovery/{job}", tags=["discovery"])
+    @app.get("/v1/discovery/{job}", response_model=t.Discovery, tags=["discovery"])
     def discovery(job: str, who: User, request: Request) -> dict[str, Any]:
         """The tasks enabled in service discovery: at most one entry per task index."""
         may_job(request, who, job)
         return {"job": job, "endpoints": cp.discovery(job)}
 
     # -- machines and maintenance (admin) --------------------------------------------------
-    @app.get("/v1/machines", tags=["machines"])
+    @app.get("/v1/machines", response_model=t.MachineList, tags=["machines"])
     def list_machines(who: Admin, state: str | None = None, entitlement: str | None = None,
                       offset: Annotated[int, Query(ge=0)] = 0,
                       limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
         found, total = cp.machines(state, entitlement, offset, limit)
         return {"machines": found, "total": total, "offset": offset}
 
-    @app.get("/v1/machines/{machine}", tags=["machines"])
+    @app.get("/v1/machines/{machine}", response_model=t.MachineView, tags=["machines"])
     def get_machine(machine: str, who: Admin) -> dict[str, Any]:
         return cp.machine(machine)
 
-    @app.post("/v1/machines/{machine}/fail", tags=["machines"])
+    @app.post("/v1/machines/{machine}/fail", response_model=t.MachineEvent, tags=["machines"])
     def fail_machine(machine: str, who: Admin) -> dict[str, Any]:
         """Mark a machine failed (as the health check would): its tasks move."""
         return {"machine": machine, "event": cp.fail_machine(machine)}
 
-    @app.post("/v1/machines/{machine}/repair", tags=["machines"])
+    @app.post("/v1/machines/{machine}/repair", response_model=t.MachineRepair, tags=["machines"])
     def repair_machine(machine: str, who: Admin) -> dict[str, Any]:
         return {"machine": machine, "ended": cp.repair_machine(machine)}
 
-    @app.post("/v1/machines/{machine}/cordon", tags=["machines"])
+    @app.post("/v1/machines/{machine}/cordon", response_model=t.MachineView, tags=["machines"])
     def cordon(machine: str, who: Admin) -> dict[str, Any]:
         """No new tasks on the machine; the ones there keep running."""
         return cp.cordon(machine, True)
 
-    @app.post("/v1/machines/{machine}/uncordon", tags=["machines"])
+    @app.post("/v1/machines/{machine}/uncordon", response_model=t.MachineView, tags=["machines"])
     def uncordon(machine: str, who: Admin) -> dict[str, Any]:
         return cp.cordon(machine, False)
 
-    @app.post("/v1/machines/{machine}/drain", tags=["machines"])
+    @app.post("/v1/machines/{machine}/drain", response_model=t.MachineEvent, tags=["machines"])
     def drain(machine: str, who: Admin,
               body: Annotated[Drain | None, Body()] = None) -> dict[str, Any]:
         """Cordon, then move the tasks off through TaskControl; at the deadline what is
@@ -625,24 +658,26 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return {"machine": machine,
                 "event": cp.drain(machine, body.deadline_seconds if body else None)}
 
-    @app.post("/v1/maintenance", tags=["maintenance"], status_code=201)
+    @app.post("/v1/maintenance", response_model=t.MaintenanceCreated, tags=["maintenance"],
+              status_code=201)
     def schedule_maintenance(body: Maintenance, who: Admin) -> dict[str, Any]:
         start = cp.clock() if body.start is None else body.start
         return {"event": cp.schedule_maintenance(body.machines, start, body.duration_seconds,
                                                  body.reason)}
 
-    @app.get("/v1/maintenance", tags=["maintenance"])
+    @app.get("/v1/maintenance", response_model=t.MaintenanceList, tags=["maintenance"])
     def list_maintenance(who: Admin) -> dict[str, Any]:
         return {"events": cp.maintenance()}
 
     # -- a scheduler shard's part in moving an entitlement (called by the front end) -------
-    @app.post("/v1/shard/entitlements/{name}/handoff", tags=["shards"])
+    @app.post("/v1/shard/entitlements/{name}/handoff", response_model=t.ShardHandoff,
+              tags=["shards"])
     def handoff(name: str, body: ShardMove, who: Admin) -> dict[str, Any]:
         """Hand an entitlement's records to another scheduler shard and stop managing
         them (its tasks are untouched)."""
         return {"entitlement": name, "shard": body.shard, "jobs": cp.handoff(name, body.shard)}
 
-    @app.post("/v1/shard/reload", tags=["shards"])
+    @app.post("/v1/shard/reload", response_model=t.ShardReload, tags=["shards"])
     def reload(who: Admin, body: Annotated[ShardReload | None, Body()] = None
                ) -> dict[str, Any]:
         """Read this shard's records again (an entitlement was handed to it: 503
@@ -651,7 +686,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return {"shard": cp.config.shard, "entitlements": len(cp.allocator.entitlements)}
 
     # -- events ----------------------------------------------------------------------------
-    @app.get("/v1/events", tags=["events"])
+    @app.get("/v1/events", response_model=t.EventPage, tags=["events"])
     def events(who: User, after: Annotated[int, Query(ge=0)] = 0,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100, job: str | None = None,
                kind: str | None = None, source: str | None = None,
@@ -672,7 +707,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             body["token"] = token
         return body
 
-    @app.post("/v1/tokens", tags=["tokens"], status_code=201)
+    @app.post("/v1/tokens", response_model=t.TokenView, tags=["tokens"], status_code=201)
     def create_token(body: TokenRequest, who: Admin) -> dict[str, Any]:
         """A new token; the secret is returned once and stored only as a hash."""
         if body.role is Role.MACHINE:
@@ -681,24 +716,24 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         cp.record("auth", "token_created", f"{info.role.value} token {info.id} for {info.name}")
         return token_view(info, token)
 
-    @app.get("/v1/tokens", tags=["tokens"])
+    @app.get("/v1/tokens", response_model=t.TokenList, tags=["tokens"])
     def list_tokens(who: Admin) -> dict[str, Any]:
         return {"tokens": [token_view(t) for t in cp.tokens.list()]}
 
-    @app.delete("/v1/tokens/{token_id}", tags=["tokens"])
+    @app.delete("/v1/tokens/{token_id}", response_model=t.TokenView, tags=["tokens"])
     def revoke_token(token_id: str, who: Admin) -> dict[str, Any]:
         info = cp.tokens.revoke(token_id)
         cp.record("auth", "token_revoked", f"token {token_id} ({info.role.value} {info.name})")
         return token_view(info)
 
-    @app.post("/v1/tokens/{token_id}/rotate", tags=["tokens"])
+    @app.post("/v1/tokens/{token_id}/rotate", response_model=t.TokenView, tags=["tokens"])
     def rotate_token(token_id: str, who: Admin) -> dict[str, Any]:
         info, token = cp.tokens.rotate(token_id, cp.clock())
         cp.record("auth", "token_rotated", f"token {token_id} replaced by {info.id}")
         return token_view(info, token)
 
     # -- agents ----------------------------------------------------------------------------
-    @app.post("/v1/agents/join", tags=["agents"], status_code=201)
+    @app.post("/v1/agents/join", response_model=t.Joined, tags=["agents"], status_code=201)
     def join(body: Join, who: Who, request: Request) -> dict[str, Any]:
         """Trade the cluster join token for this machine's own credential."""
         if who.role is not Role.JOIN:
@@ -728,7 +763,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             return
         raise refuse(request, 403, f"{who} may not act for machine {machine}")
 
-    @app.get("/v1/machines/{machine}/desired", tags=["agents"])
+    @app.get("/v1/machines/{machine}/desired", response_model=t.DesiredSet, tags=["agents"])
     async def desired(machine: str, who: Who, request: Request,
                       wait: Annotated[float, Query(ge=0, le=60)] = 0.0,
                       since: Annotated[int | None, Query(ge=0)] = None) -> dict[str, Any]:
@@ -750,14 +785,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
              "spec": spec_wire(a.spec)} for a in tasks]}
 
-    @app.post("/v1/machines/{machine}/output", tags=["agents"])
+    @app.post("/v1/machines/{machine}/output", response_model=t.OutputAck, tags=["agents"])
     def output(machine: str, body: Output, who: Who, request: Request) -> dict[str, Any]:
         """An agent sends what its tasks printed (kept as a tail per task)."""
         machine_only(request, who, machine)
         taken = cp.task_output(machine, [(c.job, c.index, c.data) for c in body.chunks])
         return {"machine": machine, "accepted": taken, "refused": len(body.chunks) - taken}
 
-    @app.post("/v1/machines/{machine}/status", tags=["agents"])
+    @app.post("/v1/machines/{machine}/status", response_model=t.StatusAck, tags=["agents"])
     async def status(machine: str, body: Report, who: Who,
                      request: Request) -> dict[str, Any]:
         """An agent's report of the tasks on its machine (taken at once, never
