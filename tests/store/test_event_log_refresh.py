@@ -28,3 +28,16 @@ def test_a_follower_catches_up_with_the_leaders_events(tmp_path):
         3, 4, 5, 6, 7]
     leader_store.close()
     follower_store.close()
+
+
+def test_a_batch_larger_than_the_retention_keeps_only_its_newest_events(tmp_path):
+    store = SqliteStore(str(tmp_path / "plait.db"))
+    log = EventLog(store, Retention(max_count=5, max_age_seconds=1e9))
+    log.append([_ev(1.0, "old")])
+    made = log.append([_ev(2.0, f"n{k}") for k in range(8)])
+    assert [e.seq for e in made] == list(range(2, 10)) and log.last_seq == 9
+    assert [e.message for e in log.query(limit=100)[0]] == ["n3", "n4", "n5", "n6", "n7"]
+    assert len(store.children("/events/log")) == 5
+    assert [e.seq for e in EventLog(store, Retention(max_count=5)).query(limit=100)[0]] == [
+        5, 6, 7, 8, 9]
+    store.close()

@@ -20,6 +20,16 @@ sim_app = typer.Typer(help="Run the real scheduler and allocator on a simulated 
 demo_app = typer.Typer()
 
 
+@region_app.callback()
+def region_group() -> None:
+    """Generated regions (fleet topologies)."""
+
+
+@sim_app.callback()
+def sim_group() -> None:
+    """Run the real scheduler and allocator on a simulated region."""
+
+
 @region_app.command("describe")
 def region_describe(
     machines: Annotated[int, typer.Option(min=1)] = 100_000,

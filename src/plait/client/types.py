@@ -62,6 +62,11 @@ class JobView(TypedDict):
     succeeded: int
     failed: int
     running: int
+    #: the last operation of the job's log applied by the scheduler (an
+    #: acknowledgement's ``operation`` is applied once this reaches it)
+    applied_operation: int
+    #: every operation stored is applied and carried out: all tasks run the latest
+    #: version, healthy, with nothing wanted or under way
     settled: bool
 
 

@@ -90,9 +90,14 @@ class JobState:
     tasks: tuple[dict[str, Any], ...]
     #: (index, machine) of the tasks enabled in service discovery
     serving_on: tuple[tuple[int, str], ...]
+    #: the last operation of the job's log the scheduler has applied
+    applied_operation: int
+    #: operations wanted, acked or under way (a restart, an update, a move...)
+    busy: bool
 
     @classmethod
-    def of(cls, sched: Scheduler, job: JobRecord, fleet: Fleet) -> JobState:
+    def of(cls, sched: Scheduler, job: JobRecord, fleet: Fleet,
+           applied: int) -> JobState:
         counts: dict[str, int] = {}
         serving = updated = 0
         target, running = job.target, TaskState.RUNNING
@@ -112,7 +117,9 @@ class JobState:
         return cls(job.entitlement, target, len(job.tasks), counts, serving, updated, job.halted,
                    job.rollout_active, job.moving_from, sched.on_entitlement(job),
                    job.unplaced_reason, job.error, sched.unavailable(job), tuple(tasks),
-                   tuple(serving_on))
+                   tuple(serving_on), applied,
+                   bool(job.offers or job.acked or job.in_progress
+                        or any(r.restart for r in job.tasks.values())))
 
 
 @dataclass(frozen=True)
@@ -936,7 +943,7 @@ class ControlPlane:
             "task_count": doc.spec.task_count, "tasks": dict(counts),
             "serving": job.serving if job else 0,
             "updated": updated, "halted": job.halted if job else None,
-            "rollout_active": bool(job and job.rollout_active),
+            "rollout_active": bool(job and (job.rollout_active or job.busy)),
             "moving_from": job.moving_from if job else None,
             "on_entitlement": job.on_entitlement if job else 0,
             "unplaced_reason": job.unplaced_reason if job else None,
@@ -944,7 +951,10 @@ class ControlPlane:
             "unavailable": job.unavailable if job else doc.spec.task_count,
             "batch": spec.restart.batch, "phase": phase, "succeeded": succeeded,
             "failed": failed, "running": counts.get(TaskState.RUNNING.value, 0),
+            # the operations stored so far are applied, and nothing is under way
+            "applied_operation": job.applied_operation if job else 0,
             "settled": bool(job and job.target == len(doc.versions) and not doc.deleting
+                            and job.applied_operation >= doc.seq and not job.busy
                             and updated == doc.spec.task_count
                             and job.records == doc.spec.task_count),
         }
@@ -978,7 +988,8 @@ class ControlPlane:
             if job is None:
                 views.pop(name, None)
             else:
-                views[name] = JobState.of(sched, job, self.fleet)
+                views[name] = JobState.of(sched, job, self.fleet,
+                                          self.persist.applied.get(name, 0))
         if changed is None:
             for name in [n for n in views if n not in sched.jobs]:
                 del views[name]

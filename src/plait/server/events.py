@@ -95,15 +95,18 @@ class EventLog:
             seq = self._seq
             for time, source, kind, message, job, entitlement, machine in events:
                 seq += 1
-                event = Event(seq, time, source, kind, message, job, entitlement, machine)
-                made.append(event)
-                txn.create(f"/log/{seq:012d}", json.dumps(asdict(event)).encode())
+                made.append(Event(seq, time, source, kind, message, job, entitlement,
+                                  machine))
+            # a batch larger than the whole retention keeps only its newest events
+            kept = made[-self.retention.max_count:]
+            for event in kept:
+                txn.create(f"/log/{event.seq:012d}", json.dumps(asdict(event)).encode())
             if self._seq_version is None:
                 txn.create("/seq", str(seq).encode())
             else:
                 txn.set("/seq", str(seq).encode(), self._seq_version)
             now = events[-1][0]
-            dropped = self._expired(made, now)
+            dropped = self._expired(kept, now)
             for old in dropped:
                 txn.delete(f"/log/{old.seq:012d}", 0)
             self.ns.commit(txn)
@@ -111,7 +114,7 @@ class EventLog:
             self._seq = seq
             for _ in dropped:
                 self._events.popleft()
-            self._events.extend(made)
+            self._events.extend(kept)
             return made
 
     def _expired(self, incoming: list[Event], now: float) -> list[Event]:
