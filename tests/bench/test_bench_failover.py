@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plait.cli.main import app
-from plait.store.zkensemble import installed
+from plait.harness.zkensemble import installed
 
 KEYS = {"failover_s", "task_restarts", "acknowledged_writes", "lost_writes",
         "entitlement_move_unavailable_s", "spurious_failovers", "new_leader_s",

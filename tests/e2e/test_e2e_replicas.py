@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from plait.localreplicas import ReplicatedRegion, Writer, wait_until
-from plait.store.zkensemble import installed
+from plait.harness.replicas import ReplicatedRegion, Writer, wait_until
+from plait.harness.zkensemble import installed
 
 WAIT = 90.0
 

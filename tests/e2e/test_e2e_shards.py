@@ -12,7 +12,7 @@ import sys
 import httpx
 from e2e_region import wait_for
 
-from plait.localregion import cmdline, kill_groups, processes_under
+from plait.harness.region import cmdline, kill_groups, processes_under
 from plait.server.serve import free_port
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from test_e2e_replicas import Partition, alive
 
-from plait.localreplicas import wait_until
-from plait.localshards import ShardedBox
-from plait.store.zkensemble import LocalEnsemble, installed
+from plait.harness.replicas import wait_until
+from plait.harness.shards import ShardedBox
+from plait.harness.zkensemble import LocalEnsemble, installed
 
 WAIT = 90.0
 

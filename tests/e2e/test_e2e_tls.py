@@ -13,7 +13,7 @@ import sys
 import httpx
 from e2e_region import wait_for
 
-from plait.localregion import kill_groups, processes_under
+from plait.harness.region import kill_groups, processes_under
 from plait.server.serve import free_port
 
 JOB = {"name": "s", "entitlement": "e", "task_count": 1, "command": "sleep",

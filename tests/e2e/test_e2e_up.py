@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from test_e2e_agents import WEB, alive, answers, wait_for
 
-from plait.localregion import cmdline, kill_groups, processes_under
+from plait.harness.region import cmdline, kill_groups, processes_under
 from plait.server.serve import free_port
 
 

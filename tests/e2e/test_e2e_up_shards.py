@@ -19,9 +19,9 @@ import httpx
 from test_e2e_agents import alive, wait_for
 from test_e2e_up import task_pids
 
-from plait.localregion import cmdline, kill_groups, processes_under
+from plait.harness.region import cmdline, kill_groups, processes_under
+from plait.harness.zkensemble import LocalEnsemble
 from plait.server.serve import free_port
-from plait.store.zkensemble import LocalEnsemble
 
 
 def sleepers(name: str, ent: str) -> dict:

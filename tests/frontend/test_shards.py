@@ -11,7 +11,7 @@ import httpx
 import pytest
 from livecp import wait_for
 
-from plait.localshards import ShardedBox, measure_move
+from plait.harness.shards import ShardedBox, measure_move
 
 
 def job(name: str, ent: str, tasks: int = 2, version: str = "1") -> dict:

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from zkutil import ZK_SERVER, _free_port, wait_until
 
-from plait.store.zkensemble import mode as _mode
+from plait.harness.zkensemble import mode as _mode
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ host), then SIGKILL of the leading replica.
 * then, on the same ensemble (in a part of its tree of its own), two scheduler shards
   and their front end in this process, with real agents: an entitlement whose tasks
   run moves from one shard to the other while a client writes to it 20 times a second
-  (``plait.localshards.measure_move``). ``entitlement_move_unavailable_s`` is what the
+  (``plait.harness.shards.measure_move``). ``entitlement_move_unavailable_s`` is what the
   client saw: from its first write refused (409) to its first write accepted after
   the move began; ``entitlement_move_server_s`` what the front end measured (map
   marked moving to map pointing at the new shard); ``entitlement_move_task_restarts``
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from plait.errors import Conflict
-from plait.localreplicas import ReplicatedRegion, Writer, wait_until
-from plait.localshards import measure_move
+from plait.harness.replicas import ReplicatedRegion, Writer, wait_until
+from plait.harness.shards import measure_move
 from plait.store.zookeeper import ZkStore
 
 

@@ -65,8 +65,8 @@ import httpx
 import yaml
 
 from plait.errors import ValidationError
-from plait.localregion import LocalRegion as Region
-from plait.localregion import started_at
+from plait.harness.region import LocalRegion as Region
+from plait.harness.region import started_at
 
 #: the job of the deploy figure (the tasks' command: ``sleep infinity``)
 SLEEP_JOB = "bench-sleep"

@@ -29,7 +29,7 @@ def _answers(endpoint: str) -> int | str:
 
 def region_demo(out: Console, run_cli: Callable[[list[str]], int | None],
                 examples: Path, machines: int = 6) -> None:
-    from plait.localregion import LocalRegion
+    from plait.harness.region import LocalRegion
 
     def run(*args: str) -> None:
         out.print(f"[bold cyan]$ plait {' '.join(args)}")

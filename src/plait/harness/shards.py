@@ -17,7 +17,7 @@ import httpx
 
 from plait.agent.daemon import Agent
 from plait.frontend.router import ShardRouter
-from plait.localreplicas import wait_until
+from plait.harness.replicas import wait_until
 from plait.model import RegionSpec
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.serve import ApiServer, AsgiServer, store_for

@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx
 
+from plait.harness.zkensemble import LocalEnsemble
 from plait.server.serve import free_port
-from plait.store.zkensemble import LocalEnsemble
 
 
 def wait_until(check: Callable[[], Any], timeout: float, what: str, poll: float = 0.02) -> Any:
