@@ -42,7 +42,8 @@ from starlette.types import Receive, Scope, Send
 from plait import __version__
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.frontend.proxy import FORWARDED, answer, call, forward_headers, read_body
-from plait.model.entitlement import NAME_RE
+from plait.model import RegionSpec, parse
+from plait.model.entitlement import NAME_RE, Quota, least_loaded, shard_weight
 from plait.server.auth import AuthError, Role, TokenStore
 from plait.store.protocol import Namespace, Store
 from plait.store.shard import shard_prefix
@@ -92,6 +93,8 @@ class ShardMap:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.ns = Namespace(store, "/frontend")
+        #: the region's mean machine size (milli-RRU), read at the first RRU quota
+        self._machine_milli_rru: int | None = None
         self._leaders: dict[int, tuple[float, str | None]] = {}
 
     def shards(self) -> list[int]:
@@ -129,9 +132,27 @@ class ShardMap:
         found = self.ns.get_many([f"/entitlements/{n}" for n in names])
         return {k.rsplit("/", 1)[1]: json.loads(v) for k, (v, _) in found.items()}
 
+    def weight(self, quota: Any) -> int:
+        """The shard weight of an entitlement's quota (``shard_weight``: an RRU quota
+        in machines of the region's mean type); 0 for a malformed quota (the shard's
+        answer names the field)."""
+        try:
+            parsed = parse(Quota, quota)
+        except ValidationError:
+            return 0
+        if self._machine_milli_rru is None:
+            try:
+                spec = parse(RegionSpec, json.loads(self.store.get("/region/spec")[0]))
+                total = sum(t.weight for t in spec.types)
+                self._machine_milli_rru = round(sum(
+                    t.weight * t.resources.to_units()[0] for t in spec.types) / total)
+            except (NotFound, ValidationError, ValueError):
+                return parsed.machines or 0
+        return shard_weight(parsed, self._machine_milli_rru)
+
     def place(self, entitlement: str, machines: int) -> dict[str, Any]:
         """The entry of ``entitlement``; a new one goes to the shard with the least
-        quota (machines) mapped to it."""
+        weight (``shard_weight``) mapped to it."""
         for _ in range(10):
             found = self.entry(entitlement)
             if found is not None:
@@ -144,7 +165,7 @@ class ShardMap:
             for e in self.entries().values():
                 if e["shard"] in load:
                     load[e["shard"]] += int(e.get("machines", 0))
-            shard = min(shards, key=lambda s: (load[s], s))
+            shard = least_loaded(load)
             entry = {"shard": shard, "machines": machines}
             try:
                 self.ns.create(f"/entitlements/{entitlement}", json.dumps(entry).encode())
@@ -252,10 +273,8 @@ class ShardRouter:
                 if not NAME_RE.match(name):
                     return await self.to_shard(0, scope, body)  # (its 422 names the field)
                 await self.admin(scope)  # placed only for whoever may create it
-                quota = spec.get("quota")
-                machines = quota.get("machines", 0) if isinstance(quota, dict) else 0
-                entry = await run_in_threadpool(
-                    m.place, name, machines if isinstance(machines, int) else 0)
+                weight = await run_in_threadpool(m.weight, spec.get("quota"))
+                entry = await run_in_threadpool(m.place, name, weight)
                 self._writable(name, entry)
                 return await self.to_shard(entry["shard"], scope, body)
             found = await run_in_threadpool(m.entry, parts[2])

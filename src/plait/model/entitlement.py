@@ -7,7 +7,9 @@ of them carry the entitlement's host profile.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 
 import pydantic
 
@@ -41,6 +43,23 @@ class Quota(Value):
 
     def __str__(self) -> str:
         return f"{self.machines} machines" if self.machines is not None else f"{self.rru:g} RRU"
+
+
+def shard_weight(quota: Quota, machine_milli_rru: int) -> int:
+    """An entitlement's load on the scheduler shard that manages it: its quota in
+    machines; an RRU quota counts as the machines of the region's mean size
+    (``machine_milli_rru``) it could fill, rounded up. The front end and the simulated
+    region both weigh entitlements with this, and place a new one with
+    ``least_loaded``."""
+    if quota.machines is not None:
+        return quota.machines
+    assert quota.rru is not None
+    return math.ceil(round(quota.rru * 1000) / max(1, machine_milli_rru))
+
+
+def least_loaded(loads: Mapping[int, int]) -> int:
+    """The shard with the least load (the lowest number on a tie)."""
+    return min(loads, key=lambda s: (loads[s], s))
 
 
 class Entitlement(Value):

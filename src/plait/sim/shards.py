@@ -29,7 +29,6 @@ A shell, like ``Simulation``: time is passed in, nothing here reads a clock.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -38,7 +37,7 @@ import numpy as np
 from plait.allocator import Allocator, MachineIndex
 from plait.broker import FREE, Region
 from plait.errors import NotFound, ValidationError
-from plait.model.entitlement import Entitlement
+from plait.model.entitlement import Entitlement, least_loaded, shard_weight
 from plait.model.job import JobSpec
 from plait.model.topology import Fleet
 from plait.scheduler import JobRecord, Phase, Scheduler, SchedulerConfig, TaskStatus
@@ -81,12 +80,8 @@ class ShardedRegion:
 
     # -- entitlements ---------------------------------------------------------------------
     def weight(self, entitlement: Entitlement) -> int:
-        """An entitlement's load: its quota in machines."""
-        quota = entitlement.quota
-        if quota.machines is not None:
-            return quota.machines
-        assert quota.rru is not None
-        return math.ceil(round(quota.rru * 1000) / self._mean_rru)
+        """An entitlement's load: its quota in machines (``shard_weight``)."""
+        return shard_weight(entitlement.quota, self._mean_rru)
 
     def define(self, entitlement: Entitlement) -> Shard:
         """Add an entitlement to the least-loaded shard (the lowest number on a tie),
@@ -98,7 +93,7 @@ class ShardedRegion:
             old = shard.allocator.entitlements[name]
             shard.load -= self.weight(old)
         else:
-            shard = min(self.shards, key=lambda s: (s.load, s.number))
+            shard = self.shards[least_loaded({s.number: s.load for s in self.shards})]
             self.shard_map[name] = shard.number
             shard.entitlements.append(name)
         shard.load += self.weight(entitlement)
