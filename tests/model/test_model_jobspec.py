@@ -235,3 +235,16 @@ def test_health_probes_and_restart_policies_are_checked():
         assert field in str(exc.value)
     with _pytest.raises(_Invalid):
         _parse(_Spec, {**base, "restart": {"policy": "sometimes"}})
+
+
+def test_restart_after_is_the_one_restart_policy_of_both_agents():
+    from plait.model.job import MAX_RESTART_BACKOFF, RestartPolicy, restart_after
+
+    assert [restart_after("always", 3, 1, n) for n in range(7)] == [
+        1, 2, 4, 8, 16, MAX_RESTART_BACKOFF, MAX_RESTART_BACKOFF]
+    assert restart_after("always", 0, 0, 99) == MAX_RESTART_BACKOFF  # a service always
+    assert restart_after("never", 3, 1, 0) is None
+    assert restart_after("on-failure", 3, 0, 0) is None  # exited 0: done
+    assert restart_after("on-failure", 2, 1, 1) == 2 and restart_after("on-failure", 2, 1, 2) \
+        is None  # out of retries
+    assert RestartPolicy(policy="on-failure", max_retries=1).after_exit(1, 0) == 1

@@ -47,16 +47,18 @@ def test_a_new_revision_replaces_the_process_after_the_old_one_stops():
     assert [(s.revision, s.phase) for s in st] == [(1, Phase.STOPPED), (2, Phase.STARTING)]
 
 
-def test_crash_then_restart_after_backoff():
-    agent = SimAgent("m1", lambda a: Behaviour(start_seconds=0, crash=True, crash_after=1,
-                                               restart_backoff=5))
+def test_crash_then_restart_after_the_agents_backoff():
+    # the real agent's policy: 1, 2, 4 ... seconds between restarts
+    agent = SimAgent("m1", lambda a: Behaviour(start_seconds=0, crash=True, crash_after=1))
     agent.step(0, [assign()])
     agent.step(0.5, [assign()])
     st = agent.step(1.5, [assign()])
     assert phases(st) == [(0, "exited")] and st[0].exit_code == 1
-    assert phases(agent.step(3, [assign()])) == [(0, "exited")]  # backing off
-    assert phases(agent.step(7, [assign()])) == [(0, "running")]  # restarted
-    assert phases(agent.step(8, [assign()])) == [(0, "exited")]  # and crashed again
+    assert phases(agent.step(2, [assign()])) == [(0, "exited")]  # backing off 1 s
+    assert phases(agent.step(2.5, [assign()])) == [(0, "running")]  # restarted
+    assert phases(agent.step(3.5, [assign()])) == [(0, "exited")]  # and crashed again
+    assert phases(agent.step(5, [assign()])) == [(0, "exited")]  # backing off 2 s
+    assert phases(agent.step(5.5, [assign()])) == [(0, "running")]
 
 
 def test_a_failed_machine_loses_its_processes_and_starts_afresh_after_repair():

@@ -27,10 +27,9 @@ import httpx
 
 from plait.agent.probe import Prober
 from plait.agent.runtime import Handle, ProcessRuntime
+from plait.model.job import restart_after
 from plait.tls import verify as tls_verify
 
-#: restart backoff after a crash: 1, 2, 4 ... seconds, at most this
-MAX_BACKOFF = 30.0
 #: output read per task and step: what one output chunk of the API may carry (the
 #: rest follows with the next steps)
 CHUNK_BYTES = 64 * 1024
@@ -294,12 +293,12 @@ class Agent:
     def _exit(task: Task, code: int, now: float) -> None:
         """The restart policy, after an exit (or a start that failed)."""
         task.exit_code = code
-        if task.policy == "never" or (task.policy == "on-failure" and (
-                code == 0 or task.restarts >= task.max_retries)):
+        wait = restart_after(task.policy, task.max_retries, code, task.restarts)
+        if wait is None:
             task.final = True
             return
         task.restarts += 1
-        task.next_start = now + min(MAX_BACKOFF, 2.0 ** (task.restarts - 1))
+        task.next_start = now + wait
 
     def _stop(self, key: str) -> None:
         handle = self.handles.pop(key, None)

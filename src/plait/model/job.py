@@ -80,6 +80,24 @@ class RestartPolicy(Value):
         """Tasks that may finish: the job completes once they all exited 0."""
         return self.policy != "always"
 
+    def after_exit(self, code: int, restarts: int) -> float | None:
+        """``restart_after`` for this policy."""
+        return restart_after(self.policy, self.max_retries, code, restarts)
+
+
+#: the longest wait before a crashed task is started again
+MAX_RESTART_BACKOFF = 30.0
+
+
+def restart_after(policy: str, max_retries: int, code: int, restarts: int) -> float | None:
+    """What an agent does when a task it has started ``restarts`` times before exits
+    with ``code``: None, it is not started again (final); else the seconds to wait
+    before starting it again (1, 2, 4 ... at most ``MAX_RESTART_BACKOFF``). The real
+    agent and the simulated one both follow this."""
+    if policy == "never" or (policy == "on-failure" and (code == 0 or restarts >= max_retries)):
+        return None
+    return min(MAX_RESTART_BACKOFF, 2.0 ** restarts)
+
 
 class HealthProbe(Value):
     """How the agent checks that a running task is healthy. Without a probe, a task

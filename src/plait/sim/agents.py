@@ -26,7 +26,6 @@ class Behaviour:
     stop_seconds: float = 1.0
     crash: bool = False
     crash_after: float = 1.0
-    restart_backoff: float = 5.0
     finish_after: float | None = None
     exit_code: int = 0
 
@@ -140,15 +139,14 @@ class SimAgent:
                 code = 1 if b.crash else b.exit_code
                 p.phase = Phase.EXITED
                 self._say(ref, now, f"exited with code {code}")
-                restart = a.spec.restart
-                if restart.policy == "never" or (restart.policy == "on-failure" and (
-                        code == 0 or p.retries >= restart.max_retries)):
+                wait = a.spec.restart.after_exit(code, p.retries)
+                if wait is None:
                     p.final = code
                     statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.EXITED,
                                                False, code, final=True))
                     continue
                 p.retries += 1
-                p.backoff_until = now + b.restart_backoff
+                p.backoff_until = now + wait
                 statuses.append(TaskStatus(a.job, a.index, a.revision, Phase.EXITED,
                                            False, code))
                 continue
