@@ -248,3 +248,11 @@ def test_restart_after_is_the_one_restart_policy_of_both_agents():
     assert restart_after("on-failure", 2, 1, 1) == 2 and restart_after("on-failure", 2, 1, 2) \
         is None  # out of retries
     assert RestartPolicy(policy="on-failure", max_retries=1).after_exit(1, 0) == 1
+
+
+def test_converge_stops_what_left_restarts_new_revisions_and_starts_the_rest():
+    from plait.model.converge import converge
+
+    plan = converge({"a": 1, "b": 1, "c": 2}, {"b": 2, "c": 2, "d": 1})
+    assert plan.remove == ("a",) and plan.replace == ("b",) and plan.add == ("d",)
+    assert converge({}, {}) == converge({"x": 1}, {"x": 1}).__class__((), (), ())

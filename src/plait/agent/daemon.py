@@ -27,6 +27,7 @@ import httpx
 
 from plait.agent.probe import Prober
 from plait.agent.runtime import Handle, ProcessRuntime
+from plait.model.converge import converge
 from plait.model.job import restart_after
 from plait.tls import verify as tls_verify
 
@@ -212,16 +213,19 @@ class Agent:
             return
         now = time.monotonic() if now is None else now
         want = {f"{a['job']}.{a['index']}": a for a in desired["tasks"]}
-        for key in [k for k in self.tasks if k not in want]:
+        plan = converge({k: t.revision for k, t in self.tasks.items()},
+                        {k: int(a["revision"]) for k, a in want.items()})
+        for key in plan.remove:
             self._remove(key)  # no longer assigned here: stopped (fencing)
+        for key in plan.replace:
+            self._stop(key)  # a new revision: restart on it
+            old = self.tasks[key]
+            old.revision = want[key]["revision"]
+            old.restarts, old.next_start, old.exit_code = 0, 0.0, None
+            old.final = False
         for key, a in want.items():
             task = self.tasks.get(key)
-            if task is not None and task.revision != a["revision"]:
-                self._stop(key)  # a new revision: restart on it
-                task.revision = a["revision"]
-                task.restarts, task.next_start, task.exit_code = 0, 0.0, None
-                task.final = False
-            if task is None:
+            if task is None:  # (plan.add)
                 task = self.tasks[key] = Task(a["job"], a["index"], a["revision"],
                                               _free_port(self.advertise))
             restart = a["spec"].get("restart") or {}

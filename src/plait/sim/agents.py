@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from plait.model.converge import converge
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assignment, Phase, TaskStatus
 
@@ -94,10 +95,13 @@ class SimAgent:
     def step(self, now: float, desired: list[Assignment]) -> list[TaskStatus]:
         """Converge to ``desired`` and return the statuses to report."""
         want = {TaskRef(a.job, a.index): a for a in desired}
+        revisions = {ref: a.revision for ref, a in want.items()}
         # fence: stop whatever is not assigned here (or an older version of it)
-        for ref, p in self.processes.items():
-            a = want.get(ref)
-            if not p.stopping and (a is None or a.revision != p.assignment.revision):
+        plan = converge({ref: p.assignment.revision for ref, p in self.processes.items()},
+                        revisions)
+        for ref in plan.remove + plan.replace:
+            p = self.processes[ref]
+            if not p.stopping:
                 p.stopping = True
                 if p.behaviour is None:
                     p.behaviour = self.behaviour(p.assignment)
@@ -152,7 +156,10 @@ class SimAgent:
                 continue
             statuses.append(TaskStatus(a.job, a.index, a.revision, p.phase,
                                        p.phase is Phase.RUNNING))
-        for ref, a in want.items():
+        # start what is assigned and not held (a replaced copy once it has stopped)
+        held = {ref: p.assignment.revision for ref, p in self.processes.items()}
+        for ref in converge(held, revisions).add:
+            a = want[ref]
             if ref not in self.processes:
                 b = self.behaviour(a)
                 self.processes[ref] = Process(a, Phase.STARTING, now + b.start_seconds, now,
