@@ -79,8 +79,8 @@ def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
               ",".join(reversed(urls)), "--join-token", join, "--data-dir",
               str(tmp_path / "agent"), "--interval", "0.3", "--ca-file", ca)
         assert admin.post("/v1/jobs", json=JOB).status_code == 201
-        wait_for(lambda: admin.get("/v1/jobs/s/tasks").json()["tasks"][0]["state"]
-                 == "running", what="the agent runs the task over https")
+        wait_for(lambda: [t["state"] for t in admin.get("/v1/jobs/s/tasks").json()["tasks"]]
+                 == ["running"], what="the agent runs the task over https")
 
         # the CLI: the context written at first start carries the CA file
         listed = plait(env, "job", "list")
@@ -153,8 +153,8 @@ def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
               front, "--join-token", join, "--data-dir", str(tmp_path / "agent"),
               "--interval", "0.3", "--ca-file", ca)
         assert admin.post("/v1/jobs", json={**JOB, "entitlement": "b"}).status_code == 201
-        wait_for(lambda: admin.get("/v1/jobs/s/tasks").json()["tasks"][0]["state"]
-                 == "running", what="shard 1's task runs, its agent reached over https")
+        wait_for(lambda: [t["state"] for t in admin.get("/v1/jobs/s/tasks").json()["tasks"]]
+                 == ["running"], what="shard 1's task runs, its agent reached over https")
         # the CLI, configured by the front end with the CA file
         listed = plait(env, "job", "list")
         assert listed.returncode == 0 and "s" in listed.stdout, listed.stderr

@@ -82,7 +82,9 @@ def test_no_acknowledged_create_is_lost_when_the_control_plane_is_killed(tmp_pat
         proc = serve(data, port, config)
         healthy(url, proc)
         with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
-            jobs = {j["name"]: j for j in client.get("/v1/jobs").json()["jobs"]}
+            listed = client.get("/v1/jobs")
+            assert listed.status_code == 200, listed.text
+            jobs = {j["name"]: j for j in listed.json()["jobs"]}
             missing = [n for n in acked if n not in jobs]
             assert missing == []
             # every stored job is whole, and the scheduler takes them all on
