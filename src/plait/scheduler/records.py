@@ -95,7 +95,7 @@ class SchedulerEvent:
     message: str
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class JobRecord:
     name: str
     entitlement: str
