@@ -14,6 +14,11 @@ import pytest
 from plait.client import ApiError, Client, Unreachable
 
 
+class _Quiet(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass  # (the connections this test drops on purpose)
+
+
 class Server:
     """Answers 503 (Retry-After: 0.1) ``refuse`` times, then 200 with the request."""
 
@@ -52,7 +57,7 @@ class Server:
 
             do_GET = do_POST = do_PUT = do_DELETE = _answer
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Quiet(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
