@@ -26,6 +26,7 @@ the body), so a test can check the calling sequence and the signatures.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import zlib
@@ -79,6 +80,18 @@ class ControllerFarm:
         return f"{self.url}/{mode}/{job}"
 
     def stop(self) -> None:
+        """Close the server and end every connection's handler (a tarpit's too), then
+        the loop."""
+        async def shutdown() -> None:
+            self._server.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+        done = asyncio.run_coroutine_threadsafe(shutdown(), self._loop)
+        with contextlib.suppress(Exception):
+            done.result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
