@@ -95,13 +95,20 @@ class LocalEnsemble:
                                              start_new_session=True)
 
     def start(self, timeout: float = 120.0) -> LocalEnsemble:
-        for i in range(self.size):
-            self.start_member(i)
-        if not self.wait_serving(timeout):
+        """Start every member; an ensemble that has not formed within half the time
+        is started once more on new ports (a port picked free may be taken by
+        another process before its member binds it)."""
+        for attempt in (1, 2):
+            for i in range(self.size):
+                self.start_member(i)
+            if self.wait_serving(timeout / 2):
+                return self
             self.stop()
-            raise PlaitError(f"the ZooKeeper ensemble did not form within {timeout:g}s "
-                             f"(logs in {self.work})")
-        return self
+            if attempt == 1:
+                self.ports = [(_free_port(), _free_port(), _free_port())
+                              for _ in range(self.size)]
+        raise PlaitError(f"the ZooKeeper ensemble did not form within {timeout:g}s, twice "
+                         f"on fresh ports (logs in {self.work})")
 
     def modes(self) -> list[str]:
         return [mode(p) for p in self.clients]
