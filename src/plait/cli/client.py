@@ -43,10 +43,6 @@ class Api:
         except Exception as exc:
             raise CliError(str(exc), EXIT_INVALID) from None
 
-    @property
-    def url(self) -> str:
-        return self.client.url
-
     def call(self, method: str, path: str, json: Any = None,
              params: dict[str, Any] | None = None) -> Any:
         try:

@@ -27,10 +27,9 @@ import json
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -59,8 +58,6 @@ class DispatchStats:
     refused: int = 0
     oversized: int = 0
     in_flight: int = 0
-    #: the latest calls' durations (seconds), for percentiles
-    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
 
 
 class Dispatcher:
@@ -145,7 +142,6 @@ class Dispatcher:
     async def _call(self, call: ControllerCall) -> None:
         async with self._sem:
             self.stats.in_flight += 1
-            started = time.monotonic()
             response = None
             error: str | None = None
             try:
@@ -168,7 +164,6 @@ class Dispatcher:
                 error = f"controller {call.url}: {type(exc).__name__}: {exc}"
             finally:
                 self.stats.in_flight -= 1
-                self.stats.latencies.append(time.monotonic() - started)
             if error is not None:
                 self.stats.errors += 1
         self.deliver(ControllerAnswer(call.job, call.request.sequence_number, response, error))
