@@ -365,10 +365,12 @@ def test_log_rotation_keeps_three_old_files(env: Env) -> None:
 
 def test_rotation_while_the_task_writes(env: Env) -> None:
     rt = ProcessRuntime(env.data_dir, isolation=env.isolation, max_log_bytes=2000)
+    # one write per line (print may write a line and its newline apart, e.g. under
+    # PYTHONUNBUFFERED, and copy-then-truncate can then fall between the two)
     h = env.run("""
-        import time
+        import os, time
         for i in range(100000):
-            print("line %06d" % i, flush=True)
+            os.write(1, b"line %06d\\n" % i)
             time.sleep(0.0005)
     """, rt=rt)
     rotations = 0

@@ -82,7 +82,14 @@ def test_no_acknowledged_create_is_lost_when_the_control_plane_is_killed(tmp_pat
         proc = serve(data, port, config)
         healthy(url, proc)
         with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
+            # the restarted replica answers /healthz as a follower until the dead
+            # process's lease lapses and it has loaded the state: meanwhile the API
+            # answers 503 + Retry-After, as during any election
+            deadline = time.monotonic() + 60
             listed = client.get("/v1/jobs")
+            while listed.status_code == 503 and time.monotonic() < deadline:
+                time.sleep(0.1)
+                listed = client.get("/v1/jobs")
             assert listed.status_code == 200, listed.text
             jobs = {j["name"]: j for j in listed.json()["jobs"]}
             missing = [n for n in acked if n not in jobs]
