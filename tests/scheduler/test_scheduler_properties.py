@@ -35,7 +35,7 @@ def watch_starts(sim, starts):
     """Independently of the scheduler's own bookkeeping: when an operation starts on
     a task that is available, the job must be below its cap at that moment."""
     s = sim.scheduler
-    original = s._start
+    original = s.start_op
 
     def start(job, rec, op, now):
         count = job.spec.task_count
@@ -49,7 +49,7 @@ def watch_starts(sim, starts):
                 assert s.unavailable(job) < cap, f"{job.name}: started at the cap"
         return original(job, rec, op, now)
 
-    s._start = start
+    s.start_op = start
 
 
 def check(sim, started_log):

@@ -1,0 +1,95 @@
+"""Stage 2 of a job's reconcile: which offered operations may proceed.
+
+Three sources of acks, each a function of a job's records that returns what to ack
+and changes nothing (``apply`` acks them):
+
+* without a TaskController, the built-in policy: keep the job's unavailable tasks,
+  for any reason, below ``max_unavailable``; stops of tasks beyond the count and
+  moves of tasks already down cost nothing;
+* a controller's answer: the acks it gave for operations still offered as they were
+  sent (``controller`` plans the request);
+* the failure deadline: a task down on a failed machine for ``failure_deadline`` is
+  moved without an ack.
+"""
+
+from __future__ import annotations
+
+from plait.model.task import TaskState
+from plait.model.topology import Fleet
+from plait.scheduler.lifecycle import FINISHED
+from plait.scheduler.plans import FAILURE, offered_ops
+from plait.scheduler.records import JobRecord
+from plait.taskcontrol.protocol import OpKind, TaskControlRequest, TaskControlResponse, TaskOp
+
+
+def builtin_acks(job: JobRecord) -> list[int]:
+    """The tasks whose (first) offered operation the built-in policy acks now, in
+    task order."""
+    if not job.offers:
+        return []
+    count = job.spec.task_count
+    cap = job.spec.update.resolve(count)
+    tasks = job.tasks
+    running, finished = TaskState.RUNNING, FINISHED
+    down = {i for i, r in tasks.items() if r.state not in finished and (
+        r.state is not running or not r.healthy or not r.serving)}
+    budget = (1 if cap is None else cap) - sum(1 for i in down if i < count) - sum(
+        1 for op in job.acked.values() if op.task.index not in down)
+    free_all = job.deleting
+    acked: list[int] = []
+    for index in sorted(job.offers):
+        if not (free_all or index >= count or index in down):
+            if budget <= 0:
+                continue
+            budget -= 1
+        acked.append(index)
+    return acked
+
+
+def failure_deadline_acks(job: JobRecord, now: float, deadline: float) -> list[int]:
+    """Lost tasks whose move off their failed machine has waited ``deadline`` seconds
+    for an ack: moved without one."""
+    due = []
+    for index in sorted(job.lost):
+        rec = job.tasks.get(index)
+        wanted = job.offers.get(index)
+        if rec is None or wanted is None or wanted[0] != (OpKind.MOVE, FAILURE):
+            continue
+        if rec.lost_since is not None and now - rec.lost_since >= deadline:
+            due.append(index)
+    return due
+
+
+def answer_error(response: object, error: str | None) -> str | None:
+    """Why a controller's answer acks nothing (its call failed, or it is not a
+    response), or None for a usable one."""
+    if error is not None:
+        return error
+    if not isinstance(response, TaskControlResponse) or isinstance(
+            response.ack, str) or not all(isinstance(a, str) for a in response.ack):
+        return f"expected a TaskControlResponse, got {response!r}"
+    return None
+
+
+def acks_from_answer(job: JobRecord, request: TaskControlRequest,
+                     response: TaskControlResponse, fleet: Fleet) -> list[TaskOp]:
+    """The operations a controller's answer acks: at most one per task, each still
+    offered as it was sent (a task whose situation changed since is offered anew);
+    of a maintenance pair, the move wins."""
+    offered = {op.op_id: op for op in request.request}
+    chosen: dict[int, TaskOp] = {}
+    current: dict[int, set[str]] = {}
+    for op_id in response.ack:
+        op = offered.get(op_id)
+        if op is None or op.task.index not in job.offers:
+            continue  # unknown or already done
+        index = op.task.index
+        ids = current.get(index)
+        if ids is None:
+            ids = current[index] = {o.op_id for o in offered_ops(job, index, fleet)}
+        if op_id not in ids:
+            continue  # the task's situation changed since the request was sent
+        prior = chosen.get(index)
+        if prior is None or (op.kind is OpKind.MOVE and prior.kind is OpKind.STOP):
+            chosen[index] = op
+    return list(chosen.values())

@@ -1,0 +1,183 @@
+"""Where the stages' plans become changes: the only writer of what a pass decides.
+
+Each function commits one stage's result for one job into the scheduler's state,
+through the state's primitives (``state.SchedulerState``). A stage reads the records
+as the previous stage's commit left them, so a job's reconcile is: plan wanted,
+apply; plan acks, apply; plan execution, apply; plan placement, apply (submitted to
+the allocator, which commits with optimistic concurrency).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from plait.scheduler import acks as acking
+from plait.scheduler.lifecycle import Event
+from plait.scheduler.plans import ExecutionPlan, PlacementPlan, WantedPlan, offered_ops
+from plait.scheduler.records import JobRecord
+from plait.scheduler.state import SchedulerState
+from plait.taskcontrol.protocol import (
+    AdvanceNotice,
+    TaskController,
+    TaskControlRequest,
+    TaskControlResponse,
+    TaskOp,
+)
+
+
+def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> None:
+    """Offer what the tasks want (each new offer gets the job's next serial, so its
+    operation's id is stable while it waits), and make the changes that need none."""
+    if not plan:
+        return
+    tasks, offers, serials, target = job.tasks, job.offers, job.serials, job.target
+    serial = job.op_counter
+    dirty = False
+    for index, want in plan.offers:
+        if want:
+            serial += 1
+            offers[index] = want
+            serials[index] = serial
+        else:
+            del offers[index]
+            del serials[index]
+        dirty = True
+    job.op_counter = serial
+    for index in plan.settle:
+        tasks[index].spec_version = target
+    for index in plan.rerun:
+        rec = tasks[index]
+        s.transition(rec, Event.RERUN)
+        rec.spec_version = target
+        rec.restart = False
+        rec.exit_code = None
+        dirty = True
+    for index in plan.retag:
+        rec = tasks[index]
+        rec.spec_version = target
+        if rec.machine is not None:
+            s.assign(job, rec, rec.machine)  # its desired set names the new version
+    if dirty:
+        job.dirty = True
+    if plan.settle:
+        s.rollout_done(job, now)  # no report would tell: it runs nowhere
+    for index in plan.dropped:
+        rec = tasks[index]
+        s.complete(job, rec)
+        s.free(job, [rec])
+    for index in plan.gone:
+        offers.pop(index, None)
+        serials.pop(index, None)
+        del tasks[index]
+
+
+def acks(s: SchedulerState, job: JobRecord, indices: list[int]) -> None:
+    """Ack the first offered operation of each task (a move before a stop, of a
+    maintenance pair)."""
+    fleet = s.fleet
+    for index in indices:
+        s.ack(job, offered_ops(job, index, fleet)[0])
+
+
+def failure_deadline(s: SchedulerState, job: JobRecord, indices: list[int], deadline: float,
+                     now: float) -> None:
+    for index in indices:
+        s.ack(job, offered_ops(job, index, s.fleet)[0])
+        s.counters["failure_deadline_moves"] += 1
+        s.event(now, job.name, "failure_deadline",
+                f"task {index} moved without an ack after {deadline:g}s down")
+
+
+def notices(job: JobRecord, current: tuple[AdvanceNotice, ...]) -> None:
+    """The advance notices the job is under; a change is news for its controller."""
+    key = tuple(n.notice_id for n in current)
+    if key != job.notices:
+        job.notices = key
+        job.dirty = True
+
+
+def sent(s: SchedulerState, job: JobRecord, request: TaskControlRequest, now: float) -> None:
+    """A request planned for the job's controller is on its way."""
+    job.sequence_number = request.sequence_number
+    job.dirty = False
+    job.last_call = now
+    s.counters["controller_calls"] += 1
+
+
+def call_in_process(s: SchedulerState, job: JobRecord, controller: TaskController,
+                    request: TaskControlRequest, now: float) -> None:
+    """An in-process controller (tests, the simulator, built-in policies) answers at
+    once; its failure acks nothing and never stops the pass."""
+    response: TaskControlResponse | None = None
+    error: str | None = None
+    try:
+        response = controller.process(request)
+    except Exception as exc:
+        error = str(exc)
+    answered(s, job, request, response, error, now)
+
+
+def answered(s: SchedulerState, job: JobRecord, request: TaskControlRequest,
+             response: TaskControlResponse | None, error: str | None, now: float) -> None:
+    """Apply a controller's answer to ``request``: acks of operations still offered
+    as they were sent; nothing at all for an error or garbage."""
+    error = acking.answer_error(response, error)
+    if error is not None or response is None:
+        s.counters["controller_errors"] += 1
+        s.event(now, job.name, "controller_error", f"acked nothing: {error}")
+        return  # the completions are sent again with the next call
+    job.completed = job.completed[len(request.completed):]
+    job.recheck = response.ask_again_after
+    job.last_call = now  # (the re-check counts from the answer)
+    for op in acking.acks_from_answer(job, request, response, s.fleet):
+        s.ack(job, op)
+
+
+def execution(s: SchedulerState, job: JobRecord, plan: ExecutionPlan, now: float) -> None:
+    """Start the planned operations (each takes a token) and drop the obsolete ones,
+    in task order; report a wait for the rate limit once, when it begins."""
+    controller = job.controller is not None
+    steps: list[tuple[TaskOp, bool | None]] = list(heapq.merge(
+        ((op, None) for op in plan.obsolete), plan.start, key=lambda step: step[0].task.index))
+    for op, costs in steps:
+        del job.acked[op.op_id]
+        if costs is None:
+            if controller:
+                job.completed.append(op)  # over without being carried out
+                job.dirty = True
+            continue
+        taken = s.bucket.take(now)
+        assert taken, "the execution plan started more operations than there were tokens"
+        rec = job.tasks[op.task.index]
+        rec.op_costly = costs
+        s.start_op(job, rec, op, now)
+    if plan.throttled:
+        s.counters["throttled"] += 1
+        if not job.throttled:  # once when it starts waiting, not on every pass
+            job.throttled = True
+            s.event(now, job.name, "throttled",
+                    f"{len(job.acked)} acked operations wait for the rate limit")
+    elif job.throttled and not job.acked:
+        job.throttled = False
+
+
+def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float) -> None:
+    """Submit the allocation requests; what was placed enters its machine's desired
+    set (its agent starts it). The first reason a task could not be placed is
+    reported once."""
+    tasks, target = job.tasks, job.target
+    for index in plan.retarget:
+        tasks[index].spec_version = target
+    for _version, request in plan.requests:
+        result = s.allocator.allocate(request)
+        for index, machine in zip(result.tasks, result.machines, strict=True):
+            rec = tasks[index]
+            if s.transition(rec, Event.ALLOCATED):
+                s.assign(job, rec, machine)
+        if result.unplaced:
+            reason = result.unplaced[0][1]
+            if reason != job.unplaced_reason:
+                job.unplaced_reason = reason
+                s.event(now, job.name, "unplaced", f"{len(result.unplaced)} tasks: {reason}")
+        else:
+            job.unplaced_reason = None

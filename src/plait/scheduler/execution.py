@@ -1,0 +1,60 @@
+"""Stage 3 of a job's reconcile: which acked operations start now.
+
+Each acked operation is checked again first: it may no longer apply (the task
+recovered, moved or was updated meanwhile). Whether it takes an available task down
+is decided now, against ``max_unavailable`` (a safety cap under a controller, the
+pacing itself without one); one that would waits, acked, until the job is back
+under its cap. Each start takes a token of the shard's rate limit: ``tokens`` is how
+many are left. ``apply`` starts them (the task leaves discovery first, then its
+machine's desired set).
+"""
+
+from __future__ import annotations
+
+from plait.model.task import TaskState
+from plait.scheduler.plans import DELETE, FAILURE, RESIZE, ExecutionPlan, is_down, to_target
+from plait.scheduler.records import JobRecord, TaskRecord
+from plait.taskcontrol.protocol import OpKind, TaskOp
+
+
+def still_applies(job: JobRecord, rec: TaskRecord, op: TaskOp) -> bool:
+    """Is an acked operation still what its task needs?"""
+    if op.kind is OpKind.MOVE and op.reason == FAILURE:
+        return rec.state is TaskState.LOST
+    if rec.state is TaskState.LOST:
+        return op.kind is OpKind.STOP and op.reason in (RESIZE, DELETE)
+    if to_target(op):
+        return rec.spec_version != job.target and job.halted is None
+    if op.kind is OpKind.RESTART:
+        return rec.restart
+    return True
+
+
+def plan_execution(job: JobRecord, tokens: int) -> ExecutionPlan:
+    """The job's acked operations to start with at most ``tokens`` starts, in task
+    order, and those that no longer apply."""
+    plan = ExecutionPlan()
+    if not job.acked:
+        return plan
+    count = job.spec.task_count
+    cap = job.spec.update.resolve(count)
+    if cap is None and job.controller is None:
+        cap = 1
+    down = sum(1 for r in job.tasks.values() if r.index < count and is_down(r)) \
+        if cap is not None else 0
+    for op in sorted(job.acked.values(), key=lambda o: o.task.index):
+        rec = job.tasks.get(op.task.index)
+        if rec is None or rec.op is not None or not still_applies(job, rec, op):
+            plan.obsolete.append(op)
+            continue
+        costs = not is_down(rec) and rec.index < count and not job.deleting
+        if cap is not None and costs and down >= cap:
+            continue
+        if tokens < 1:
+            plan.throttled = True
+            break
+        tokens -= 1
+        plan.start.append((op, costs))
+        if costs:
+            down += 1
+    return plan

@@ -1,0 +1,42 @@
+"""Stage 4 of a job's reconcile: what to ask the allocator for.
+
+Tasks without a machine (new, resized up, replaced after a stop, moved off a failed
+machine) are placed by version: one allocation request per spec version, since
+versions may ask for different resources. A task still holding a machine keeps it if
+the allocator finds it usable (an update in place); one on a failed or cordoned
+machine is moved. ``apply`` submits the requests (the allocator commits them with
+optimistic concurrency) and puts what was placed into its machine's desired set.
+"""
+
+from __future__ import annotations
+
+from plait.allocator import AllocationRequest
+from plait.model.task import TaskState
+from plait.scheduler.plans import PlacementPlan
+from plait.scheduler.records import JobRecord
+
+
+def plan_placement(job: JobRecord) -> PlacementPlan:
+    """The allocation requests for the job's pending tasks, oldest version first."""
+    plan = PlacementPlan()
+    count, pending_state = job.spec.task_count, TaskState.PENDING
+    pending = [r for r in job.tasks.values() if r.state is pending_state and r.index < count]
+    if not pending:
+        return plan
+    by_version: dict[int, list[int]] = {}
+    ent, versions = job.entitlement, job.versions
+    for rec in pending:
+        version = rec.spec_version
+        if versions[version - 1].entitlement != ent:
+            # waiting for a machine at a version of the entitlement the job left (never
+            # placed, or moved off a failed machine): it runs nowhere, so it starts on
+            # the new entitlement at the target version directly
+            plan.retarget.append(rec.index)
+            version = job.target
+        by_version.setdefault(version, []).append(rec.index)
+    for version, indices in sorted(by_version.items()):
+        spec = versions[version - 1]
+        plan.requests.append((version, AllocationRequest.of(
+            job.name, job.entitlement, spec.resources, allocate=sorted(indices),
+            policy=spec.policy)))
+    return plan

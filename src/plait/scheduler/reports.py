@@ -1,0 +1,59 @@
+"""Agents' reports: the truth about tasks, recorded into the task lifecycle.
+
+An agent's heartbeat carries the statuses of the tasks on its machine. Each is
+checked against the records (a stale copy of a task that moved is ignored; a report
+of an older revision means the old process is still winding down) and moves the
+task's lifecycle on: starting, running (healthy or not), crashed, finished, stopped.
+A task its machine was stopping and no longer reports is stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from plait.model.task import TaskRef, TaskState
+from plait.scheduler.lifecycle import Event
+from plait.scheduler.records import Phase, TaskStatus
+from plait.scheduler.state import SchedulerState
+
+
+def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now: float) -> None:
+    """Record the statuses an agent reported for machine index ``machine``."""
+    seen: set[TaskRef] = set()
+    jobs = s.jobs
+    for st in statuses:
+        job = jobs.get(st.job)
+        rec = job.tasks.get(st.index) if job is not None else None
+        if job is None or rec is None or rec.machine != machine:
+            continue  # a stale copy; the agent stops it (not in its desired set)
+        seen.add(TaskRef(st.job, st.index))
+        phase = st.phase
+        if not ((phase is Phase.STARTING and rec.state is TaskState.STARTING)
+                or (phase is Phase.RUNNING and rec.state is TaskState.RUNNING
+                    and st.healthy == rec.healthy and rec.serving and rec.op is None)):
+            s.mark(st.job)  # a heartbeat that changes nothing leaves the job idle
+        if phase is Phase.STOPPED:
+            s.stopped(job, rec, now)
+        elif st.revision != job.revision(rec.spec_version):
+            continue  # the old version still winding down
+        elif phase is Phase.STARTING:
+            s.transition(rec, Event.STARTING)
+        elif phase is Phase.RUNNING:
+            s.transition(rec, Event.RUNNING)
+            if st.healthy and not rec.healthy:
+                rec.healthy_since = now
+            rec.healthy = st.healthy
+            s.maybe_serving(job, rec, now)
+        elif phase is Phase.EXITED and st.final:
+            s.finished(job, rec, st.exit_code, now)
+        elif phase is Phase.EXITED:
+            s.exited(job, rec, now)
+    # a task this machine was stopping and no longer has is stopped
+    for ref in list(s.placed.get(machine, ())):
+        if ref in seen:
+            continue
+        job = jobs.get(ref.job)
+        rec = job.tasks.get(ref.index) if job is not None else None
+        if job is not None and rec is not None and rec.state is TaskState.STOPPING:
+            s.mark(job.name)
+            s.stopped(job, rec, now)

@@ -1,0 +1,306 @@
+"""The scheduler's state, and the few changes everything else is made of.
+
+A :class:`SchedulerState` holds the jobs' records, each machine's desired set, the
+events and counters. Its methods are the primitive changes (a task assigned to a
+machine, taken out of one, an operation completed, a task stopped, a lifecycle
+transition); ``apply`` (the stages' plans), ``reports`` (agents' statuses) and
+``machines`` (failures and maintenance) are written in terms of them, so the
+bookkeeping that must stay consistent (a machine's desired set and the tasks placed
+on it, a controller's completed list, the idle set) lives in one place.
+"""
+
+from __future__ import annotations
+
+from plait.allocator import AllocationRequest, Allocator
+from plait.broker import BrokerChange
+from plait.model.task import TaskRef, TaskState
+from plait.scheduler.lifecycle import Event, advance
+from plait.scheduler.plans import DELETE, RESIZE, to_target
+from plait.scheduler.ratelimit import TokenBucket
+from plait.scheduler.records import (
+    Assignment,
+    JobRecord,
+    SchedulerEvent,
+    TaskRecord,
+)
+from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall, OpKind, TaskOp
+
+
+class SchedulerState:
+    def __init__(self, allocator: Allocator, rate: float, burst: float, event_limit: int,
+                 now: float) -> None:
+        self.allocator = allocator
+        self.region = allocator.region
+        self.fleet = allocator.index.fleet
+        self.bucket = TokenBucket(rate, burst, now)
+        self.event_limit = event_limit
+        self.now = now
+        self.jobs: dict[str, JobRecord] = {}
+        #: per machine: the tasks its agent must run
+        self.desired: dict[int, dict[TaskRef, Assignment]] = {}
+        #: per machine: the tasks whose record names it (desired or stopping)
+        self.placed: dict[int, set[TaskRef]] = {}
+        self.events: list[SchedulerEvent] = []
+        self.counters: dict[str, int] = {
+            "ops_started": 0, "ops_completed": 0, "throttled": 0, "deadline_stops": 0,
+            "failure_deadline_moves": 0, "controller_errors": 0, "controller_calls": 0,
+            "tasks_lost": 0, "reconcile_errors": 0,
+        }
+        #: machines whose desired set changed since the shell last looked
+        self.touched: set[int] = set()
+        #: when a set (the shell that persists the scheduler sets it): the jobs whose
+        #: records may have changed since the shell last emptied it
+        self.changed_jobs: set[str] | None = None
+        #: jobs left quiet by their last reconcile and untouched since: the pass skips
+        #: them (a region's settled jobs cost nothing per pass)
+        self._idle: set[str] = set()
+        #: idle jobs with a controller, and when they must be looked at again even
+        #: if nothing happens (a re-check due, an answer given up for lost)
+        self._wake_at: dict[str, float] = {}
+        #: idle jobs whose acked operations wait for the rate limit, oldest first: each
+        #: pass wakes as many as there are tokens (not a thousand reconciles a pass
+        #: for one or two tokens), in turn
+        self._for_tokens: dict[str, None] = {}
+        #: the region's machine changes since the last pass
+        self.machine_changes: list[BrokerChange] = []
+        #: maintenance event id -> the tasks parked (stopped) until it ends
+        self.parked: dict[str, set[TaskRef]] = {}
+        #: remote controllers' requests for the shell to send (``take_calls``), and
+        #: the answers it handed back, applied by the next pass
+        self.outbox: list[ControllerCall] = []
+        self._answers: dict[str, ControllerAnswer] = {}
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def mark(self, job: str) -> None:
+        """Something about the job changed: reconcile it on the next pass (and tell a
+        shell that persists it)."""
+        self._idle.discard(job)
+        if self.changed_jobs is not None:
+            self.changed_jobs.add(job)
+
+    def event(self, now: float, job: str, kind: str, message: str) -> None:
+        self.mark(job)
+        self.events.append(SchedulerEvent(now, job, kind, message))
+        if len(self.events) > self.event_limit:
+            del self.events[: len(self.events) - self.event_limit]
+
+    # -- the task lifecycle ------------------------------------------------------------------
+    def transition(self, rec: TaskRecord, event: Event) -> bool:
+        nxt = advance(rec.state, event)
+        if nxt is None:
+            return False
+        rec.state = nxt
+        return True
+
+    def maybe_serving(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
+        """A task running healthy is enabled in discovery, once the operation that
+        started it (if any) has seen it healthy for ``min_ready_seconds``."""
+        if rec.state is not TaskState.RUNNING or not rec.healthy:
+            if rec.serving:
+                rec.serving = False
+            return
+        if rec.op is not None and rec.op.kind is not OpKind.STOP:
+            ready = job.versions[rec.spec_version - 1].update.min_ready_seconds
+            if rec.healthy_since is None or now - rec.healthy_since < ready:
+                return  # not proven healthy yet: the operation is still in progress
+            self.complete(job, rec)
+        if rec.op is None and not rec.serving:
+            rec.serving = True
+        self.rollout_done(job, now)
+
+    def rollout_done(self, job: JobRecord, now: float) -> None:
+        if job.rollout_active and all(
+                r.spec_version == job.target and (
+                    (r.state is TaskState.RUNNING and r.healthy)
+                    or r.state is TaskState.SUCCEEDED)
+                for r in job.tasks.values()):
+            job.rollout_active = False
+            self.event(now, job.name, "rollout_done", f"all tasks run version {job.target}")
+            if job.moving_from is not None:
+                job.moving_from = None
+                self.event(now, job.name, "move_done",
+                           f"every task runs in entitlement {job.entitlement}")
+
+    def exited(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
+        """A task crashed (its agent restarts it); during a rollout, a task of the new
+        version that crashes counts toward halting it."""
+        if not self.transition(rec, Event.EXITED):
+            return
+        rec.healthy = False
+        rec.healthy_since = None
+        rec.serving = False
+        job.dirty = True
+        if job.rollout_active and rec.spec_version == job.target:
+            job.failed_tasks.add(rec.index)
+            job.rollout_failures = len(job.failed_tasks)
+            # never more than the tasks pacing lets go down at once, or a bad version
+            # under a small max_unavailable would stall instead of halting
+            update = job.spec.update
+            cap = update.resolve(job.spec.task_count)
+            limit = min(update.halt_after_failures, cap or update.halt_after_failures)
+            if job.halted is None and job.rollout_failures >= limit:
+                job.halted = (f"{job.rollout_failures} tasks of version {job.target} failed "
+                              "to become healthy")
+                self.event(now, job.name, "rollout_halted", job.halted)
+                for op in [o for o in job.acked.values() if to_target(o)]:
+                    del job.acked[op.op_id]  # acked but not started: dropped, reported done
+                    if job.controller is not None:
+                        job.completed.append(op)
+
+    def finished(self, job: JobRecord, rec: TaskRecord, code: int | None, now: float) -> None:
+        """A batch task exited for good: it leaves its machine, whose resources go
+        back to the entitlement; the job completes when every task succeeded."""
+        ok = code == 0
+        if not self.transition(rec, Event.SUCCEEDED if ok else Event.GAVE_UP):
+            return
+        if rec.op is not None:
+            self.complete(job, rec)  # an update or restart ends with the run
+        self.drop_acked(job, rec.index)
+        self.cancel_pending(job, rec.index)
+        job.lost.discard(rec.index)
+        rec.lost_since = None
+        rec.parked = None
+        if rec.machine is not None:
+            self.unassign(job.ref(rec.index), rec.machine)
+        rec.machine = None
+        rec.serving = rec.healthy = False
+        rec.healthy_since = None
+        rec.exit_code = code
+        job.dirty = True
+        spec = job.spec
+        self.allocator.allocate(AllocationRequest.of(
+            job.name, job.entitlement, spec.resources, free=[rec.index], policy=spec.policy))
+        if not ok:
+            self.event(now, job.name, "task_failed",
+                       f"task {rec.index} exited with code {code} and will not be started "
+                       f"again (restart policy {spec.restart.policy})")
+            if sum(1 for r in job.tasks.values() if r.state is TaskState.DEAD) == 1:
+                self.event(now, job.name, "job_failed", f"task {rec.index} failed for good")
+        elif all(r.state is TaskState.SUCCEEDED for r in job.tasks.values()) and (
+                len(job.tasks) == spec.task_count):
+            self.event(now, job.name, "job_completed",
+                       f"all {spec.task_count} tasks exited 0")
+        self.rollout_done(job, now)
+
+    def stopped(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
+        """Its agent no longer runs the task: the stop that took it out is done."""
+        if not self.transition(rec, Event.STOPPED):
+            return
+        op = rec.op
+        if op is None:
+            return
+        if op.kind is OpKind.STOP:
+            if op.reason in (RESIZE, DELETE):
+                self.free(job, [rec])  # completes the operation
+            else:  # stopped for maintenance: parked until it ends, allocation kept
+                event_id = op.reason.rsplit(" ", 1)[-1]
+                rec.parked = event_id
+                self.parked.setdefault(event_id, set()).add(job.ref(rec.index))
+                self.complete(job, rec)
+            return
+        if to_target(op):
+            rec.spec_version = job.target
+        if op.kind is OpKind.RESTART:
+            rec.restart = False
+        self.transition(rec, Event.REPLACE)
+
+    # -- operations --------------------------------------------------------------------------
+    def complete(self, job: JobRecord, rec: TaskRecord) -> None:
+        assert rec.op is not None
+        if job.controller is not None:
+            job.completed.append(rec.op)
+        rec.op = None
+        job.in_progress.discard(rec.index)
+        job.dirty = True
+        self.counters["ops_completed"] += 1
+
+    def ack(self, job: JobRecord, op: TaskOp) -> None:
+        job.offers.pop(op.task.index, None)
+        job.serials.pop(op.task.index, None)
+        job.acked[op.op_id] = op
+
+    def drop_acked(self, job: JobRecord, index: int) -> None:
+        """Acked operations of a task whose situation changed no longer apply; a
+        controller is told they are over (so it does not wait for them)."""
+        for op_id in [k for k, op in job.acked.items() if op.task.index == index]:
+            op = job.acked.pop(op_id)
+            if job.controller is not None:
+                job.completed.append(op)
+            job.dirty = True
+
+    def cancel_pending(self, job: JobRecord, index: int) -> None:
+        if job.offers.pop(index, None) is not None:
+            job.serials.pop(index, None)
+            job.dirty = True
+
+    def start_op(self, job: JobRecord, rec: TaskRecord, op: TaskOp, now: float) -> None:
+        """Carry out an acked operation: the task leaves discovery and its machine's
+        desired set (a lost one is placed elsewhere at once)."""
+        self.counters["ops_started"] += 1
+        rec.op = op
+        job.in_progress.add(rec.index)
+        ref = job.ref(rec.index)
+        if rec.state is TaskState.LOST:  # its machine is gone: place it elsewhere now
+            assert rec.machine is not None
+            job.lost.discard(rec.index)
+            self.unassign(ref, rec.machine)
+            self.transition(rec, Event.REPLACE)
+            return
+        if rec.state is TaskState.PENDING:
+            if op.kind is OpKind.STOP:
+                self.free(job, [rec])
+            return
+        if rec.state is TaskState.STOPPED:  # parked: already stopped
+            rec.state = TaskState.STOPPING
+            self.stopped(job, rec, now)
+            return
+        self.take_out(ref, rec)
+        self.transition(rec, Event.STOP)
+
+    # -- machines' desired sets --------------------------------------------------------------
+    def assign(self, job: JobRecord, rec: TaskRecord, machine: int) -> None:
+        ref = job.ref(rec.index)
+        if rec.machine is not None and rec.machine != machine:
+            self.unassign(ref, rec.machine)
+        rec.machine = machine
+        self.touched.add(machine)
+        self.placed.setdefault(machine, set()).add(ref)
+        self.desired.setdefault(machine, {})[ref] = Assignment(
+            job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
+            job.versions[rec.spec_version - 1])
+
+    def unassign(self, ref: TaskRef, machine: int) -> None:
+        self.touched.add(machine)
+        self.desired.get(machine, {}).pop(ref, None)
+        self.placed.get(machine, set()).discard(ref)
+
+    def take_out(self, ref: TaskRef, rec: TaskRecord) -> None:
+        """Leave the machine's desired set (its agent stops the task); the record
+        keeps naming the machine until the stop is seen."""
+        rec.serving = False
+        rec.healthy = False
+        rec.healthy_since = None
+        if rec.machine is not None:
+            self.touched.add(rec.machine)
+            self.desired.get(rec.machine, {}).pop(ref, None)
+
+    def free(self, job: JobRecord, recs: list[TaskRecord]) -> None:
+        """Tasks that are gone for good: their allocations go back; an index within
+        the count starts over as a new pending task (resized back up)."""
+        spec = job.spec
+        indices = [r.index for r in recs]
+        if indices:
+            self.allocator.allocate(AllocationRequest.of(
+                job.name, job.entitlement, spec.resources, free=indices, policy=spec.policy))
+        for rec in recs:
+            if rec.op is not None:
+                self.complete(job, rec)
+            self.drop_acked(job, rec.index)
+            if rec.machine is not None:
+                self.unassign(job.ref(rec.index), rec.machine)
+            job.offers.pop(rec.index, None)
+            job.serials.pop(rec.index, None)
+            job.lost.discard(rec.index)
+            del job.tasks[rec.index]
+            if rec.index < spec.task_count and not job.deleting:
+                job.tasks[rec.index] = TaskRecord(rec.index, job.target)  # resized back up

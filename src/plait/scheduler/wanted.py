@@ -1,0 +1,107 @@
+"""Stage 1 of a job's reconcile: the operations wanted.
+
+Per task, what should happen: update to the target version, restart, move off a
+failed machine, stop for a resize or a delete, move or stop for announced
+maintenance. The result is a :class:`~plait.scheduler.plans.WantedPlan`: the offers
+that change (``apply`` gives each a stable serial, so an operation keeps its id while
+it waits for an ack), and the changes that need no operation (a finished task run
+again, a resize that only retags a version). This is a computation over the job's
+records; it changes none of them (``JobRecord.same_as`` memoises a comparison).
+"""
+
+from __future__ import annotations
+
+from plait.model.task import TaskState
+from plait.scheduler.lifecycle import FINISHED
+from plait.scheduler.plans import DELETE, FAILURE, RELOCATE, RESIZE, RESTART, WantedPlan, placed_in
+from plait.scheduler.records import JobRecord, Wanted, same_runtime
+from plait.taskcontrol.protocol import OpKind
+
+#: machine index -> (maintenance event id, its start), for machines under notice
+Notice = dict[int, tuple[str, float]]
+
+
+def plan_wanted(job: JobRecord, notice: Notice) -> WantedPlan:
+    """What each task of ``job`` wants now; tasks with an operation under way or an
+    acked one keep it."""
+    plan = WantedPlan()
+    spec = job.spec
+    count = 0 if job.deleting else spec.task_count
+    target = job.target
+    runtime_same = job.same_as(target)
+    acked_tasks = {op.task.index for op in job.acked.values()}
+    # the wanted tuples are shared, so "unchanged" is a cheap comparison
+    stop: Wanted = ((OpKind.STOP, DELETE if job.deleting else RESIZE),)
+    move: Wanted = ((OpKind.MOVE, FAILURE),)
+    restart: Wanted = ((OpKind.RESTART, RESTART),)
+    update: Wanted = ((OpKind.UPDATE, f"update to version {target}"),)
+    relocate: Wanted = ((OpKind.MOVE, f"{RELOCATE}{job.entitlement}"),)
+    #: per version: the operation that brings a task of it to the target (an update,
+    #: or a move for a version of another entitlement); finished tasks need none
+    to_target: dict[int, Wanted] = {}
+    maintenance: dict[str, Wanted] = {}
+    none: Wanted = ()
+    offers, versions = job.offers, job.versions
+    changed = plan.offers
+    # one pass over the tasks, with everything it touches in locals: this loop is
+    # most of the cost of planning a 15,000-task update
+    pending, lost, finished = TaskState.PENDING, TaskState.LOST, FINISHED
+    halted = job.halted is not None
+    for rec in job.tasks.values():
+        i = rec.index
+        state = rec.state
+        if rec.op is not None:
+            if i >= count and state is pending:
+                plan.dropped.append(i)  # stopped for an update, then resized away
+            continue
+        if i in acked_tasks:
+            continue
+        wanted = none
+        if i >= count:
+            if rec.machine is not None or not (state is pending or state in finished):
+                wanted = stop
+            else:
+                plan.gone.append(i)  # never placed, or finished: it just goes away
+                continue
+        elif state in finished:
+            version = rec.spec_version
+            if version != target and same_runtime(
+                    placed_in(versions[version - 1], spec.entitlement), spec):
+                # a resize or a move only: it stays finished (a move relocates what
+                # runs; a finished task has nothing to move)
+                plan.settle.append(i)
+                version = target
+            if rec.restart or version != target:
+                # run it again, at the target version: it holds no machine, so this
+                # takes nothing down and needs no operation
+                plan.rerun.append(i)
+            continue
+        elif state is lost:
+            wanted = move
+        elif rec.parked is not None or state is pending:
+            pass
+        elif rec.restart:
+            wanted = restart
+        elif rec.spec_version != target:
+            same = runtime_same.get(rec.spec_version)
+            if same is None:
+                same = runtime_same[rec.spec_version] = same_runtime(
+                    versions[rec.spec_version - 1], spec)
+            if same:
+                plan.retag.append(i)  # a resize only: nothing to restart
+            elif not halted:
+                wanted = to_target.get(rec.spec_version) or to_target.setdefault(
+                    rec.spec_version, relocate if versions[
+                        rec.spec_version - 1].entitlement != spec.entitlement else update)
+        if notice and not wanted and rec.machine is not None and rec.machine in notice:
+            event_id = notice[rec.machine][0]
+            wanted = maintenance.get(event_id) or maintenance.setdefault(
+                event_id, ((OpKind.MOVE, f"maintenance {event_id}"),
+                           (OpKind.STOP, f"maintenance {event_id}")))
+        have = offers.get(i)
+        if have is None:
+            if wanted:
+                changed.append((i, wanted))
+        elif have is not wanted and have != wanted:
+            changed.append((i, wanted))
+    return plan
