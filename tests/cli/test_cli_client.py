@@ -155,7 +155,7 @@ def test_errors_are_one_line_with_an_exit_code(plane, tmp_path, monkeypatch):
     assert res.exit_code == 2 and "must be table or json" in res.output
     res = plait("machine", "fail", "m0000001", "-o", "yml", ok=False)
     assert res.exit_code == 2
-    assert plane.control_plane.machine("m0000001")["state"] == "healthy"  # nothing was sent
+    assert plane.control_plane.views.machine("m0000001")["state"] == "healthy"  # nothing was sent
     monkeypatch.setenv("PLAIT_TOKEN", "plait_0000_wrong")
     res = plait("job", "list", ok=False)
     assert res.exit_code == 4 and "unknown token" in res.output

@@ -223,7 +223,7 @@ def test_an_acknowledged_create_is_stored_before_the_scheduler_sees_it(tmp_path)
     cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(region=REGION))
     token = cp.bootstrap_admin()
     with ApiServer(cp) as server:  # the loop is not running: nothing applies the create
-        cp.stop()
+        cp.loop.stop()
         admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"})
         admin.post("/v1/entitlements", json={"name": "web", "owner": "a",
                                              "quota": {"machines": 5}})
@@ -235,7 +235,7 @@ def test_an_acknowledged_create_is_stored_before_the_scheduler_sees_it(tmp_path)
     # another process reading the same store sees the job
     again = ControlPlane(store_for(tmp_path))
     assert again.jobs.get("web").spec.task_count == 6
-    again.step()
+    again.loop.step()
     assert "web" in again.scheduler.jobs
     again.store.close()
 

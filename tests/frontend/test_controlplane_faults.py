@@ -18,7 +18,7 @@ SPEC = parse(JobSpec, {"name": "web", "entitlement": "web", "task_count": 2,
 def plane(tmp_path, **config):
     cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
         region=REGION, tick_seconds=0.05, sim_agents=True, sim_start_seconds=0.2, **config))
-    cp.define_entitlement(Entitlement(name="web", owner="alice", quota=Quota(machines=6)))
+    cp.commands.define_entitlement(Entitlement(name="web", owner="alice", quota=Quota(machines=6)))
     return cp
 
 
@@ -44,8 +44,8 @@ def test_the_loop_survives_a_store_outage_and_health_says_so(tmp_path):
         last = cp.last_step
         assert client.get("/healthz").json()["failed_passes"] >= 5
         down["on"] = False
-        cp.create_job(SPEC)
-        wait_for(lambda: cp.job_view("web")["settled"])
+        cp.commands.create_job(SPEC)
+        wait_for(lambda: cp.views.job_view("web")["settled"])
         assert cp.last_step != last
         assert client.get("/healthz").json()["ok"] is True
         # what happened while the store was down was recorded once it came back
@@ -69,7 +69,7 @@ def test_a_stalled_loop_makes_healthz_fail(tmp_path):
 
 def test_a_job_record_that_could_not_be_read_is_tried_again(tmp_path):
     cp = plane(tmp_path)
-    cp.step()
+    cp.loop.step()
     real = cp.jobs.get
     fail = {"left": 1}
 
@@ -80,10 +80,10 @@ def test_a_job_record_that_could_not_be_read_is_tried_again(tmp_path):
         return real(name)
 
     cp.jobs.get = get
-    cp.create_job(SPEC)
-    cp.step()  # the read fails: web is not applied yet
+    cp.commands.create_job(SPEC)
+    cp.loop.step()  # the read fails: web is not applied yet
     assert "web" not in cp.scheduler.jobs
-    cp.step()  # and is tried again without another request
+    cp.loop.step()  # and is tried again without another request
     assert "web" in cp.scheduler.jobs
     cp.store.close()
 

@@ -20,30 +20,30 @@ def test_silent_machines_fail_heartbeating_ones_take_the_tasks_and_come_back(tmp
     def beat():
         for m in alive:
             statuses = [TaskStatus(a.job, a.index, a.revision, Phase.RUNNING)
-                        for a in cp.desired(m)]
-            cp.report(m, statuses, {(s.job, s.index): f"127.0.0.1:{9000 + s.index}"
-                                    for s in statuses})
+                        for a in cp.gateway.desired(m)]
+            cp.gateway.report(m, statuses, {(s.job, s.index): f"127.0.0.1:{9000 + s.index}"
+                                            for s in statuses})
 
-    cp.define_entitlement(Entitlement(name="web", owner="o", quota=Quota(machines=4)))
+    cp.commands.define_entitlement(Entitlement(name="web", owner="o", quota=Quota(machines=4)))
     for _ in range(8):  # past the timeout: only the two heartbeating machines are up
         now[0] += 1
         beat()
-        cp.step()
-    states = {m["id"]: m["state"] for m in cp.machines(limit=1000)[0]}
+        cp.loop.step()
+    states = {m["id"]: m["state"] for m in cp.views.machines(limit=1000)[0]}
     assert {m for m, s in states.items() if s == "healthy"} == set(alive)
-    cp.create_job(SPEC)
+    cp.commands.create_job(SPEC)
     for _ in range(4):
         now[0] += 1
-        cp.step()
+        cp.loop.step()
         beat()
-    assert {t["machine"] for t in cp.tasks_view("web")} <= set(alive)
-    assert sorted(e["endpoint"] for e in cp.discovery("web")) == ["127.0.0.1:9000",
-                                                                  "127.0.0.1:9001"]
+    assert {t["machine"] for t in cp.views.tasks_view("web")} <= set(alive)
+    assert sorted(e["endpoint"] for e in cp.views.discovery("web")) == ["127.0.0.1:9000",
+                                                                        "127.0.0.1:9001"]
     alive.append("m0000002")  # an agent starts: its machine is back
     now[0] += 1
     beat()
-    cp.step()
-    assert cp.machine("m0000002")["state"] == "healthy"
+    cp.loop.step()
+    assert cp.views.machine("m0000002")["state"] == "healthy"
     kinds = [e.kind for e in cp.events.query(limit=1000)[0]]
     assert "machine_unreachable" in kinds and "machine_back" in kinds
     cp.store.close()
@@ -55,13 +55,13 @@ def test_after_a_start_agents_have_a_grace_for_their_first_heartbeat(tmp_path):
         region=REGION, heartbeat_timeout=5, startup_grace=20), clock=lambda: now[0])
     for _ in range(15):  # past the timeout, within the grace: nothing failed
         now[0] += 1
-        cp.report("m0000001", [])
-        cp.step()
-    assert {m["state"] for m in cp.machines(limit=1000)[0]} == {"healthy"}
+        cp.gateway.report("m0000001", [])
+        cp.loop.step()
+    assert {m["state"] for m in cp.views.machines(limit=1000)[0]} == {"healthy"}
     for _ in range(6):  # the grace is over
         now[0] += 1
-        cp.report("m0000001", [])
-        cp.step()
-    states = {m["id"]: m["state"] for m in cp.machines(limit=1000)[0]}
+        cp.gateway.report("m0000001", [])
+        cp.loop.step()
+    states = {m["id"]: m["state"] for m in cp.views.machines(limit=1000)[0]}
     assert {m for m, s in states.items() if s == "healthy"} == {"m0000001"}
     cp.store.close()

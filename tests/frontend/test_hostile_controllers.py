@@ -66,7 +66,7 @@ def region(tmp_path):
     farm = ControllerFarm()
     live = start_live(tmp_path / "data", sim_agents=False, heartbeat_timeout=3.0,
                       startup_grace=0.0, controller_networks=("loopback", "any"))
-    live.cp.start()
+    live.cp.loop.start()
     machines = [live.cp.fleet.name(m) for m in range(len(live.cp.fleet))]
     agents = Agents(live, machines)
     yield live, farm, agents
@@ -165,7 +165,7 @@ def test_calls_are_signed_with_the_jobs_key_and_a_controller_can_ask_again_soone
     with pytest.raises(signing.SignatureError):
         signing.verify(key, seen[0].signature, seen[0].body + b" ", time.time())
     with pytest.raises(signing.SignatureError):
-        signing.verify(live.cp.controller_key("other"), seen[0].signature, seen[0].body,
+        signing.verify(live.cp.controllers.controller_key("other"), seen[0].signature, seen[0].body,
                        time.time())
 
 

@@ -94,8 +94,8 @@ def test_registered_machines_survive_a_restart(tmp_path):
         stop_live(live)
     again = ControlPlane(store_for(tmp_path / "data"), ControlPlaneConfig(region=REGION))
     try:
-        assert again.machine("lab-1")["type"] == "lab"
-        assert [(t["machine"], t["state"]) for t in again.tasks_view("lab")] == [
+        assert again.views.machine("lab-1")["type"] == "lab"
+        assert [(t["machine"], t["state"]) for t in again.views.tasks_view("lab")] == [
             ("lab-1", "running")]
     finally:
         again.store.close()

@@ -36,7 +36,7 @@ class Replica:
         lead._stop.set()
         if lead._thread is not None:
             lead._thread.join()
-        self.cp.stop()
+        self.cp.loop.stop()
         lead.leading = False
         self.server.server.should_exit = True
 

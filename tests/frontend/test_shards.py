@@ -61,8 +61,8 @@ def test_one_api_over_two_shards(region):
     # a shard that reads its records again (as after a restart) leaves the machines of
     # the other shard's entitlements bound: they are not its to give back
     pids = region.pids()
-    region.cp(0).reload()
-    region.cp(1).reload()
+    region.cp(0).membership.reload()
+    region.cp(1).membership.reload()
     machines = api.get("/v1/machines").json()["machines"]
     assert {m["id"]: m["entitlement"] for m in machines if m["entitlement"]} == bound
     wait_for(lambda: region.running("ja", 2) and region.running("jb", 2))
@@ -114,7 +114,7 @@ def test_an_entitlement_moves_between_shards_without_restarting_a_task(region):
     r = api.get(f"/v1/machines/{machine}/desired")
     assert r.status_code == 200 and {t["job"] for t in r.json()["tasks"]} == {"ja"}
     # ... and after the handoff, by neither shard until the map points at the new one
-    region.cp(0).handoff("a", 1)
+    region.cp(0).membership.handoff("a", 1)
     r = api.get(f"/v1/machines/{machine}/desired")
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     # the move, resumed from that state (the handoff done), finishes on shard 1

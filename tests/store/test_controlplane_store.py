@@ -12,20 +12,20 @@ def test_a_job_settles_and_survives_a_restart_of_the_control_plane(env):
     now = [1000.0]
     config = ControlPlaneConfig(region=REGION, sim_agents=True, sim_start_seconds=1.0)
     cp = ControlPlane(env.store, config, clock=lambda: now[0])
-    cp.define_entitlement(Entitlement(name="web", owner="o", quota=Quota(machines=10)))
-    cp.create_job(SPEC)
+    cp.commands.define_entitlement(Entitlement(name="web", owner="o", quota=Quota(machines=10)))
+    cp.commands.create_job(SPEC)
     for _ in range(30):
         now[0] += 0.5
-        cp.step()
-    view = cp.job_view("web")
+        cp.loop.step()
+    view = cp.views.job_view("web")
     assert view["settled"] and view["serving"] == 5
-    tasks = cp.tasks_view("web")
-    cp.resize_job("web", 3)
-    cp.step()
+    tasks = cp.views.tasks_view("web")
+    cp.commands.resize_job("web", 3)
+    cp.loop.step()
 
     again = ControlPlane(env.other(), config, clock=lambda: now[0])
-    assert again.job_view("web")["task_count"] == 3
-    assert [(t["index"], t["machine"]) for t in again.tasks_view("web")] == [
+    assert again.views.job_view("web")["task_count"] == 3
+    assert [(t["index"], t["machine"]) for t in again.views.tasks_view("web")] == [
         (t["index"], t["machine"]) for t in tasks]
     assert again.entitlement("web").quota.machines == 10
     assert [e.kind for e in again.events.query(limit=1000)[0]

@@ -100,7 +100,7 @@ def serve(
     from plait.server.leader import Leadership
 
     cp = started.control_plane
-    cp.serving_at(started.url, *([advertise] if advertise else []))
+    cp.controllers.serving_at(started.url, *([advertise] if advertise else []))
     leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
     err.print(f"plait control plane{'' if shard is None else f' shard {shard}'}: "
               f"{len(cp.fleet)} machines, API on {started.url}")

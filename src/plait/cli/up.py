@@ -163,7 +163,7 @@ def up(
                   f"{first + shards * replicas - 1}, API (front end) on {front.url}")
     else:
         # (heartbeats are counted by the leader: here, unless another replica leads)
-        ready = cp.wait_for_agents(list(agents), timeout=60) if lead is None or \
+        ready = cp.gateway.wait_for_agents(list(agents), timeout=60) if lead is None or \
             lead.leading else 0
         out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
                   f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "

@@ -268,12 +268,12 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         if leadership is not None:
             leadership.start()
         elif run_loop:
-            cp.start()
+            cp.loop.start()
         yield
         if leadership is not None:
             leadership.stop()
         elif run_loop:
-            cp.stop()
+            cp.loop.stop()
         if close_store:
             cp.store.close()
 
@@ -428,7 +428,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     def healthz(response: Response) -> dict[str, Any]:
         """Health; needs no token. 503 when the control-plane loop has stopped passing
         (acknowledged operations would not be applied)."""
-        ok, why = cp.health()
+        ok, why = cp.loop.health()
         if not ok:
             response.status_code = 503
         role = {} if leadership is None else {
@@ -445,21 +445,21 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                                                   "same"}})
     def create_entitlement(ent: Entitlement, who: Admin, response: Response) -> dict[str, Any]:
         """Create an entitlement, or change its quota and settings (admin)."""
-        if not cp.define_entitlement(ent):
+        if not cp.commands.define_entitlement(ent):
             response.status_code = 200
-        return cp.entitlement_view(ent.name)
+        return cp.views.entitlement_view(ent.name)
 
     @app.get("/v1/entitlements", response_model=t.EntitlementList, tags=["entitlements"])
     def list_entitlements(who: User) -> dict[str, Any]:
         mine = owned(who)
         names = sorted(n for n in list(cp.allocator.entitlements) if mine is None or n in mine)
-        return {"entitlements": [cp.entitlement_view(n) for n in names]}
+        return {"entitlements": [cp.views.entitlement_view(n) for n in names]}
 
     @app.get("/v1/entitlements/{name}", response_model=t.EntitlementView, tags=["entitlements"])
     def get_entitlement(name: str, who: User, request: Request) -> dict[str, Any]:
         cp.entitlement(name)
         may_entitlement(request, who, name)
-        return cp.entitlement_view(name)
+        return cp.views.entitlement_view(name)
 
     # -- jobs ------------------------------------------------------------------------------
     def ack(doc: Any, created: bool | None = None) -> dict[str, Any]:
@@ -482,8 +482,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             response.status_code = 200
             if spec.name in cp.jobs.names_cached():
                 may_job(request, who, spec.name)  # a plan diffs against that job's spec
-            return cp.plan(spec)
-        doc, created = cp.create_job(spec)
+            return cp.views.plan(spec)
+        doc, created = cp.commands.create_job(spec)
         if not created:
             response.status_code = 200
         return ack(doc, created)
@@ -494,9 +494,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         if entitlement is not None:
             mine = {entitlement} if mine is None or entitlement in mine else set()
         views = []
-        for name in cp.job_names(mine):
+        for name in cp.views.job_names(mine):
             try:
-                views.append(cp.job_view(name))
+                views.append(cp.views.job_view(name))
             except NotFound:
                 continue  # deleted meanwhile
         return {"jobs": views}
@@ -504,7 +504,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     @app.get("/v1/jobs/{name}", response_model=t.JobView, tags=["jobs"])
     def get_job(name: str, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
-        return cp.job_view(name)
+        return cp.views.job_view(name)
 
     @app.put("/v1/jobs/{name}", response_model=t.JobAck | t.Plan, tags=["jobs"],
              responses={201: {"model": t.JobAck,
@@ -520,25 +520,25 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         if dry_run:
             if name in cp.jobs.names_cached():
                 may_job(request, who, name)
-            return cp.plan(spec)
+            return cp.views.plan(spec)
         try:
             cp.jobs.get(name)
         except NotFound:
-            doc, created = cp.create_job(spec)
+            doc, created = cp.commands.create_job(spec)
             response.status_code = 201 if created else 200
             return ack(doc, created)
         may_job(request, who, name)
-        return ack(cp.update_job(spec), False)
+        return ack(cp.commands.update_job(spec), False)
 
     @app.post("/v1/jobs/{name}/resize", response_model=t.JobAck, tags=["jobs"])
     def resize_job(name: str, body: Resize, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
-        return ack(cp.resize_job(name, body.task_count))
+        return ack(cp.commands.resize_job(name, body.task_count))
 
     @app.post("/v1/jobs/{name}/rollback", response_model=t.JobAck, tags=["jobs"])
     def rollback_job(name: str, body: Rollback, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
-        return ack(cp.rollback_job(name, body.version))
+        return ack(cp.commands.rollback_job(name, body.version))
 
     @app.post("/v1/jobs/{name}/move", response_model=t.JobAck, tags=["jobs"])
     def move_job(name: str, body: Move, who: User, request: Request) -> dict[str, Any]:
@@ -548,26 +548,26 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         entitlement or the job's own (422), or one without room for the job (409)."""
         may_job(request, who, name)
         may_entitlement(request, who, body.entitlement)
-        return ack(cp.move_job(name, body.entitlement))
+        return ack(cp.commands.move_job(name, body.entitlement))
 
     @app.post("/v1/jobs/{name}/restart", response_model=t.JobAck, tags=["jobs"])
     def restart_job(name: str, who: User, request: Request,
                     body: Annotated[Restart | None, Body()] = None) -> dict[str, Any]:
         """Restart every task (or one, with ``index``), paced like an update."""
         may_job(request, who, name)
-        return ack(cp.restart_job(name, body.index if body else None))
+        return ack(cp.commands.restart_job(name, body.index if body else None))
 
     @app.post("/v1/jobs/{name}/resume", response_model=t.JobAck, tags=["jobs"])
     def resume_job(name: str, who: User, request: Request) -> dict[str, Any]:
         """Resume a halted rollout."""
         may_job(request, who, name)
-        return ack(cp.resume_job(name))
+        return ack(cp.commands.resume_job(name))
 
     @app.delete("/v1/jobs/{name}", response_model=t.JobAck, tags=["jobs"], status_code=202)
     def delete_job(name: str, who: User, request: Request) -> dict[str, Any]:
         """Stop every task, then forget the job."""
         may_job(request, who, name)
-        return ack(cp.delete_job(name))
+        return ack(cp.commands.delete_job(name))
 
     @app.get("/v1/jobs/{name}/history", response_model=t.JobHistory, tags=["jobs"])
     def job_history(name: str, who: User, request: Request) -> dict[str, Any]:
@@ -590,18 +590,18 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         job's controller verifies each call with it (``plait.taskcontrol.signing``)."""
         may_job(request, who, name)
         cp.jobs.get(name)
-        return {"job": name, "key": cp.controller_key(name),
+        return {"job": name, "key": cp.controllers.controller_key(name),
                 "header": "Plait-Signature", "algorithm": "HMAC-SHA256"}
 
     @app.get("/v1/jobs/{name}/tasks", response_model=t.TaskList, tags=["tasks"])
     def job_tasks(name: str, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
-        return {"job": name, "tasks": cp.tasks_view(name)}
+        return {"job": name, "tasks": cp.views.tasks_view(name)}
 
     @app.post("/v1/jobs/{name}/tasks/{index}/restart", response_model=t.JobAck, tags=["tasks"])
     def restart_task(name: str, index: int, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
-        return ack(cp.restart_job(name, index))
+        return ack(cp.commands.restart_job(name, index))
 
     @app.get("/v1/jobs/{name}/tasks/{index}/logs", response_model=t.TaskLogs, tags=["tasks"])
     def task_logs(name: str, index: int, who: User, request: Request,
@@ -610,7 +610,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """The tail of a task's output (the agent keeps the whole log); follow it by
         asking again with ``after`` = the ``next`` of the last answer."""
         may_job(request, who, name)
-        text, nxt, skipped, machine = cp.task_logs(name, index, after, limit)
+        text, nxt, skipped, machine = cp.gateway.task_logs(name, index, after, limit)
         return {"job": name, "index": index, "machine": machine, "data": text, "next": nxt,
                 "skipped": skipped}
 
@@ -618,37 +618,37 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     def discovery(job: str, who: User, request: Request) -> dict[str, Any]:
         """The tasks enabled in service discovery: at most one entry per task index."""
         may_job(request, who, job)
-        return {"job": job, "endpoints": cp.discovery(job)}
+        return {"job": job, "endpoints": cp.views.discovery(job)}
 
     # -- machines and maintenance (admin) --------------------------------------------------
     @app.get("/v1/machines", response_model=t.MachineList, tags=["machines"])
     def list_machines(who: Admin, state: str | None = None, entitlement: str | None = None,
                       offset: Annotated[int, Query(ge=0)] = 0,
                       limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
-        found, total = cp.machines(state, entitlement, offset, limit)
+        found, total = cp.views.machines(state, entitlement, offset, limit)
         return {"machines": found, "total": total, "offset": offset}
 
     @app.get("/v1/machines/{machine}", response_model=t.MachineView, tags=["machines"])
     def get_machine(machine: str, who: Admin) -> dict[str, Any]:
-        return cp.machine(machine)
+        return cp.views.machine(machine)
 
     @app.post("/v1/machines/{machine}/fail", response_model=t.MachineEvent, tags=["machines"])
     def fail_machine(machine: str, who: Admin) -> dict[str, Any]:
         """Mark a machine failed (as the health check would): its tasks move."""
-        return {"machine": machine, "event": cp.fail_machine(machine)}
+        return {"machine": machine, "event": cp.machine_ops.fail_machine(machine)}
 
     @app.post("/v1/machines/{machine}/repair", response_model=t.MachineRepair, tags=["machines"])
     def repair_machine(machine: str, who: Admin) -> dict[str, Any]:
-        return {"machine": machine, "ended": cp.repair_machine(machine)}
+        return {"machine": machine, "ended": cp.machine_ops.repair_machine(machine)}
 
     @app.post("/v1/machines/{machine}/cordon", response_model=t.MachineView, tags=["machines"])
     def cordon(machine: str, who: Admin) -> dict[str, Any]:
         """No new tasks on the machine; the ones there keep running."""
-        return cp.cordon(machine, True)
+        return cp.machine_ops.cordon(machine, True)
 
     @app.post("/v1/machines/{machine}/uncordon", response_model=t.MachineView, tags=["machines"])
     def uncordon(machine: str, who: Admin) -> dict[str, Any]:
-        return cp.cordon(machine, False)
+        return cp.machine_ops.cordon(machine, False)
 
     @app.post("/v1/machines/{machine}/drain", response_model=t.MachineEvent, tags=["machines"])
     def drain(machine: str, who: Admin,
@@ -656,18 +656,18 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """Cordon, then move the tasks off through TaskControl; at the deadline what is
         left is stopped."""
         return {"machine": machine,
-                "event": cp.drain(machine, body.deadline_seconds if body else None)}
+                "event": cp.machine_ops.drain(machine, body.deadline_seconds if body else None)}
 
     @app.post("/v1/maintenance", response_model=t.MaintenanceCreated, tags=["maintenance"],
               status_code=201)
     def schedule_maintenance(body: Maintenance, who: Admin) -> dict[str, Any]:
         start = cp.clock() if body.start is None else body.start
-        return {"event": cp.schedule_maintenance(body.machines, start, body.duration_seconds,
-                                                 body.reason)}
+        return {"event": cp.machine_ops.schedule_maintenance(
+            body.machines, start, body.duration_seconds, body.reason)}
 
     @app.get("/v1/maintenance", response_model=t.MaintenanceList, tags=["maintenance"])
     def list_maintenance(who: Admin) -> dict[str, Any]:
-        return {"events": cp.maintenance()}
+        return {"events": cp.machine_ops.maintenance()}
 
     # -- a scheduler shard's part in moving an entitlement (called by the front end) -------
     @app.post("/v1/shard/entitlements/{name}/handoff", response_model=t.ShardHandoff,
@@ -675,14 +675,15 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     def handoff(name: str, body: ShardMove, who: Admin) -> dict[str, Any]:
         """Hand an entitlement's records to another scheduler shard and stop managing
         them (its tasks are untouched)."""
-        return {"entitlement": name, "shard": body.shard, "jobs": cp.handoff(name, body.shard)}
+        jobs = cp.membership.handoff(name, body.shard)
+        return {"entitlement": name, "shard": body.shard, "jobs": jobs}
 
     @app.post("/v1/shard/reload", response_model=t.ShardReload, tags=["shards"])
     def reload(who: Admin, body: Annotated[ShardReload | None, Body()] = None
                ) -> dict[str, Any]:
         """Read this shard's records again (an entitlement was handed to it: 503
         until its records are seen here)."""
-        cp.reload(body.entitlement if body else None)
+        cp.membership.reload(body.entitlement if body else None)
         return {"shard": cp.config.shard, "entitlements": len(cp.allocator.entitlements)}
 
     # -- events ----------------------------------------------------------------------------
@@ -740,7 +741,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             raise refuse(request, 403, f"{who} is not a join token")
         if body.fault_domain is not None:
             assert body.cpu is not None and body.memory_gb is not None and body.type
-            cp.register(Machine(
+            cp.machine_ops.register(Machine(
                 id=body.machine, type=body.type, fault_domain=FaultDomain.parse(body.fault_domain),
                 resources=Resources(cpu=body.cpu, memory_gb=body.memory_gb,
                                     disk_gb=body.disk_gb)))
@@ -755,7 +756,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                                        f"joined with {who.token_id}")
         cp.record("auth", "machine_joined", f"{body.machine} (credential {info.id})",
                   machine=body.machine)
-        cp.joined(body.machine)
+        cp.gateway.joined(body.machine)
         return {"machine": body.machine, "token": token, "id": info.id}
 
     def machine_only(request: Request, who: Principal, machine: str) -> None:
@@ -775,12 +776,13 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         if wait and since is not None:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait
-            while cp.desired_generation(machine) == since and loop.time() < deadline:
+            while cp.gateway.desired_generation(machine) == since and loop.time() < deadline:
                 await asyncio.sleep(0.02)
-        generation = cp.desired_generation(machine)  # (read first: never newer than tasks)
-        tasks = cp.desired_kept(machine)
+        # (the generation is read first: never newer than the tasks)
+        generation = cp.gateway.desired_generation(machine)
+        tasks = cp.gateway.desired_kept(machine)
         if tasks is None:  # not kept yet: read under the control plane's lock
-            tasks = await run_in_threadpool(cp.desired, machine)
+            tasks = await run_in_threadpool(cp.gateway.desired, machine)
         return {"machine": machine, "generation": generation, "tasks": [
             {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
              "spec": spec_wire(a.spec)} for a in tasks]}
@@ -789,7 +791,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     def output(machine: str, body: Output, who: Who, request: Request) -> dict[str, Any]:
         """An agent sends what its tasks printed (kept as a tail per task)."""
         machine_only(request, who, machine)
-        taken = cp.task_output(machine, [(c.job, c.index, c.data) for c in body.chunks])
+        taken = cp.gateway.task_output(machine, [(c.job, c.index, c.data) for c in body.chunks])
         return {"machine": machine, "accepted": taken, "refused": len(body.chunks) - taken}
 
     @app.post("/v1/machines/{machine}/status", response_model=t.StatusAck, tags=["agents"])
@@ -798,9 +800,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """An agent's report of the tasks on its machine (taken at once, never
         blocking: applied by the next pass)."""
         machine_only(request, who, machine)
-        cp.report(machine, [TaskStatus(t.job, t.index, t.revision, t.phase, t.healthy,
-                                       t.exit_code, t.final) for t in body.tasks],
-                  {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint})
+        cp.gateway.report(machine, [TaskStatus(t.job, t.index, t.revision, t.phase, t.healthy,
+                                               t.exit_code, t.final) for t in body.tasks],
+                          {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint})
         return {"machine": machine, "accepted": len(body.tasks)}
 
     return app

@@ -82,7 +82,7 @@ class Leadership:
             started = time.monotonic()
             fence = getattr(self.election, "fence", None)
             self.cp.take_over(fence() if fence is not None else None)
-            self.cp.start()
+            self.cp.loop.start()
             self.leading = True
             self.terms += 1
             self.cp.record("controlplane", "leader_elected",
@@ -90,7 +90,7 @@ class Leadership:
                            f"{time.monotonic() - started:.3f}s)")
         elif not won and self.leading:
             self.leading = False
-            self.cp.stop()  # the loop writes nothing more
+            self.cp.loop.stop()  # the loop writes nothing more
             with contextlib.suppress(Exception):
                 self.cp.record("controlplane", "leadership_lost",
                                f"{self.identity} no longer leads {self.name}")
@@ -127,7 +127,7 @@ class Leadership:
             self._thread = None
         if self.leading:
             self.leading = False
-            self.cp.stop()
+            self.cp.loop.stop()
         with contextlib.suppress(Exception):
             self.election.resign()
         with contextlib.suppress(Exception):

@@ -99,7 +99,7 @@ class ApiServer(AsgiServer):
         self.host = host
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
-        cp.serving_at(self.url)
+        cp.controllers.serving_at(self.url)
         self.leadership = Leadership(cp, self.url, session_timeout=session_timeout) \
             if replica else None
         self._serve(create_app(cp, leadership=self.leadership), log_level)

@@ -1,0 +1,79 @@
+"""Job and entitlement commands: each a durable write of the record, acknowledged
+once stored; the loop applies it at its next pass (``notify`` wakes it). Job writes do
+not take the lock (a shard's create does: a handoff must carry it or refuse it)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from plait.errors import Conflict
+from plait.model import Entitlement, JobSpec
+from plait.persist.scheduler import JobDoc
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+
+class JobCommands:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+
+    def define_entitlement(self, ent: Entitlement) -> bool:
+        """Create an entitlement, or change its quota and settings. True if new."""
+        with self.cp.lock:
+            old = self.cp.allocator.entitlements.get(ent.name)
+            if old == ent:
+                return False
+            if old is not None and old.owner != ent.owner:
+                raise Conflict(f"entitlement {ent.name}", f"owner {old.owner}",
+                               f"owner {ent.owner} (owners do not change)")
+            self.cp.allocator.define(ent)
+        self.cp.record("api", "entitlement_created" if old is None else "entitlement_changed",
+                       f"{ent.name}: quota {ent.quota}, owner {ent.owner}", entitlement=ent.name)
+        return old is None
+
+    def create_job(self, spec: JobSpec) -> tuple[JobDoc, bool]:
+        # a shard checks and stores under its lock, so a handoff of the entitlement
+        # either carries the new record or comes first (and the check refuses it)
+        if spec.task_controller is not None:  # (resolving a name: never under the lock)
+            self.cp.controllers.check_controller_url(spec.task_controller)
+        with self.cp.lock if self.cp.config.shard is not None else contextlib.nullcontext():
+            self.cp.check_job(spec)
+            doc, created = self.cp.jobs.create(spec, self.cp.clock())
+        if created:
+            self.cp.notify(spec.name)
+        return doc, created
+
+    def changed(self, doc: JobDoc) -> JobDoc:
+        self.cp.notify(doc.name)
+        return doc
+
+    def update_job(self, spec: JobSpec) -> JobDoc:
+        if spec.task_controller is not None:
+            self.cp.controllers.check_controller_url(spec.task_controller)
+        self.cp.check_job(spec)
+        return self.changed(self.cp.jobs.update(spec, self.cp.clock()))
+
+    def resize_job(self, name: str, task_count: int) -> JobDoc:
+        return self.changed(self.cp.jobs.resize(name, task_count, self.cp.clock()))
+
+    def rollback_job(self, name: str, version: int) -> JobDoc:
+        return self.changed(self.cp.jobs.rollback(name, version, self.cp.clock()))
+
+    def move_job(self, name: str, entitlement: str) -> JobDoc:
+        """Move a job to another entitlement (a paced rollout onto its machines); checked
+        against the region as it is now, then stored."""
+        doc = self.cp.jobs.get(name)
+        with self.cp.lock:
+            self.cp.scheduler.check_move(doc.spec, entitlement)
+        return self.changed(self.cp.jobs.move(name, entitlement, self.cp.clock()))
+
+    def restart_job(self, name: str, index: int | None = None) -> JobDoc:
+        return self.changed(self.cp.jobs.restart(name, index, self.cp.clock()))
+
+    def resume_job(self, name: str) -> JobDoc:
+        return self.changed(self.cp.jobs.resume(name, self.cp.clock()))
+
+    def delete_job(self, name: str) -> JobDoc:
+        return self.changed(self.cp.jobs.delete(name, self.cp.clock()))

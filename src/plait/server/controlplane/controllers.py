@@ -1,0 +1,122 @@
+"""TaskControl off the pass (decision 45): the dispatcher that sends a pass's calls
+to tenants' controllers, the policy their URLs are checked against, and the keys their
+calls are signed with. Nothing here runs under the control plane's lock."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import threading
+from typing import TYPE_CHECKING
+
+from plait.errors import Conflict, NotFound
+from plait.taskcontrol import signing
+from plait.taskcontrol.dispatch import Dispatcher
+from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall
+from plait.taskcontrol.urlpolicy import UrlPolicy, networks, own_addresses
+from plait.taskcontrol.worker import DispatcherProcess, Settings
+from plait.tls import verify as tls_verify
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+
+class Controllers:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        #: where controller URLs may point (the API's own addresses are added when
+        #: it starts serving: ``serving_at``)
+        self.url_policy = UrlPolicy(allow=networks(cp.config.controller_networks))
+        self._signing_secret: bytes | None = None
+        self.dispatcher: Dispatcher | DispatcherProcess | None = None
+        #: answers handed back by the dispatcher, taken by the next pass
+        self._answers: list[ControllerAnswer] = []
+
+    def send(self, calls: list[ControllerCall]) -> None:
+        """Hand a pass's requests to the dispatcher (after the pass, off the lock)."""
+        self._dispatcher().send(calls)
+
+    def take_answers(self) -> list[ControllerAnswer]:
+        with self.cp.pending_lock:
+            answers, self._answers = self._answers, []
+        return answers
+
+    def close(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.close()
+            self.dispatcher = None
+
+    def _dispatcher(self) -> Dispatcher | DispatcherProcess:
+        """The TaskControl dispatcher, started at the first call: in a process of its
+        own (``controller_process``), or a thread of this one."""
+        if self.dispatcher is None:
+            config = self.cp.config
+            if config.controller_process:
+                self.dispatcher = DispatcherProcess(self._deliver, Settings(
+                    deadline=config.controller_deadline,
+                    max_reply_bytes=config.controller_reply_bytes,
+                    max_in_flight=config.controller_concurrency, policy=self.url_policy,
+                    ca_file=config.ca_file, secret=self._secret()))
+            else:
+                self.dispatcher = Dispatcher(
+                    self._deliver, deadline=config.controller_deadline,
+                    max_reply_bytes=config.controller_reply_bytes,
+                    max_in_flight=config.controller_concurrency, policy=self.url_policy,
+                    verify=lambda url: tls_verify(config.ca_file, url),
+                    key_for=self.controller_key, clock=self.cp.clock)
+        return self.dispatcher
+
+    def _deliver(self, answer: ControllerAnswer) -> None:
+        with self.cp.pending_lock:
+            self._answers.append(answer)
+        self.cp.wake.set()
+
+    def serving_at(self, *urls: str) -> None:
+        """The API's own URLs: a controller URL may not point at them."""
+        policy = self.url_policy
+        self.url_policy = UrlPolicy(allow=policy.allow, own=policy.own | own_addresses(urls))
+        if self.dispatcher is not None:
+            self.dispatcher.policy = self.url_policy
+
+    def check_controller_url(self, url: str, resolve_timeout: float = 2.0) -> None:
+        """Refuse a controller URL the policy does not allow (a ``ValidationError``
+        naming the rule). A name is resolved with a bound; one that does not resolve
+        now is left to the check at each call."""
+        policy = self.url_policy
+        host, port = policy.host(url)
+        literal = policy.literal(host)
+        if literal is not None:
+            policy.check(url, [str(literal)])
+            return
+        found: list[str] = []
+
+        def resolve() -> None:
+            with contextlib.suppress(OSError, UnicodeError):
+                found.extend(sorted({str(i[4][0]) for i in socket.getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM)}))
+        worker = threading.Thread(target=resolve, daemon=True)
+        worker.start()
+        worker.join(resolve_timeout)
+        if found and not worker.is_alive():
+            policy.check(url, found)
+
+    def _secret(self) -> bytes:
+        """The region's TaskControl signing secret (made at first use, shared by every
+        replica and shard: it lives under /auth)."""
+        if self._signing_secret is None:
+            key = "/auth/taskcontrol-secret"
+            try:
+                self._signing_secret = bytes.fromhex(self.cp.store.get(key)[0].decode())
+            except NotFound:
+                fresh = secrets.token_bytes(32)
+                try:
+                    self.cp.store.create(key, fresh.hex().encode())
+                    self._signing_secret = fresh
+                except Conflict:  # another replica made it first
+                    self._signing_secret = bytes.fromhex(self.cp.store.get(key)[0].decode())
+        return self._signing_secret
+
+    def controller_key(self, job: str) -> str:
+        """The key a job's controller verifies this region's calls with."""
+        return signing.job_key(self._secret(), job)

@@ -1,0 +1,313 @@
+"""The control plane of one region in one process: brokers, allocator and scheduler
+over a store, the event log, tokens, and the parts that serve them.
+
+``ControlPlane`` holds the region's state and builds it from the store (at start, on
+a takeover, when a machine registers); each concern is a part of its own, built on
+that state:
+
+* ``loop`` (``Loop``): the passes, and whether they are passing;
+* ``commands`` (``JobCommands``): job and entitlement writes;
+* ``views`` (``Views``): every read, from what the last pass published;
+* ``gateway`` (``AgentGateway``): what agents call;
+* ``machine_ops`` (``MachineOps``): registration, failure, cordon, drain, maintenance;
+* ``membership`` (``Membership``): a scheduler shard's machines and handoffs;
+* ``controllers`` (``Controllers``): TaskControl calls, off the pass.
+
+Requests and the loop meet here. A job operation is a durable write of the job record
+(``JobStore``), acknowledged once stored; the loop then applies it to the scheduler
+(``PersistentScheduler.sync``), reconciles (``tick``), and writes back the tasks'
+state. Everything that touches the in-memory core holds ``self.lock``; reads,
+heartbeats and job writes do not, so none waits for a long pass (decision 45).
+
+Without real agents (``sim_agents``), simulated agents run the tasks, so a region can
+be tried on one box before any machine joins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from plait.allocator import MachineIndex
+from plait.errors import Conflict, NotFound, ValidationError
+from plait.health import HealthCheck
+from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
+from plait.model.machine import FaultDomain, Machine
+from plait.persist import PersistentAllocator, PersistentRegion
+from plait.persist.follow import SharedRecords
+from plait.persist.scheduler import JobStore, PersistentScheduler
+from plait.persist.warm import WarmRecords
+from plait.scheduler import Scheduler
+from plait.scheduler.records import Assignment
+from plait.server.auth import Role, TokenStore
+from plait.server.controlplane.commands import JobCommands
+from plait.server.controlplane.config import ControlPlaneConfig
+from plait.server.controlplane.controllers import Controllers
+from plait.server.controlplane.gateway import AgentGateway
+from plait.server.controlplane.loop import Loop
+from plait.server.controlplane.machine_ops import MachineOps
+from plait.server.controlplane.membership import Membership
+from plait.server.controlplane.views import Views
+from plait.server.events import EventLog
+from plait.server.logs import TaskLogs
+from plait.sim import Behaviour, Simulation
+from plait.store.protocol import Namespace, Store
+from plait.store.shard import ShardStore
+from plait.taskcontrol.protocol import RemoteController
+
+EventTuple = tuple[float, str, str, str, str | None, str | None, str | None]
+
+
+def _machine(d: dict[str, Any]) -> Machine:
+    return Machine(id=d["id"], type=d["type"], fault_domain=FaultDomain.parse(d["fault_domain"]),
+                   resources=Resources(cpu=d["cpu"], memory_gb=d["memory_gb"],
+                                       disk_gb=d.get("disk_gb", 0)))
+
+
+def _controllers(spec: JobSpec) -> RemoteController | None:
+    """A job's TaskController: a tenant's URL, never called from the pass (the
+    dispatcher sends its requests)."""
+    if spec.task_controller is None:
+        return None
+    return RemoteController(spec.task_controller)
+
+
+class ControlPlane:
+    #: built from the store by ``build``
+    fleet: Fleet
+    region: PersistentRegion
+    allocator: PersistentAllocator
+    scheduler: Scheduler
+    persist: PersistentScheduler
+    jobs: JobStore
+
+    def __init__(self, store: Store, config: ControlPlaneConfig | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config = config or ControlPlaneConfig()
+        #: a shard sees its own records under /shards/S, and the region's as they are
+        self.shared: SharedRecords | None = None
+        if config.shard is not None:
+            store = ShardStore(store, config.shard)
+            with contextlib.suppress(Conflict):  # the front end finds the shards here
+                store.create(f"/frontend/shards/{config.shard}", b"{}")
+            self.shared = SharedRecords(store)  # (before the build: no change missed)
+        self.store = store
+        self.clock = clock
+        self.lock = threading.RLock()
+        now = clock()
+        self.meta = meta = Namespace(store, "/region")
+        try:
+            self.region_spec = parse(RegionSpec, json.loads(meta.get("/spec")[0]))
+        except NotFound:
+            self.region_spec = config.region
+            try:
+                meta.create("/spec", config.region.model_dump_json().encode())
+            except Conflict:  # another replica starting at once stored it first
+                self.region_spec = parse(RegionSpec, json.loads(meta.get("/spec")[0]))
+        self.events = EventLog(store, config.retention)
+        self.tokens = TokenStore(store)
+        self.logs = TaskLogs()
+        #: (job, index) -> "host:port" the task's agent reported
+        self.endpoints: dict[tuple[str, int], str] = {}
+        self.liveness = HealthCheck(config.heartbeat_timeout)
+        self.sim: Simulation | None = None
+        #: per machine: bumped whenever its desired set changes (agents long-poll it),
+        #: counted from a base set when this replica starts leading (a generation an
+        #: agent got from the previous leader is never taken for the current one)
+        self.generation: dict[str, int] = {}
+        self.gen_base = 0
+        #: per machine: (generation, desired set) as the last pass left it; an agent's
+        #: long-poll reads it without the lock
+        self.desired_view: dict[str, tuple[int, list[Assignment]]] = {}
+        self._created = time.monotonic()
+        #: a follower's copy of the job records (``keep_warm``), for a fast takeover
+        self.warm: WarmRecords | None = None
+        #: events recorded and not yet written, and the jobs whose records changed
+        #: since the last pass; both guarded by ``pending_lock`` (never held long)
+        self._pending: list[EventTuple] = []
+        self.pending_lock = threading.Lock()
+        self.inbox: set[str] = set()
+        #: set to start the next pass now
+        self.wake = threading.Event()
+        self.steps = 0
+        self.failures = 0
+        self.last_step: float | None = None
+        self.loop = Loop(self)
+        self.commands = JobCommands(self)
+        self.views = Views(self)
+        self.gateway = AgentGateway(self)
+        self.machine_ops = MachineOps(self)
+        self.membership = Membership(self)
+        self.controllers = Controllers(self)
+        self.build(now)
+
+    def _fleet(self) -> Fleet:
+        """The region's machines: the generated ones of its spec, then those their
+        agents registered (``/region/machines``), in the order they registered."""
+        base = generate(self.region_spec)
+        try:
+            names = self.meta.children("/machines")
+        except NotFound:
+            names = []
+        if not names:
+            return base
+        added = sorted((json.loads(self.meta.get(f"/machines/{n}")[0]) for n in names),
+                       key=lambda d: (d["seq"], d["id"]))
+        return Fleet.from_machines(
+            [base.machine(i) for i in range(len(base))] + [_machine(d) for d in added])
+
+    def take_over(self, fence: tuple[str, int] | None = None) -> None:
+        """This replica was elected leader: everything from the store as the previous
+        leader left it (jobs, tasks, placements, machine bindings, events), the loop not
+        yet running. Agents keep beating (they follow the leader by themselves), so a
+        machine has one heartbeat timeout to be heard from; or what is left of the
+        start-up grace, when this replica has just started (a cold start of the whole
+        control plane, its agents maybe starting too)."""
+        with self.lock:
+            now = self.clock()
+            self.events.refresh()
+            config = self.config
+            self.liveness = HealthCheck(config.heartbeat_timeout)
+            self.endpoints.clear()  # (reported again by the agents within a step)
+            grace = max(config.heartbeat_timeout, config.startup_grace
+                        - (time.monotonic() - self._created))
+            if self.warm is not None:
+                self.warm.refresh()  # what changed since the follower last looked
+            self.build(now, grace=grace, warm=self.warm)
+            self.persist.fence = fence  # (a rebuild on registration keeps it: _build)
+            self.generation.clear()
+            self.gen_base = int(time.time() * 1000)
+            self.steps = 0  # the first pass reads every stored job
+
+    def keep_warm(self) -> None:
+        """A follower's chore: catch up with the leader's event log and job records now
+        and then, so a takeover reads only what is new."""
+        self.events.refresh()
+        if self.warm is None:
+            self.warm = WarmRecords(self.store)
+        self.warm.refresh()
+
+    def build(self, now: float, grace: float | None = None,
+              warm: WarmRecords | None = None) -> None:
+        """Brokers, allocator and scheduler over the region's machines, from the store
+        (at start, and again when a machine registers: a new machine changes the index
+        every part is built on)."""
+        store, config = self.store, self.config
+        self.fleet = self._fleet()
+        self.region = PersistentRegion.load(self.fleet, store, now)
+        self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store,
+                                                  shared_pool=config.shard is not None)
+        self.allocator.defer()  # placements are written with the scheduler's state
+        self.scheduler = Scheduler(self.allocator, config.scheduler, now)
+        previous: PersistentScheduler | None = getattr(self, "persist", None)
+        fence = previous.fence if previous is not None else None
+        self.persist = PersistentScheduler.load(self.scheduler, store, now,
+                                                _controllers, warm=warm)
+        self.desired_view = {}
+        self.persist.fence = fence
+        self.persist.only_held = config.shard is not None
+        self.views.publish(None)
+        self.jobs = self.persist.jobs
+        start = config.sim_start_seconds
+
+        def behaviour(a: Assignment) -> Behaviour:
+            if a.spec.command in ("finish", "fail"):
+                return Behaviour(start_seconds=start, stop_seconds=start / 2,
+                                 finish_after=start, exit_code=int(a.spec.command == "fail"))
+            return Behaviour(start_seconds=start, stop_seconds=start / 2,
+                             crash=a.spec.command == "crash", crash_after=start)
+        old = self.sim
+        if config.sim_agents:
+            self.sim = Simulation(self.fleet, behaviour, scheduler=self.scheduler, now=now)
+            self.sim.output = []  # the simulated processes' output goes to the task logs
+            self.sim.carry_calls = False  # the dispatcher sends TaskControl calls
+            if old is not None:  # the simulated processes live on
+                self.sim.agents = old.agents
+            return
+        # real agents: a machine is up only while its agent beats
+        down = {e.id[len("health-"):] for e in self.region.events()
+                if e.id.startswith("health-")}
+        if self.shared is not None:  # a shard watches its own machines only
+            owned = {self.fleet.name(m) for m in range(len(self.fleet)) if self.membership.owns(m)}
+            for name in set(self.liveness.last) - owned:
+                self.membership.disown(name)
+            self.membership.owned = owned
+        for m in range(len(self.fleet)):
+            name = self.fleet.name(m)
+            if name in self.liveness.last:
+                continue  # (a rebuild: known already)
+            if self.shared is not None and name not in self.membership.owned:
+                continue
+            if name in down:
+                self.liveness.last[name] = float("-inf")
+                self.liveness.down.add(name)
+            else:
+                # its agent has a while to come back (it may be starting too)
+                self.liveness.watch(name, now, self.config.startup_grace
+                                    if grace is None else grace)
+
+    def known(self, machine: str) -> bool:
+        try:
+            self.fleet.index_of(machine)
+            return True
+        except NotFound:
+            return False
+
+    def entitlement_of(self, job: str) -> str | None:
+        try:
+            return self.jobs.get(job).entitlement
+        except NotFound:
+            return None
+
+    def notify(self, job: str) -> None:
+        """A job's record changed: apply it on the next pass, which starts now."""
+        with self.pending_lock:
+            self.inbox.add(job)
+        self.wake.set()
+
+    def record(self, source: str, kind: str, message: str, job: str | None = None,
+               entitlement: str | None = None, machine: str | None = None,
+               at: float | None = None) -> None:
+        with self.pending_lock:
+            self._pending.append((self.clock() if at is None else at, source, kind, message,
+                                  job, entitlement, machine))
+
+    def flush_events(self) -> None:
+        with self.pending_lock:
+            batch, self._pending = self._pending, []
+        try:
+            self.events.append(batch)
+        except BaseException:
+            with self.pending_lock:  # kept for the next flush
+                self._pending[:0] = batch[-self.config.retention.max_count:]
+            raise
+
+    def bootstrap_admin(self) -> str | None:
+        """At first start, an admin token (returned once); None if one exists."""
+        if any(t.role is Role.ADMIN and not t.revoked for t in self.tokens.list()):
+            return None
+        _, token = self.tokens.create(Role.ADMIN, "admin", self.clock(), "created at first start")
+        self.record("auth", "token_created", "admin token created at first start")
+        self.flush_events()
+        return token
+
+    def entitlement(self, name: str) -> Entitlement:
+        ent = self.allocator.entitlements.get(name)
+        if ent is None:
+            raise NotFound("entitlement", name)
+        return ent
+
+    def check_job(self, spec: JobSpec) -> None:
+        if spec.entitlement not in self.allocator.entitlements:
+            raise ValidationError("entitlement",
+                                  f"entitlement {spec.entitlement!r} does not exist")
+
+    def machine_index(self, machine: str) -> int:
+        try:
+            return self.fleet.index_of(machine)
+        except (KeyError, ValueError, NotFound):
+            raise NotFound("machine", machine) from None

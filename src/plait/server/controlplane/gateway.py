@@ -1,0 +1,111 @@
+"""The agent gateway: what agents call (their desired sets, heartbeats with their
+tasks' statuses, output). A heartbeat is taken at once and applied by the next pass,
+and a desired set is read from what the last pass left, so no agent call waits for a
+pass (decision 45)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from plait.model.task import TaskRef
+from plait.scheduler.records import Assignment, TaskStatus
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+#: (machine, its tasks' statuses, their endpoints, when it reported)
+Report = tuple[str, list[TaskStatus], dict[tuple[str, int], str], float]
+
+
+class AgentGateway:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        #: agents' reports taken by the API and applied by the next pass, and the
+        #: heartbeats' times, read by the next pass
+        self._reports: list[Report] = []
+        self._beats: dict[str, float] = {}
+
+    def take(self) -> tuple[list[Report], dict[str, float]]:
+        """The reports and heartbeats taken since the last pass (the pass's input)."""
+        with self.cp.pending_lock:
+            reports, self._reports = self._reports, []
+            beats, self._beats = self._beats, {}
+        return reports, beats
+
+    def desired(self, machine: str) -> list[Assignment]:
+        """The machine's desired set: as the last pass left it (no lock), or read under
+        the lock when no pass has touched it since this replica started leading."""
+        kept = self.desired_kept(machine)
+        if kept is not None:
+            return kept
+        with self.cp.lock:
+            self.cp.membership.check_owned(machine)
+            found = self.cp.scheduler.desired_for(machine)
+            # kept for the next reads (the pass changes sets and generations under
+            # the lock, so the two read here go together)
+            self.cp.desired_view[machine] = (self.desired_generation(machine), found)
+            return found
+
+    def desired_kept(self, machine: str) -> list[Assignment] | None:
+        """The machine's desired set as kept for its current generation, or None (a
+        read that never blocks: the agents' long-poll answers from it)."""
+        self.cp.membership.check_owned(machine)
+        kept = self.cp.desired_view.get(machine)
+        if kept is not None and kept[0] == self.desired_generation(machine):
+            return kept[1]
+        return None
+
+    def desired_generation(self, machine: str) -> int:
+        """Changes whenever the machine's desired set may have changed (a plain read:
+        an agent's long-poll checks it without the lock)."""
+        return self.cp.gen_base + self.cp.generation.get(machine, 0)
+
+    def task_output(self, machine: str, chunks: list[tuple[str, int, str]]) -> int:
+        """An agent's output of the tasks on its machine; output of a task the machine
+        does not hold (any more) is refused. Returns the chunks taken."""
+        with self.cp.lock:
+            m = self.cp.membership.check_owned(machine)
+            placed = self.cp.scheduler.placed.get(m, set())
+            taken = [(job, index, text) for job, index, text in chunks
+                     if TaskRef(job, index) in placed]
+        for job, index, text in taken:
+            self.cp.logs.append(job, index, machine, text)
+        return len(taken)
+
+    def task_logs(self, job: str, index: int, after: int,
+                  limit: int) -> tuple[str, int, bool, str | None]:
+        self.cp.jobs.get(job)
+        return self.cp.logs.read(job, index, after, limit)
+
+    def report(self, machine: str, statuses: list[TaskStatus],
+               endpoints: dict[tuple[str, int], str] | None = None) -> None:
+        """An agent's heartbeat: its tasks' statuses and where they listen. Taken at
+        once, without waiting for a pass (decision 45): the heartbeat counts from now,
+        the statuses are applied by the next pass."""
+        self.cp.membership.check_owned(machine)
+        now = self.cp.clock()
+        with self.cp.pending_lock:
+            self._beats[machine] = now
+            self._reports.append((machine, statuses, dict(endpoints or {}), now))
+        self.cp.wake.set()
+
+    def wait_for_agents(self, machines: list[str], timeout: float) -> int:
+        """Wait (at most ``timeout`` seconds) until every machine's agent has
+        heartbeated since this call; returns how many have."""
+        since = self.cp.clock()
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.cp.pending_lock:
+                beats = dict(self._beats)
+            with self.cp.lock:
+                beating = sum(1 for m in machines if max(
+                    self.cp.liveness.last.get(m, since), beats.get(m, since)) > since)
+            if beating == len(machines) or time.monotonic() > deadline:
+                return beating
+            time.sleep(0.05)
+
+    def joined(self, machine: str) -> None:
+        with self.cp.lock:
+            if self.cp.membership.owns(self.cp.machine_index(machine)):
+                self.cp.liveness.watch(machine, self.cp.clock())

@@ -1,0 +1,239 @@
+"""The loop: one pass applies stored job operations and agents' reports, runs the
+scheduler (or the simulated agents), stores the outcome and publishes the read views;
+TaskControl calls go out after the pass, off the lock. The loop also keeps the garbage
+collector's full passes off the request path and reports whether it is passing."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from plait.errors import NotFound, TransientError
+from plait.model.events import EventKind, UnavailabilityEvent
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+#: the interpreter's thread switch interval while a loop runs (seconds)
+SWITCH_INTERVAL = 0.001
+
+#: gen-1 collections between two automatic full ones: never, in effect (the loop runs
+#: them itself, ``Loop.collect``)
+FULL_COLLECTIONS_NEVER = 1 << 30
+
+#: an inbox entry that asks for every stored job
+RESYNC = "/all"
+
+
+class Loop:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sync_errors: dict[str, None] = {}
+        self._last_full = self._last_freeze = 0.0
+
+    def step(self) -> None:
+        """One pass: apply stored job operations, reconcile, store the outcome."""
+        with self.cp.lock:
+            now = self.cp.clock()
+            if self.cp.membership.stale:  # a handoff's rebuild failed: read everything again
+                self.cp.build(now)
+                self.cp.membership.stale = False
+                self.cp.steps = 0
+            if self.cp.shared is not None:
+                self.cp.membership.follow(now)
+            self.take_reports(now)
+            names = self.take_inbox()
+            try:
+                errors = self.cp.persist.sync(now, names)
+            finally:  # what could not be read or applied is tried again next pass
+                with self.cp.pending_lock:
+                    self.cp.inbox |= self.cp.persist.failed
+            for error in errors:
+                if error not in self._sync_errors:  # once, not on every pass
+                    self._sync_errors[error] = None
+                    while len(self._sync_errors) > 1000:
+                        del self._sync_errors[next(iter(self._sync_errors))]
+                    self.cp.record("scheduler", "operation_failed", error)
+            for answer in self.cp.controllers.take_answers():
+                self.cp.scheduler.answer(answer)
+            if self.cp.sim is not None:
+                self.cp.sim.step(now)
+                self.sim_output()
+            else:
+                self.check_health(now)
+                self.cp.region.tick(now)
+                self.cp.scheduler.tick(now)
+                # desired sets that changed (in this pass, or by reports since the
+                # last): wake the agents long-polling them (simulated agents are
+                # stepped by the simulation, which reads the same set); the set is
+                # kept first, then the generation bumped, so a long-poll never reads
+                # a generation newer than the set
+                touched, self.cp.scheduler.touched = self.cp.scheduler.touched, set()
+                gen, name, view = self.cp.generation, self.cp.fleet.name, self.cp.desired_view
+                for m in touched:
+                    key = name(m)
+                    g = gen.get(key, 0) + 1
+                    view[key] = (self.cp.gen_base + g, self.cp.scheduler.desired_for(key))
+                    gen[key] = g
+            calls = self.cp.scheduler.take_calls()
+            # events are attributed before the save drops the records of deleted jobs
+            events, self.cp.scheduler.events[:] = list(self.cp.scheduler.events), []
+            for ev in events:
+                job = self.cp.scheduler.jobs.get(ev.job)
+                ent = job.entitlement if job is not None else self.cp.entitlement_of(ev.job)
+                self.cp.record("scheduler", ev.kind, ev.message, job=ev.job, entitlement=ent,
+                               at=ev.time)
+            changed = self.cp.scheduler.changed_jobs
+            changed = None if changed is None else set(changed)
+            self.cp.persist.save(self.cp.allocator)
+            self.cp.views.publish(changed)
+            if self.cp.steps % self.cp.config.resync_passes == 0 and self.cp.steps:
+                with self.cp.pending_lock:  # a safety net: every stored job is looked at
+                    self.cp.inbox.add(RESYNC)
+            self.cp.steps += 1
+            self.cp.last_step = time.monotonic()
+            # before the lock goes: whoever reads the outcome of this pass (a job that
+            # failed) can read the events that say why
+            self.cp.flush_events()
+        if calls:  # TaskControl after the pass, off the lock (decision 45)
+            self.cp.controllers.send(calls)
+
+    def take_reports(self, now: float) -> None:
+        """Apply the agents' reports taken since the last pass, in order, and their
+        heartbeats."""
+        reports, beats = self.cp.gateway.take()
+        for machine, at in beats.items():
+            if self.cp.known(machine):
+                self.cp.liveness.beat(machine, at)
+        jobs = self.cp.scheduler.jobs
+        for machine, statuses, endpoints, at in reports:
+            try:
+                m = self.cp.membership.check_owned(machine)
+            except (NotFound, TransientError):
+                continue  # (the machine left this shard since it reported)
+            self.cp.scheduler.report(machine, statuses, max(at, self.cp.scheduler.now))
+            for (job, index), endpoint in endpoints.items():
+                found = jobs.get(job)
+                rec = found.tasks.get(index) if found is not None else None
+                if rec is not None and rec.machine == m:  # only where the task is placed
+                    self.cp.endpoints[(job, index)] = endpoint
+
+    def sim_output(self) -> None:
+        assert self.cp.sim is not None and self.cp.sim.output is not None
+        lines, self.cp.sim.output[:] = list(self.cp.sim.output), []
+        job_of = self.cp.scheduler.jobs.get
+        for ref, at, line in lines:
+            job = job_of(ref.job)
+            rec = job.tasks.get(ref.index) if job is not None else None
+            machine = self.cp.fleet.name(rec.machine) if rec is not None and (
+                rec.machine is not None) else "?"
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at))
+            self.cp.logs.append(ref.job, ref.index, machine, f"{stamp} {line}\n")
+
+    def take_inbox(self) -> list[str] | None:
+        with self.cp.pending_lock:
+            names, self.cp.inbox = self.cp.inbox, set()
+        if self.cp.steps == 0 or RESYNC in names:
+            return None  # every stored job
+        return sorted(names)
+
+    def collect(self, started: float) -> None:
+        """Keep the garbage collector's full passes off the request path: the region's
+        long-lived state (job records, specs) is frozen out of the collector every
+        ``gc_freeze_seconds`` after a young-generation pass, and a full collection runs
+        every ``gc_full_seconds`` (a full pass over 4,000 jobs' state takes about
+        0.1 s, which would otherwise land on whichever request comes next)."""
+        config = self.cp.config
+        if started - self._last_full >= config.gc_full_seconds:
+            gc.unfreeze()
+            gc.collect()
+            gc.freeze()
+            self._last_full = self._last_freeze = started
+        elif started - self._last_freeze >= config.gc_freeze_seconds:
+            gc.collect(1)
+            gc.freeze()
+            self._last_freeze = started
+
+    def run(self) -> None:
+        # the pass is CPU-bound Python: hand the interpreter to request threads every
+        # millisecond rather than every 5 (a request that waits for the GIL a few
+        # times would otherwise wait a pass's 5 ms slice each time)
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+        # full collections only from ``_collect``: an automatic one would scan what
+        # survived since the last freeze, 20-70 ms under a thousand busy jobs, on
+        # whichever request came next
+        young, middle, _ = gc.get_threshold()
+        gc.set_threshold(young, middle, FULL_COLLECTIONS_NEVER)
+        self._last_full = self._last_freeze = time.monotonic()
+        gc.collect()
+        gc.freeze()
+        while not self._stop.is_set():
+            self.cp.wake.clear()
+            started = time.monotonic()
+            try:
+                self.step()
+                self.collect(started)
+            except Exception as exc:  # the loop must outlive one bad pass (a store outage)
+                self.cp.failures += 1
+                self.cp.record("controlplane", "step_failed", f"{type(exc).__name__}: {exc}")
+                with contextlib.suppress(Exception):  # the store is still down: the
+                    self.cp.flush_events()                # events wait for the next flush
+            self.cp.wake.wait(self.cp.config.tick_seconds)
+            # a burst of requests is taken in batches, not one pass per request
+            rest = self.cp.config.min_pass_gap - (time.monotonic() - started)
+            if rest > 0:
+                self._stop.wait(rest)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self.run, name="plait-loop", daemon=True)
+            self._thread.start()
+
+    def health(self) -> tuple[bool, str]:
+        """Is the loop passing? (Not if no pass ended within 20 ticks, 10 s at least.)"""
+        if self._thread is None:
+            return True, "loop not running in this process"
+        if self.cp.last_step is None:
+            return False, "no pass finished yet"
+        late = time.monotonic() - self.cp.last_step
+        limit = max(10.0, 20 * self.cp.config.tick_seconds)
+        if late > limit:
+            return False, f"no pass finished for {late:.0f}s ({self.cp.failures} passes failed)"
+        return True, "ok"
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.cp.wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        if self.cp.controllers.dispatcher is not None:
+            self.cp.controllers.dispatcher.close()
+            self.cp.controllers.dispatcher = None
+
+    def check_health(self, now: float) -> None:
+        """Flow 2: a machine whose agent stopped heartbeating fails in its broker (its
+        tasks are disabled in discovery and replaced per TaskControl); one that is
+        back is healthy again."""
+        if self.cp.shared is not None:
+            self.cp.membership.track_owned(now)
+        went, came = self.cp.liveness.check(now)
+        for machine in went:
+            self.cp.region.add_event(UnavailabilityEvent(
+                f"health-{machine}", EventKind.FAILURE, (machine,), now, None,
+                f"no heartbeat for {self.cp.liveness.timeout:g}s"), now)
+            self.cp.record("health", "machine_unreachable",
+                           f"{machine}: no heartbeat for {self.cp.liveness.timeout:g}s",
+                           machine=machine)
+        for machine in came:
+            with contextlib.suppress(NotFound):
+                self.cp.region.end_event(f"health-{machine}", now)
+            self.cp.record("health", "machine_back", f"{machine}: heartbeating again",
+                           machine=machine)

@@ -1,0 +1,182 @@
+"""Machine operations: registration by an agent, failure and repair by an operator,
+cordon, drain, planned maintenance. Each goes to the region's brokers (which write it
+through) under the lock, and wakes the loop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from plait.errors import Conflict, NotFound, ValidationError
+from plait.model.events import EventKind, UnavailabilityEvent
+from plait.model.machine import Machine, MachineState
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+#: a drained machine stays out of service until uncordoned (at most this long)
+DRAIN_HOLD = 365 * 86400.0
+
+
+class MachineOps:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self._drains = 0
+
+    def register(self, machine: Machine) -> bool:
+        """A machine as its agent describes it. A machine the region has must match
+        (a conflict names what differs); a new one is stored and joins the region.
+        Returns whether it was new."""
+        with self.cp.lock:
+            try:
+                have = self.cp.fleet.machine(self.cp.fleet.index_of(machine.id))
+            except NotFound:
+                have = None
+            if have is not None:
+                differs: dict[str, tuple[str, str]] = {}
+                if have.fault_domain != machine.fault_domain:
+                    differs["fault_domain"] = (str(have.fault_domain), str(machine.fault_domain))
+                if have.type != machine.type:
+                    differs["type"] = (have.type, machine.type)
+                ours, theirs = have.resources.to_units(), machine.resources.to_units()
+                for i, f in enumerate(("cpu", "memory_gb")):
+                    if ours[i] != theirs[i]:
+                        differs[f] = (f"{getattr(have.resources, f):g}",
+                                      f"{getattr(machine.resources, f):g}")
+                if differs:
+                    raise Conflict(
+                        f"machine {machine.id}",
+                        ", ".join(f"{f} {a}" for f, (a, _) in differs.items()),
+                        ", ".join(f"{f} {b}" for f, (_, b) in differs.items()))
+                return False
+            if machine.fault_domain.region != self.cp.fleet.region:
+                raise ValidationError("fault_domain", f"this control plane runs region "
+                                      f"{self.cp.fleet.region!r}, not "
+                                      f"{machine.fault_domain.region!r}")
+            record = {"seq": len(self.cp.fleet), "id": machine.id, "type": machine.type,
+                      "fault_domain": str(machine.fault_domain),
+                      "cpu": machine.resources.cpu, "memory_gb": machine.resources.memory_gb,
+                      "disk_gb": machine.resources.disk_gb}
+            # (already stored by an attempt that did not finish: rebuilt below)
+            with contextlib.suppress(Conflict):
+                self.cp.meta.create(f"/machines/{machine.id}", json.dumps(record).encode())
+            now = self.cp.clock()
+            events, self.cp.scheduler.events[:] = list(self.cp.scheduler.events), []
+            for ev in events:
+                self.cp.record("scheduler", ev.kind, ev.message, job=ev.job, at=ev.time)
+            self.cp.persist.save(self.cp.allocator)  # nothing in memory is lost by the rebuild
+            self.cp.build(now)
+            self.cp.record("broker", "machine_registered",
+                           f"{machine.id}: {machine.type} in {machine.fault_domain}, "
+                           f"{machine.resources.cpu:g} cpu, {machine.resources.memory_gb:g} GB",
+                           machine=machine.id)
+        self.cp.wake.set()
+        return True
+
+    def event_id(self, prefix: str, machine: str) -> str:
+        with self.cp.lock:
+            self._drains += 1
+            return f"{prefix}-{machine}-{int(self.cp.clock() * 1000)}-{self._drains}"
+
+    def fail_machine(self, machine: str, reason: str = "marked failed by an operator") -> str:
+        m = self.cp.machine_index(machine)
+        with self.cp.lock:
+            if self.cp.region.broker_of(m).state(m) is MachineState.FAILED:
+                raise Conflict(f"machine {machine}", "healthy", "failed")
+            now = self.cp.clock()
+            event_id = self.event_id("failure", machine)
+            self.cp.region.add_event(UnavailabilityEvent(event_id, EventKind.FAILURE, (machine,),
+                                                         now, None, reason), now)
+            if self.cp.sim is not None:
+                self.cp.sim.agent(m).fail()
+        self.cp.record("broker", "machine_failed", f"{machine}: {reason}", machine=machine)
+        self.cp.wake.set()
+        return event_id
+
+    def repair_machine(self, machine: str) -> list[str]:
+        m = self.cp.machine_index(machine)
+        with self.cp.lock:
+            now = self.cp.clock()
+            ended = [e.id for e in self.cp.region.broker_of(m).events_for(m)
+                     if e.kind is EventKind.FAILURE]
+            for event_id in ended:
+                self.cp.region.end_event(event_id, now)
+            if self.cp.sim is not None:
+                self.cp.sim.agent(m).repair()
+                self.cp.sim._busy.add(m)
+        if not ended:
+            raise Conflict(f"machine {machine}", "failed", "not failed")
+        self.cp.record("broker", "machine_repaired", machine, machine=machine)
+        self.cp.wake.set()
+        return ended
+
+    def cordon(self, machine: str, cordoned: bool) -> dict[str, Any]:
+        m = self.cp.machine_index(machine)
+        with self.cp.lock:
+            self.cp.region.set_cordon(m, cordoned)
+            ended = []
+            if not cordoned:  # uncordon also ends drains that have not finished
+                now = self.cp.clock()
+                for event in self.cp.region.broker_of(m).events_for(m):
+                    if event.reason == "drain":
+                        self.cp.region.end_event(event.id, now)
+                        ended.append(event.id)
+            view = self.cp.views.machine_view(m)
+        self.cp.record("broker", "machine_cordoned" if cordoned else "machine_uncordoned",
+                       machine + (f" (ended {', '.join(ended)})" if ended else ""), machine=machine)
+        self.cp.wake.set()
+        return view
+
+    def drain(self, machine: str, deadline_seconds: float | None = None) -> str:
+        """Move every task off the machine through TaskControl; what is left at the
+        deadline is stopped. The machine stays out of service until uncordoned."""
+        m = self.cp.machine_index(machine)
+        deadline = self.cp.config.drain_deadline_seconds if deadline_seconds is None \
+            else deadline_seconds
+        if deadline < 0:
+            raise ValidationError("deadline_seconds", "must be >= 0")
+        with self.cp.lock:
+            now = self.cp.clock()
+            self.cp.region.set_cordon(m, True)
+            event_id = self.event_id("drain", machine)
+            self.cp.region.add_event(UnavailabilityEvent(event_id, EventKind.MAINTENANCE,
+                                                         (machine,), now + deadline,
+                                                         now + deadline + DRAIN_HOLD, "drain"),
+                                     now)
+        self.cp.record("broker", "machine_drain", f"{machine}: tasks move within {deadline:g}s "
+                       f"({event_id})", machine=machine)
+        self.cp.wake.set()
+        return event_id
+
+    def schedule_maintenance(self, machines: list[str], start: float, duration: float,
+                             reason: str = "maintenance") -> str:
+        if not machines:
+            raise ValidationError("machines", "give at least one machine")
+        if duration <= 0:
+            raise ValidationError("duration_seconds", "must be > 0")
+        for machine in machines:
+            self.cp.machine_index(machine)
+        with self.cp.lock:
+            now = self.cp.clock()
+            self._drains += 1
+            event_id = f"maintenance-{int(now * 1000)}-{self._drains}"
+            self.cp.region.add_event(UnavailabilityEvent(event_id, EventKind.MAINTENANCE,
+                                                         tuple(machines), start, start + duration,
+                                                         reason), now)
+        self.cp.record("broker", "maintenance_scheduled",
+                       f"{event_id}: {len(machines)} machines from {start:.0f} for {duration:g}s "
+                       f"({reason})")
+        self.cp.wake.set()
+        return event_id
+
+    def maintenance(self) -> list[dict[str, Any]]:
+        with self.cp.lock:
+            events: dict[str, UnavailabilityEvent] = {}
+            machines: dict[str, list[str]] = {}
+            for event in self.cp.region.events():
+                events[event.id] = event
+                machines.setdefault(event.id, []).extend(event.machines)
+        return [{"id": e.id, "kind": e.kind.value, "machines": sorted(machines[e.id]),
+                 "start": e.start, "end": e.end, "reason": e.reason}
+                for e in sorted(events.values(), key=lambda e: (e.start, e.id))]

@@ -1,0 +1,245 @@
+"""What readers see: jobs, tasks, discovery, entitlements, machines, and the dry run
+of a deploy. Job reads never take the lock: each pass publishes a ``JobState`` per
+job it changed (decision 45)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from plait.allocator import AllocationRequest
+from plait.errors import NotFound
+from plait.model import Fleet, JobSpec
+from plait.model.task import TaskState
+from plait.scheduler import Scheduler
+from plait.scheduler.records import JobRecord
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What readers see of a job's tasks: made by a pass under the lock, read
+    without it."""
+
+    entitlement: str
+    target: int
+    records: int
+    counts: dict[str, int]
+    serving: int
+    updated: int
+    halted: str | None
+    rollout_active: bool
+    moving_from: str | None
+    on_entitlement: int
+    unplaced_reason: str | None
+    error: str | None
+    unavailable: int
+    tasks: tuple[dict[str, Any], ...]
+    #: (index, machine) of the tasks enabled in service discovery
+    serving_on: tuple[tuple[int, str], ...]
+    #: the last operation of the job's log the scheduler has applied
+    applied_operation: int
+    #: operations wanted, acked or under way (a restart, an update, a move...)
+    busy: bool
+
+    @classmethod
+    def of(cls, sched: Scheduler, job: JobRecord, fleet: Fleet,
+           applied: int) -> JobState:
+        counts: dict[str, int] = {}
+        serving = updated = 0
+        target, running = job.target, TaskState.RUNNING
+        tasks = []
+        serving_on = []
+        for r in sorted(job.tasks.values(), key=lambda r: r.index):
+            counts[r.state.value] = counts.get(r.state.value, 0) + 1
+            serving += r.serving
+            updated += r.spec_version == target and r.state is running and r.healthy
+            machine = None if r.machine is None else fleet.name(r.machine)
+            tasks.append({"index": r.index, "state": r.state.value, "version": r.spec_version,
+                          "machine": machine, "serving": r.serving, "healthy": r.healthy,
+                          "exit_code": r.exit_code,
+                          "operation": None if r.op is None else r.op.kind.value})
+            if r.serving and machine is not None:
+                serving_on.append((r.index, machine))
+        return cls(job.entitlement, target, len(job.tasks), counts, serving, updated, job.halted,
+                   job.rollout_active, job.moving_from, sched.on_entitlement(job),
+                   job.unplaced_reason, job.error, sched.unavailable(job), tuple(tasks),
+                   tuple(serving_on), applied,
+                   bool(job.offers or job.acked or job.in_progress
+                        or any(r.restart for r in job.tasks.values())))
+
+
+class Views:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        #: per job: what readers see of its tasks, as the last pass left them
+        self._views: dict[str, JobState] = {}
+
+
+    def publish(self, changed: set[str] | None) -> None:
+        """Keep the read views of the jobs this pass changed (``None``: every job),
+        so readers never take the lock (decision 45)."""
+        sched, views = self.cp.scheduler, self._views
+        for name in list(sched.jobs) if changed is None else changed:
+            job = sched.jobs.get(name)
+            if job is None:
+                views.pop(name, None)
+            else:
+                views[name] = JobState.of(sched, job, self.cp.fleet,
+                                          self.cp.persist.applied.get(name, 0))
+        if changed is None:
+            for name in [n for n in views if n not in sched.jobs]:
+                del views[name]
+
+    def entitlement_view(self, name: str) -> dict[str, Any]:
+        """(No lock: plain reads of the allocator's counters and the jobs' views.)"""
+        ent = self.cp.entitlement(name)
+        usage = self.cp.allocator.usage(name)
+        jobs = sorted(n for n, v in list(self._views.items()) if v.entitlement == name)
+        return {**ent.model_dump(mode="json"), "machines": usage.machines,
+                "rru": round(usage.rru, 3), "jobs": jobs}
+
+    def job_view(self, name: str) -> dict[str, Any]:
+        """The job as stored (spec, versions) and as the last pass left its tasks (no
+        lock: a read never waits for a pass)."""
+        doc = self.cp.jobs.get(name)
+        job = self._views.get(name)
+        counts = job.counts if job is not None else {}
+        spec = doc.spec
+        succeeded = counts.get(TaskState.SUCCEEDED.value, 0)
+        failed = counts.get(TaskState.DEAD.value, 0)
+        if not spec.restart.batch:
+            phase = "running"
+        elif failed:
+            phase = "failed"  # a task exhausted its retries (the others run on)
+        elif (job is not None and job.target == len(doc.versions)
+              and succeeded == spec.task_count == job.records):
+            phase = "complete"
+        else:
+            phase = "running"
+        updated = job.updated if job is not None else 0
+        return {
+            "name": name, "entitlement": doc.entitlement, "version": len(doc.versions),
+            "applied_version": job.target if job else 0,
+            "spec": doc.spec.model_dump(mode="json"), "deleting": doc.deleting,
+            "task_count": doc.spec.task_count, "tasks": dict(counts),
+            "serving": job.serving if job else 0,
+            "updated": updated, "halted": job.halted if job else None,
+            "rollout_active": bool(job and (job.rollout_active or job.busy)),
+            "moving_from": job.moving_from if job else None,
+            "on_entitlement": job.on_entitlement if job else 0,
+            "unplaced_reason": job.unplaced_reason if job else None,
+            "error": job.error if job else None,
+            "unavailable": job.unavailable if job else doc.spec.task_count,
+            "batch": spec.restart.batch, "phase": phase, "succeeded": succeeded,
+            "failed": failed, "running": counts.get(TaskState.RUNNING.value, 0),
+            # the operations stored so far are applied, and nothing is under way
+            "applied_operation": job.applied_operation if job else 0,
+            "settled": bool(job and job.target == len(doc.versions) and not doc.deleting
+                            and job.applied_operation >= doc.seq and not job.busy
+                            and updated == doc.spec.task_count
+                            and job.records == doc.spec.task_count),
+        }
+
+    def job_names(self, entitlements: set[str] | None = None) -> list[str]:
+        names = self.cp.jobs.names()
+        if entitlements is None:
+            return names
+        return [n for n in names if self.cp.entitlement_of(n) in entitlements]
+
+    def tasks_view(self, name: str) -> list[dict[str, Any]]:
+        self.cp.jobs.get(name)  # NotFound for an unknown job
+        job = self._views.get(name)
+        return [dict(t) for t in job.tasks] if job is not None else []
+
+    def discovery(self, name: str) -> list[dict[str, Any]]:
+        self.cp.jobs.get(name)
+        job = self._views.get(name)
+        if job is None:
+            return []
+        endpoints = self.cp.endpoints
+        return [{"index": i, "machine": m, "endpoint": endpoints.get((name, i))}
+                for i, m in job.serving_on]
+
+    def plan(self, spec: JobSpec) -> dict[str, Any]:
+        """What deploying ``spec`` would do, changing nothing: the spec fields that
+        differ from the current version, and where new tasks would go."""
+        self.cp.check_job(spec)
+        try:
+            current: JobSpec | None = self.cp.jobs.get(spec.name).spec
+        except NotFound:
+            current = None
+        changes = {}
+        if current is not None:
+            old, new = current.model_dump(mode="json"), spec.model_dump(mode="json")
+            changes = {k: {"from": old.get(k), "to": new.get(k)}
+                       for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
+        with self.cp.lock:
+            job = self.cp.scheduler.jobs.get(spec.name)
+            have = set(job.tasks) if job is not None else set()
+            request = AllocationRequest.of(
+                spec.name, spec.entitlement, spec.resources,
+                allocate=[i for i in range(spec.task_count)], policy=spec.policy)
+            plan = self.cp.allocator.propose(request)
+            fleet = self.cp.fleet
+            by_dc: dict[str, int] = {}
+            for _, m in plan.assign + plan.keep:
+                dc = fleet.fault_domain(m).dc
+                by_dc[dc] = by_dc.get(dc, 0) + 1
+            runtime_changed = current is not None and any(
+                k not in ("task_count",) for k in changes)
+            return {
+                "job": spec.name, "action": "create" if current is None else (
+                    "none" if not changes else "update"),
+                "changes": changes,
+                "tasks_added": max(0, spec.task_count - len(have)),
+                "tasks_removed": max(0, len(have) - spec.task_count),
+                "tasks_updated": min(len(have), spec.task_count) if runtime_changed else 0,
+                "max_unavailable": spec.update.resolve(spec.task_count),
+                "placement": {"placeable": len(plan.assign) + len(plan.keep),
+                              "machines_to_claim": len(plan.claims), "by_dc": by_dc,
+                              "unplaced": len(plan.unplaced),
+                              "unplaced_reason": plan.unplaced[0][1] if plan.unplaced else None},
+            }
+
+    def machine_view(self, m: int) -> dict[str, Any]:
+        fleet = self.cp.fleet
+        broker = self.cp.region.broker_of(m)
+        fd = fleet.fault_domain(m)
+        res = fleet.resources(m)
+        name = fleet.name(m)
+        return {
+            "id": name, "state": broker.state(m).value, "cordoned": broker.cordoned(m),
+            "entitlement": broker.entitlement_of(m),
+            "fault_domain": {"dc": fd.dc, "msb": fd.msb, "row": fd.row, "rack": fd.rack},
+            "type": fleet.type_names[int(fleet.type_code[m])],
+            "cpu": res.cpu, "memory_gb": res.memory_gb,
+            "tasks": len(self.cp.scheduler.desired.get(m, {})),
+            "events": [e.id for e in broker.events_for(m)],
+        }
+
+    def machines(self, state: str | None = None, entitlement: str | None = None,
+                 offset: int = 0, limit: int = 100) -> tuple[list[dict[str, Any]], int]:
+        with self.cp.lock:
+            found = []
+            total = 0
+            for m in range(len(self.cp.fleet)):
+                broker = self.cp.region.broker_of(m)
+                if state is not None and broker.state(m).value != state:
+                    continue
+                if entitlement is not None and broker.entitlement_of(m) != entitlement:
+                    continue
+                if offset <= total < offset + limit:
+                    found.append(self.machine_view(m))
+                total += 1
+            return found, total
+
+    def machine(self, machine: str) -> dict[str, Any]:
+        m = self.cp.machine_index(machine)
+        with self.cp.lock:
+            view = self.machine_view(m)
+            view["assigned"] = [f"{a.job}/{a.index}"
+                                for a in self.cp.scheduler.desired_for(machine)]
+            return view
