@@ -19,6 +19,7 @@ from plait.model import (
     Resources,
     generate,
 )
+from plait.scheduler.wiring import wire
 
 SMALL = Resources(cpu=16, memory_gb=64, disk_gb=1024)
 
@@ -43,9 +44,8 @@ class Cluster:
 
     @classmethod
     def of(cls, fleet: Fleet) -> Cluster:
-        region = Region(fleet)
-        index = MachineIndex(fleet, region)
-        return cls(fleet, region, index, Allocator(index))
+        core = wire(fleet)
+        return cls(fleet, core.region, core.index, core.allocator)
 
     @classmethod
     def generated(cls, seed: int = 0, **spec: object) -> Cluster:

@@ -39,9 +39,8 @@ def region_describe(
     as_json: Annotated[bool, typer.Option("--json", help="print JSON instead of a table")] = False,
 ) -> None:
     """Generate a region and summarise it: fault domains, machine types, capacity."""
-    from plait.allocator import MachineIndex
-    from plait.broker import Region
     from plait.model import RegionSpec, describe, generate
+    from plait.scheduler.wiring import wire
 
     t0 = time.perf_counter()
     try:
@@ -49,7 +48,7 @@ def region_describe(
     except PlaitError as exc:
         raise refuse(exc) from None
     fleet = generate(spec, seed=seed)
-    index = MachineIndex(fleet, Region(fleet))
+    index = wire(fleet).index
     seconds = time.perf_counter() - t0
     summary = dict(describe(fleet))
     summary["index_bytes_per_machine"] = round(index.nbytes() / len(fleet), 1)
@@ -74,11 +73,11 @@ def demo(
     (the paper's Figure 7), run the allocator benchmark and a simulated rollout."""
     from rich.console import Console
 
-    from plait.allocator import AllocationRequest, Allocator, MachineIndex
+    from plait.allocator import AllocationRequest
     from plait.bench import allocator as bench
-    from plait.broker import Region
     from plait.cli.main import app
     from plait.model import Entitlement, Quota, RegionSpec, Resources, generate
+    from plait.scheduler.wiring import wire
 
     out = Console()
     examples = Path(__file__).resolve().parents[3] / "examples"
@@ -89,9 +88,8 @@ def demo(
     else:
         out.print("(examples/ not found: skipping the region on this box)")
     fleet = generate(RegionSpec.sized(machines))
-    region = Region(fleet)
-    index = MachineIndex(fleet, region)
-    alloc = Allocator(index)
+    core = wire(fleet)
+    alloc = core.allocator
     out.rule(f"[bold]region {fleet.region}: {len(fleet):,} machines, "
              f"{len(fleet.level_names['dc'])} DCs, {len(fleet.level_names['msb'])} MSBs")
     alloc.define(Entitlement(name="web", owner="web-team", quota=Quota(machines=100)))

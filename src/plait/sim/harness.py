@@ -13,12 +13,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from plait.allocator import Allocator, MachineIndex
-from plait.broker import Region
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.model.task import TaskRef
 from plait.model.topology import Fleet
 from plait.scheduler import Scheduler, SchedulerConfig
+from plait.scheduler.wiring import wire
 from plait.sim.agents import BehaviourFn, SimAgent, default_behaviour
 from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall, TaskController
 
@@ -33,8 +32,7 @@ class Simulation:
         ``scheduler`` (a control plane running without real agents)."""
         self.fleet = fleet
         if scheduler is None:
-            region = Region(fleet)
-            scheduler = Scheduler(Allocator(MachineIndex(fleet, region)), config)
+            scheduler = wire(fleet, config).scheduler
         self.scheduler = scheduler
         self.allocator = scheduler.allocator
         self.index = scheduler.allocator.index

@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plait.allocator import Allocator, MachineIndex
-from plait.broker import FREE, Region
+from plait.allocator import Allocator
+from plait.broker import FREE
 from plait.errors import NotFound, ValidationError
 from plait.model.entitlement import Entitlement, least_loaded, shard_weight
 from plait.model.job import JobSpec
 from plait.model.topology import Fleet
 from plait.scheduler import JobRecord, Phase, Scheduler, SchedulerConfig, TaskStatus
+from plait.scheduler.wiring import wire_shards
 
 
 @dataclass(eq=False)
@@ -69,11 +70,9 @@ class ShardedRegion:
         if shards < 1:
             raise ValidationError("shards", "a region needs at least one shard")
         self.fleet = fleet
-        self.region = Region(fleet)
         #: the one region-wide index every shard's allocator reads and writes
-        self.index = MachineIndex(fleet, self.region)
-        self.shards = [Shard(k, Scheduler(Allocator(self.index), config, now))
-                       for k in range(shards)]
+        self.region, self.index, schedulers = wire_shards(fleet, shards, config, now)
+        self.shards = [Shard(k, scheduler) for k, scheduler in enumerate(schedulers)]
         #: entitlement -> shard number
         self.shard_map: dict[str, int] = {}
         self._mean_rru = max(1, int(fleet.cpu.sum(dtype=np.int64)) // len(fleet))

@@ -43,6 +43,7 @@ from plait.persist.scheduler import JobStore, PersistentScheduler
 from plait.persist.warm import WarmRecords
 from plait.scheduler import Scheduler
 from plait.scheduler.records import Assignment
+from plait.scheduler.wiring import wire
 from plait.server.auth import Role, TokenStore
 from plait.server.controlplane.commands import JobCommands
 from plait.server.controlplane.config import ControlPlaneConfig
@@ -197,12 +198,18 @@ class ControlPlane:
         (at start, and again when a machine registers: a new machine changes the index
         every part is built on)."""
         store, config = self.store, self.config
-        self.fleet = self._fleet()
-        self.region = PersistentRegion.load(self.fleet, store, now)
-        self.allocator = PersistentAllocator.load(MachineIndex(self.fleet, self.region), store,
-                                                  shared_pool=config.shard is not None)
+        self.fleet = fleet = self._fleet()
+        allocators: list[PersistentAllocator] = []
+
+        def allocator(index: MachineIndex) -> PersistentAllocator:
+            allocators.append(PersistentAllocator.load(
+                index, store, shared_pool=config.shard is not None))
+            return allocators[0]
+        region = PersistentRegion.load(fleet, store, now)
+        self.scheduler = wire(fleet, config.scheduler, now, region=region,
+                              allocator=allocator).scheduler
+        self.region, self.allocator = region, allocators[0]
         self.allocator.defer()  # placements are written with the scheduler's state
-        self.scheduler = Scheduler(self.allocator, config.scheduler, now)
         previous: PersistentScheduler | None = getattr(self, "persist", None)
         fence = previous.fence if previous is not None else None
         self.persist = PersistentScheduler.load(self.scheduler, store, now,
