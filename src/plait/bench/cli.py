@@ -9,12 +9,14 @@ through ``PLAIT_URL``/``PLAIT_TOKEN``:
   nothing new), each a whole process from start to exit;
 * ``cli_parallel_deploys_per_s``: ``parallel`` deploys of distinct one-task jobs
   from ``shells`` shells at once, each shell running its share one after another;
-  the rate is the deploys over the wall time of the whole batch. Every job is
-  checked to be stored afterwards.
+  the rate is the deploys over the wall time of the whole batch, with YAML spec
+  files; ``cli_parallel_deploys_per_s_json`` the same with JSON spec files (read
+  without a YAML parser). Every job is checked to be stored afterwards.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from plait.bench.api import Server
 
@@ -68,36 +71,45 @@ def run(sequential: int = 20, parallel: int = 200, shells: int = 8,
             took, code, why = deploy(first)
             times.append(took)
             failures += code != 0
-        specs = []
-        for i in range(parallel):
-            path = Path(tmp) / f"job{i:04d}.yaml"
-            path.write_text(SPEC.format(name=f"cli-{i:04d}"))
-            specs.append(path)
         errors: list[str] = []
 
-        def shell(share: list[Path]) -> None:
-            for path in share:
-                _, code, why = deploy(path)
-                if code != 0:
-                    errors.append(why)
+        def burst(prefix: str, as_json: bool) -> float:
+            """``parallel`` deploys of new jobs from ``shells`` shells: the wall time."""
+            specs = []
+            for i in range(parallel):
+                name = f"{prefix}{i:04d}"
+                path = Path(tmp) / f"{name}.{'json' if as_json else 'yaml'}"
+                path.write_text(json.dumps(yaml.safe_load(SPEC.format(name=name)))
+                                if as_json else SPEC.format(name=name))
+                specs.append(path)
 
-        workers = [threading.Thread(target=shell, args=(specs[k::shells],))
-                   for k in range(shells)]
-        started = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        wall = time.perf_counter() - started
+            def shell(share: list[Path]) -> None:
+                for path in share:
+                    _, code, why = deploy(path)
+                    if code != 0:
+                        errors.append(why)
+
+            workers = [threading.Thread(target=shell, args=(specs[k::shells],))
+                       for k in range(shells)]
+            started = time.perf_counter()
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            return time.perf_counter() - started
+
+        wall = burst("cli-", as_json=False)
+        wall_json = burst("cli-json-", as_json=True)
         listed = httpx.get(f"{server.url}/v1/jobs", timeout=60,
                            headers={"Authorization": f"Bearer {server.token}"}).json()["jobs"]
-        stored = sum(1 for j in listed if j["name"].startswith("cli-0"))
+        stored = sum(1 for j in listed if j["name"].startswith(("cli-0", "cli-json-")))
     ms = sorted(t * 1000 for t in times)
     return {
         "cli_deploy_ms": round(statistics.median(ms), 1),
         "cli_deploy_min_ms": round(ms[0], 1), "cli_deploy_max_ms": round(ms[-1], 1),
         "sequential": sequential, "sequential_failures": failures,
         "cli_parallel_deploys_per_s": round(parallel / wall, 1),
+        "cli_parallel_deploys_per_s_json": round(parallel / wall_json, 1),
         "parallel": parallel, "shells": shells, "parallel_failures": len(errors),
         "parallel_jobs_stored": stored, "parallel_wall_s": round(wall, 2),
         "first_error": errors[0] if errors else None,
