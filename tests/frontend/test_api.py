@@ -217,6 +217,12 @@ def test_dry_run_shows_the_plan_and_changes_nothing(live):
     assert plan["changes"]["command"] == {"from": "serve", "to": "v2"}
     assert plan["tasks_added"] == 2 and plan["tasks_updated"] == 6
     assert len(live.cp.jobs.get("web").versions) == 1
+    # pacing and the TaskController do not change how a task runs: nothing updated
+    plan = live.admin.put("/v1/jobs/web", params={"dry_run": "true"}, json={
+        **SPEC, "update": {"max_unavailable": 3}, "task_controller": "http://10.0.0.1/tc"}
+                          ).json()
+    assert plan["action"] == "update" and plan["tasks_updated"] == 0
+    assert set(plan["changes"]) == {"update", "task_controller"}
 
 
 def test_an_acknowledged_create_is_stored_before_the_scheduler_sees_it(tmp_path):

@@ -28,7 +28,7 @@ def test_an_update_plans_one_offer_per_task_and_changes_nothing_until_applied():
     sim, s, job = settled_world()
     s.update_job(job.spec.model_copy(update={"command": "serve2"}), sim.now)
     before = snapshot(job)
-    plan = plan_wanted(job, {})
+    plan = plan_wanted(job, {}, sim.now)
     assert snapshot(job) == before  # planning is a computation
     assert [i for i, _ in plan.offers] == list(range(6))
     assert all(w == ((OpKind.UPDATE, "update to version 2"),) for _, w in plan.offers)
@@ -36,13 +36,13 @@ def test_an_update_plans_one_offer_per_task_and_changes_nothing_until_applied():
     apply.wanted(s, job, plan, sim.now)
     assert sorted(job.offers) == list(range(6))
     assert sorted(job.serials.values()) == [1, 2, 3, 4, 5, 6]  # stable ids, in task order
-    assert plan_wanted(job, {}).offers == []  # offered once: unchanged next time
+    assert plan_wanted(job, {}, sim.now).offers == []  # offered once: unchanged next time
 
 
 def test_a_resize_down_offers_stops_and_a_resize_only_version_retags_in_place():
     sim, s, job = settled_world()
     s.resize("web", 4, sim.now)
-    plan = plan_wanted(job, {})
+    plan = plan_wanted(job, {}, sim.now)
     assert plan.offers == [(4, ((OpKind.STOP, RESIZE),)), (5, ((OpKind.STOP, RESIZE),))]
     assert plan.retag == [0, 1, 2, 3]  # same runtime: nothing restarts
 
@@ -50,18 +50,18 @@ def test_a_resize_down_offers_stops_and_a_resize_only_version_retags_in_place():
 def test_builtin_acks_stay_within_max_unavailable_and_execution_within_tokens():
     sim, s, job = settled_world(max_unavailable=2)
     s.update_job(job.spec.model_copy(update={"command": "serve2"}), sim.now)
-    apply.wanted(s, job, plan_wanted(job, {}), sim.now)
-    assert acks.builtin_acks(job) == [0, 1]  # the budget: two tasks down at once
-    apply.acks(s, job, acks.builtin_acks(job))
+    apply.wanted(s, job, plan_wanted(job, {}, sim.now), sim.now)
+    assert acks.builtin_acks(job, sim.now) == [0, 1]  # the budget: two tasks down at once
+    apply.acks(s, job, acks.builtin_acks(job, sim.now))
     assert sorted(op.task.index for op in job.acked.values()) == [0, 1]
-    one = execution.plan_execution(job, tokens=1)
+    one = execution.plan_execution(job, 1, sim.now)
     assert [op.task.index for op, _ in one.start] == [0] and one.throttled
-    both = execution.plan_execution(job, tokens=5)
+    both = execution.plan_execution(job, 5, sim.now)
     assert [(op.task.index, costs) for op, costs in both.start] == [(0, True), (1, True)]
     assert not both.throttled and not both.obsolete
     apply.execution(s, job, both, sim.now)
     assert {i for i, r in job.tasks.items() if r.op is not None} == {0, 1}
-    assert acks.builtin_acks(job) == []  # two down: the budget is spent
+    assert acks.builtin_acks(job, sim.now) == []  # two down: the budget is spent
 
 
 def test_placement_plans_one_request_per_version_for_pending_tasks():

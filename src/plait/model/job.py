@@ -34,6 +34,15 @@ class UpdatePolicy(Value):
     #: a restarted task counts as healthy (its operation complete) only after
     #: running healthy this long
     min_ready_seconds: float = pydantic.Field(default=0.0, ge=0)
+    #: a task that was serving and fails its health probe still counts as serving
+    #: this long: planned operations take it down only within max_unavailable (it
+    #: may be recovering: a leader election, a compaction); after that it is free to
+    #: replace, as an exited or lost task is
+    serving_grace_seconds: float = pydantic.Field(default=60.0, ge=0, le=86_400)
+    #: a task of a rollout's new version that runs but has not passed its health
+    #: probe after this long failed to become healthy (it counts toward
+    #: ``halt_after_failures``, as a task that exits does)
+    ready_timeout_seconds: float = pydantic.Field(default=120.0, gt=0, le=86_400)
 
     @pydantic.field_validator("max_unavailable", mode="before")
     @classmethod
@@ -103,8 +112,9 @@ class HealthProbe(Value):
     """How the agent checks that a running task is healthy. Without a probe, a task
     is healthy while its process runs. With one, it is unhealthy from its start until
     the probe first passes, and again after ``failure_threshold`` failures in a row;
-    only healthy tasks are enabled in service discovery, and an update moves on only
-    once the updated task is healthy.
+    only healthy tasks are enabled in service discovery (readiness), an update moves
+    on only once the updated task is healthy, and with ``restart_after_seconds`` a
+    task failing its probe that long is restarted (liveness).
 
     ``http``: a path, fetched with GET from ``http://ADDRESS:PLAIT_PORT/path``; any
     2xx or 3xx answer within ``timeout_seconds`` passes. ``command``: run with the
@@ -116,6 +126,10 @@ class HealthProbe(Value):
     interval_seconds: float = pydantic.Field(default=1.0, ge=0.1, le=3600)
     timeout_seconds: float = pydantic.Field(default=1.0, ge=0.05, le=600)
     failure_threshold: int = pydantic.Field(default=3, ge=1, le=100)
+    #: liveness: a running task failing its probe this long is restarted, as a
+    #: planned operation within max_unavailable (None: never; the probe then only
+    #: gates service discovery, as a readiness probe does)
+    restart_after_seconds: float | None = pydantic.Field(default=None, ge=1, le=86_400)
 
     @pydantic.field_validator("http")
     @classmethod

@@ -17,18 +17,22 @@ from __future__ import annotations
 from plait.model.task import TaskState
 from plait.model.topology import Fleet
 from plait.scheduler.lifecycle import FINISHED
-from plait.scheduler.plans import FAILURE, offered_ops
+from plait.scheduler.plans import FAILURE, lapsed, offered_ops
 from plait.scheduler.records import JobRecord
 from plait.taskcontrol.protocol import OpKind, TaskControlRequest, TaskControlResponse, TaskOp
 
 
-def builtin_acks(job: JobRecord) -> list[int]:
+def builtin_acks(job: JobRecord, now: float) -> list[int]:
     """The tasks whose (first) offered operation the built-in policy acks now, in
-    task order."""
+    task order. Taking down a task that serves costs one of max_unavailable; so does
+    one that was serving and has failed its probe for less than
+    ``serving_grace_seconds`` (it is down already, so only while the job is within
+    its cap); tasks long unhealthy, exited, lost or beyond the count are free."""
     if not job.offers:
         return []
     count = job.spec.task_count
     cap = job.spec.update.resolve(count)
+    grace = job.spec.update.serving_grace_seconds
     tasks = job.tasks
     running, finished = TaskState.RUNNING, FINISHED
     down = {i for i, r in tasks.items() if r.state not in finished and (
@@ -38,10 +42,13 @@ def builtin_acks(job: JobRecord) -> list[int]:
     free_all = job.deleting
     acked: list[int] = []
     for index in sorted(job.offers):
-        if not (free_all or index >= count or index in down):
-            if budget <= 0:
-                continue
-            budget -= 1
+        if not (free_all or index >= count):
+            if index not in down:
+                if budget <= 0:
+                    continue
+                budget -= 1
+            elif budget < 0 and lapsed(tasks[index], now, grace):
+                continue  # the job is past its cap already: not another serving task
         acked.append(index)
     return acked
 

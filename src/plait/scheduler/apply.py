@@ -69,6 +69,14 @@ def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> N
         offers.pop(index, None)
         serials.pop(index, None)
         del tasks[index]
+    for index in plan.liveness:
+        rec = tasks[index]
+        rec.restart = True
+        job.dirty = True
+        since = rec.unhealthy_since if rec.unhealthy_since is not None else now
+        s.event(now, job.name, "liveness_restart",
+                f"task {index} has failed its health probe for {now - since:.0f}s: "
+                "restarting it")
 
 
 def acks(s: SchedulerState, job: JobRecord, indices: list[int]) -> None:

@@ -20,17 +20,17 @@ from plait.taskcontrol.protocol import AdvanceNotice, NoticeKind, TaskControlReq
 
 def advance_notices(job: JobRecord, notice: Notice, fleet: Fleet) -> tuple[AdvanceNotice, ...]:
     """The maintenance notices that concern the job's tasks, one per event."""
-    by_event: dict[str, tuple[float, set[int], list[int]]] = {}
+    by_event: dict[str, tuple[float, float | None, set[int], list[int]]] = {}
     for rec in job.tasks.values():
         if rec.machine is not None and rec.machine in notice:
-            event_id, start = notice[rec.machine]
-            entry = by_event.setdefault(event_id, (start, set(), []))
-            entry[1].add(rec.machine)
-            entry[2].append(rec.index)
+            event_id, start, end = notice[rec.machine]
+            entry = by_event.setdefault(event_id, (start, end, set(), []))
+            entry[2].add(rec.machine)
+            entry[3].append(rec.index)
     return tuple(
         AdvanceNotice(eid, NoticeKind.MAINTENANCE, tuple(fleet.names(sorted(ms))),
-                      tuple(job.ref(i) for i in sorted(indices)), start, start)
-        for eid, (start, ms, indices) in sorted(by_event.items()))
+                      tuple(job.ref(i) for i in sorted(indices)), start, start, end)
+        for eid, (start, end, ms, indices) in sorted(by_event.items()))
 
 
 def plan_request(job: JobRecord, notices: tuple[AdvanceNotice, ...], now: float,

@@ -12,7 +12,15 @@ machine's desired set).
 from __future__ import annotations
 
 from plait.model.task import TaskState
-from plait.scheduler.plans import DELETE, FAILURE, RESIZE, ExecutionPlan, is_down, to_target
+from plait.scheduler.plans import (
+    DELETE,
+    FAILURE,
+    RESIZE,
+    ExecutionPlan,
+    is_down,
+    lapsed,
+    to_target,
+)
 from plait.scheduler.records import JobRecord, TaskRecord
 from plait.taskcontrol.protocol import OpKind, TaskOp
 
@@ -30,14 +38,17 @@ def still_applies(job: JobRecord, rec: TaskRecord, op: TaskOp) -> bool:
     return True
 
 
-def plan_execution(job: JobRecord, tokens: int) -> ExecutionPlan:
+def plan_execution(job: JobRecord, tokens: int, now: float) -> ExecutionPlan:
     """The job's acked operations to start with at most ``tokens`` starts, in task
-    order, and those that no longer apply."""
+    order, and those that no longer apply. An operation on a task that serves waits
+    while the job is at its cap; one on a task that was serving and fails its probe
+    (``plans.lapsed``) waits while the job is past it."""
     plan = ExecutionPlan()
     if not job.acked:
         return plan
     count = job.spec.task_count
     cap = job.spec.update.resolve(count)
+    grace = job.spec.update.serving_grace_seconds
     if cap is None and job.controller is None:
         cap = 1
     down = sum(1 for r in job.tasks.values() if r.index < count and is_down(r)) \
@@ -47,14 +58,16 @@ def plan_execution(job: JobRecord, tokens: int) -> ExecutionPlan:
         if rec is None or rec.op is not None or not still_applies(job, rec, op):
             plan.obsolete.append(op)
             continue
-        costs = not is_down(rec) and rec.index < count and not job.deleting
-        if cap is not None and costs and down >= cap:
-            continue
+        counted = rec.index < count and not job.deleting
+        available = counted and not is_down(rec)
+        recent = counted and not available and lapsed(rec, now, grace)
+        if cap is not None and ((available and down >= cap) or (recent and down > cap)):
+            continue  # waits, acked, until the job is back within its cap
         if tokens < 1:
             plan.throttled = True
             break
         tokens -= 1
-        plan.start.append((op, costs))
-        if costs:
+        plan.start.append((op, available or recent))
+        if available:
             down += 1
     return plan

@@ -79,6 +79,7 @@ def lose(s: SchedulerState, ref: TaskRef, now: float) -> None:
         job.lost.add(rec.index)
         rec.serving = False
         rec.healthy = False
+        rec.unhealthy_since, rec.served = None, False
         rec.lost_since = now
         rec.parked = None
         job.dirty = True
@@ -101,7 +102,7 @@ def maintenance(s: SchedulerState, now: float) -> Notice:
         machines = [fleet.index_of(name) for name in ev.machines]
         if now < ev.start:
             for m in machines:
-                notice.setdefault(m, (ev.id, ev.start))
+                notice.setdefault(m, (ev.id, ev.start, ev.end))
             continue
         for m in machines:  # deadline reached: stop what still runs
             for ref in list(s.placed.get(m, ())):

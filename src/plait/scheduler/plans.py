@@ -47,6 +47,14 @@ def is_down(rec: TaskRecord) -> bool:
     return rec.state in DOWN or not rec.healthy or not rec.serving
 
 
+def lapsed(rec: TaskRecord, now: float, grace: float) -> bool:
+    """Serving until it began failing its probe less than ``grace`` seconds ago: down
+    now, yet max_unavailable still counts it as serving (it may recover by itself: a
+    leader election), so a planned operation takes it down only within the cap."""
+    return (rec.served and rec.unhealthy_since is not None
+            and rec.state is TaskState.RUNNING and now - rec.unhealthy_since < grace)
+
+
 def unavailable(job: JobRecord) -> int:
     """The job's tasks within its count that are down."""
     count = job.spec.task_count
@@ -90,10 +98,13 @@ class WantedPlan:
     dropped: list[int] = field(default_factory=list)
     #: tasks beyond the count that hold nothing (never placed, or finished): forgotten
     gone: list[int] = field(default_factory=list)
+    #: running tasks failing their probe for the probe's ``restart_after_seconds``:
+    #: to restart (liveness), as a planned operation
+    liveness: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.offers or self.settle or self.rerun or self.retag
-                    or self.dropped or self.gone)
+                    or self.dropped or self.gone or self.liveness)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from plait.model.job import JobSpec
+from plait.model.job import JobSpec, UpdatePolicy
 from plait.model.task import TaskRef, TaskState
 from plait.taskcontrol.protocol import (
     OpKind,
@@ -85,6 +85,12 @@ class TaskRecord:
     healthy_since: float | None = None
     #: the exit code of a finished batch task
     exit_code: int | None = None
+    #: running and failing its health probe since then (or never passed it since it
+    #: started running)
+    unhealthy_since: float | None = None
+    #: it was serving when it began failing its probe (so it still counts as serving,
+    #: for max_unavailable, for ``serving_grace_seconds``)
+    served: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +181,12 @@ class JobRecord:
         return TaskRef(self.name, index)
 
 
+#: the spec fields that do not change how a task runs: a version that differs from
+#: another only in these restarts nothing
+NOT_RUNTIME = {"task_count": 0, "task_controller": None, "update": UpdatePolicy()}
+
+
 def same_runtime(a: JobSpec, b: JobSpec) -> bool:
-    """Do two versions run the same way (they differ at most in task count)?"""
-    return a.model_copy(update={"task_count": 0}) == b.model_copy(update={"task_count": 0})
+    """Do two versions run the same way (they differ at most in task count, pacing
+    or TaskController)?"""
+    return a.model_copy(update=NOT_RUNTIME) == b.model_copy(update=NOT_RUNTIME)

@@ -42,6 +42,11 @@ def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now:
             s.transition(rec, Event.RUNNING)
             if st.healthy and not rec.healthy:
                 rec.healthy_since = now
+            if st.healthy:
+                rec.unhealthy_since, rec.served = None, False
+            elif rec.unhealthy_since is None and rec.state is TaskState.RUNNING:
+                rec.unhealthy_since = now  # failing its probe (or not passed it yet)
+                rec.served = rec.serving
             rec.healthy = st.healthy
             s.maybe_serving(job, rec, now)
         elif phase is Phase.EXITED and st.final:

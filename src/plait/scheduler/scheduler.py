@@ -39,7 +39,16 @@ from plait.allocator import AllocationRequest, Allocator
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.model.job import JobSpec
 from plait.model.task import TaskState
-from plait.scheduler import acks, apply, controller, execution, machines, placement, reports
+from plait.scheduler import (
+    acks,
+    apply,
+    controller,
+    execution,
+    machines,
+    placement,
+    readiness,
+    reports,
+)
 from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import LIVE, to_target, unavailable
 from plait.scheduler.records import (
@@ -454,15 +463,18 @@ class Scheduler(SchedulerState):
                 job.in_progress.discard(index)
             elif rec.state is TaskState.RUNNING and rec.healthy:
                 self.maybe_serving(job, rec, now)
-        apply.wanted(self, job, plan_wanted(job, notice), now)
+        for index in readiness.not_ready(job, now):
+            self.rollout_failure(job, index, "ran without passing its health probe for "
+                                 f"{job.spec.update.ready_timeout_seconds:g}s", now)
+        apply.wanted(self, job, plan_wanted(job, notice, now), now)
         if job.controller is not None and not job.deleting:
             self._ask_controller(job, job.controller, notice, now)
         else:
-            apply.acks(self, job, acks.builtin_acks(job))
+            apply.acks(self, job, acks.builtin_acks(job, now))
         deadline = self.config.failure_deadline
         apply.failure_deadline(self, job, acks.failure_deadline_acks(job, now, deadline),
                                deadline, now)
-        plan = execution.plan_execution(job, int(self.bucket.tokens))
+        plan = execution.plan_execution(job, int(self.bucket.tokens), now)
         apply.execution(self, job, plan, now)
         apply.placement(self, job, placement.plan_placement(job), now)
         if job.rollout_active and not job.tasks:

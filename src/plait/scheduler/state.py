@@ -129,23 +129,35 @@ class SchedulerState:
         rec.healthy = False
         rec.healthy_since = None
         rec.serving = False
+        rec.unhealthy_since, rec.served = None, False
         job.dirty = True
         if job.rollout_active and rec.spec_version == job.target:
-            job.failed_tasks.add(rec.index)
-            job.rollout_failures = len(job.failed_tasks)
-            # never more than the tasks pacing lets go down at once, or a bad version
-            # under a small max_unavailable would stall instead of halting
-            update = job.spec.update
-            cap = update.resolve(job.spec.task_count)
-            limit = min(update.halt_after_failures, cap or update.halt_after_failures)
-            if job.halted is None and job.rollout_failures >= limit:
-                job.halted = (f"{job.rollout_failures} tasks of version {job.target} failed "
-                              "to become healthy")
-                self.event(now, job.name, "rollout_halted", job.halted)
-                for op in [o for o in job.acked.values() if to_target(o)]:
-                    del job.acked[op.op_id]  # acked but not started: dropped, reported done
-                    if job.controller is not None:
-                        job.completed.append(op)
+            self.rollout_failure(job, rec.index, "exited", now)
+
+    def rollout_failure(self, job: JobRecord, index: int, how: str, now: float) -> None:
+        """A task of the rollout's new version failed to become healthy (it exited, or
+        ran without passing its probe for ``ready_timeout_seconds``): enough of them
+        halt the rollout."""
+        if index in job.failed_tasks:
+            return
+        job.failed_tasks.add(index)
+        job.rollout_failures = len(job.failed_tasks)
+        job.dirty = True
+        self.event(now, job.name, "task_not_ready",
+                   f"task {index} of version {job.target} {how}")
+        # never more than the tasks pacing lets go down at once, or a bad version
+        # under a small max_unavailable would stall instead of halting
+        update = job.spec.update
+        cap = update.resolve(job.spec.task_count)
+        limit = min(update.halt_after_failures, cap or update.halt_after_failures)
+        if job.halted is None and job.rollout_failures >= limit:
+            job.halted = (f"{job.rollout_failures} tasks of version {job.target} failed "
+                          f"to become healthy (the last {how})")
+            self.event(now, job.name, "rollout_halted", job.halted)
+            for op in [o for o in job.acked.values() if to_target(o)]:
+                del job.acked[op.op_id]  # acked but not started: dropped, reported done
+                if job.controller is not None:
+                    job.completed.append(op)
 
     def finished(self, job: JobRecord, rec: TaskRecord, code: int | None, now: float) -> None:
         """A batch task exited for good: it leaves its machine, whose resources go
@@ -164,7 +176,8 @@ class SchedulerState:
             self.unassign(job.ref(rec.index), rec.machine)
         rec.machine = None
         rec.serving = rec.healthy = False
-        rec.healthy_since = None
+        rec.healthy_since = rec.unhealthy_since = None
+        rec.served = False
         rec.exit_code = code
         job.dirty = True
         spec = job.spec
@@ -280,6 +293,7 @@ class SchedulerState:
         rec.serving = False
         rec.healthy = False
         rec.healthy_since = None
+        rec.unhealthy_since, rec.served = None, False
         if rec.machine is not None:
             self.touched.add(rec.machine)
             self.desired.get(rec.machine, {}).pop(ref, None)

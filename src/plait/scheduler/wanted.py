@@ -17,11 +17,12 @@ from plait.scheduler.plans import DELETE, FAILURE, RELOCATE, RESIZE, RESTART, Wa
 from plait.scheduler.records import JobRecord, Wanted, same_runtime
 from plait.taskcontrol.protocol import OpKind
 
-#: machine index -> (maintenance event id, its start), for machines under notice
-Notice = dict[int, tuple[str, float]]
+#: machine index -> (maintenance event id, its start, its end or None), for machines
+#: under notice
+Notice = dict[int, tuple[str, float, float | None]]
 
 
-def plan_wanted(job: JobRecord, notice: Notice) -> WantedPlan:
+def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
     """What each task of ``job`` wants now; tasks with an operation under way or an
     acked one keep it."""
     plan = WantedPlan()
@@ -47,6 +48,8 @@ def plan_wanted(job: JobRecord, notice: Notice) -> WantedPlan:
     # most of the cost of planning a 15,000-task update
     pending, lost, finished = TaskState.PENDING, TaskState.LOST, FINISHED
     halted = job.halted is not None
+    probe = spec.health
+    live_after = None if probe is None else probe.restart_after_seconds
     for rec in job.tasks.values():
         i = rec.index
         state = rec.state
@@ -82,6 +85,9 @@ def plan_wanted(job: JobRecord, notice: Notice) -> WantedPlan:
             pass
         elif rec.restart:
             wanted = restart
+        elif live_after is not None and rec.unhealthy_since is not None and (
+                now - rec.unhealthy_since >= live_after):
+            plan.liveness.append(i)  # restarted from the next pass, like a restart
         elif rec.spec_version != target:
             same = runtime_same.get(rec.spec_version)
             if same is None:

@@ -8,7 +8,8 @@
 An application's TaskController approves (acks) a subset of the pending operations
 on its tasks; the scheduler reports operations it completed on the next call, and
 the sequence number increases on every call. Maintenance cannot be blocked forever:
-advance notices carry a deadline, and per task the scheduler offers a ``move`` op
+advance notices carry a deadline (and, a plait addition, the window's ``end``, when
+the machines are back), and per task the scheduler offers a ``move`` op
 and a ``stop`` op; acking neither keeps the task running until the deadline.
 
 The wire form is JSON with snake_case keys; ``to_wire``/``response_from_wire`` are
@@ -62,7 +63,10 @@ class AdvanceNotice:
     machines: tuple[str, ...]
     tasks: tuple[TaskRef, ...]
     start: float
+    #: the tasks must be off the machines by then (the maintenance's start)
     deadline: float
+    #: when the maintenance window ends and the machines are back (None: not known)
+    end: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +150,8 @@ def to_wire(request: TaskControlRequest) -> dict[str, Any]:
         "completed": [_op(o) for o in request.completed],
         "advance_notices": [
             {"notice_id": n.notice_id, "kind": n.kind.value, "machines": list(n.machines),
-             "tasks": [_ref(t) for t in n.tasks], "start": n.start, "deadline": n.deadline}
+             "tasks": [_ref(t) for t in n.tasks], "start": n.start, "deadline": n.deadline,
+             "end": n.end}
             for n in request.advance_notices
         ],
         "all_unhealthy_tasks": [_ref(t) for t in request.all_unhealthy_tasks],
@@ -193,7 +198,7 @@ def request_from_wire(data: Any) -> TaskControlRequest:
             notices.append(AdvanceNotice(
                 str(n["notice_id"]), NoticeKind(n["kind"]), tuple(map(str, n["machines"])),
                 tuple(_ref_from(t, f"{f}.tasks") for t in n["tasks"]), float(n["start"]),
-                float(n["deadline"])))
+                float(n["deadline"]), None if n.get("end") is None else float(n["end"])))
         except (KeyError, ValueError, TypeError) as exc:
             raise ValidationError(f, f"malformed notice: {exc}") from None
     return TaskControlRequest(

@@ -12,7 +12,7 @@ from plait.errors import NotFound
 from plait.model import Fleet, JobSpec
 from plait.model.task import TaskState
 from plait.scheduler import Scheduler
-from plait.scheduler.records import JobRecord
+from plait.scheduler.records import JobRecord, same_runtime
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
@@ -188,8 +188,9 @@ class Views:
             for _, m in plan.assign + plan.keep:
                 dc = fleet.fault_domain(m).dc
                 by_dc[dc] = by_dc.get(dc, 0) + 1
-            runtime_changed = current is not None and any(
-                k not in ("task_count",) for k in changes)
+            # (the same test the scheduler applies: pacing, a TaskController or the
+            # count change no task)
+            runtime_changed = current is not None and not same_runtime(current, spec)
             return {
                 "job": spec.name, "action": "create" if current is None else (
                     "none" if not changes else "update"),

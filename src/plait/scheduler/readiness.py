@@ -1,0 +1,26 @@
+"""Rollout health for versions that run but never pass their probe.
+
+A task of a rollout's new version that exits counts toward ``halt_after_failures``
+when its agent reports the exit (``state.exited``). One that runs without passing
+its health probe would otherwise hold its operation open for ever, and the rollout
+would neither finish nor halt: after ``update.ready_timeout_seconds`` running at
+the target version without passing, it counts as failed too.
+"""
+
+from __future__ import annotations
+
+from plait.model.task import TaskState
+from plait.scheduler.records import JobRecord
+
+
+def not_ready(job: JobRecord, now: float) -> list[int]:
+    """Tasks of the rollout's new version that have run ``ready_timeout_seconds``
+    without passing their probe, not counted as failed yet."""
+    if not job.rollout_active or job.halted is not None:
+        return []
+    timeout = job.spec.update.ready_timeout_seconds
+    target, running = job.target, TaskState.RUNNING
+    return [i for i, r in sorted(job.tasks.items())
+            if r.state is running and not r.healthy and r.spec_version == target
+            and r.unhealthy_since is not None and now - r.unhealthy_since >= timeout
+            and i not in job.failed_tasks]

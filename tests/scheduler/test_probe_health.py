@@ -1,0 +1,197 @@
+"""Health probes and pacing: max_unavailable is a hard cap on tasks that were
+serving; a version that runs but never passes its probe halts its rollout; liveness
+restarts; spec changes that do not touch the process restart nothing; advance
+notices carry the window's end.
+
+The scheduler is driven directly (no simulated agents): ``Agents`` reports every task
+in its machine's desired set as running, healthy unless the test says otherwise.
+"""
+
+from __future__ import annotations
+
+from plait.model import HealthProbe, UpdatePolicy
+from plait.model.events import EventKind, UnavailabilityEvent
+from plait.model.task import TaskState
+from plait.scheduler import Phase, Scheduler, TaskStatus
+from plait.sim.scenarios import job_spec, world
+from plait.taskcontrol.protocol import TaskControlRequest, TaskControlResponse
+
+PROBE = HealthProbe(http="/health")
+
+
+class Agents:
+    def __init__(self, s: Scheduler) -> None:
+        self.s = s
+        #: (job, index) reported failing its probe
+        self.unhealthy: set[tuple[str, int]] = set()
+        self.now = 0.0
+
+    def step(self, seconds: float = 1.0) -> None:
+        """One heartbeat from every machine, then a pass."""
+        self.now += seconds
+        s = self.s
+        for m in sorted(set(s.desired) | set(s.placed)):
+            statuses = [TaskStatus(a.job, a.index, a.revision, Phase.RUNNING,
+                                   healthy=(a.job, a.index) not in self.unhealthy)
+                        for a in s.desired.get(m, {}).values()]
+            s.report(s.fleet.name(m), statuses, self.now)
+        s.tick(self.now)
+
+    def run(self, seconds: float, watch=None) -> None:
+        for _ in range(int(seconds)):
+            self.step()
+            if watch is not None:
+                watch()
+
+
+def taken_down(s: Scheduler, job: str) -> set[int]:
+    """Tasks with a planned operation under way (stopped or restarting for it)."""
+    return {i for i, r in s.job(job).tasks.items() if r.op is not None}
+
+
+def settled(s: Scheduler, name: str, count: int, spec_version: int = 1) -> bool:
+    job = s.job(name)
+    return len(job.tasks) == count and all(
+        r.state is TaskState.RUNNING and r.serving and r.spec_version == spec_version
+        for r in job.tasks.values())
+
+
+def start(count: int = 5, **update) -> tuple[Scheduler, Agents]:
+    sim = world(machines=24)
+    s = sim.scheduler
+    s.create_job(job_spec("zk", count, health=PROBE,
+                          update=UpdatePolicy(max_unavailable=1, **update)), 0)
+    agents = Agents(s)
+    agents.run(10)
+    assert settled(s, "zk", count)
+    return s, agents
+
+
+def test_tasks_that_just_failed_their_probe_are_not_restarted_past_the_cap():
+    """A leader election: every follower fails its probe for a few seconds. A
+    rollout must not restart them all at once (they were serving a moment ago)."""
+    s, agents = start(5)
+    worst = [0]
+
+    def watch() -> None:
+        worst[0] = max(worst[0], len(taken_down(s, "zk")))
+
+    agents.unhealthy = {("zk", 1), ("zk", 2), ("zk", 3)}
+    agents.step()
+    s.update_job(s.job("zk").spec.model_copy(update={"args": ("v2",)}), agents.now)
+    agents.run(10, watch)
+    assert taken_down(s, "zk") == set() and worst[0] == 0  # 3 down > cap of 1: nothing
+    assert all(r.spec_version == 1 for r in s.job("zk").tasks.values())
+    agents.unhealthy = set()  # the election is over
+    agents.run(60, watch)
+    assert settled(s, "zk", 5, spec_version=2)
+    assert worst[0] == 1
+
+
+def test_one_task_failing_its_probe_within_the_cap_is_updated():
+    s, agents = start(3)
+    agents.unhealthy = {("zk", 0)}
+    agents.step()
+    s.update_job(s.job("zk").spec.model_copy(update={"args": ("v2",)}), agents.now)
+    agents.step()
+    agents.step()
+    assert taken_down(s, "zk") == {0}  # the unhealthy one first: it takes no one else down
+    assert all(not s.job("zk").tasks[i].op for i in (1, 2))
+
+
+def test_a_task_unhealthy_past_the_grace_is_free_to_replace():
+    s, agents = start(3, serving_grace_seconds=5)
+    agents.unhealthy = {("zk", 0), ("zk", 1)}
+    agents.run(3)
+    s.update_job(s.job("zk").spec.model_copy(update={"args": ("v2",)}), agents.now)
+    agents.step()
+    assert taken_down(s, "zk") == set()  # two were serving 3 s ago: past the cap of 1
+    agents.run(5)
+    # long unhealthy: replacing them costs nothing; the healthy one waits its turn
+    assert {0, 1} <= {i for i, r in s.job("zk").tasks.items()
+                      if r.op is not None or r.spec_version == 2}
+    assert s.job("zk").tasks[2].spec_version == 1 and s.job("zk").tasks[2].op is None
+
+
+def test_a_version_that_runs_but_never_passes_its_probe_halts_the_rollout():
+    s, agents = start(4, ready_timeout_seconds=10, halt_after_failures=2)
+    s.update_job(s.job("zk").spec.model_copy(update={"args": ("broken",)}), agents.now)
+    job = s.job("zk")
+    for _ in range(120):
+        agents.unhealthy = {("zk", i) for i, r in job.tasks.items() if r.spec_version == 2}
+        agents.step()
+        if job.halted is not None:
+            break
+    assert job.halted is not None and "failed to become healthy" in job.halted
+    assert "without passing its health probe" in job.halted
+    assert [e.kind for e in s.events].count("task_not_ready") == 1  # the cap is 1
+    on_new = {i for i, r in job.tasks.items() if r.spec_version == 2}
+    agents.run(30)
+    assert {i for i, r in job.tasks.items() if r.spec_version == 2} == on_new  # halted
+
+
+def test_liveness_restarts_a_task_failing_its_probe_within_the_budget():
+    sim = world(machines=24)
+    s = sim.scheduler
+    probe = HealthProbe(http="/health", restart_after_seconds=5)
+    s.create_job(job_spec("web", 3, health=probe,
+                          update=UpdatePolicy(serving_grace_seconds=20)), 0)
+    agents = Agents(s)
+    agents.run(10)
+    assert settled(s, "web", 3)
+    agents.unhealthy = {("web", 0)}
+    seen: list[set[int]] = []
+    for _ in range(8):
+        agents.step()
+        seen.append(taken_down(s, "web"))
+    assert seen[:3] == [set()] * 3  # not failing long enough yet
+    assert {0} in seen  # restarted: the only one down, within max_unavailable 1
+    assert any(e.kind == "liveness_restart" for e in s.events)
+    agents.unhealthy = set()
+    agents.run(10)
+    assert settled(s, "web", 3)
+    # two failing at once: restarting either would take a second serving task down,
+    # so both wait out the serving grace; then they are free to restart
+    agents.unhealthy = {("web", 1), ("web", 2)}
+    seen = []
+    for _ in range(30):
+        agents.step()
+        seen.append(taken_down(s, "web"))
+    first = next(k for k, down in enumerate(seen) if down)
+    assert first >= 19, seen  # not before the grace (20 s) is over
+    assert {1, 2} <= set().union(*seen[first:])
+
+
+def test_a_change_of_pacing_or_controller_only_restarts_nothing():
+    s, agents = start(3)
+    spec = s.job("zk").spec
+    for change in ({"update": UpdatePolicy(max_unavailable=2, min_ready_seconds=3)},
+                   {"task_controller": "http://127.0.0.1:9/tc"}):
+        version = s.update_job(spec.model_copy(update=change), agents.now)
+        agents.run(3)
+        job = s.job("zk")
+        assert all(r.spec_version == version and r.serving and r.op is None
+                   for r in job.tasks.values())
+        assert not job.rollout_active and taken_down(s, "zk") == set()
+        spec = job.spec
+
+
+def test_advance_notices_carry_the_maintenance_window_end():
+    sim = world(machines=24)
+    s = sim.scheduler
+    seen: list[TaskControlRequest] = []
+
+    class Quiet:
+        def process(self, request: TaskControlRequest) -> TaskControlResponse:
+            seen.append(request)
+            return TaskControlResponse()
+
+    s.create_job(job_spec("web", 2), 0, controller=Quiet())
+    sim.run_until(lambda: settled(s, "web", 2), 120)
+    machine = s.fleet.name(s.job("web").tasks[0].machine)
+    s.region.add_event(UnavailabilityEvent("mx-1", EventKind.MAINTENANCE, (machine,),
+                                           sim.now + 600, sim.now + 4200, "kernel"), sim.now)
+    sim.run(5)
+    notices = [n for r in seen for n in r.advance_notices]
+    assert notices and notices[-1].deadline == notices[-1].start
+    assert notices[-1].end == notices[-1].start + 3600
