@@ -203,3 +203,25 @@ def test_job_move_follows_the_move_to_the_new_entitlement(plane, tmp_path):
         plait("entitlement", "list", "-o", "json").stdout)["entitlements"]}
     assert ents["web"]["machines"] == 0 and ents["web2"]["machines"] == 4
     assert ents["web2"]["jobs"] == ["app"]
+
+
+def test_restart_wait_returns_once_every_task_restarted(plane, tmp_path):
+    plait("entitlement", "create", str(EXAMPLES / "entitlements.yaml"))
+    spec = write(tmp_path, "r.yaml", "name: r\nentitlement: web\ntask_count: 3\n"
+                                     "command: serve\nresources: {cpu: 0.5, memory_gb: 0.5}\n")
+    plait("job", "deploy", str(spec), "--wait", "--timeout", "60")
+    cp = plane.control_plane
+    before = cp.scheduler.counters["ops_completed"]
+    cp.loop.stop()  # stored, not applied yet: already under way, not settled
+    plait("job", "restart", "r")
+    show = json.loads(plait("job", "show", "r", "-o", "json").stdout)
+    assert show["rollout_active"] and not show["settled"]
+    cp.loop.start()
+    plait("job", "restart", "r", "--wait", "--timeout", "60")
+    # returned once every task restarted (the two requests may be served by one restart
+    # of a task that had not restarted yet when the second came)
+    job = cp.scheduler.job("r")
+    assert not any(t.restart or t.op for t in job.tasks.values())
+    assert cp.scheduler.counters["ops_completed"] - before >= 3
+    show = json.loads(plait("job", "show", "r", "-o", "json").stdout)
+    assert show["settled"] and not show["rollout_active"]

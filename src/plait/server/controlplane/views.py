@@ -127,7 +127,10 @@ class Views:
             "task_count": doc.spec.task_count, "tasks": dict(counts),
             "serving": job.serving if job else 0,
             "updated": updated, "halted": job.halted if job else None,
-            "rollout_active": bool(job and (job.rollout_active or job.busy)),
+            # a rollout, a restart or a move under way, or an operation stored and not
+            # applied yet (a restart just asked for is under way from the start)
+            "rollout_active": bool(job is None or job.rollout_active or job.busy
+                                   or job.applied_operation < doc.seq),
             "moving_from": job.moving_from if job else None,
             "on_entitlement": job.on_entitlement if job else 0,
             "unplaced_reason": job.unplaced_reason if job else None,
