@@ -225,3 +225,21 @@ def test_restart_wait_returns_once_every_task_restarted(plane, tmp_path):
     assert cp.scheduler.counters["ops_completed"] - before >= 3
     show = json.loads(plait("job", "show", "r", "-o", "json").stdout)
     assert show["settled"] and not show["rollout_active"]
+
+
+def test_names_are_escaped_in_urls_and_matched_whole(plane, tmp_path):
+    plait("entitlement", "create", str(EXAMPLES / "entitlements.yaml"))
+    spec = write(tmp_path, "v.yaml", "name: victim\nentitlement: web\ntask_count: 1\n"
+                                     "command: serve\nresources: {cpu: 0.5, memory_gb: 0.5}\n")
+    plait("job", "deploy", str(spec))
+    for name in ("nosuch/../victim", "../victim", "victim/../victim", "%2e%2e"):
+        res = plait("job", "delete", name, ok=False)
+        assert res.exit_code != 0, name
+    assert plane.control_plane.jobs.get("victim").deleting is False
+    # a name with a newline at its end is not the same name (nor a valid one)
+    bad = write(tmp_path, "nl.json", json.dumps({
+        "name": "victim\n", "entitlement": "web", "task_count": 1, "command": "serve",
+        "resources": {"cpu": 0.5, "memory_gb": 0.5}}))
+    res = plait("job", "deploy", str(bad), ok=False)
+    assert res.exit_code == 2 and "name" in res.output
+    assert plane.control_plane.jobs.names() == ["victim"]

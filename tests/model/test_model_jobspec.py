@@ -116,7 +116,7 @@ def test_unknown_nested_field_rejected() -> None:
     assert err.field == "resources.gpu"
 
 
-@pytest.mark.parametrize("key", ["1ABC", "A-B", "A B", "", "É"])
+@pytest.mark.parametrize("key", ["1ABC", "A-B", "A B", "", "É", "PATH\n"])
 def test_bad_env_var_name(key: str) -> None:
     err = error_of({**valid(), "env": {"GOOD": "1", key: "x"}})
     assert err.field == "env"
@@ -124,7 +124,8 @@ def test_bad_env_var_name(key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["Web", "web!", "-web", "web-", "", "a" * 65, "web frontend", "web/1"]
+    "name", ["Web", "web!", "-web", "web-", "", "a" * 65, "web frontend", "web/1", "web\n",
+             "web\r\n"]
 )
 def test_bad_name(name: str) -> None:
     err = error_of({**valid(), "name": name})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from plait.client.client import ApiError, Client, Unreachable
 from plait.clientconfig import ClientConfig
@@ -23,6 +24,12 @@ class CliError(Exception):
         self.message = message
         self.code = code
         super().__init__(message)
+
+
+def q(segment: object) -> str:
+    """A name as one segment of an API path: ``nosuch/../victim`` stays a name (which
+    the API refuses), never a path to another object."""
+    return quote(str(segment), safe="")
 
 
 @dataclass

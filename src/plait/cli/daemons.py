@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from plait.cli.client import EXIT_DENIED, EXIT_INVALID
+from plait.cli.client import EXIT_DENIED, EXIT_INVALID, q
 from plait.cli.common import Output, api, emit, err
 from plait.clientconfig import ClientConfig
 from plait.errors import Conflict, PlaitError, ValidationError
@@ -178,7 +178,7 @@ def entitlement_move(name: str, to_shard: Annotated[int, typer.Option(
     """Move an entitlement to another scheduler shard, without restarting any of its
     tasks (its jobs accept no changes for the moment it takes)."""
     a = api()
-    done = a.post(f"/v1/admin/entitlements/{name}/move", {"shard": to_shard})
+    done = a.post(f"/v1/admin/entitlements/{q(name)}/move", {"shard": to_shard})
     emit(done, output, lambda d: print(
         f"entitlement {d['entitlement']}: shard {d['from_shard']} -> {d['to_shard']}, "
         f"{d['jobs']} jobs, writes held for {d['unavailable_s']:.3f}s"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from plait.cli.client import q
 from plait.cli.common import Output, api, emit, guarded, rows
 
 
@@ -14,7 +15,7 @@ def discover(job: str, output: Output = "table") -> None:
 
 
 def _discover(job: str, output: str) -> None:
-    data = api().get(f"/v1/discovery/{job}")
+    data = api().get(f"/v1/discovery/{q(job)}")
     emit(data, output, lambda d: rows(["index", "machine", "endpoint"], [
         [e["index"], e["machine"], e.get("endpoint") or "-"] for e in d["endpoints"]]))
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from plait.cli.client import EXIT_INVALID, CliError
+from plait.cli.client import EXIT_INVALID, CliError, q
 from plait.cli.common import Output, api, emit, guarded, kv_table, load_documents, rows
 from plait.errors import PlaitError
 
@@ -67,5 +67,5 @@ def entitlement_list(output: Output = "table") -> None:
 @entitlement_app.command("show")
 @guarded
 def entitlement_show(name: str, output: Output = "table") -> None:
-    data = api().get(f"/v1/entitlements/{name}")
+    data = api().get(f"/v1/entitlements/{q(name)}")
     emit(data, output, lambda d: kv_table(d, f"entitlement {name}"))

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from plait.cli.client import EXIT_FAILED, EXIT_INVALID, Api, CliError
+from plait.cli.client import EXIT_FAILED, EXIT_INVALID, Api, CliError, q
 from plait.cli.common import (
     Output,
     Timeout,
@@ -88,7 +88,7 @@ def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[st
         bar = progress.add_task(f"{name}", total=None, detail="")
         while True:
             try:
-                job: dict[str, Any] = a.get(f"/v1/jobs/{name}")
+                job: dict[str, Any] = a.get(f"/v1/jobs/{q(name)}")
             except CliError as exc:
                 if deleting and "not found" in exc.message:
                     progress.update(bar, total=1, completed=1, detail="deleted")
@@ -142,7 +142,7 @@ def job_deploy(file: Path, dry_run: Annotated[bool, typer.Option(
         if dry_run:
             emit(a.post("/v1/jobs", body, dry_run="true"), output, _plan_table)
             return
-        result = a.put(f"/v1/jobs/{name}", body)
+        result = a.put(f"/v1/jobs/{q(name)}", body)
     except CliError as exc:
         if exc.code == EXIT_INVALID:
             raise CliError(f"{file}: {exc.message}", exc.code) from None
@@ -175,7 +175,7 @@ def job_update(file: Path, wait: Wait = False, timeout: Timeout = 600.0,
     """Roll out FILE as a new version of an existing job."""
     spec = job_spec_from(file)
     a = api()
-    result = a.put(f"/v1/jobs/{spec.name}", spec.model_dump(mode="json"))
+    result = a.put(f"/v1/jobs/{q(spec.name)}", spec.model_dump(mode="json"))
     say(f"job {spec.name}: version {result['version']} stored")
     if wait:
         result = follow(a, spec.name, timeout)
@@ -195,8 +195,8 @@ def job_list(entitlement: Annotated[str | None, typer.Option()] = None,
 @guarded
 def job_show(name: str, output: Output = "table") -> None:
     a = api()
-    job = a.get(f"/v1/jobs/{name}")
-    tasks = a.get(f"/v1/jobs/{name}/tasks")["tasks"]
+    job = a.get(f"/v1/jobs/{q(name)}")
+    tasks = a.get(f"/v1/jobs/{q(name)}/tasks")["tasks"]
     events = a.get("/v1/events", job=name, limit=1000)["events"][-10:]
     data = {**job, "task_list": tasks, "recent_events": events}
 
@@ -225,7 +225,7 @@ def job_show(name: str, output: Output = "table") -> None:
 @job_app.command("history")
 @guarded
 def job_history(name: str, output: Output = "table") -> None:
-    data = api().get(f"/v1/jobs/{name}/history")
+    data = api().get(f"/v1/jobs/{q(name)}/history")
     emit(data, output, lambda d: rows(["#", "time", "operation", "what"], [
         [e["seq"], _when(e["time"]), e["op"], e["message"]] for e in d["operations"]],
         title=f"job {name}: {d['versions']} versions"))
@@ -236,7 +236,7 @@ def job_history(name: str, output: Output = "table") -> None:
 def job_controller_key(name: str, output: Output = "table") -> None:
     """The key the job's TaskController checks plait's calls with: each call carries
     Plait-Signature: t=<seconds>,v1=<hex HMAC-SHA256(key, "<t>." + body)>."""
-    data = api().get(f"/v1/jobs/{name}/controller-key")
+    data = api().get(f"/v1/jobs/{q(name)}/controller-key")
     emit(data, output, lambda d: out.print(d["key"], highlight=False))
 
 
@@ -255,7 +255,7 @@ def _ack(a: Api, name: str, result: dict[str, Any], what: str, wait: bool, timeo
 def job_resize(name: str, task_count: int, wait: Wait = False, timeout: Timeout = 600.0,
                output: Output = "table") -> None:
     a = api()
-    _ack(a, name, a.post(f"/v1/jobs/{name}/resize", {"task_count": task_count}),
+    _ack(a, name, a.post(f"/v1/jobs/{q(name)}/resize", {"task_count": task_count}),
          f"resize to {task_count}", wait, timeout, output)
 
 
@@ -266,7 +266,7 @@ def job_restart(name: str, index: Annotated[int | None, typer.Option(
         output: Output = "table") -> None:
     """Restart every task (or one), paced like an update and through TaskControl."""
     a = api()
-    _ack(a, name, a.post(f"/v1/jobs/{name}/restart", {"index": index}),
+    _ack(a, name, a.post(f"/v1/jobs/{q(name)}/restart", {"index": index}),
          "restart", wait, timeout, output)
 
 
@@ -276,7 +276,7 @@ def job_rollback(name: str, version: int, wait: Wait = False, timeout: Timeout =
                  output: Output = "table") -> None:
     """Roll out an earlier version again (as a new version)."""
     a = api()
-    _ack(a, name, a.post(f"/v1/jobs/{name}/rollback", {"version": version}),
+    _ack(a, name, a.post(f"/v1/jobs/{q(name)}/rollback", {"version": version}),
          f"rollback to version {version}", wait, timeout, output)
 
 
@@ -288,7 +288,7 @@ def job_move(name: str, to_entitlement: Annotated[str, typer.Option(
     """Move a job to another entitlement: every task is stopped and started again on
     that entitlement's machines, paced like an update (the bar counts tasks moved)."""
     a = api()
-    _ack(a, name, a.post(f"/v1/jobs/{name}/move", {"entitlement": to_entitlement}),
+    _ack(a, name, a.post(f"/v1/jobs/{q(name)}/move", {"entitlement": to_entitlement}),
          f"move to entitlement {to_entitlement}", wait, timeout, output)
 
 
@@ -297,7 +297,7 @@ def job_move(name: str, to_entitlement: Annotated[str, typer.Option(
 def job_resume(name: str, output: Output = "table") -> None:
     """Resume a halted rollout."""
     a = api()
-    _ack(a, name, a.post(f"/v1/jobs/{name}/resume"), "resume", False, 0, output)
+    _ack(a, name, a.post(f"/v1/jobs/{q(name)}/resume"), "resume", False, 0, output)
 
 
 @job_app.command("delete")
@@ -305,7 +305,7 @@ def job_resume(name: str, output: Output = "table") -> None:
 def job_delete(name: str, wait: Wait = False, timeout: Timeout = 600.0,
                output: Output = "table") -> None:
     a = api()
-    _ack(a, name, a.delete(f"/v1/jobs/{name}"), "delete", wait, timeout, output, deleting=True)
+    _ack(a, name, a.delete(f"/v1/jobs/{q(name)}"), "delete", wait, timeout, output, deleting=True)
 
 def _task_rows(tasks: list[dict[str, Any]]) -> None:
     rows(["index", "state", "version", "machine", "serving", "healthy", "operation", "exit"], [

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from plait.cli.client import q
 from plait.cli.common import Output, api, emit, err, guarded, kv_table, out, parse_duration, rows
 
 # -- machines ------------------------------------------------------------------------------
@@ -40,12 +41,12 @@ def machine_list(state: Annotated[str | None, typer.Option()] = None,
 @machine_app.command("show")
 @guarded
 def machine_show(machine: str, output: Output = "table") -> None:
-    data = api().get(f"/v1/machines/{machine}")
+    data = api().get(f"/v1/machines/{q(machine)}")
     emit(data, output, lambda d: kv_table(d, f"machine {machine}"))
 
 
 def _machine_op(machine: str, op: str, body: Any, output: str) -> None:
-    data = api().post(f"/v1/machines/{machine}/{op}", body)
+    data = api().post(f"/v1/machines/{q(machine)}/{op}", body)
     emit(data, output, lambda d: err.print(f"machine {machine}: {op} "
                                            f"({json.dumps(d.get('event', d.get('ended', '')))})"))
 

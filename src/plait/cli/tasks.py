@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from plait.cli.client import q
 from plait.cli.common import Output, api, emit, err, guarded
 from plait.cli.jobs import _ack, _task_rows
 
@@ -19,7 +20,7 @@ task_app = typer.Typer(help="The tasks of a job.", no_args_is_help=True)
 @task_app.command("list")
 @guarded
 def task_list(job: str, output: Output = "table") -> None:
-    data = api().get(f"/v1/jobs/{job}/tasks")
+    data = api().get(f"/v1/jobs/{q(job)}/tasks")
     emit(data, output, lambda d: _task_rows(d["tasks"]))
 
 
@@ -27,7 +28,7 @@ def task_list(job: str, output: Output = "table") -> None:
 @guarded
 def task_restart(job: str, index: int, output: Output = "table") -> None:
     a = api()
-    _ack(a, job, a.post(f"/v1/jobs/{job}/tasks/{index}/restart"), f"restart of task {index}",
+    _ack(a, job, a.post(f"/v1/jobs/{q(job)}/tasks/{index}/restart"), f"restart of task {index}",
          False, 0, output)
 
 
@@ -39,7 +40,7 @@ def task_logs(job: str, index: int, follow_: Annotated[bool, typer.Option(
     a = api()
     after = 0
     while True:
-        page = a.get(f"/v1/jobs/{job}/tasks/{index}/logs", after=after)
+        page = a.get(f"/v1/jobs/{q(job)}/tasks/{index}/logs", after=after)
         if page["skipped"]:
             err.print("[dim](older output dropped)[/dim]")
         sys.stdout.write(page["data"])

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from plait.cli.client import EXIT_INVALID, CliError
+from plait.cli.client import EXIT_INVALID, CliError, q
 from plait.cli.common import Output, _when, api, emit, err, guarded, rows
 
 # -- tokens --------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def token_list(output: Output = "table") -> None:
 @token_app.command("revoke")
 @guarded
 def token_revoke(token_id: str, output: Output = "table") -> None:
-    data = api().delete(f"/v1/tokens/{token_id}")
+    data = api().delete(f"/v1/tokens/{q(token_id)}")
     emit(data, output, lambda d: err.print(f"token {token_id} revoked"))
 
 
@@ -58,7 +58,7 @@ def token_revoke(token_id: str, output: Output = "table") -> None:
 @guarded
 def token_rotate(token_id: str, output: Output = "table") -> None:
     """Revoke a token and print its replacement (same role and name)."""
-    data = api().post(f"/v1/tokens/{token_id}/rotate")
+    data = api().post(f"/v1/tokens/{q(token_id)}/rotate")
 
     def show(d: dict[str, Any]) -> None:
         print(d["token"])

@@ -16,7 +16,8 @@ import pydantic
 from plait.model.base import Value
 from plait.model.policy import DEFAULT_PREFERENCES, Preference
 
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")
+#: (``\Z``, not ``$``: ``$`` also matches before a trailing newline)
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?\Z")
 
 
 def check_name(value: str) -> str:

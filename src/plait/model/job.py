@@ -15,7 +15,7 @@ from plait.model.entitlement import check_name
 from plait.model.policy import AllocationPolicy
 from plait.model.resources import Resources
 
-_PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%$")
+_PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%\Z")
 
 
 class UpdatePolicy(Value):
@@ -134,7 +134,7 @@ class HealthProbe(Value):
     @pydantic.field_validator("http")
     @classmethod
     def _path(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^/[\x21-\x7e]*$", value):
+        if value is not None and not re.match(r"^/[\x21-\x7e]*\Z", value):
             raise ValueError(f"{value!r} is not a URL path (it starts with '/'; printable "
                              "ASCII, no spaces)")
         return value
@@ -184,7 +184,7 @@ class JobSpec(Value):
     @pydantic.field_validator("task_controller")
     @classmethod
     def _url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^\s/]+(/\S*)?$", value):
+        if value is not None and not re.match(r"^https?://[^\s/]+(/\S*)?\Z", value):
             raise ValueError(f"{value!r} is not an http(s) URL")
         return value
 
@@ -192,7 +192,7 @@ class JobSpec(Value):
     @classmethod
     def _env_names(cls, value: Mapping[str, str]) -> Mapping[str, str]:
         for key in value:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
         return value
 
