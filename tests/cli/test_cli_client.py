@@ -116,7 +116,7 @@ def test_machines_maintenance_and_tokens(plane):
     assert res.exit_code == 4 and "admin only" in res.output
     plait("token", "revoke", owner["id"])
     res = plait("--token", token, "job", "list", ok=False)
-    assert res.exit_code == 4 and "revoked" in res.output
+    assert res.exit_code == 4 and "invalid token" in res.output
 
 
 def test_errors_are_one_line_with_an_exit_code(plane, tmp_path, monkeypatch):
@@ -137,7 +137,7 @@ def test_errors_are_one_line_with_an_exit_code(plane, tmp_path, monkeypatch):
     assert plane.control_plane.views.machine("m0000001")["state"] == "healthy"  # nothing was sent
     monkeypatch.setenv("PLAIT_TOKEN", "plait_0000_wrong")
     res = plait("job", "list", ok=False)
-    assert res.exit_code == 4 and "unknown token" in res.output
+    assert res.exit_code == 4 and "invalid token" in res.output
     monkeypatch.delenv("PLAIT_TOKEN")
     res = plait("--url", f"http://127.0.0.1:{free_port()}", "job", "list", ok=False)
     assert res.exit_code == 3 and "cannot reach the API" in res.output

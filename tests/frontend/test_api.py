@@ -49,12 +49,17 @@ def test_every_endpoint_but_healthz_needs_a_token_and_refusals_are_events(live):
         assert r.json()["error"] == "unauthorized"
         assert "bearer" in r.json()["message"]
         assert r.headers["www-authenticate"] == "Bearer"
-    assert live.client("nonsense").get("/v1/jobs").json()["message"].startswith("malformed")
+    # every bad token gets one answer; why is recorded for the admins
     forged = live.admin_token[:-4] + "AAAA"
-    assert live.client(forged).get("/v1/jobs").json()["message"] == "wrong token secret"
-    wait_for(lambda: len(events(live.admin, kind="unauthorized")) >= 9)
+    unknown = "plait_0000000000000000_" + "A" * 43
+    for token in ("nonsense", forged, unknown):
+        r = live.client(token).get("/v1/jobs")
+        assert r.status_code == 401 and r.json()["message"] == "invalid token", token
+    wait_for(lambda: len(events(live.admin, kind="unauthorized")) >= 10)
     refused = events(live.admin, kind="unauthorized")
     assert any("POST /v1/machines/m0000000/fail" in e["message"] for e in refused)
+    assert any("malformed" in e["message"] for e in refused)
+    assert any("wrong token secret" in e["message"] for e in refused)
 
 
 def test_tokens_are_stored_only_as_hashes_and_can_be_revoked_and_rotated(live):
@@ -78,7 +83,11 @@ def test_tokens_are_stored_only_as_hashes_and_can_be_revoked_and_rotated(live):
     assert live.client(rotated["token"]).get("/v1/jobs").status_code == 200
     live.admin.delete(f"/v1/tokens/{rotated['id']}")
     r = live.client(rotated["token"]).get("/v1/jobs")
-    assert r.status_code == 401 and "revoked" in r.json()["message"]
+    assert r.status_code == 401 and r.json()["message"] == "invalid token"
+    # a revoked token is not rotated back to life
+    r = live.admin.post(f"/v1/tokens/{rotated['id']}/rotate")
+    assert r.status_code == 409 and "revoked" in r.json()["message"]
+    assert len(live.admin.get("/v1/tokens").json()["tokens"]) == len(listed) + 1
 
 
 def test_owners_see_and_manage_only_their_own_entitlements_and_jobs(live):
@@ -86,17 +95,28 @@ def test_owners_see_and_manage_only_their_own_entitlements_and_jobs(live):
     entitlement(live, "db", "bob")
     alice, bob = live.owner("alice"), live.owner("bob")
     assert [e["name"] for e in alice.get("/v1/entitlements").json()["entitlements"]] == ["web"]
-    assert alice.get("/v1/entitlements/db").status_code == 403
-    assert alice.post("/v1/jobs", json={**SPEC, "entitlement": "db"}).status_code == 403
+    # another owner's entitlement is answered as one that does not exist
+    def same(a: httpx.Response, b: httpx.Response, name: str, other: str) -> bool:
+        return a.status_code == b.status_code and a.text == b.text.replace(other, name)
+
+    assert same(alice.get("/v1/entitlements/db"), alice.get("/v1/entitlements/zz"), "db", "zz")
+    r = alice.post("/v1/jobs", json={**SPEC, "entitlement": "db"})
+    assert r.status_code == 422 and same(
+        r, alice.post("/v1/jobs", json={**SPEC, "entitlement": "zz"}), "db", "zz")
     assert alice.post("/v1/jobs", json=SPEC).status_code == 201
-    # bob cannot see, change or delete alice's job
+    # bob cannot see, change or delete alice's job, nor tell it from a missing one
     assert bob.get("/v1/jobs").json()["jobs"] == []
-    for method, path, body in [("GET", "/v1/jobs/web", None), ("DELETE", "/v1/jobs/web", None),
-                               ("POST", "/v1/jobs/web/resize", {"task_count": 1}),
-                               ("PUT", "/v1/jobs/web", SPEC), ("GET", "/v1/discovery/web", None)]:
-        r = bob.request(method, path, json=body)
-        assert r.status_code == 403, (method, path, r.text)
-        assert "does not own entitlement 'web'" in r.json()["message"]
+    entitlement(live, "bobs", "bob")
+    for method, path, body in [("GET", "/v1/jobs/{}", None), ("DELETE", "/v1/jobs/{}", None),
+                               ("POST", "/v1/jobs/{}/resize", {"task_count": 1}),
+                               ("GET", "/v1/jobs/{}/tasks", None),
+                               ("GET", "/v1/discovery/{}", None)]:
+        r = bob.request(method, path.format("web"), json=body)
+        missing = bob.request(method, path.format("zzz"), json=body)
+        assert r.status_code == 404 and same(r, missing, "web", "zzz"), (method, path, r.text)
+    r = bob.put("/v1/jobs/web", json=SPEC)  # (alice's entitlement, named in the spec)
+    assert r.status_code == 422 and same(
+        r, bob.put("/v1/jobs/web", json={**SPEC, "entitlement": "zz"}), "web", "zz")
     # owners do not grant themselves quota or touch machines and tokens
     assert alice.post("/v1/entitlements", json={"name": "more", "owner": "alice",
                                                 "quota": {"machines": 99}}).status_code == 403

@@ -31,10 +31,10 @@ def test_moving_a_job_needs_both_entitlements_and_refuses_bad_targets(live):
     r = move(live.client(None), "web2")
     assert r.status_code == 401 and r.json()["error"] == "unauthorized"
     assert move(live.client("plait_0000_wrong"), "web2").status_code == 401
-    r = move(bob, "db")  # bob owns the target, not the job's entitlement
-    assert r.status_code == 403 and "does not own entitlement 'web'" in r.json()["message"]
-    r = move(alice, "db")  # alice owns the job, not the target
-    assert r.status_code == 403 and "does not own entitlement 'db'" in r.json()["message"]
+    r = move(bob, "db")  # bob owns the target, not the job's entitlement: no such job
+    assert r.status_code == 404 and r.json()["message"] == "job 'web' not found"
+    r = move(alice, "db")  # alice owns the job, not the target: no such entitlement
+    assert r.status_code == 422 and "entitlement 'db' does not exist" in r.json()["message"]
     assert move(alice, "web2", job="ghost").status_code == 404
     assert move(live.admin, "web2", job="ghost").status_code == 404
     r = move(live.admin, "nope")

@@ -47,5 +47,5 @@ def test_task_output_is_read_through_the_api_and_only_a_tasks_machine_may_send_i
                       json={"chunks": []}).status_code == 403
     follow = live.admin.get("/v1/jobs/web/tasks/0/logs", params={"after": page["next"]}).json()
     assert "hello from the task" in follow["data"] and "not mine" not in follow["data"]
-    assert live.owner("bob").get("/v1/jobs/web/tasks/0/logs").status_code == 403
+    assert live.owner("bob").get("/v1/jobs/web/tasks/0/logs").status_code == 404
     assert live.admin.get("/v1/jobs/nope/tasks/0/logs").status_code == 404

@@ -3,8 +3,10 @@ into the control plane.
 
 Every endpoint but ``/healthz`` needs a bearer token. Errors are JSON
 ``{"error": kind, "message": ..., "field": ...}`` with a 4xx status: 401 without a
-valid token, 403 outside the token's rights (both recorded as events), 404 for an
-unknown name, 409 for a conflict (another spec under the same job name, a job being
+valid token (one answer for every bad token: "invalid token"), 403 outside the
+token's role (both recorded as events with the reason), 404 for an unknown name (and
+for another owner's entitlement or job: an owner cannot tell them from missing ones;
+the refusal is recorded), 409 for a conflict (another spec under the same job name, a job being
 deleted), 413 for a body over the limit, 422 for a malformed request (the field is
 named). A job operation is acknowledged once it is durably stored; the scheduler
 applies it asynchronously, and its progress shows in the job's status and events.
@@ -175,6 +177,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorBody, "description": "Malformed request; the field is named"},
     503: {"model": ErrorBody, "description": "Store unavailable; retry after Retry-After"},
 }
+
+#: the one answer to every token that is not valid (malformed, unknown, revoked, or
+#: with a wrong secret): why is recorded as an auth event, not told to the caller
+INVALID_TOKEN = "invalid token"
 
 _HTTP_KINDS = {400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                405: "method_not_allowed", 413: "too_large"}
@@ -354,7 +360,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     # -- authentication and authorization --------------------------------------------------
     refusals = {"second": 0.0, "count": 0, "suppressed": 0}
 
-    def refuse(request: Request, status: int, reason: str) -> AuthError:
+    def refuse(request: Request, status: int, reason: str,
+               answer: str | None = None) -> AuthError:
         # at most 20 refusals a second are recorded, so a flood of bad requests cannot
         # push everything else out of the retained events; the rest are counted
         now = cp.clock()
@@ -369,7 +376,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                       f"{request.method} {request.url.path}: {reason}")
         else:
             refusals["suppressed"] += 1
-        return AuthError(status, reason)
+        return AuthError(status, reason if answer is None else answer)
 
     async def principal(request: Request, declared: Annotated[
             HTTPAuthorizationCredentials | None, Security(bearer)] = None) -> Principal:
@@ -384,8 +391,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             who = cp.tokens.verify_cached(token.strip())
             if who is None:
                 who = await run_in_threadpool(cp.tokens.verify, token.strip())
-        except AuthError as exc:
-            raise refuse(request, 401, exc.reason) from None
+        except AuthError as exc:  # (why is recorded; every bad token gets one answer)
+            raise refuse(request, 401, exc.reason, answer=INVALID_TOKEN) from None
         request.state.principal = who
         return who
 
@@ -411,17 +418,28 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             return None
         return {e.name for e in list(cp.allocator.entitlements.values()) if e.owner == who.name}
 
-    def may_entitlement(request: Request, who: Principal, name: str) -> None:
+    def may_entitlement(request: Request, who: Principal, name: str,
+                        named_in_body: bool = False) -> None:
+        """An owner may use only its own entitlements; another owner's is answered as
+        one that does not exist (no probing for names), and the refusal recorded.
+        ``named_in_body``: a field of the request names it (a 422, as for an unknown
+        one), not the path (a 404)."""
         if who.role is Role.ADMIN:
             return
         ent = cp.entitlement(name) if name in cp.allocator.entitlements else None
         if ent is None or ent.owner != who.name:
-            raise refuse(request, 403, f"{who} does not own entitlement {name!r}")
+            refuse(request, 403, f"{who} does not own entitlement {name!r}")
+            if named_in_body:
+                raise ValidationError("entitlement", f"entitlement {name!r} does not exist")
+            raise NotFound("entitlement", name)
 
     def may_job(request: Request, who: Principal, job: str) -> None:
         if who.role is Role.ADMIN:
             return
-        may_entitlement(request, who, cp.jobs.get(job).entitlement)
+        try:
+            may_entitlement(request, who, cp.jobs.get(job).entitlement)
+        except NotFound:
+            raise NotFound("job", job) from None
 
     # -- health ----------------------------------------------------------------------------
     @app.get("/healthz", response_model=t.Health, tags=["health"])
@@ -477,7 +495,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """Create a job from a spec. Acknowledged once stored; tasks are placed
         asynchronously. The same spec again returns 200 and changes nothing; another
         spec under the same name is a 409. ``dry_run`` returns the plan only."""
-        may_entitlement(request, who, spec.entitlement)
+        may_entitlement(request, who, spec.entitlement, named_in_body=True)
         if dry_run:
             response.status_code = 200
             if spec.name in cp.jobs.names_cached():
@@ -516,7 +534,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         (201), so ``PUT`` deploys in one call."""
         if spec.name != name:
             raise ValidationError("name", f"the spec names job {spec.name!r}, the path {name!r}")
-        may_entitlement(request, who, spec.entitlement)
+        may_entitlement(request, who, spec.entitlement, named_in_body=True)
         if dry_run:
             if name in cp.jobs.names_cached():
                 may_job(request, who, name)
@@ -547,7 +565,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         The caller must own both entitlements. Refused (nothing changes) for an unknown
         entitlement or the job's own (422), or one without room for the job (409)."""
         may_job(request, who, name)
-        may_entitlement(request, who, body.entitlement)
+        may_entitlement(request, who, body.entitlement, named_in_body=True)
         return ack(cp.commands.move_job(name, body.entitlement))
 
     @app.post("/v1/jobs/{name}/restart", response_model=t.JobAck, tags=["jobs"])

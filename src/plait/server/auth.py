@@ -174,7 +174,10 @@ class TokenStore:
         raise Conflict(f"token {token_id}", "a quiet record", "too many concurrent writers")
 
     def rotate(self, token_id: str, now: float) -> tuple[TokenInfo, str]:
-        """Revoke a token and issue a new one with the same role and name."""
+        """Revoke a token and issue a new one with the same role and name. A revoked
+        token is not rotated (that would bring its rights back)."""
+        if self._read(token_id)[0].revoked:
+            raise Conflict(f"token {token_id}", "a live token", "revoked")
         info = self.revoke(token_id)
         return self.create(info.role, info.name, now, info.description)
 
