@@ -99,6 +99,56 @@ def test_admin_backup_and_restore(tmp_path):
     assert bad.exit_code == 2 and "junk.json" in bad.output
 
 
+def test_admin_backup_finds_the_data_dirs_store_refuses_a_missing_one_and_is_private(
+        tmp_path, monkeypatch):
+    import stat
+
+    from plait.server.serve import store_for
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PLAIT_STORE", raising=False)
+    out = tmp_path / "backup.json"
+    # no store in ./.plait: refused, nothing written, no empty store made
+    res = runner.invoke(app, ["admin", "backup", str(out)])
+    assert res.exit_code == 2 and "no store" in " ".join(res.output.split())
+    assert not out.exists() and not (tmp_path / ".plait").exists()
+    res = runner.invoke(app, ["admin", "backup", str(out), "--store", str(tmp_path / "x.db")])
+    assert res.exit_code == 2 and not (tmp_path / "x.db").exists()
+    # the data dir's store (0700 dir, 0600 files) is found without --store
+    st = store_for(tmp_path / ".plait")
+    st.create("/auth/tokens/t1", b"hash")
+    st.close()
+    assert stat.S_IMODE((tmp_path / ".plait").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / ".plait" / "plait.db").stat().st_mode) == 0o600
+    res = runner.invoke(app, ["admin", "backup", str(out)])
+    assert res.exit_code == 0, res.output
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert "/auth/tokens/t1" in out.read_text()
+    # a store with nothing in it: no empty backup, and a failure exit
+    empty = tmp_path / "empty"
+    store_for(empty).close()
+    out.unlink()
+    res = runner.invoke(app, ["admin", "backup", str(out), "--data-dir", str(empty)])
+    assert res.exit_code == 2 and "holds nothing" in res.output and not out.exists()
+
+
+def test_a_sqlite_store_is_private_whatever_the_umask(tmp_path):
+    import os
+    import stat
+
+    from plait.store import SqliteStore
+
+    old = os.umask(0o022)
+    try:
+        s = SqliteStore(str(tmp_path / "s.db"))
+        s.create("/k", b"v")
+        s.close()
+    finally:
+        os.umask(old)
+    for f in tmp_path.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+
+
 def test_agent_flags_are_checked_before_it_starts(tmp_path):
     base = ["agent", "--machine-id", "h1", "--control-plane", "http://127.0.0.1:9",
             "--data-dir", str(tmp_path)]
@@ -107,3 +157,8 @@ def test_agent_flags_are_checked_before_it_starts(tmp_path):
     res = runner.invoke(app, [*base, "--fault-domain", "r/dc1/msb1/row1/rack1", "--cpu", "8"])
     assert res.exit_code == 2
     assert "needs --memory-gb, --type too" in " ".join(res.output.split())
+    # the join token never on the command line (ps shows it): a file or the environment
+    res = runner.invoke(app, [*base, "--join-token", "plait_x_y"])
+    assert res.exit_code == 2 and "No such option" in res.output
+    res = runner.invoke(app, [*base, "--join-token-file", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and "cannot read the join token" in " ".join(res.output.split())

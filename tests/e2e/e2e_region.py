@@ -92,6 +92,8 @@ class Region:
                                   headers={"Authorization": f"Bearer {token}"})
         self.join = self.admin.post("/v1/tokens", json={"role": "join",
                                                         "name": "cluster"}).json()["token"]
+        self.join_file = tmp / "join-token"
+        self.join_file.write_text(self.join + "\n")
 
     def _spawn(self, log: str, *args: str) -> subprocess.Popen[bytes]:
         with open(self.tmp / "logs" / f"{log}.log", "ab") as out:
@@ -111,7 +113,8 @@ class Region:
     def start_agent(self, machine: str) -> None:
         self.agents[machine] = self._spawn(
             f"agent-{machine}", "agent", "--machine-id", machine, "--control-plane", self.url,
-            "--join-token", self.join, "--data-dir", str(self.tmp / "agents" / machine),
+            "--join-token-file", str(self.join_file),
+            "--data-dir", str(self.tmp / "agents" / machine),
             "--interval", str(self.interval))
 
     def task_pids(self, machine: str) -> dict[str, int]:

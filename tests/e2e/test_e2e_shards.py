@@ -71,9 +71,10 @@ def test_shards_and_a_front_end_by_their_own_commands(tmp_path):
         with open(tmp_path / "agent.log", "ab") as out:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "plait.cli.agent", "--machine-id", "m0000000",
-                 "--control-plane", front, "--join-token", json.loads(join.stdout)["token"],
-                 "--data-dir", str(tmp_path / "agent"), "--interval", "0.2"],
-                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+                 "--control-plane", front, "--data-dir", str(tmp_path / "agent"),
+                 "--interval", "0.2"],
+                env={**env, "PLAIT_JOIN_TOKEN": json.loads(join.stdout)["token"]},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         job = tmp_path / "job.yaml"
         job.write_text("name: s\nentitlement: b\ntask_count: 1\ncommand: sleep\n"
                        "args: ['600']\nresources: {cpu: 0.1, memory_gb: 0.1}\n")

@@ -9,6 +9,7 @@ import signal
 import ssl
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 from e2e_region import wait_for
@@ -18,6 +19,14 @@ from plait.server.serve import free_port
 
 JOB = {"name": "s", "entitlement": "e", "task_count": 1, "command": "sleep",
        "args": ["infinity"], "resources": {"cpu": 0.1, "memory_gb": 0.1}}
+
+
+
+def secret_file(tmp_path: Path, token: str) -> str:
+    """The join token in a file of its own (agents take it by file, never on argv)."""
+    path = tmp_path / "join-token"
+    path.write_text(token + "\n")
+    return str(path)
 
 
 def plait(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -76,7 +85,8 @@ def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
             "name": "e", "owner": "o", "quota": {"machines": 2}}).status_code == 201
         join = admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
         spawn("agent", "plait.cli.agent", "--machine-id", "m0000000", "--control-plane",
-              ",".join(reversed(urls)), "--join-token", join, "--data-dir",
+              ",".join(reversed(urls)), "--join-token-file", secret_file(tmp_path, join),
+              "--data-dir",
               str(tmp_path / "agent"), "--interval", "0.3", "--ca-file", ca)
         assert admin.post("/v1/jobs", json=JOB).status_code == 201
         wait_for(lambda: [t["state"] for t in admin.get("/v1/jobs/s/tasks").json()["tasks"]]
@@ -99,7 +109,8 @@ def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
             pass
         # an agent given a CA file that does not exist says so
         bad = subprocess.run([sys.executable, "-m", "plait.cli.agent", "--machine-id",
-                              "m0000001", "--control-plane", urls[0], "--join-token", join,
+                              "m0000001", "--control-plane", urls[0],
+                              "--join-token-file", secret_file(tmp_path, join),
                               "--data-dir", str(tmp_path / "bad"), "--ca-file",
                               str(tmp_path / "missing.pem")], env=env, capture_output=True,
                              text=True, timeout=60)
@@ -150,7 +161,8 @@ def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
                 "name": ent, "owner": "o", "quota": {"machines": 1}}).status_code == 201
         join = admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
         spawn("agent", "plait.cli.agent", "--machine-id", "m0000000", "--control-plane",
-              front, "--join-token", join, "--data-dir", str(tmp_path / "agent"),
+              front, "--join-token-file", secret_file(tmp_path, join),
+              "--data-dir", str(tmp_path / "agent"),
               "--interval", "0.3", "--ca-file", ca)
         assert admin.post("/v1/jobs", json={**JOB, "entitlement": "b"}).status_code == 201
         wait_for(lambda: [t["state"] for t in admin.get("/v1/jobs/s/tasks").json()["tasks"]]

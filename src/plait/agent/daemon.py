@@ -104,6 +104,7 @@ class Agent:
         self.join_token = join_token
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)  # its machine credential and the tasks' files
         self.advertise = advertise
         self.describe = describe or {}
         # (loading the system's CA bundle costs a tenth of a second of cpu: only for

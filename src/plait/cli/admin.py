@@ -56,33 +56,70 @@ def admin_certs(
         print(f"{kind:>10}: {path}")
 
 
+def _store_url(store: str | None, data_dir: Path) -> str:
+    """The store named by --store, or the SQLite store ``plait serve --data-dir``
+    keeps there; a store that does not exist is refused (never made empty)."""
+    if store is None:
+        db = data_dir / "plait.db"
+        if not db.is_file():
+            raise refuse(PlaitError(f"no store in {data_dir} (no {db}): give --data-dir, "
+                                    "or --store sqlite:///path or zk://host:port"))
+        return f"sqlite://{db.resolve()}"
+    path = store[len("sqlite://"):] if store.startswith("sqlite://") else (
+        None if store.startswith("zk://") else store)
+    if path is not None and not Path(path).is_file():
+        raise refuse(PlaitError(f"no SQLite store at {path}"))
+    return store
+
+
 @admin_app.command("backup")
 def admin_backup(
-    file: Annotated[str, typer.Argument(help="where to write the backup (JSON)")],
-    store: Annotated[str, typer.Option(envvar="PLAIT_STORE", help=STORE_HELP)] = "plait.db",
+    file: Annotated[Path, typer.Argument(help="where to write the backup (JSON)")],
+    store: Annotated[str | None, typer.Option(envvar="PLAIT_STORE", help=STORE_HELP)] = None,
+    data_dir: Annotated[Path, typer.Option(
+        help="the data dir of plait serve, whose store is backed up when no --store")]
+    = Path(".plait"),
 ) -> None:
-    """Write a consistent snapshot of every persistent key to FILE."""
+    """Write a consistent snapshot of every persistent key to FILE (mode 0600: it
+    holds token hashes). Refused for a store that does not exist or holds nothing."""
+    import os
+    import tempfile
+
     from plait.store.backup import backup, dumps, open_store
 
+    url = _store_url(store, data_dir)
     try:
-        st = open_store(store)
+        st = open_store(url)
     except PlaitError as exc:
         raise refuse(exc) from None
     try:
         document = backup(st)
+    except PlaitError as exc:
+        raise refuse(exc) from None
     finally:
         st.close()
-    with open(file, "w") as out:
-        out.write(dumps(document))
+    if not document["keys"]:
+        raise refuse(PlaitError(f"the store at {url} holds nothing: no backup written"))
+    try:  # a private file beside the target, renamed over it once whole
+        fd, tmp = tempfile.mkstemp(dir=file.resolve().parent, prefix=f".{file.name}.")
+        with os.fdopen(fd, "w") as out:
+            out.write(dumps(document))
+        os.replace(tmp, file)
+    except OSError as exc:
+        raise refuse(PlaitError(f"cannot write {file}: {exc.strerror}")) from None
     err.print(f"{len(document['keys'])} keys written to {file}")
 
 
 @admin_app.command("restore")
 def admin_restore(
     file: Annotated[str, typer.Argument(help="a backup written by 'plait admin backup'")],
-    store: Annotated[str, typer.Option(envvar="PLAIT_STORE", help=STORE_HELP)] = "plait.db",
+    store: Annotated[str | None, typer.Option(envvar="PLAIT_STORE", help=STORE_HELP)] = None,
+    data_dir: Annotated[Path, typer.Option(
+        help="the data dir of plait serve, whose store is restored into when no --store")]
+    = Path(".plait"),
 ) -> None:
     """Load FILE into an empty store (all keys in one transaction, or none)."""
+    from plait.server.serve import store_for
     from plait.store.backup import open_store, restore
 
     try:
@@ -91,9 +128,9 @@ def admin_restore(
     except (OSError, ValueError) as exc:
         raise refuse(PlaitError(f"{file}: {exc}")) from None
     try:
-        st = open_store(store)
-    except PlaitError as exc:
-        raise refuse(exc) from None
+        st = open_store(store) if store else store_for(data_dir)  # (a new one: 0700, 0600)
+    except (PlaitError, OSError) as exc:
+        raise refuse(PlaitError(str(exc))) from None
     try:
         n = restore(st, document)
     except PlaitError as exc:

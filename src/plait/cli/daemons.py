@@ -189,8 +189,9 @@ def agent(
     machine_id: Annotated[str, typer.Option(help="this machine's id in the region")],
     control_plane: Annotated[str, typer.Option(help="front-end URL(s), comma-separated")],
     data_dir: Annotated[Path, typer.Option(help="the agent's state, task dirs and logs")],
-    join_token: Annotated[str | None, typer.Option(
-        envvar="PLAIT_JOIN_TOKEN", help="the cluster join token (first start only)")] = None,
+    join_token_file: Annotated[Path | None, typer.Option(
+        help="a file holding the cluster join token (first start only; or set "
+             "PLAIT_JOIN_TOKEN). Never on the command line, where ps shows it")] = None,
     advertise: Annotated[str, typer.Option(help="address tasks are reached at")] = "127.0.0.1",
     interval: Annotated[float, typer.Option(min=0.05, help="seconds between steps")] = 1.0,
     fault_domain: Annotated[str | None, typer.Option(
@@ -222,6 +223,14 @@ def agent(
     from plait.agent.daemon import Agent
     from plait.agent.runtime import create_runtime
 
+    join_token = os.environ.get("PLAIT_JOIN_TOKEN") or None
+    if join_token_file is not None:
+        try:
+            join_token = join_token_file.read_text(encoding="utf-8").strip() or None
+        except (OSError, UnicodeError) as exc:
+            err.print(f"[red]error:[/red] cannot read the join token from {join_token_file}: "
+                      f"{getattr(exc, 'strerror', None) or exc}")
+            raise typer.Exit(EXIT_INVALID) from None
     described = {"fault_domain": fault_domain, "cpu": cpu, "memory_gb": memory_gb,
                  "type": type}
     if any(v is not None for v in described.values()):

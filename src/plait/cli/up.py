@@ -80,7 +80,6 @@ def up(
         fd = os.open(join_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
-    join = join_file.read_text().strip()
     # the agents start first (they retry their join until the API answers): their
     # start-up overlaps the control plane's
     # sharded: the front end on PORT, shard S replica R on PORT+1+S*REPLICAS+R (this
@@ -108,7 +107,8 @@ def up(
         # each agent describes its machine, as on a real host (checked on join)
         agents[name] = subprocess.Popen(
             [sys.executable, "-m", "plait.cli.agent", "--machine-id", name,
-             "--control-plane", ",".join(urls), "--join-token", join, "--data-dir", str(home),
+             "--control-plane", ",".join(urls), "--join-token-file", str(join_file),
+             "--data-dir", str(home),
              "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
              "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
              "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],

@@ -143,6 +143,10 @@ class ReplicatedRegion:
         self.admin = FailoverClient(self.api_urls, token)
         self.join = self.admin.post("/v1/tokens", json={"role": "join",
                                                         "name": "cluster"}).json()["token"]
+        self.join_file = self.work / "join-token"  # (agents read it: never on argv)
+        fd = os.open(self.join_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.join + "\n")
         for name in self.machine_names():
             self.start_agent(name, self.agent_urls.get(name))
         return self
@@ -151,7 +155,8 @@ class ReplicatedRegion:
         """``urls``: the front ends this agent is given (every replica by default)."""
         self.agents[machine] = self._spawn(
             f"agent-{machine}", "plait.cli.agent", "--machine-id", machine,
-            "--control-plane", ",".join(urls or self.api_urls), "--join-token", self.join,
+            "--control-plane", ",".join(urls or self.api_urls), "--join-token-file",
+            str(self.join_file),
             "--data-dir", str(self.work / "agents" / machine),
             "--interval", str(self.interval))
 

@@ -10,6 +10,8 @@ by another process is seen too; watches are level-triggered.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -108,10 +110,17 @@ class SqliteStore:
     def __init__(self, path: str, busy_timeout: float = 30.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.path, self.clock = path, clock
+        private = path != ":memory:" and not path.startswith("file:")
+        if private:  # it holds token hashes: 0600 from its creation, whatever the umask
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         self._db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
                                    check_same_thread=False)
         self._lock = threading.RLock()
         self._db.execute("PRAGMA journal_mode=WAL")
+        if private:  # (SQLite gives the -wal and -shm files the database's mode)
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(OSError):  # (another user's file: left alone)
+                    os.chmod(path + suffix, 0o600)
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
         self._watches: list[tuple[str, WatchCallback]] = []
