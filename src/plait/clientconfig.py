@@ -139,6 +139,13 @@ class ClientConfig:
         env_ca = None if context else os.environ.get("PLAIT_CA_FILE")
         found = Context(final_url, final_token, env_ca or (base.ca_file if base else None))
         for u in found.urls:
-            if not (u.startswith("http://") or u.startswith("https://")):
+            from urllib.parse import urlsplit
+
+            try:
+                parts = urlsplit(u)
+                parts.port  # noqa: B018 (raises for a port that is not a number)
+            except ValueError as exc:
+                raise ValidationError("url", f"{u!r} is not a valid URL: {exc}") from None
+            if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ValidationError("url", f"{u!r} is not an http(s) URL")
         return Context(",".join(found.urls), found.token, found.ca_file)

@@ -162,3 +162,68 @@ def test_agent_flags_are_checked_before_it_starts(tmp_path):
     assert res.exit_code == 2 and "No such option" in res.output
     res = runner.invoke(app, [*base, "--join-token-file", str(tmp_path / "missing")])
     assert res.exit_code == 2 and "cannot read the join token" in " ".join(res.output.split())
+
+
+def test_bad_spec_files_are_one_line_errors(tmp_path):
+    import os
+
+    def deploy(path) -> str:
+        res = runner.invoke(app, ["--url", "http://127.0.0.1:9", "--token", "t",
+                                  "job", "deploy", str(path)])
+        assert res.exit_code == 2, (path, res.output)
+        assert "Traceback" not in res.output and res.exception is None or isinstance(
+            res.exception, SystemExit)
+        return " ".join(res.output.split())
+
+    cases = {
+        "empty.yaml": b"",
+        "binary.yaml": bytes(range(256)) * 4,
+        "nul.yaml": b"name: web\x00\n",
+        "huge.yaml": b"a: " + b"x" * (2 << 20) + b"\n",
+        "deep.yaml": b"[" * 200_000,
+        "deep.json": b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+        "hidden.yaml": b"a: it's [" + b"[" * 100_000 + b"\n",
+        "twice.yaml": b"name: x\nentitlement: web\nname: web\n",
+        "twice.json": b'{"name": "x", "entitlement": "web", "name": "web"}',
+        "nested-twice.yaml": b"name: x\nresources: {cpu: 1, cpu: 2}\n",
+    }
+    said = {}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        said[name] = deploy(tmp_path / name)
+    assert "is empty" in said["empty.yaml"]
+    assert "not UTF-8" in said["binary.yaml"] and "NUL" in said["nul.yaml"]
+    assert "larger than" in said["huge.yaml"]
+    assert "nested too deeply" in said["deep.yaml"] or "not valid YAML" in said["deep.yaml"]
+    assert "nested too deeply" in said["deep.json"]
+    assert "nested too deeply" in said["hidden.yaml"]  # (a quote inside a plain scalar)
+    for name in ("twice.yaml", "twice.json", "nested-twice.yaml"):
+        assert "given twice" in said[name], said[name]
+    if os.path.exists("/dev/zero"):  # read up to a bound, never to the end
+        assert "larger than" in deploy("/dev/zero")
+
+
+def test_a_malformed_url_and_a_missing_join_token_are_one_line_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("PLAIT_JOIN_TOKEN", raising=False)
+    for url in ("http://[::1", "http://h:port", "ftp://h", "nonsense"):
+        res = runner.invoke(app, ["--url", url, "--token", "t", "job", "list"])
+        assert res.exit_code == 2 and "url" in res.output, (url, res.output)
+        assert res.exception is None or isinstance(res.exception, SystemExit)
+    res = runner.invoke(app, ["agent", "--machine-id", "h1", "--control-plane",
+                              "http://127.0.0.1:9", "--data-dir", str(tmp_path / "a")])
+    assert res.exit_code == 2 and "join token" in " ".join(res.output.split())
+    assert isinstance(res.exception, SystemExit)
+
+
+def test_url_and_token_work_after_the_verb_too():
+    from plait.cli.main import hoist
+
+    assert hoist(["plait", "job", "list", "--url", "http://a", "--token=t", "-o", "json"]) \
+        == ["plait", "--url", "http://a", "--token=t", "job", "list", "-o", "json"]
+    assert hoist(["plait", "--context", "c", "job", "show", "web", "--url", "http://a"]) \
+        == ["plait", "--context", "c", "--url", "http://a", "job", "show", "web"]
+    # plait context has options of these names: left alone; so is what follows --
+    assert hoist(["plait", "context", "set", "x", "--url", "http://a"]) == [
+        "plait", "context", "set", "x", "--url", "http://a"]
+    assert hoist(["plait", "job", "deploy", "--", "--url"]) == [
+        "plait", "job", "deploy", "--", "--url"]

@@ -190,7 +190,8 @@ class Agent:
         if self.token is not None:
             return
         if not self.join_token:
-            raise ValueError("this agent has no machine credential yet: give --join-token")
+            raise ValueError("this agent has no machine credential yet: give the join token "
+                             "(--join-token-file, or PLAIT_JOIN_TOKEN)")
         self.token = self._call("POST", "/v1/agents/join", self.join_token,
                                 {"machine": self.machine, **self.describe})["token"]
         self._save()

@@ -126,20 +126,15 @@ def rows(columns: list[str], items: list[list[Any]], title: str | None = None) -
 
 
 def load_documents(path: Path) -> list[dict[str, Any]]:
-    """The mappings in a YAML file: one, several documents, or a list under any key."""
-    try:
-        text = sys.stdin.read() if str(path) == "-" else path.read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}", EXIT_INVALID) from None
-    import yaml
+    """The mappings in a YAML file: one, several documents, or a list under any key
+    (read by ``plait.cli.specfile``: bounded, text only, no duplicate keys)."""
+    from plait.cli import specfile
 
     try:
-        docs = [d for d in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader",
-                                                              yaml.SafeLoader))
-                if d is not None]
-    except yaml.YAMLError as exc:
-        raise CliError(f"{path} is not valid YAML: {exc}", EXIT_INVALID) from None
-    found: list[dict[str, Any]] = []
+        docs = specfile.parse_yaml(specfile.read(path), path)
+    except specfile.SpecError as exc:
+        raise CliError(str(exc), EXIT_INVALID) from None
+    found: list[Any] = []
     for doc in docs:
         if isinstance(doc, list):
             found.extend(doc)

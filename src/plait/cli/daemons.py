@@ -267,6 +267,9 @@ def agent(
         except ConnectionError as exc:
             err.print(f"plait agent {machine_id}: {exc}; retrying")
             stop.wait(interval)
+        except (ValueError, OSError) as exc:  # no join token, a data dir it cannot write
+            err.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(EXIT_INVALID) from None
         except httpx.HTTPStatusError as exc:
             try:
                 reason = exc.response.json().get("message", exc.response.text)

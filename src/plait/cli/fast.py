@@ -72,18 +72,13 @@ def deploy(argv: list[str]) -> int | None:
 def _spec(path: str) -> dict[str, Any] | None:
     """The file's one job spec, when it is one plain mapping with a name. A JSON
     file is read without a YAML parser (importing one is a third of this path)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read(MAX_ANSWER + 1)
-    if len(text) > MAX_ANSWER:
-        return None
-    if text.lstrip().startswith("{"):
-        docs = [json.loads(text)]
-    else:
-        import yaml
+    from plait.cli import specfile  # (bounded, text only, no duplicate keys)
 
-        docs = [d for d in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader",
-                                                              yaml.SafeLoader))
-                if d is not None]
+    text = specfile.read(path)
+    if text.lstrip().startswith("{"):
+        docs = [specfile.parse_json(text, path)]
+    else:
+        docs = specfile.parse_yaml(text, path)
     if len(docs) != 1 or not isinstance(docs[0], dict):
         return None
     doc = docs[0]

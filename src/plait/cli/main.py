@@ -102,8 +102,46 @@ CLIENT_VERBS = frozenset({"context", "discover", "entitlement", "job", "machine"
                           "maintenance", "task", "token", "version"})
 
 
+#: the top-level options a client verb also takes after its noun (``plait job list
+#: --url URL``), as kubectl takes ``--context`` anywhere; ``plait context`` has options
+#: of its own by these names, so they are not moved there
+GLOBAL_OPTIONS = ("--url", "--token", "--context")
+HOISTED = CLIENT_VERBS - {"context", "version"} | {"events"}
+
+
+def hoist(argv: list[str]) -> list[str]:
+    """``argv`` with ``--url``/``--token``/``--context`` given after a client noun moved
+    before it, where the top-level command reads them."""
+    at = 1
+    while at < len(argv) and argv[at].split("=", 1)[0] in GLOBAL_OPTIONS:
+        at += 1 if "=" in argv[at] else 2  # (already before the noun)
+    if at >= len(argv) or argv[at] not in HOISTED:
+        return argv
+    moved: list[str] = []
+    rest: list[str] = []
+    k = at + 1
+    while k < len(argv):
+        arg = argv[k]
+        if arg == "--":
+            rest += argv[k:]
+            break
+        if arg.split("=", 1)[0] in GLOBAL_OPTIONS:
+            if "=" in arg:
+                moved.append(arg)
+                k += 1
+                continue
+            if k + 1 < len(argv):
+                moved += argv[k:k + 2]
+                k += 2
+                continue
+        rest.append(arg)
+        k += 1
+    return [*argv[:at], *moved, argv[at], *rest]
+
+
 def run() -> None:
     """The ``plait`` console script."""
+    sys.argv[:] = hoist(sys.argv)
     quick = len(sys.argv) > 1 and sys.argv[1] in CLIENT_VERBS
     if not quick:
         app()
