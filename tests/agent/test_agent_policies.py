@@ -252,3 +252,50 @@ def test_a_starting_task_shortens_the_long_poll_to_its_probe_interval(tmp_path):
         assert agent._wait(1.0) == 0.05
     finally:
         agent.prober.close()
+
+
+def test_a_task_that_ignores_sigterm_never_holds_up_its_agent(box):
+    """The stop runs in the background: heartbeats keep their pace, the task counts as
+    stopping (not stopped) until it is killed at its kill timeout, and then it is gone."""
+    box.deploy("stubborn", "trap '' TERM; while true; do sleep 0.1; done", tasks=1,
+               kill_timeout_seconds=4)
+    wait_for(lambda: [t["state"] for t in box.tasks("stubborn")] == ["running"],
+             what="it runs")
+    agent = next(a for a in box.agents if a.handles)
+    pid = agent.handles["stubborn.0"].pid
+    assert box.api.delete("/v1/jobs/stubborn").status_code == 202
+    wait_for(lambda: agent.stopping, what="its agent stops it")
+    gaps, last = [], box.cp.liveness.last.get(agent.machine, 0.0)
+    stopped_at = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = box.cp.liveness.last.get(agent.machine, 0.0)
+        if now != last:
+            gaps.append(now - last)
+            last = now
+        alive = _alive(pid)
+        if alive:  # still stopping: the job waits for it (never two copies)
+            assert box.api.get("/v1/jobs/stubborn").status_code == 200
+        elif stopped_at is None:
+            stopped_at = time.monotonic()
+        if stopped_at is not None and box.api.get("/v1/jobs/stubborn").status_code == 404:
+            break
+    assert stopped_at is not None, "killed at its kill timeout"
+    assert box.api.get("/v1/jobs/stubborn").status_code == 404
+    assert gaps and max(gaps) < 3.0, gaps  # beats went on during the 4 s stop
+    assert not agent.stopping
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # (a zombie not reaped yet is dead)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False

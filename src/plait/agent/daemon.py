@@ -19,6 +19,7 @@ import shutil
 import socket
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,29 @@ class Task:
     @property
     def key(self) -> str:
         return f"{self.job}.{self.index}"
+
+
+#: the kill timeout of a task whose spec names none
+DEFAULT_KILL_TIMEOUT = 10.0
+
+
+@dataclass
+class Stopping:
+    """A task being stopped in the background (kept in the agent's state, so a
+    restarted agent finishes the stop)."""
+
+    job: str
+    index: int
+    revision: int
+    handle: dict[str, Any]
+    grace: float
+    #: forget its cgroups, logs and files once stopped (it left this machine)
+    remove: bool
+    future: Future[None] | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {"job": self.job, "index": self.index, "revision": self.revision,
+                "handle": self.handle, "grace": self.grace, "remove": self.remove}
 
 
 def _free_port(host: str) -> int:
@@ -127,6 +151,10 @@ class Agent:
         #: the generation of the desired set last pulled (for the long-poll)
         self.generation: int | None = None
         self._saved: dict[str, Any] | None = None
+        #: stops under way in the background (SIGTERM, then SIGKILL after the job's
+        #: kill timeout): a task that ignores SIGTERM never holds up a heartbeat
+        self.stopping: dict[str, Stopping] = {}
+        self._stops = ThreadPoolExecutor(max_workers=8, thread_name_prefix="plait-stop")
         self._load()
 
     # -- local state -----------------------------------------------------------------------
@@ -137,6 +165,11 @@ class Agent:
         if data.get("machine") != self.machine:
             raise ValueError(f"{self.state_path} belongs to machine {data.get('machine')}")
         self.token = data.get("token")
+        for key, raw in data.get("stopping", {}).items():  # (stops the last run left)
+            handle = self.runtime.adopt(raw["handle"])
+            self._stop_later(key, Stopping(raw["job"], raw["index"], raw["revision"],
+                                           raw["handle"], float(raw["grace"]),
+                                           bool(raw["remove"])), handle)
         for key, raw in data.get("tasks", {}).items():
             task = Task(**raw)
             handle = self.runtime.adopt(task.handle) if task.handle else None
@@ -148,7 +181,8 @@ class Agent:
 
     def _save(self) -> None:
         data = {"machine": self.machine, "token": self.token,
-                "tasks": {k: asdict(t) for k, t in self.tasks.items()}}
+                "tasks": {k: asdict(t) for k, t in self.tasks.items()},
+                "stopping": {k: s.record() for k, s in self.stopping.items()}}
         if data == self._saved:
             return  # (most steps change nothing: no write, no fsync)
         self._saved = data
@@ -201,6 +235,7 @@ class Agent:
         """Pull the desired set (a long-poll of up to ``wait`` seconds when the agent
         has one already: it returns as soon as the set changes), converge, report."""
         self.join()
+        self._stopped()
         params = {"wait": wait, "since": self.generation} if (
             wait and self.generation is not None) else None
         try:
@@ -234,8 +269,9 @@ class Agent:
             task.policy = restart.get("policy", "always")
             task.max_retries = int(restart.get("max_retries", 3))
             self.specs[key] = a["spec"]
-            if key not in self.handles and now >= task.next_start and task.exit_code is None:
-                self._start(task, a["spec"])
+            if key not in self.handles and key not in self.stopping and (
+                    now >= task.next_start and task.exit_code is None):
+                self._start(task, a["spec"])  # (once a stop of its key has finished)
         self._supervise(now)
         self.runtime.rotate_logs()  # (the agent keeps the whole logs, rotated)
         self._report(now)
@@ -306,21 +342,51 @@ class Agent:
         task.restarts += 1
         task.next_start = now + wait
 
-    def _stop(self, key: str) -> None:
+    def _stop(self, key: str, remove: bool = False) -> None:
+        """Stop the task in the background (its heartbeats report it ``stopping`` until
+        its process is gone); ``remove``: then forget its cgroups, logs and files."""
         handle = self.handles.pop(key, None)
-        if handle is not None:
-            self.runtime.stop(handle, grace=10.0)
         task = self.tasks.get(key)
         if task is not None:
             task.handle = None
+        if handle is None:
+            if remove and key not in self.stopping:
+                self._clean(key)
+            return
+        spec = self.specs.get(key) or {}
+        grace = float(spec.get("kill_timeout_seconds", DEFAULT_KILL_TIMEOUT))
+        assert task is not None
+        self._stop_later(key, Stopping(task.job, task.index, task.revision, handle.to_dict(),
+                                       grace, remove), handle)
+
+    def _stop_later(self, key: str, stopping: Stopping, handle: Handle | None) -> None:
+        def stop() -> None:
+            if handle is not None:
+                self.runtime.stop(handle, grace=stopping.grace)
+            if stopping.remove:
+                self._clean(key)
+        stopping.future = self._stops.submit(stop)
+        self.stopping[key] = stopping
+
+    def _stopped(self) -> None:
+        """Forget the stops that have finished (the next report leaves them out: the
+        control plane then takes them as stopped)."""
+        for key, stopping in list(self.stopping.items()):
+            if stopping.future is not None and stopping.future.done():
+                del self.stopping[key]
+                error = stopping.future.exception()
+                if error is not None:
+                    print(f"plait agent {self.machine}: stopping {key}: {error}", flush=True)
+
+    def _clean(self, key: str) -> None:
+        self.runtime.cleanup(f"{self.prefix}/{key}")
+        shutil.rmtree(self.data_dir / "tasks" / key, ignore_errors=True)
 
     def _remove(self, key: str) -> None:
-        self._stop(key)
+        self._stop(key, remove=True)
         self.tasks.pop(key, None)
         self.specs.pop(key, None)
         self.prober.forget(key)
-        self.runtime.cleanup(f"{self.prefix}/{key}")
-        shutil.rmtree(self.data_dir / "tasks" / key, ignore_errors=True)
 
     def _healthy(self, task: Task, now: float) -> bool:
         spec = self.specs.get(task.key)
@@ -352,6 +418,10 @@ class Agent:
                                  "revision": task.revision, "phase": "exited",
                                  "healthy": False, "exit_code": task.exit_code,
                                  "final": task.final})
+        for stopping in self.stopping.values():
+            statuses.append({"job": stopping.job, "index": stopping.index,
+                             "revision": stopping.revision, "phase": "stopping",
+                             "healthy": False})
         try:
             # output first: the control plane takes a task's output only while the task
             # is on this machine, and a final status takes a batch task off it
@@ -412,4 +482,8 @@ class Agent:
         """Stop every task (Ctrl-C of `plait up`), keeping nothing running."""
         for key in list(self.handles):
             self._stop(key)
+        for stopping in list(self.stopping.values()):
+            if stopping.future is not None:
+                stopping.future.result()
+        self._stopped()
         self._save()

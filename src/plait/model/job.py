@@ -171,6 +171,9 @@ class JobSpec(Value):
     restart: RestartPolicy = RestartPolicy()
     #: how a running task is checked (none: healthy while its process runs)
     health: HealthProbe | None = None
+    #: seconds between the SIGTERM that stops a task and the SIGKILL of whatever is
+    #: left (the agent stops tasks in the background: its heartbeats keep their pace)
+    kill_timeout_seconds: float = pydantic.Field(default=10.0, ge=0, le=3600)
 
     _names = pydantic.field_validator("name", "entitlement")(check_name)
 

@@ -45,6 +45,8 @@ class Phase(enum.StrEnum):
     EXITED = "exited"
     #: stopped because it left the machine's desired set
     STOPPED = "stopped"
+    #: being stopped by its agent (SIGTERM sent, within the job's kill timeout)
+    STOPPING = "stopping"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +185,8 @@ class JobRecord:
 
 #: the spec fields that do not change how a task runs: a version that differs from
 #: another only in these restarts nothing
-NOT_RUNTIME = {"task_count": 0, "task_controller": None, "update": UpdatePolicy()}
+NOT_RUNTIME = {"task_count": 0, "task_controller": None, "update": UpdatePolicy(),
+               "kill_timeout_seconds": 10.0}
 
 
 def same_runtime(a: JobSpec, b: JobSpec) -> bool:

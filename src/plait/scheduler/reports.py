@@ -32,6 +32,8 @@ def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now:
                 or (phase is Phase.RUNNING and rec.state is TaskState.RUNNING
                     and st.healthy == rec.healthy and rec.serving and rec.op is None)):
             s.mark(st.job)  # a heartbeat that changes nothing leaves the job idle
+        if phase is Phase.STOPPING:
+            continue  # its agent is stopping it: not stopped until it says so
         if phase is Phase.STOPPED:
             s.stopped(job, rec, now)
         elif st.revision != job.revision(rec.spec_version):
