@@ -53,6 +53,9 @@ class Task:
     #: the job's restart policy: always, on-failure (with max_retries) or never
     policy: str = "always"
     max_retries: int = 3
+    #: what its health probe said last (kept: a restarted agent's adopted tasks stay
+    #: healthy, and in discovery, until their probe says otherwise)
+    healthy: bool = False
 
     @property
     def key(self) -> str:
@@ -175,6 +178,8 @@ class Agent:
             handle = self.runtime.adopt(task.handle) if task.handle else None
             if handle is not None:
                 self.handles[key] = handle  # still running: adopted, not restarted
+                if task.healthy:
+                    self.prober.resume(key)  # as healthy as it was, until probed
             else:
                 task.handle = None
             self.tasks[key] = task
@@ -299,6 +304,7 @@ class Agent:
         self.handles[task.key] = handle
         task.handle = handle.to_dict()
         self.prober.forget(task.key)  # unhealthy until its probe passes
+        task.healthy = False
 
     def _env(self, task: Task, spec: dict[str, Any]) -> dict[str, str]:
         # the agent's own PLAIT_* settings (tokens, URLs, config) are not the tasks'
@@ -404,9 +410,10 @@ class Agent:
         for key, task in self.tasks.items():
             handle = self.handles.get(key)
             if handle is not None:
+                task.healthy = self._healthy(task, now)
                 statuses.append({"job": task.job, "index": task.index,
                                  "revision": task.revision, "phase": "running",
-                                 "healthy": self._healthy(task, now),
+                                 "healthy": task.healthy,
                                  "endpoint": f"{self.advertise}:{task.port}"})
                 data, offset = self.runtime.read_log(handle, task.log_offset, CHUNK_BYTES)
                 if data:

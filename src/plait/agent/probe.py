@@ -86,6 +86,11 @@ class Prober:
                     command_probe, list(probe["command"]), env, cwd, timeout)
         return st.healthy
 
+    def resume(self, key: str) -> None:
+        """A task that was healthy before its agent restarted: healthy until its probe
+        fails ``failure_threshold`` times in a row, as if the agent had never stopped."""
+        self.states[key] = _State(healthy=True)
+
     def starting(self, key: str) -> bool:
         """The task has not passed a probe since it (re)started."""
         st = self.states.get(key)

@@ -232,7 +232,7 @@ def _task_state(job: JobRecord, rec: TaskRecord, desired: bool, fleet_name: Call
             None if rec.machine is None else fleet_name(rec.machine), desired, rec.serving,
             rec.healthy, None if rec.op is None else op_to_wire(rec.op), rec.op_costly,
             rec.restart, rec.parked, rec.lost_since, rec.healthy_since, rec.exit_code,
-            rec.unhealthy_since, rec.served]
+            rec.unhealthy_since, rec.served, rec.endpoint]
 
 
 class WarmCopy(Protocol):
@@ -491,6 +491,7 @@ class PersistentScheduler:
             exit_code = row[12] if len(row) > 12 else None  # (records before batch jobs)
             # (records before probe failures were timed)
             unhealthy_since, served = row[13:15] if len(row) > 14 else (None, False)
+            endpoint = row[15] if len(row) > 15 else None  # (before endpoints were kept)
             index = int(key)
             m = None if machine is None else fleet.index_of(machine)
             if placement.get(index) != m:
@@ -500,7 +501,7 @@ class PersistentScheduler:
             rec = TaskRecord(index, int(version), _TASK_STATES[state], m, bool(serving),
                              bool(healthy), None if op is None else op_from_wire(op),
                              bool(costly), bool(restart), parked, lost_since, healthy_since,
-                             exit_code, unhealthy_since, bool(served))
+                             exit_code, unhealthy_since, bool(served), endpoint)
             job.tasks[index] = rec
             if want:
                 desired.append(index)

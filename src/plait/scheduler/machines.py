@@ -80,6 +80,7 @@ def lose(s: SchedulerState, ref: TaskRef, now: float) -> None:
         rec.serving = False
         rec.healthy = False
         rec.unhealthy_since, rec.served = None, False
+        rec.endpoint = None
         rec.lost_since = now
         rec.parked = None
         job.dirty = True

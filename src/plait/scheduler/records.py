@@ -93,6 +93,9 @@ class TaskRecord:
     #: it was serving when it began failing its probe (so it still counts as serving,
     #: for max_unavailable, for ``serving_grace_seconds``)
     served: bool = False
+    #: where it listens ("host:port"), as its agent last reported; kept with the
+    #: record, so discovery is right from the first moment after a restart
+    endpoint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

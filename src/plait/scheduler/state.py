@@ -294,6 +294,7 @@ class SchedulerState:
         rec.healthy = False
         rec.healthy_since = None
         rec.unhealthy_since, rec.served = None, False
+        rec.endpoint = None
         if rec.machine is not None:
             self.touched.add(rec.machine)
             self.desired.get(rec.machine, {}).pop(ref, None)

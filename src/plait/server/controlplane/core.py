@@ -112,8 +112,6 @@ class ControlPlane:
         self.events = EventLog(store, config.retention)
         self.tokens = TokenStore(store)
         self.logs = TaskLogs()
-        #: (job, index) -> "host:port" the task's agent reported
-        self.endpoints: dict[tuple[str, int], str] = {}
         self.liveness = HealthCheck(config.heartbeat_timeout)
         self.sim: Simulation | None = None
         #: per machine: bumped whenever its desired set changes (agents long-poll it),
@@ -173,7 +171,6 @@ class ControlPlane:
             self.events.refresh()
             config = self.config
             self.liveness = HealthCheck(config.heartbeat_timeout)
-            self.endpoints.clear()  # (reported again by the agents within a step)
             grace = max(config.heartbeat_timeout, config.startup_grace
                         - (time.monotonic() - self._created))
             if self.warm is not None:

@@ -121,8 +121,10 @@ class Loop:
             for (job, index), endpoint in endpoints.items():
                 found = jobs.get(job)
                 rec = found.tasks.get(index) if found is not None else None
-                if rec is not None and rec.machine == m:  # only where the task is placed
-                    self.cp.endpoints[(job, index)] = endpoint
+                # only where the task is placed; a change is stored with the record
+                if rec is not None and rec.machine == m and rec.endpoint != endpoint:
+                    rec.endpoint = endpoint
+                    self.cp.scheduler.mark(job)
 
     def sim_output(self) -> None:
         assert self.cp.sim is not None and self.cp.sim.output is not None

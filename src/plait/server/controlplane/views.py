@@ -37,8 +37,8 @@ class JobState:
     error: str | None
     unavailable: int
     tasks: tuple[dict[str, Any], ...]
-    #: (index, machine) of the tasks enabled in service discovery
-    serving_on: tuple[tuple[int, str], ...]
+    #: (index, machine, endpoint) of the tasks enabled in service discovery
+    serving_on: tuple[tuple[int, str, str | None], ...]
     #: the last operation of the job's log the scheduler has applied
     applied_operation: int
     #: operations wanted, acked or under way (a restart, an update, a move...)
@@ -62,7 +62,7 @@ class JobState:
                           "exit_code": r.exit_code,
                           "operation": None if r.op is None else r.op.kind.value})
             if r.serving and machine is not None:
-                serving_on.append((r.index, machine))
+                serving_on.append((r.index, machine, r.endpoint))
         return cls(job.entitlement, target, len(job.tasks), counts, serving, updated, job.halted,
                    job.rollout_active, job.moving_from, sched.on_entitlement(job),
                    job.unplaced_reason, job.error, sched.unavailable(job), tuple(tasks),
@@ -162,9 +162,8 @@ class Views:
         job = self._views.get(name)
         if job is None:
             return []
-        endpoints = self.cp.endpoints
-        return [{"index": i, "machine": m, "endpoint": endpoints.get((name, i))}
-                for i, m in job.serving_on]
+        return [{"index": i, "machine": m, "endpoint": endpoint}
+                for i, m, endpoint in job.serving_on]
 
     def plan(self, spec: JobSpec) -> dict[str, Any]:
         """What deploying ``spec`` would do, changing nothing: the spec fields that
