@@ -3,6 +3,7 @@ a SIGKILL of its control plane. Liveness bounds only; nothing asserts speed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -171,3 +172,58 @@ def test_up_with_replicas_survives_the_loss_of_its_own_process(tmp_path):
     assert not left, [cmdline(p) for p in left]  # Ctrl-C stopped every process
     assert replica is not None and not alive(replica)
     assert not any(alive(p) for p in first.values())
+
+
+def test_ctrl_c_stops_agents_and_replicas_restarted_by_hand(tmp_path):
+    """An agent and a replica killed and started again by hand (same command line, as
+    an operator would) are plait up's too: Ctrl-C leaves no process of the region."""
+    data, port = tmp_path / "region", free_port()
+    urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+    env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
+    proc = subprocess.Popen([sys.executable, "-m", "plait.cli.main", "up", "--data-dir",
+                             str(data), "--machines", "3", "--port", str(port),
+                             "--heartbeat-timeout", "3", "--replicas", "2"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    hand: list[subprocess.Popen[bytes]] = []
+    left: set[int] = set()
+    try:
+        wait_for(lambda: httpx.get(f"{urls[0]}/healthz").status_code == 200, what="plait up")
+        token = (data / "admin-token").read_text().strip()
+        admin = httpx.Client(base_url=urls[0], timeout=30,
+                             headers={"Authorization": f"Bearer {token}"})
+        admin.post("/v1/entitlements", json={"name": "web", "owner": "o",
+                                             "quota": {"machines": 3}})
+        assert admin.post("/v1/jobs", json=WEB).status_code == 201
+        wait_for(lambda: len(task_pids(data)) == 3, what="the job runs")
+
+        def restart_by_hand(pid: int) -> None:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            environ = dict(e.split(b"=", 1) for e in Path(
+                f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not alive(pid), what="killed")
+            hand.append(subprocess.Popen(argv, env=environ, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, start_new_session=True))
+
+        agent_pid = int(next((data / "agents").glob("*/agent.pid")).read_text())
+        replica_pid = int((data / "replicas" / "1.pid").read_text())
+        restart_by_hand(agent_pid)
+        restart_by_hand(replica_pid)
+        wait_for(lambda: all(alive(p.pid) for p in hand), what="restarted by hand")
+        time.sleep(2)  # (the agent adopts its tasks, the replica campaigns)
+        assert all(p.poll() is None for p in hand)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            output = proc.communicate(timeout=90)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = proc.communicate()[0]
+        for p in hand:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=10)  # (reaped here: they are this test's children)
+        left = {p for p in processes_under(data) if alive(p)}
+        kill_groups(left)
+    assert proc.returncode == 0, output.decode(errors="replace")
+    assert not left, [cmdline(p) for p in left]
+    assert all(p.poll() is not None for p in hand)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ import typer
 
 from plait.cli.common import out
 from plait.errors import Conflict
+from plait.localprocs import alive, cmdline, kill_groups, plait_processes, processes_under
 
 
 # -- up ------------------------------------------------------------------------------------
@@ -46,8 +49,6 @@ def up(
     and their tasks; `plait up` again on the same data dir brings every job back.
     Agents and replicas that still run (the `plait up` process alone was killed) are
     adopted, with their tasks, instead of started again."""
-    import signal
-    import subprocess
     import threading
 
     import httpx
@@ -125,12 +126,13 @@ def up(
             name = f"{shard}-{i}" if sharded else str(i)
             pid_file = data_dir / "replicas" / f"{name}.pid"
             pid_file.parent.mkdir(parents=True, exist_ok=True)
-            pid = _alive_pid(pid_file, b"serve")
-            if pid is not None:
+            at = first + shard * replicas + i
+            pid = _alive_pid(pid_file, b"serve") or _serving_on(data_dir, at)
+            if pid is not None:  # left running (or restarted by hand since): adopted
                 followers[name] = pid
+                pid_file.write_text(f"{pid}\n")
                 continue
             log = open(data_dir / "replicas" / f"{name}.log", "ab")  # noqa: SIM115
-            at = first + shard * replicas + i
             followers[name] = proc = subprocess.Popen(
                 [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data_dir),
                  *(["--store", store] if store else []), "--host", host, "--port", str(at),
@@ -173,43 +175,47 @@ def up(
               "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
     done.wait()
     out.print("stopping the agents and their tasks ...")
-    for follower in followers.values():  # (first: none takes over meanwhile)
-        pid = follower if isinstance(follower, int) else follower.pid
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGTERM)
-    for follower in followers.values():
-        pid = follower if isinstance(follower, int) else follower.pid
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _alive(pid):
-            if not isinstance(follower, int):
-                follower.poll()
-            time.sleep(0.05)
-    for agent in agents.values():
-        pid = agent if isinstance(agent, int) else agent.pid
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGINT)
-    deadline = time.monotonic() + 30
-    for agent in agents.values():
-        pid = agent if isinstance(agent, int) else agent.pid
-        while time.monotonic() < deadline and _alive(pid):
-            if not isinstance(agent, int):
-                agent.poll()
-            time.sleep(0.1)
+    # every replica and agent of this data dir, those restarted by hand since included
+    # (found by their command lines), not only the processes this run started
+    children = [p for p in (*followers.values(), *agents.values()) if not isinstance(p, int)]
+    replica_pids = {p if isinstance(p, int) else p.pid for p in followers.values()} | (
+        plait_processes(data_dir, "serve"))
+    agent_pids = {p if isinstance(p, int) else p.pid for p in agents.values()} | (
+        plait_processes(data_dir / "agents", "agent"))
+    _stop_all(replica_pids, signal.SIGTERM, children)  # (first: none takes over meanwhile)
+    _stop_all(agent_pids, signal.SIGINT, children)  # SIGINT: an agent stops its tasks too
     if front is not None:
         front.stop()
     server.stop()
     cp.store.close()
+    # what is left of the region (tasks of an agent killed earlier and never restarted)
+    left = processes_under(data_dir.resolve())
+    if left:
+        out.print(f"stopping {len(left)} processes left in {data_dir} ...")
+        _stop_all(left, signal.SIGTERM, [], timeout=10)
+        kill_groups(p for p in left if alive(p))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:  # a zombie child is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
-        return True
+def _stop_all(pids: set[int], sig: int, children: list[subprocess.Popen[bytes]],
+              timeout: float = 30.0) -> None:
+    """Signal every process, then wait (at most ``timeout``) until they are gone."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        for child in children:
+            child.poll()  # (reaps the children this run started)
+        time.sleep(0.05)
+
+
+def _serving_on(data_dir: Path, port: int) -> int | None:
+    """A ``plait serve`` of this data dir on ``port`` (a replica restarted by hand)."""
+    for pid in plait_processes(data_dir, "serve"):
+        argv = cmdline(pid).split()
+        if "--port" in argv and argv[argv.index("--port") + 1:][:1] == [str(port)]:
+            return pid
+    return None
 
 
 def _alive_pid(path: Path, what: bytes = b"agent") -> int | None:
@@ -217,7 +223,7 @@ def _alive_pid(path: Path, what: bytes = b"agent") -> int | None:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-    if not _alive(pid):
+    if not alive(pid):
         return None
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()

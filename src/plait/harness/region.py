@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from plait.localprocs import alive, cmdline, kill_groups, processes_under, read_pid
+
 #: how often the API is polled while waiting
 POLL_S = 0.05
 
@@ -46,58 +48,6 @@ def started_at(pid: int) -> float | None:
     except (OSError, IndexError, ValueError):
         return None
     return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def processes_under(root: Path) -> set[int]:
-    """Processes whose command line or environment names ``root`` or a path under it
-    (``plait up``'s agents get ``--data-dir`` there, their tasks ``PLAIT_DATA_DIR``)."""
-    path = str(root).encode()
-    needles = (path + b"/", path + b"\0")  # not a sibling that merely starts the same
-    found = set()
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            text = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if any(n in text for n in needles):
-            found.add(int(entry.name))
-    return found
-
-
-def kill_groups(pids: Iterable[int]) -> None:
-    """SIGKILL the process group of each pid (and the pid itself, if it leads none)."""
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-            errors="replace").strip()
-    except OSError:
-        return "?"
-
-
-def read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 class LocalRegion:

@@ -1,0 +1,86 @@
+"""The processes of a local region on this box (Linux ``/proc``): who is alive, who
+belongs to a data dir. ``plait up`` stops everything of its data dir with them, and
+the test harnesses check that nothing was left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def processes_under(root: Path) -> set[int]:
+    """Processes whose command line or environment names ``root`` or a path under it
+    (``plait up``'s agents get ``--data-dir`` there, their tasks ``PLAIT_DATA_DIR``)."""
+    path = str(root).encode()
+    needles = (path + b"/", path + b"\0")  # not a sibling that merely starts the same
+    found = set()
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            text = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(n in text for n in needles):
+            found.add(int(entry.name))
+    return found
+
+
+def kill_groups(pids: Iterable[int]) -> None:
+    """SIGKILL the process group of each pid (and the pid itself, if it leads none)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def plait_processes(data_dir: Path, verb: str) -> set[int]:
+    """Running ``plait VERB`` processes given ``--data-dir`` ``data_dir`` or a path
+    under it (those started by hand count too: same data dir, same region)."""
+    root = str(data_dir.resolve())
+    found = set()
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if verb not in argv and f"plait.cli.{verb}" not in argv:
+            continue
+        for k, arg in enumerate(argv[:-1]):
+            if arg == "--data-dir":
+                where = str(Path(argv[k + 1]).resolve()) if argv[k + 1] else ""
+                if where == root or where.startswith(root + "/"):
+                    found.add(int(entry.name))
+    return {pid for pid in found if alive(pid)}
