@@ -4,7 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench lint
+.PHONY: demo test test-slow bench lint system
+
+# the Debian packages the tests run (ZooKeeper, bubblewrap): installed when missing
+system:
+	scripts/system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+test: system lint
 	$(BIN)/pytest -q
 
 # scale tests left out of `make test` (a 1,000,000-machine region)
