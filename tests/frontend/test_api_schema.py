@@ -279,6 +279,30 @@ JOB = {**SPEC, "name": "regress"}
     # a quota whose milli-RRU overflow: every pass failed once a job of it placed
     ("/v1/entitlements", {"name": "huge", "owner": "alice", "quota": {"rru": 1e308}},
      "quota.rru"),
+    # every number and string has a bound a real fleet never reaches
+    ("/v1/entitlements", {"name": "huge", "owner": "alice", "quota": {"machines": 10**9}},
+     "quota.machines"),
+    ("/v1/entitlements", {"name": "huge", "owner": "alice", "quota": {"machines": 1},
+                          "host_profile": "p" * 65}, "host_profile"),
+    ("/v1/jobs", {**JOB, "update": {"halt_after_failures": 10**9}},
+     "update.halt_after_failures"),
+    ("/v1/jobs", {**JOB, "update": {"max_unavailable": 10**9}}, "update.max_unavailable"),
+    ("/v1/jobs", {**JOB, "update": {"min_ready_seconds": 1e9}}, "update.min_ready_seconds"),
+    ("/v1/jobs", {**JOB, "command": "x" * 5000}, "command"),
+    ("/v1/jobs", {**JOB, "args": ["a"] * 1025}, "args"),
+    ("/v1/jobs", {**JOB, "args": ["a" * 70_000]}, "args.0"),
+    ("/v1/jobs", {**JOB, "env": {f"V{i}": "x" for i in range(1025)}}, "env"),
+    ("/v1/jobs", {**JOB, "policy": {"requirements": {"machine_types": ["t" * 65]}}},
+     "policy.requirements.machine_types.0"),
+    # NUL bytes: a name that means one thing to plait and another to the kernel
+    ("/v1/jobs", {**JOB, "command": "sleep\u0000; rm"}, "command"),
+    ("/v1/jobs", {**JOB, "args": ["ok", "a\u0000b"]}, "args"),
+    ("/v1/jobs", {**JOB, "env": {"A": "x\u0000y"}}, "env"),
+    ("/v1/entitlements", {"name": "huge", "owner": "alice", "quota": {"machines": 1},
+                          "host_profile": "a\u0000"}, "host_profile"),
+    # a data center the region does not have
+    ("/v1/entitlements", {"name": "huge", "owner": "alice", "quota": {"machines": 1},
+                          "pin_dc": "dc9"}, "pin_dc"),
 ])
 def test_amounts_beyond_the_index_range_are_refused(live_module: Live, path: str,
                                                     body: dict[str, Any], field: str) -> None:
@@ -287,6 +311,22 @@ def test_amounts_beyond_the_index_range_are_refused(live_module: Live, path: str
     assert r.json()["field"] == field, r.json()
     assert "regress" not in live_module.cp.jobs.names()
     assert "huge" not in live_module.cp.allocator.entitlements
+
+
+def test_a_data_center_the_region_does_not_have_is_refused(live: Live) -> None:
+    _post(live, "/v1/entitlements", {"name": ENTITLEMENT, "owner": "alice",
+                                     "quota": {"machines": 4}})
+    for requirements, field in (({"dc": "dc9"}, "policy.requirements.dc"),
+                                ({"attributes": {"dc": "nowhere"}},
+                                 "policy.requirements.attributes.dc")):
+        for dry in ("false", "true"):
+            r = live.admin.post("/v1/jobs", params={"dry_run": dry}, json={
+                **SPEC, "policy": {"requirements": requirements}})
+            assert r.status_code == 422 and r.json()["field"] == field, r.text
+            assert "this region has dc1" in r.json()["message"]
+    assert live.cp.jobs.names() == []
+    ok = {**SPEC, "policy": {"requirements": {"dc": "dc1"}}}
+    assert live.admin.post("/v1/jobs", json=ok).status_code == 201
 
 
 def test_largest_amounts_are_accepted_and_the_loop_survives_them(live: Live) -> None:

@@ -6,6 +6,7 @@ that name the field; hashable, so the allocator can key its cache on them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import pydantic
@@ -14,9 +15,29 @@ from plait.errors import ValidationError
 
 
 class Value(pydantic.BaseModel):
-    """A frozen, strictly-shaped value: unknown fields are an error, not ignored."""
+    """A frozen, strictly-shaped value: unknown fields are an error, not ignored, and
+    no text holds a NUL byte (a C string ends there: a name that means one thing to
+    plait and another to the kernel or a shell)."""
 
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @pydantic.field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        if _holds_nul(value):
+            raise ValueError("text must not hold a NUL byte")
+        return value
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, tuple | list):
+        return any(isinstance(v, str) and "\x00" in v for v in value)
+    if isinstance(value, Mapping):
+        return any("\x00" in k or (isinstance(v, str) and "\x00" in v)
+                   for k, v in value.items() if isinstance(k, str))
+    return False
 
 
 V = TypeVar("V", bound=Value)

@@ -32,7 +32,8 @@ def check_name(value: str) -> str:
 class Quota(Value):
     """A count of machines, or an amount of RRU; exactly one of the two."""
 
-    machines: int | None = pydantic.Field(default=None, ge=0)
+    #: (a region holds at most a million machines, and so does a quota)
+    machines: int | None = pydantic.Field(default=None, ge=0, le=1_000_000)
     #: bounded so that the allocator's milli-RRU stay inside 64-bit integers
     rru: float | None = pydantic.Field(default=None, ge=0, le=1e12)
 
@@ -67,11 +68,12 @@ class Entitlement(Value):
     name: str
     owner: str
     quota: Quota
-    host_profile: str = pydantic.Field(default="default", min_length=1)
+    host_profile: str = pydantic.Field(default="default", min_length=1, max_length=64)
     #: soft preferences for jobs that do not set their own.
-    default_preferences: tuple[Preference, ...] = DEFAULT_PREFERENCES
+    default_preferences: tuple[Preference, ...] = pydantic.Field(
+        default=DEFAULT_PREFERENCES, max_length=16)
     #: pin the entitlement's machines and jobs to one data center.
-    pin_dc: str | None = pydantic.Field(default=None, min_length=1)
+    pin_dc: str | None = pydantic.Field(default=None, min_length=1, max_length=64)
 
     _name = pydantic.field_validator("name", "owner")(check_name)
 

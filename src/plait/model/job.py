@@ -6,7 +6,7 @@ import math
 import re
 from collections.abc import Mapping
 from fractions import Fraction
-from typing import Literal
+from typing import Annotated, Literal
 
 import pydantic
 
@@ -14,6 +14,11 @@ from plait.model.base import Value
 from plait.model.entitlement import check_name
 from plait.model.policy import AllocationPolicy
 from plait.model.resources import Resources
+
+#: the most tasks a job may have
+MAX_TASKS = 100_000
+#: an argument or an environment value: at most 64 KiB
+LongText = Annotated[str, pydantic.StringConstraints(max_length=65_536)]
 
 _PERCENT = re.compile(r"^(\d+(?:\.\d+)?)%\Z")
 
@@ -27,13 +32,13 @@ class UpdatePolicy(Value):
 
     #: ``None``: no cap. Only meaningful with a TaskController (which then paces
     #: alone); without one, the built-in policy uses 1.
-    max_unavailable: int | str | None = 1
+    max_unavailable: int | str | None = 1  # (a count: at most MAX_TASKS)
     #: a rollout halts by itself once this many tasks of the new version failed to
     #: become healthy
-    halt_after_failures: int = pydantic.Field(default=3, ge=1)
+    halt_after_failures: int = pydantic.Field(default=3, ge=1, le=100_000)
     #: a restarted task counts as healthy (its operation complete) only after
     #: running healthy this long
-    min_ready_seconds: float = pydantic.Field(default=0.0, ge=0)
+    min_ready_seconds: float = pydantic.Field(default=0.0, ge=0, le=86_400)
     #: a task that was serving and fails its health probe still counts as serving
     #: this long: planned operations take it down only within max_unavailable (it
     #: may be recovering: a leader election, a compaction); after that it is free to
@@ -52,8 +57,8 @@ class UpdatePolicy(Value):
         if isinstance(value, bool) or not isinstance(value, int | str):
             raise ValueError(f"expected a count or a percentage like '10%', got {value!r}")
         if isinstance(value, int):
-            if value < 1:
-                raise ValueError("must be at least 1")
+            if not 1 <= value <= MAX_TASKS:
+                raise ValueError(f"must be between 1 and {MAX_TASKS}")
             return value
         match = _PERCENT.match(value.strip())
         if not match or not 0 < float(match.group(1)) <= 100:
@@ -156,11 +161,13 @@ class HealthProbe(Value):
 class JobSpec(Value):
     name: str
     entitlement: str
-    task_count: int = pydantic.Field(ge=0, le=100_000)
+    task_count: int = pydantic.Field(ge=0, le=MAX_TASKS)
     resources: Resources
-    command: str = pydantic.Field(min_length=1)
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = pydantic.Field(default_factory=dict)
+    command: str = pydantic.Field(min_length=1, max_length=4096)
+    #: at most 1,024 arguments of at most 64 KiB each
+    args: tuple[LongText, ...] = pydantic.Field(default=(), max_length=1024)
+    #: at most 1,024 variables; values of at most 64 KiB
+    env: Mapping[str, LongText] = pydantic.Field(default_factory=dict, max_length=1024)
     policy: AllocationPolicy = AllocationPolicy()
     update: UpdatePolicy = UpdatePolicy()
     #: URL of the job's TaskController (``http(s)://...``), called with the paper's

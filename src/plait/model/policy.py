@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import Annotated
 
 import pydantic
 
 from plait.model.base import Value
 from plait.model.resources import Resources
+
+#: a machine type or attribute name: 1 to 64 characters
+Name = Annotated[str, pydantic.StringConstraints(min_length=1, max_length=64)]
+#: an attribute's value: at most 256 characters
+AttributeValue = Annotated[str, pydantic.StringConstraints(max_length=256)]
 
 
 class Strategy(enum.StrEnum):
@@ -70,13 +76,14 @@ class Requirements(Value):
     """Hard requirements: a machine that fails any one is never chosen."""
 
     #: allowed machine types (SKUs); empty = any type.
-    machine_types: tuple[str, ...] = ()
+    machine_types: tuple[Name, ...] = pydantic.Field(default=(), max_length=64)
     #: free resources the machine must have besides what the task itself asks for.
     min_free: Resources | None = None
     #: attribute equality: built-in (dc, msb, row, rack, type) or a machine attribute.
-    attributes: Mapping[str, str] = pydantic.Field(default_factory=dict)
+    attributes: Mapping[Name, AttributeValue] = pydantic.Field(default_factory=dict,
+                                                               max_length=64)
     #: pin to one data center.
-    dc: str | None = None
+    dc: str | None = pydantic.Field(default=None, max_length=64)
     #: at most this many of the job's tasks on one machine (anti-affinity); at most a
     #: job's largest task count.
     max_tasks_per_machine: int | None = pydantic.Field(default=None, ge=1, le=100_000)
@@ -107,7 +114,7 @@ class Requirements(Value):
 class AllocationPolicy(Value):
     requirements: Requirements = Requirements()
     #: ``None``: the entitlement's default preferences.
-    preferences: tuple[Preference, ...] | None = None
+    preferences: tuple[Preference, ...] | None = pydantic.Field(default=None, max_length=16)
 
     @pydantic.field_validator("preferences")
     @classmethod

@@ -309,6 +309,16 @@ class ControlPlane:
         if spec.entitlement not in self.allocator.entitlements:
             raise ValidationError("entitlement",
                                   f"entitlement {spec.entitlement!r} does not exist")
+        req = spec.policy.requirements
+        self.check_dc("policy.requirements.dc", req.dc)
+        self.check_dc("policy.requirements.attributes.dc", req.attributes.get("dc"))
+
+    def check_dc(self, field: str, dc: str | None) -> None:
+        """A data center the region has (a typo would leave a job unplaceable)."""
+        known = self.fleet.level_names["dc"]
+        if dc is not None and dc not in known:
+            raise ValidationError(field, f"unknown data center {dc!r}: this region has "
+                                         f"{', '.join(known)}")
 
     def machine_index(self, machine: str) -> int:
         try:
