@@ -48,6 +48,8 @@ LAZY: dict[str, tuple[str, str, str]] = {
     "bench": ("plait.cli.bench", "bench_app",
               "Reproducible benchmarks; each prints one JSON object."),
     "region": ("plait.cli.sim", "region_app", "Generated regions (fleet topologies)."),
+    "explain": ("plait.cli.explain", "explain_app",
+                "Every field of a job spec or an entitlement: type, default, bounds."),
     "sim": ("plait.cli.sim", "sim_app",
             "Run the real scheduler and allocator on a simulated region."),
     "demo": ("plait.cli.sim", "demo_app",

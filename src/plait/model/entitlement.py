@@ -32,9 +32,10 @@ def check_name(value: str) -> str:
 class Quota(Value):
     """A count of machines, or an amount of RRU; exactly one of the two."""
 
-    #: (a region holds at most a million machines, and so does a quota)
+    #: whole machines (a region holds at most a million, and so does a quota)
     machines: int | None = pydantic.Field(default=None, ge=0, le=1_000_000)
-    #: bounded so that the allocator's milli-RRU stay inside 64-bit integers
+    #: or an amount of RRU on shared machines (bounded so that the allocator's
+    #: milli-RRU stay inside 64-bit integers)
     rru: float | None = pydantic.Field(default=None, ge=0, le=1e12)
 
     @pydantic.model_validator(mode="after")
@@ -65,9 +66,17 @@ def least_loaded(loads: Mapping[int, int]) -> int:
 
 
 class Entitlement(Value):
+    """A quota and a pseudo-cluster (paper section 3): jobs are bound to it, and
+    machines join it from the region's free pool when its jobs need room (never above
+    its quota) and go back when empty."""
+
+    #: the entitlement's name (the same rules as a job's)
     name: str
+    #: who owns it: the name of the owner tokens that may use it and its jobs
     owner: str
+    #: how much of the region it may hold
     quota: Quota
+    #: the host profile its machines are switched to
     host_profile: str = pydantic.Field(default="default", min_length=1, max_length=64)
     #: soft preferences for jobs that do not set their own.
     default_preferences: tuple[Preference, ...] = pydantic.Field(

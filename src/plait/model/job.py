@@ -30,9 +30,10 @@ class UpdatePolicy(Value):
     (``"10%"``), rounded down with a minimum of 1.
     """
 
-    #: ``None``: no cap. Only meaningful with a TaskController (which then paces
-    #: alone); without one, the built-in policy uses 1.
-    max_unavailable: int | str | None = 1  # (a count: at most MAX_TASKS)
+    #: tasks that may be unavailable at once, for any reason: a count (1 to 100,000)
+    #: or a share like "10%"; ``None``: no cap, only with a TaskController (which then
+    #: paces alone; without one, the built-in policy uses 1)
+    max_unavailable: int | str | None = 1
     #: a rollout halts by itself once this many tasks of the new version failed to
     #: become healthy
     halt_after_failures: int = pydantic.Field(default=3, ge=1, le=100_000)
@@ -86,7 +87,9 @@ class RestartPolicy(Value):
     (its machine failed) starts with ``max_retries`` again.
     """
 
+    #: always: a service; on-failure or never: a batch job, done once its tasks exit 0
     policy: Literal["always", "on-failure", "never"] = "always"
+    #: on-failure: how many times a task that exits non-zero is started again
     max_retries: int = pydantic.Field(default=3, ge=0, le=1000)
 
     @property
@@ -126,10 +129,15 @@ class HealthProbe(Value):
     task's environment in its data directory; exit code 0 within the timeout passes.
     """
 
+    #: a URL path on the task's port (PLAIT_PORT): a 2xx or 3xx answer passes
     http: str | None = pydantic.Field(default=None, max_length=2048)
+    #: or a command run in the task's data dir with its environment: exit 0 passes
     command: tuple[str, ...] = pydantic.Field(default=(), max_length=64)
+    #: seconds between two probes
     interval_seconds: float = pydantic.Field(default=1.0, ge=0.1, le=3600)
+    #: a probe that has not passed within this long failed
     timeout_seconds: float = pydantic.Field(default=1.0, ge=0.05, le=600)
+    #: failures in a row that make a healthy task unhealthy
     failure_threshold: int = pydantic.Field(default=3, ge=1, le=100)
     #: liveness: a running task failing its probe this long is restarted, as a
     #: planned operation within max_unavailable (None: never; the probe then only
@@ -159,16 +167,30 @@ class HealthProbe(Value):
 
 
 class JobSpec(Value):
+    """A job: a named group of identical tasks, bound to an entitlement (its quota and
+    pseudo-cluster), not to a physical cluster. Every change is a new version, rolled
+    out at the pace of ``update`` and through the job's TaskController."""
+
+    #: the job's name, unique in the region: lowercase letters, digits, '.', '_' and
+    #: '-', 1 to 64 characters, starting and ending with a letter or digit
     name: str
+    #: the entitlement whose quota and machines the tasks run on (a change moves the
+    #: job there, as a rollout)
     entitlement: str
+    #: how many tasks (indices 0..task_count-1); a change only is a resize
     task_count: int = pydantic.Field(ge=0, le=MAX_TASKS)
+    #: what each task reserves on its machine
     resources: Resources
+    #: the program each task runs (found on the PATH of its machine)
     command: str = pydantic.Field(min_length=1, max_length=4096)
-    #: at most 1,024 arguments of at most 64 KiB each
+    #: the program's arguments
     args: tuple[LongText, ...] = pydantic.Field(default=(), max_length=1024)
-    #: at most 1,024 variables; values of at most 64 KiB
+    #: environment variables of each task (plait adds PLAIT_PORT, PLAIT_JOB,
+    #: PLAIT_TASK_INDEX, PLAIT_MACHINE and PLAIT_DATA_DIR)
     env: Mapping[str, LongText] = pydantic.Field(default_factory=dict, max_length=1024)
+    #: where tasks may go (requirements) and where they should go (preferences)
     policy: AllocationPolicy = AllocationPolicy()
+    #: how fast a new version rolls out, and when it halts
     update: UpdatePolicy = UpdatePolicy()
     #: URL of the job's TaskController (``http(s)://...``), called with the paper's
     #: TaskControl API; none: the built-in policy paces

@@ -42,7 +42,12 @@ class Property(enum.StrEnum):
 
 
 class Preference(Value):
+    """A soft preference: spread a job's tasks over the bins of a property, or stack
+    them onto the fewest machines."""
+
+    #: spread over the bins of ``property``, or stack onto the fewest machines
     strategy: Strategy
+    #: the property whose values are the bins (``machine`` for stack)
     property: Property = Property.MACHINE
 
     @pydantic.model_validator(mode="after")
@@ -112,8 +117,12 @@ class Requirements(Value):
 
 
 class AllocationPolicy(Value):
+    """Where a job's tasks may go (hard requirements) and where they should go (soft
+    preferences, in order of importance)."""
+
+    #: what a machine must offer to take one of the job's tasks
     requirements: Requirements = Requirements()
-    #: ``None``: the entitlement's default preferences.
+    #: in order of importance; ``None``: the entitlement's default preferences.
     preferences: tuple[Preference, ...] | None = pydantic.Field(default=None, max_length=16)
 
     @pydantic.field_validator("preferences")

@@ -21,8 +21,13 @@ MAX_AMOUNT = 1e9
 
 
 class Resources(Value):
+    """An amount of machine resources: CPU in RRU (the paper's normalised resource
+    unit), memory and disk in GB."""
+
     cpu: float = pydantic.Field(ge=0, le=MAX_AMOUNT, description="CPU in RRU")
+    #: memory in GB (the task's memory limit where cgroups are available)
     memory_gb: float = pydantic.Field(default=0.0, ge=0, le=MAX_AMOUNT)
+    #: disk in GB
     disk_gb: float = pydantic.Field(default=0.0, ge=0, le=MAX_AMOUNT)
 
     def to_units(self) -> tuple[int, int, int]:
