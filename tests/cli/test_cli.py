@@ -171,8 +171,8 @@ def test_bad_spec_files_are_one_line_errors(tmp_path):
         res = runner.invoke(app, ["--url", "http://127.0.0.1:9", "--token", "t",
                                   "job", "deploy", str(path)])
         assert res.exit_code == 2, (path, res.output)
-        assert "Traceback" not in res.output and res.exception is None or isinstance(
-            res.exception, SystemExit)
+        assert "Traceback" not in res.output
+        assert res.exception is None or isinstance(res.exception, SystemExit)
         return " ".join(res.output.split())
 
     cases = {
