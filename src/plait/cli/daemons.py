@@ -75,6 +75,7 @@ def serve(
     from plait.model import RegionSpec
     from plait.server.controlplane import ControlPlaneConfig
     from plait.server.events import Retention
+    from plait.server.limits import uvicorn_options
     from plait.server.serve import prepare
 
     try:
@@ -109,7 +110,7 @@ def serve(
     # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
     # signal that stopped it, so nothing after run() would run)
     uvicorn.run(create_app(cp, close_store=True, leadership=leadership), host=host, port=port,
-                log_level="warning", access_log=False,
+                log_level="warning", access_log=False, **uvicorn_options(),
                 ssl_certfile=str(tls_cert) if tls_cert else None,
                 ssl_keyfile=str(tls_key) if tls_key else None)
 
@@ -143,6 +144,7 @@ def frontend(
     import uvicorn
 
     from plait.frontend.router import ShardRouter
+    from plait.server.limits import uvicorn_options
     from plait.server.serve import store_for
 
     if (tls_cert is None) != (tls_key is None):
@@ -167,7 +169,7 @@ def frontend(
         err.print(f"client configuration: {client.save(None)} (context {context})")
     err.print(f"plait front end: API on {url}")
     uvicorn.run(ShardRouter(opened, identity=url, ca_file=ca_file), host=host, port=port,
-                log_level="warning", access_log=False,
+                log_level="warning", access_log=False, **uvicorn_options(),
                 ssl_certfile=str(tls_cert) if tls_cert else None,
                 ssl_keyfile=str(tls_key) if tls_key else None)
 

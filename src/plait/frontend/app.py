@@ -32,7 +32,7 @@ from swagger_ui_bundle import swagger_ui_path
 from plait import __version__
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TransientError, ValidationError
-from plait.frontend.proxy import FollowerProxy
+from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
 from plait.model import Entitlement, JobSpec, Resources
 from plait.model.machine import FaultDomain, Machine
 from plait.scheduler.records import Phase, TaskStatus
@@ -42,7 +42,6 @@ from plait.server.events import Event
 from plait.server.leader import Leadership
 
 #: the largest request body accepted (a job spec is a few KB)
-MAX_BODY = 1 << 20
 
 NAME = Annotated[str, pydantic.StringConstraints(pattern=r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")]
 
@@ -194,14 +193,11 @@ def _error(status: int, kind: str, message: str, field: str | None = None,
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodyLimit:
-    """Refuse bodies over ``MAX_BODY`` with a 413, by their Content-Length or, for a
-    chunked body, as soon as the bytes read pass the limit (plain ASGI: cheaper than
-    an HTTP middleware on every request)."""
+    """Refuse bodies over ``MAX_BODY`` with a 413: by their Content-Length, before a
+    byte of them is read; a chunked body (no length) is read up to the limit here,
+    then handed on whole, or refused as soon as it passes the limit (plain ASGI:
+    cheaper than an HTTP middleware on every request)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -218,27 +214,20 @@ class BodyLimit:
                 return
             await self.app(scope, receive, send)
             return
-        seen = 0
-        started = False
+        body = await read_body(receive, MAX_BODY)
+        if body is None:
+            await too_large(scope, receive, send)
+            return
+        given = False
 
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > MAX_BODY:
-                raise _TooLarge
-            return message
+        async def replay() -> Message:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # (a disconnect, if the client goes)
 
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited, tracked)
-        except _TooLarge:
-            if not started:
-                await too_large(scope, receive, send)
+        await self.app(scope, replay, send)
 
 
 def _event(e: Event) -> dict[str, Any]:

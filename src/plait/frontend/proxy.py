@@ -21,6 +21,26 @@ _HOP = {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-enc
 _BACK = {"content-type", "retry-after", "www-authenticate", "location"}
 
 
+#: the largest request body taken (a job spec is a few kB)
+MAX_BODY = 1 << 20
+
+
+def declared_too_large(scope: Scope) -> bool:
+    """The request says (Content-Length) its body is over ``MAX_BODY``, or says it
+    in a form that is not a length."""
+    size = dict(scope["headers"]).get(b"content-length")
+    return size is not None and (not size.isdigit() or int(size) > MAX_BODY)
+
+
+async def too_large(send: Send) -> None:
+    body = json.dumps({"error": "too_large",
+                       "message": f"request body over {MAX_BODY} bytes"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def unavailable(send: Send, message: str) -> None:
     body = json.dumps({"error": "unavailable", "message": message}).encode()
     await send({"type": "http.response.start", "status": 503,
@@ -30,13 +50,20 @@ async def unavailable(send: Send, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def read_body(receive: Receive) -> bytes:
-    body = b""
+async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
+    """The request's body; None as soon as it passes ``limit`` bytes (the rest is not
+    read)."""
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
-        body += bytes(message.get("body", b""))
+        chunk = bytes(message.get("body", b""))
+        size += len(chunk)
+        if limit is not None and size > limit:
+            return None
+        chunks.append(chunk)
         if not message.get("more_body"):
-            return body
+            return b"".join(chunks)
 
 
 def forward_headers(scope: Scope) -> list[tuple[str, str]]:
@@ -91,7 +118,10 @@ class FollowerProxy:
         if target is None or target == lead.identity:
             await unavailable(send, "no control-plane leader elected yet: retry")
             return
-        body = await read_body(receive)
+        body = None if declared_too_large(scope) else await read_body(receive, MAX_BODY)
+        if body is None:
+            await too_large(send)
+            return
         if self._client is None:
             self._client = httpx.AsyncClient(verify=getattr(lead, "verify", True))
         try:

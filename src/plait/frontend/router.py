@@ -41,10 +41,18 @@ from starlette.types import Receive, Scope, Send
 
 from plait import __version__
 from plait.errors import Conflict, NotFound, ValidationError
-from plait.frontend.proxy import FORWARDED, answer, call, forward_headers, read_body
+from plait.frontend.proxy import (
+    FORWARDED,
+    MAX_BODY,
+    answer,
+    call,
+    declared_too_large,
+    forward_headers,
+    read_body,
+)
 from plait.model import RegionSpec, parse
 from plait.model.entitlement import NAME_RE, Quota, least_loaded, shard_weight
-from plait.server.auth import AuthError, Role, TokenStore
+from plait.server.auth import AuthError, Principal, Role, TokenStore
 from plait.store.protocol import Namespace, Store
 from plait.store.shard import shard_prefix
 from plait.tls import verify as tls_verify
@@ -237,8 +245,16 @@ class ShardRouter:
                     return
         if scope["type"] != "http":
             return
-        body = await read_body(receive)
         try:
+            # a body is read only within the limit, and only from a caller with a valid
+            # token (the shard checks what the token may do)
+            if declared_too_large(scope):
+                raise Refused(413, "too_large", f"request body over {MAX_BODY} bytes")
+            if scope["method"] not in ("GET", "HEAD") and scope["path"] != "/healthz":
+                await self.authenticated(scope)
+            body = await read_body(receive, MAX_BODY)
+            if body is None:
+                raise Refused(413, "too_large", f"request body over {MAX_BODY} bytes")
             reply = await self.route(scope, body)
         except Refused as exc:
             reply = exc.reply
@@ -476,8 +492,9 @@ class ShardRouter:
             "status": "ok" if ok else "a shard has no leader (or none has started)"})
 
     # -- moving an entitlement between shards ----------------------------------------------
-    async def admin(self, scope: Scope) -> None:
-        """Refuse (401/403) a request without an admin token."""
+    async def authenticated(self, scope: Scope) -> Principal:
+        """The caller's principal; 401 without a valid token (one answer for every
+        bad token, as the shards give)."""
         headers = dict(forward_headers(scope))
         token = headers.get("authorization", headers.get("Authorization", ""))
         scheme, _, secret = token.partition(" ")
@@ -485,9 +502,16 @@ class ShardRouter:
             raise Refused(401, "unauthorized", "missing bearer token (Authorization: Bearer "
                                                "<token>)")
         try:
-            who = await run_in_threadpool(self.tokens.verify, secret.strip())
-        except AuthError as exc:
-            raise Refused(401, "unauthorized", exc.reason) from None
+            who = self.tokens.verify_cached(secret.strip())
+            if who is None:
+                who = await run_in_threadpool(self.tokens.verify, secret.strip())
+        except AuthError:
+            raise Refused(401, "unauthorized", "invalid token") from None
+        return who
+
+    async def admin(self, scope: Scope) -> None:
+        """Refuse (401/403) a request without an admin token."""
+        who = await self.authenticated(scope)
         if who.role is not Role.ADMIN:
             raise Refused(403, "forbidden", f"{who} may not do this (admin only)")
 

@@ -18,6 +18,7 @@ from plait.clientconfig import ClientConfig
 from plait.frontend import create_app
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.leader import SESSION_TIMEOUT, Leadership
+from plait.server.limits import uvicorn_options
 from plait.store.backup import open_store
 from plait.store.protocol import Store
 
@@ -61,7 +62,7 @@ class AsgiServer:
 
     def _serve(self, app: Any, log_level: str) -> None:
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level=log_level,
-                                access_log=False, timeout_keep_alive=30)
+                                access_log=False, **uvicorn_options())
         self.server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

@@ -1,0 +1,102 @@
+"""HTTP limits: request heads are bounded, a request must arrive within its deadline,
+and bodies over the limit are refused (413) before they are read: by the control
+plane's API for chunked bodies too, and by the front end before authentication lets
+anyone's body in."""
+
+from __future__ import annotations
+
+import socket
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from plait.frontend.proxy import MAX_BODY
+from plait.harness.shards import ShardedBox
+from plait.server.limits import MAX_HEADER_BYTES, DeadlineH11Protocol
+
+
+def connect(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    return socket.create_connection((parts.hostname, parts.port), timeout=30)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """The server closed the connection (EOF or reset) within ``seconds``."""
+    sock.settimeout(0.2)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return True
+        if not data:
+            return True
+    return False
+
+
+def test_a_request_head_over_the_limit_is_refused(live):
+    with connect(live.url) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " +
+                     b"a" * (MAX_HEADER_BYTES * 2) + b"\r\n\r\n")
+        answer = b""
+        with pytest.raises(OSError):  # (or a 4xx then the close)
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionResetError
+                answer += chunk
+        assert answer == b"" or answer.split(b" ")[1].startswith(b"4")
+    assert live.admin.get("/healthz").status_code == 200  # the server is fine
+
+
+def test_a_request_that_does_not_arrive_in_time_is_cut(live, monkeypatch):
+    monkeypatch.setattr(DeadlineH11Protocol, "deadline", 1.0)
+    with connect(live.url) as silent, connect(live.url) as slow:
+        slow.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\n")  # then nothing
+        assert closed_within(silent, 20) and closed_within(slow, 20)
+    # a request that arrives whole is answered, however long it then takes to answer
+    assert live.admin.get("/healthz").status_code == 200
+
+
+def test_a_chunked_body_over_the_limit_is_a_413(live):
+    def chunks():
+        for _ in range(MAX_BODY // 65536 + 2):
+            yield b"x" * 65536
+
+    r = live.admin.post("/v1/jobs", content=chunks())
+    assert r.status_code == 413 and r.json()["error"] == "too_large", r.text
+    small = httpx.post(f"{live.url}/v1/jobs", headers=dict(live.admin.headers),
+                       content=iter([b'{"name": "c"']))
+    assert small.status_code == 422  # under the limit: read and judged as usual
+
+
+def test_the_front_end_reads_no_body_over_the_limit_nor_from_anyone(tmp_path):
+    with ShardedBox(tmp_path, shards=1, machines=2) as box:
+        url = box.front.url
+        anon = httpx.Client(base_url=url, timeout=30)
+        r = anon.post("/v1/jobs", content=b"{}")
+        assert r.status_code == 401
+        r = anon.post("/v1/jobs", headers={"Authorization": "Bearer plait_x_y"},
+                      content=b"{}")
+        assert r.status_code == 401 and r.json()["message"] == "invalid token"
+
+        def chunks(n: int):
+            for _ in range(n):
+                yield b"x" * 65536
+
+        # unauthenticated and chunked: refused before the body is read
+        assert anon.post("/v1/jobs", content=chunks(2000)).status_code == 401
+        # authenticated: a declared length over the limit, and a chunked body that
+        # passes it, are both 413
+        with connect(url) as sock:
+            sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: " +
+                         box.api.headers["authorization"].encode() +
+                         b"\r\nContent-Length: 50000000\r\n\r\n")
+            assert b" 413 " in sock.recv(65536).split(b"\r\n")[0] + b" "
+        r = box.api.post("/v1/jobs", content=chunks(MAX_BODY // 65536 + 2))
+        assert r.status_code == 413, r.text
+        anon.close()
