@@ -14,6 +14,10 @@ from zkutil import ZK_SERVER, _free_port, wait_until
 from plait.store import SqliteStore
 
 
+#: the contract suite runs with ZooKeeper ACLs on (digest credentials)
+ZK_AUTH = ("plait", "contract-suite-secret")
+
+
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory):
     if not os.path.exists(ZK_SERVER) or shutil.which("java") is None:
@@ -91,7 +95,7 @@ def env(request, tmp_path):
 
         hosts = request.getfixturevalue("zookeeper")
         root = f"/t{_free_port()}"  # each test in its own part of the tree
-        store = _Rooted(ZkStore(hosts), root)
+        store = _Rooted(ZkStore(hosts, auth=ZK_AUTH), root)  # (with ACLs on every znode)
 
         def kill(session: Any) -> None:
             session.close()
@@ -100,7 +104,7 @@ def env(request, tmp_path):
             return wait_until(cond, timeout)
 
         def other() -> Any:
-            s = _Rooted(ZkStore(hosts), root)
+            s = _Rooted(ZkStore(hosts, auth=ZK_AUTH), root)
             opened.append(s)
             return s
     yield Env(store, kill, settle, other)

@@ -19,7 +19,7 @@ from plait.errors import Conflict, PlaitError, ValidationError
 def serve(
     data_dir: Annotated[Path, typer.Option(help="where the SQLite store and admin token live")]
     = Path(".plait"),
-    store: Annotated[str | None, typer.Option(help="zk://host:port,... or sqlite:///path "
+    store: Annotated[str | None, typer.Option(help="zk://host:port,...[?auth_file=PATH] or sqlite:///path "
                                                    "(default: SQLite in --data-dir)")] = None,
     host: str = "127.0.0.1",
     port: int = 7070,
@@ -119,7 +119,7 @@ def frontend(
     data_dir: Annotated[Path, typer.Option(
         help="where the SQLite store is (when no --store) and the admin token was "
              "written")] = Path(".plait"),
-    store: Annotated[str | None, typer.Option(help="zk://host:port,... or sqlite:///path "
+    store: Annotated[str | None, typer.Option(help="zk://host:port,...[?auth_file=PATH] or sqlite:///path "
                                                    "(default: SQLite in --data-dir)")] = None,
     host: str = "127.0.0.1",
     port: int = 7070,

@@ -21,11 +21,21 @@ FORMAT = 1
 
 
 def open_store(url: str) -> Any:
-    """``sqlite:///path/plait.db`` (or a plain path) or ``zk://host:port[,host:port]``."""
+    """``sqlite:///path/plait.db`` (or a plain path) or ``zk://host:port[,host:port]``
+    (``?auth_file=PATH``: ZooKeeper digest credentials, and ACLs on every znode)."""
     if url.startswith("zk://"):
-        from plait.store.zookeeper import ZkStore
+        from urllib.parse import parse_qs
 
-        return ZkStore(url[len("zk://"):])
+        from plait.store.zookeeper import ZkStore, read_credentials
+
+        hosts, _, query = url[len("zk://"):].partition("?")
+        params = parse_qs(query)
+        unknown = set(params) - {"auth_file"}
+        if unknown or not hosts:
+            raise ValidationError("store", "expected zk://host:port[,host:port]"
+                                           "[?auth_file=PATH]")
+        files = params.get("auth_file")
+        return ZkStore(hosts.rstrip("/"), auth=read_credentials(files[0]) if files else None)
     if url.startswith("sqlite://"):
         url = url[len("sqlite://"):]
     if not url:

@@ -4,7 +4,12 @@ the Election recipe, transactions); this module only maps plait's
 Store protocol onto it.
 
 Sessions are kazoo clients: an ephemeral key belongs to the client that created
-it and vanishes when that client's ZooKeeper session ends. Watches cover a key and
+it and vanishes when that client's ZooKeeper session ends.
+
+With credentials (``zk://hosts?auth_file=PATH``, the file holding ``user:password``),
+every client authenticates with them (ZooKeeper's digest scheme) and every znode
+plait creates carries an ACL that grants them, and nobody else, every right: a
+client without them can neither read the tokens' hashes nor write anything. Watches cover a key and
 its direct children (kazoo's DataWatch and ChildrenWatch re-arm themselves);
 events arrive on kazoo's thread.
 """
@@ -21,13 +26,39 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotE
 from kazoo.protocol.states import KazooState
 from kazoo.recipe.election import Election
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.security import make_digest_acl
 
 from plait.errors import Conflict, NotFound, TransientError
 from plait.store.protocol import Transaction, WatchCallback, check_key
 
+#: (user, password) of ZooKeeper's digest scheme
+Credentials = tuple[str, str]
 
-def _client(hosts: str, timeout: float) -> KazooClient:
-    client = KazooClient(hosts=hosts, timeout=timeout)
+
+def read_credentials(path: str) -> Credentials:
+    """``user:password`` from a file (its first line)."""
+    from plait.errors import ValidationError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            line = f.readline().strip()
+    except OSError as exc:
+        raise ValidationError("store", f"cannot read the ZooKeeper credentials in {path}: "
+                                       f"{exc.strerror}") from None
+    user, sep, password = line.partition(":")
+    if not sep or not user or not password:
+        raise ValidationError("store", f"{path} must hold user:password (ZooKeeper digest)")
+    return user, password
+
+
+def _client(hosts: str, timeout: float, auth: Credentials | None = None) -> KazooClient:
+    if auth is None:
+        client = KazooClient(hosts=hosts, timeout=timeout)
+    else:
+        user, password = auth
+        client = KazooClient(hosts=hosts, timeout=timeout,
+                             auth_data=[("digest", f"{user}:{password}")],
+                             default_acl=[make_digest_acl(user, password, all=True)])
     try:
         client.start(timeout=max(timeout, 5.0))
     except Exception as exc:  # kazoo raises its own timeout type
@@ -36,8 +67,8 @@ def _client(hosts: str, timeout: float) -> KazooClient:
 
 
 class ZkSession:
-    def __init__(self, hosts: str, ttl: float) -> None:
-        self.client = _client(hosts, ttl)
+    def __init__(self, hosts: str, ttl: float, auth: Credentials | None = None) -> None:
+        self.client = _client(hosts, ttl, auth)
         self.id = f"{self.client.client_id[0]:x}"
 
     def alive(self) -> bool:
@@ -125,9 +156,10 @@ class ZkElection:
 
 
 class ZkStore:
-    def __init__(self, hosts: str, timeout: float = 10.0) -> None:
-        self.hosts, self.timeout = hosts, timeout
-        self.client = _client(hosts, timeout)
+    def __init__(self, hosts: str, timeout: float = 10.0,
+                 auth: Credentials | None = None) -> None:
+        self.hosts, self.timeout, self.auth = hosts, timeout, auth
+        self.client = _client(hosts, timeout, auth)
 
     def get(self, key: str) -> tuple[bytes, int]:
         try:
@@ -273,7 +305,7 @@ class ZkStore:
         return 0
 
     def session(self, ttl: float) -> ZkSession:
-        return ZkSession(self.hosts, ttl)
+        return ZkSession(self.hosts, ttl, self.auth)
 
     def election(self, name: str, identity: str, session: ZkSession) -> ZkElection:
         return ZkElection(name, identity, session)
