@@ -40,6 +40,10 @@ class Conflict(PlaitError):
         super().__init__(f"{what}: expected {expected!r}, found {actual!r}")
 
 
+class TooLarge(PlaitError):
+    """A request or the record it would write is over a size limit (an HTTP 413)."""
+
+
 class TransientError(PlaitError):
     """Something broke for a while; retry after ``retry_after`` seconds."""
 

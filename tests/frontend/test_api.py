@@ -394,3 +394,51 @@ def test_the_openapi_document_is_served(live, path):
         for p in ["/v1/entitlements", "/v1/jobs", "/v1/jobs/{name}/tasks", "/v1/machines",
                   "/v1/maintenance", "/v1/events", "/v1/discovery/{job}", "/healthz"]:
             assert p in paths
+
+
+def test_a_record_over_the_stores_limit_is_refused_before_it_is_written(live):
+    """A job's record keeps every version: once it would pass the store's limit per
+    record (ZooKeeper's), the write is a 413 that says so, nothing is stored, and the
+    API and the loop go on."""
+    entitlement(live)
+    def blob(c: str) -> dict:  # 300 kB of environment (each value within its 64 KiB)
+        return {f"BLOB{i}": c * 60_000 for i in range(5)}
+
+    big = {**SPEC, "env": blob("x")}
+    assert live.admin.post("/v1/jobs", json=big).status_code == 201
+    versions = 1
+    refused = None
+    for k in range(2, 8):
+        r = live.admin.put("/v1/jobs/web", json={**big, "env": blob(str(k))})
+        if r.status_code != 200:
+            refused = r
+            break
+        versions += 1
+    assert refused is not None and refused.status_code == 413, refused and refused.text
+    assert refused.json()["error"] == "too_large"
+    assert "over the store's limit" in refused.json()["message"]
+    job = live.admin.get("/v1/jobs/web").json()
+    assert job["version"] == versions  # nothing of the refused write
+    assert live.admin.post("/v1/jobs/web/resize", json={"task_count": 1}).status_code == 413
+    assert live.admin.get("/healthz").json()["ok"] is True
+    entitlement(live, "other")
+    assert live.admin.post("/v1/jobs", json={**SPEC, "name": "small", "entitlement": "other"}
+                           ).status_code == 201
+
+
+def test_the_store_refuses_any_value_over_its_limit(tmp_path):
+    from plait.store.protocol import MAX_VALUE_BYTES, RecordTooLarge, Transaction
+    from plait.store.sqlite import SqliteStore
+
+    s = SqliteStore(str(tmp_path / "s.db"))
+    with pytest.raises(RecordTooLarge):
+        s.create("/a", b"x" * (MAX_VALUE_BYTES + 1))
+    s.create("/a", b"x")
+    with pytest.raises(RecordTooLarge):
+        s.set("/a", b"x" * (MAX_VALUE_BYTES + 1), 0)
+    txn = Transaction()
+    txn.create("/b", b"y" * (MAX_VALUE_BYTES + 1))
+    with pytest.raises(RecordTooLarge):
+        s.commit(txn)
+    assert s.get("/a")[0] == b"x" and not s.exists("/b")
+    s.close()

@@ -150,3 +150,28 @@ def test_get_many_reads_several_keys_and_leaves_out_missing_ones(env):
     assert s.get_many([]) == {}
     ns = Namespace(s, "/many")
     assert ns.get_many(["/a", "/c"]) == {"/a": (b"1", 0)}
+
+
+def test_a_value_over_the_limit_is_refused_before_it_is_sent(env):
+    """ZooKeeper drops the connection of a request over its buffer: such a value is
+    refused first, on every store alike, and the store (its session) goes on."""
+    from plait.store.protocol import MAX_VALUE_BYTES, RecordTooLarge, Transaction
+
+    s = env.store
+    s.create("/big/ok", b"v")
+    session = s.session(5.0)
+    for attempt in range(3):
+        with pytest.raises(RecordTooLarge):
+            s.create(f"/big/no{attempt}", b"x" * (MAX_VALUE_BYTES + 1))
+        with pytest.raises(RecordTooLarge):
+            s.set("/big/ok", b"x" * (MAX_VALUE_BYTES + 1), 0)
+        txn = Transaction()
+        txn.set("/big/ok", b"y", 0)
+        txn.create("/big/also", b"z" * (MAX_VALUE_BYTES + 1))
+        with pytest.raises(RecordTooLarge):
+            s.commit(txn)
+    assert s.get("/big/ok") == (b"v", 0) and s.children("/big") == ["ok"]
+    assert session.alive()
+    s.create("/big/near", b"n" * (MAX_VALUE_BYTES - 1000))  # under the limit: taken
+    assert len(s.get("/big/near")[0]) == MAX_VALUE_BYTES - 1000
+    session.close()

@@ -19,8 +19,9 @@ from plait.errors import Conflict, PlaitError, ValidationError
 def serve(
     data_dir: Annotated[Path, typer.Option(help="where the SQLite store and admin token live")]
     = Path(".plait"),
-    store: Annotated[str | None, typer.Option(help="zk://host:port,...[?auth_file=PATH] or sqlite:///path "
-                                                   "(default: SQLite in --data-dir)")] = None,
+    store: Annotated[str | None, typer.Option(
+        help="zk://host:port,...[?auth_file=PATH] or sqlite:///path (default: SQLite in "
+             "--data-dir)")] = None,
     host: str = "127.0.0.1",
     port: int = 7070,
     machines: Annotated[int, typer.Option(min=1, help="machines of a new region")] = 48,
@@ -119,8 +120,9 @@ def frontend(
     data_dir: Annotated[Path, typer.Option(
         help="where the SQLite store is (when no --store) and the admin token was "
              "written")] = Path(".plait"),
-    store: Annotated[str | None, typer.Option(help="zk://host:port,...[?auth_file=PATH] or sqlite:///path "
-                                                   "(default: SQLite in --data-dir)")] = None,
+    store: Annotated[str | None, typer.Option(
+        help="zk://host:port,...[?auth_file=PATH] or sqlite:///path (default: SQLite in "
+             "--data-dir)")] = None,
     host: str = "127.0.0.1",
     port: int = 7070,
     context: Annotated[str, typer.Option(help="client context to write")] = "local",

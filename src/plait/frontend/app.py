@@ -31,7 +31,7 @@ from swagger_ui_bundle import swagger_ui_path
 
 from plait import __version__
 from plait.client import types as t
-from plait.errors import Conflict, NotFound, PlaitError, TransientError, ValidationError
+from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
 from plait.model import Entitlement, JobSpec, Resources
 from plait.model.machine import FaultDomain, Machine
@@ -307,6 +307,10 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     @app.exception_handler(Conflict)
     async def _conflict(request: Request, exc: Conflict) -> JSONResponse:
         return _error(409, "conflict", str(exc))
+
+    @app.exception_handler(TooLarge)
+    async def _too_large(request: Request, exc: TooLarge) -> JSONResponse:
+        return _error(413, "too_large", str(exc))
 
     @app.exception_handler(TransientError)
     async def _transient(request: Request, exc: TransientError) -> JSONResponse:

@@ -25,14 +25,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from plait.errors import Conflict, NotFound, PlaitError, ValidationError
+from plait.errors import Conflict, NotFound, PlaitError, TooLarge, ValidationError
 from plait.model import JobSpec, parse
 from plait.model.entitlement import NAME_RE
 from plait.model.task import TaskState
 from plait.persist.allocator import PersistentAllocator
 from plait.scheduler import Scheduler
 from plait.scheduler.records import SEQUENCE_BLOCK, JobRecord, TaskRecord
-from plait.store.protocol import Namespace, Store, Transaction
+from plait.store.protocol import MAX_VALUE_BYTES, Namespace, Store, Transaction
 from plait.taskcontrol.protocol import (
     RemoteController,
     TaskController,
@@ -88,6 +88,18 @@ class JobDoc:
                    list(data["log"]), bool(data.get("deleting", False)))
 
 
+def _fits(doc: JobDoc) -> bytes:
+    """The job's record, if the store takes a record that large (it holds every
+    version); else a 413 that says so, with nothing written."""
+    value = doc.to_bytes()
+    if len(value) > MAX_VALUE_BYTES:
+        raise TooLarge(f"job {doc.name}: its record, which keeps every version, would be "
+                       f"{len(value):,} bytes, over the store's limit of {MAX_VALUE_BYTES:,} "
+                       "bytes: nothing was stored (make the spec smaller, or delete the job "
+                       "and create it again)")
+    return value
+
+
 class JobStore:
     """Job operations as durable writes: each returns once the job record is stored."""
 
@@ -125,7 +137,7 @@ class JobStore:
         doc = JobDoc(spec.name, spec.entitlement, [spec])
         doc.record(now, "create", f"created with {spec.task_count} tasks")
         try:
-            self.ns.create(f"/jobs/{spec.name}", doc.to_bytes())
+            self.ns.create(f"/jobs/{spec.name}", _fits(doc))
             return doc, True
         except Conflict:
             existing = self.get(spec.name)
@@ -147,7 +159,7 @@ class JobStore:
             if edit(doc) is None:
                 return doc
             try:
-                self.ns.set(f"/jobs/{name}", doc.to_bytes(), version)
+                self.ns.set(f"/jobs/{name}", _fits(doc), version)
                 return doc
             except Conflict:
                 continue

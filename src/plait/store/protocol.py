@@ -27,6 +27,30 @@ from plait.errors import ValidationError
 WatchCallback = Callable[[str], None]
 
 
+#: the largest value one key may hold: ZooKeeper's (jute.maxbuffer, 1 MiB, less room
+#: for the request around it), on every store alike, so a record SQLite takes is one
+#: ZooKeeper takes too
+MAX_VALUE_BYTES = 1_000_000
+
+
+def check_value(key: str, value: bytes) -> bytes:
+    """Refuse a value over ``MAX_VALUE_BYTES`` before it is sent (ZooKeeper would drop
+    the connection every other request shares)."""
+    if len(value) > MAX_VALUE_BYTES:
+        raise RecordTooLarge(key, len(value))
+    return value
+
+
+class RecordTooLarge(ValidationError):
+    """A record over the store's limit: nothing was written."""
+
+    def __init__(self, key: str, size: int) -> None:
+        self.key, self.size = key, size
+        super().__init__("record", f"{key} would be {size:,} bytes, over the store's limit "
+                                   f"of {MAX_VALUE_BYTES:,} bytes per record: nothing was "
+                                   "written")
+
+
 def check_key(key: str) -> str:
     if not key.startswith("/") or (key != "/" and key.endswith("/")) or "//" in key:
         raise ValidationError("key", f"{key!r} is not a path like /component/kind/name")

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from plait.errors import Conflict, NotFound
-from plait.store.protocol import Op, Transaction, WatchCallback, check_key
+from plait.store.protocol import Op, Transaction, WatchCallback, check_key, check_value
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -262,7 +262,7 @@ class SqliteStore:
         return int(row[0])  # check
 
     def create(self, key: str, value: bytes, session: SqliteSession | None = None) -> int:
-        op = Op("create", check_key(key), value, ephemeral=session is not None)
+        op = Op("create", check_key(key), check_value(key, value), ephemeral=session is not None)
         with self._write() as cur:
             self._expire(cur)
             return self._apply(cur, op, session)
@@ -270,7 +270,8 @@ class SqliteStore:
     def set(self, key: str, value: bytes, version: int) -> int:
         with self._write() as cur:
             self._expire(cur)
-            return self._apply(cur, Op("set", check_key(key), value, version), None)
+            return self._apply(cur, Op("set", check_key(key), check_value(key, value), version),
+                               None)
 
     def delete(self, key: str, version: int) -> None:
         with self._write() as cur:
@@ -279,6 +280,8 @@ class SqliteStore:
 
     def commit(self, txn: Transaction, session: SqliteSession | None = None) -> None:
         """All of ``txn`` or nothing: the first failing step raises and rolls back."""
+        for op in txn.ops:
+            check_value(op.key, op.value)
         with self._write() as cur:
             self._expire(cur)
             for op in txn.ops:

@@ -29,7 +29,7 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.security import make_digest_acl
 
 from plait.errors import Conflict, NotFound, TransientError
-from plait.store.protocol import Transaction, WatchCallback, check_key
+from plait.store.protocol import Transaction, WatchCallback, check_key, check_value
 
 #: (user, password) of ZooKeeper's digest scheme
 Credentials = tuple[str, str]
@@ -192,14 +192,15 @@ class ZkStore:
     def create(self, key: str, value: bytes, session: ZkSession | None = None) -> int:
         client = session.client if session is not None else self.client
         try:
-            client.create(check_key(key), value, ephemeral=session is not None, makepath=True)
+            client.create(check_key(key), check_value(key, value), ephemeral=session is not None,
+                          makepath=True)
         except NodeExistsError:
             raise Conflict(f"key {key}", "absent", "exists") from None
         return 0
 
     def set(self, key: str, value: bytes, version: int) -> int:
         try:
-            stat = self.client.set(check_key(key), value, version=version)
+            stat = self.client.set(check_key(key), check_value(key, value), version=version)
         except NoNodeError:
             raise NotFound("key", key) from None
         except BadVersionError:
@@ -229,6 +230,8 @@ class ZkStore:
     def commit(self, txn: Transaction, session: ZkSession | None = None) -> None:
         """One ZooKeeper multi-op: all of it or nothing."""
         client = session.client if session is not None else self.client
+        for op in txn.ops:
+            check_value(op.key, op.value)
         created = {op.key for op in txn.ops if op.kind == "create"}
         for op in txn.ops:  # ZooKeeper wants parents in place; make the missing ones
             if op.kind == "create":
