@@ -13,7 +13,6 @@ from zkutil import ZK_SERVER, _free_port, wait_until
 
 from plait.store import SqliteStore
 
-
 #: the contract suite runs with ZooKeeper ACLs on (digest credentials)
 ZK_AUTH = ("plait", "contract-suite-secret")
 
