@@ -212,3 +212,17 @@ def bench_cli(
     from plait.bench import cli
 
     print(json.dumps(cli.run(sequential=sequential, parallel=parallel, shells=shells)))
+
+
+@bench_app.command("chaos")
+def bench_chaos(
+    seconds: Annotated[float, typer.Option(min=1, help="seconds of random kills")] = 300.0,
+    seed: Annotated[int, typer.Option(help="the kill schedule's seed")] = 0,
+    machines: Annotated[int, typer.Option(min=2, max=32)] = 4,
+) -> None:
+    """plait up under random SIGKILLs of tasks, agents and the control plane while a job
+    is updated and resized: acknowledged writes lost, double serving, convergence and
+    processes left behind (one JSON object on stdout)."""
+    from plait.bench import chaos
+
+    print(json.dumps(chaos.run(seconds=seconds, seed=seed, machines=machines)))
