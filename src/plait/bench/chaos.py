@@ -203,6 +203,8 @@ def run(seconds: float = 300.0, seed: int = 0, machines: int = 4, tasks: int = 3
         quiet = time.monotonic()
         converged: float | None = None
         latest = max(acked)
+        job: dict[str, Any] = {}
+        resumed = 0
         while time.monotonic() - quiet < converge_bound:
             try:
                 job = api.get("/v1/jobs/web").json()
@@ -210,6 +212,11 @@ def run(seconds: float = 300.0, seed: int = 0, machines: int = 4, tasks: int = 3
                         job["task_count"]):
                     converged = time.monotonic() - quiet
                     break
+                if job["halted"] and not resumed:
+                    # the kills halted the last rollout (a new task killed before it
+                    # proved healthy counts as the version failing): an operator resumes
+                    api.post("/v1/jobs/web/resume").raise_for_status()
+                    resumed += 1
             except (httpx.HTTPError, ValueError, KeyError):
                 pass
             time.sleep(0.2)
@@ -228,4 +235,8 @@ def run(seconds: float = 300.0, seed: int = 0, machines: int = 4, tasks: int = 3
             "kills_by_kind": kills, "acknowledged": len(acked), "lost": lost,
             "samples": samples["n"], "double_serving_samples": samples["double"],
             "converge_s": None if converged is None else round(converged, 2),
+            "halted_and_resumed": resumed,
+            "unconverged_job": None if converged is not None else {
+                k: job.get(k) for k in ("version", "applied_version", "halted", "tasks",
+                                        "serving", "updated", "unplaced_reason", "error")},
             "orphans": orphans}
