@@ -193,3 +193,36 @@ def test_the_move_measured_under_writes(tmp_path):
     assert found["entitlement_move_task_restarts"] == 0
     assert found["entitlement_move_other_statuses"] == []
     assert found["entitlement_move_server_s"] > 0
+
+
+def test_a_handoff_asked_again_after_its_answer_was_lost_succeeds(region, monkeypatch):
+    """The front end asks a shard again when an answer does not come back; if the
+    records had moved and the shard's rebuild had not happened, the second call used to
+    try the transaction again and fail on the records it had already written."""
+    api = region.api
+    for ent in ("a", "b"):
+        assert api.post("/v1/entitlements", json={"name": ent, "owner": "o",
+                                                   "quota": {"machines": 3}}).status_code == 201
+    assert api.post("/v1/jobs", json=job("ja", "a")).status_code == 201
+    wait_for(lambda: region.running("ja", 2))
+    source = region.entry("a")["shard"]
+    cp, target = region.cp(source), 1 - source
+    real = cp.build
+    failures = {"left": 3}
+
+    def flaky(now, *args, **kwargs):
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise OSError("the store went away for a moment")
+        return real(now, *args, **kwargs)
+
+    monkeypatch.setattr(cp, "build", flaky)
+    monkeypatch.setattr(cp.loop, "step", lambda: None)  # (no pass rebuilds meanwhile)
+    with pytest.raises(OSError):
+        cp.membership.handoff("a", target)  # the records moved; the rebuild failed
+    assert cp.membership.stale and "a" in cp.allocator.entitlements  # (memory is old)
+    assert cp.membership.handoff("a", target) == 0  # asked again: done, no conflict
+    assert "a" not in cp.allocator.entitlements and not cp.membership.stale
+    monkeypatch.undo()
+    region.cp(target).membership.reload("a")
+    assert "a" in region.cp(target).allocator.entitlements

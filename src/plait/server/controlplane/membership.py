@@ -98,10 +98,17 @@ class Membership:
                                   f"{to_shard} already")
         with self.cp.lock:
             self.cp.entitlement(entitlement)
-            self.cp.persist.save(self.cp.allocator)  # what is in memory, stored first
             view = self.cp.store
             assert isinstance(view, ShardStore)
             there = shard_prefix(to_shard)
+            record = f"/allocator/entitlements/{entitlement}"
+            if view.base.exists(there + record) and not view.exists(record):
+                # handed over already: a call whose answer was lost (the front end asks
+                # again), this shard's memory not yet rebuilt from the store
+                self.cp.build(self.cp.clock())
+                self.stale = False
+                return 0
+            self.cp.persist.save(self.cp.allocator)  # what is in memory, stored first
             for name, job in self.cp.scheduler.jobs.items():
                 if job.moving_from is not None and entitlement in (job.moving_from,
                                                                    job.entitlement):
