@@ -26,17 +26,26 @@ def processes_under(root: Path) -> set[int]:
     path = str(root).encode()
     needles = (path + b"/", path + b"\0")  # not a sibling that merely starts the same
     found = set()
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
+    for pid in _others():
         try:
-            text = (entry / "cmdline").read_bytes() + b"\0" + (entry / "environ").read_bytes()
+            text = argv_bytes(pid) + b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
         if any(n in text for n in needles):
-            found.add(int(entry.name))
+            found.add(pid)
     return found
+
+
+def _others() -> list[int]:
+    """Every process of this box but this one."""
+    me = os.getpid()
+    return [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()
+            and int(e.name) != me]
+
+
+def argv_bytes(pid: int) -> bytes:
+    """The process's command line, NUL-separated (OSError once it is gone)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def kill_groups(pids: Iterable[int]) -> None:
@@ -50,8 +59,7 @@ def kill_groups(pids: Iterable[int]) -> None:
 
 def cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-            errors="replace").strip()
+        return argv_bytes(pid).replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "?"
 
@@ -68,12 +76,9 @@ def plait_processes(data_dir: Path, verb: str) -> set[int]:
     under it (those started by hand count too: same data dir, same region)."""
     root = str(data_dir.resolve())
     found = set()
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
+    for pid in _others():
         try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            argv = argv_bytes(pid).decode(errors="replace").split("\0")
         except OSError:
             continue
         if verb not in argv and f"plait.cli.{verb}" not in argv:
@@ -82,5 +87,5 @@ def plait_processes(data_dir: Path, verb: str) -> set[int]:
             if arg == "--data-dir":
                 where = str(Path(argv[k + 1]).resolve()) if argv[k + 1] else ""
                 if where == root or where.startswith(root + "/"):
-                    found.add(int(entry.name))
+                    found.add(pid)
     return {pid for pid in found if alive(pid)}
