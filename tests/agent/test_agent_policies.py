@@ -287,3 +287,44 @@ def test_a_task_that_ignores_sigterm_never_holds_up_its_agent(box):
     assert gaps and max(gaps) < 3.0, gaps  # beats went on during the 4 s stop
     assert not agent.stopping
 
+
+def test_discovery_survives_an_agent_restart_and_a_control_plane_restart(box, tmp_path):
+    """Endpoints and health are kept: an adopted task stays in discovery while its new
+    agent's probe starts over, and a restarted control plane lists its endpoint at once."""
+    box.api.post("/v1/jobs", json={
+        "name": "kept", "entitlement": "e", "task_count": 1,
+        "resources": {"cpu": 0.1, "memory_gb": 0.1}, "command": "python3",
+        "args": ["-c", SERVER],
+        "health": {"http": "/", "interval_seconds": 0.3, "failure_threshold": 3}})
+    wait_for(lambda: [t["state"] for t in box.tasks("kept")] == ["running"], what="it runs")
+    (_data_dir(box, "kept", 0) / "ready").touch()
+    wait_for(lambda: box.serving("kept") == {0}, what="in discovery")
+    # the agent restarts (as after a crash or an upgrade): its task runs on, adopted
+    k = next(i for i, a in enumerate(box.agents) if a.tasks)
+    old = box.agents[k]
+    machine, data_dir = old.machine, old.data_dir
+    box.stop.set()
+    for t in box.threads:
+        t.join(timeout=30)
+    old.prober.close()
+    box.stop.clear()
+    new = Agent(machine, [box.server.url], None, data_dir)
+    assert new.handles  # adopted
+    box.agents[k] = new
+    box.threads = [threading.Thread(target=a.run, args=(0.1, box.stop), daemon=True)
+                   for a in box.agents]
+    for t in box.threads:
+        t.start()
+    seen = set()
+    for _ in range(30):  # three seconds: ten probe intervals
+        found = box.api.get("/v1/discovery/kept").json()["endpoints"]
+        seen.add(tuple((e["index"], e["endpoint"]) for e in found))
+        time.sleep(0.1)
+    endpoint = f"127.0.0.1:{new.tasks['kept.0'].port}"
+    assert seen == {((0, endpoint),)}, seen  # never gone, never without its endpoint
+    # a second control plane over the same store (a restart, or a new leader) lists it
+    # with its endpoint before any agent has reported to it
+    box.cp.loop.step()
+    again = ControlPlane(box.cp.store, box.cp.config)
+    assert again.views.discovery("kept") == [
+        {"index": 0, "machine": machine, "endpoint": endpoint}]
