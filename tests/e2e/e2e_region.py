@@ -22,7 +22,10 @@ import httpx
 from plait.server.serve import free_port
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition") -> None:
+def wait_for(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition",
+             logs: Path | None = None) -> None:
+    """Wait until `check()` is true; on timeout, fail with the tail of every `*.log`
+    under `logs` (the region's processes), so that a failure in CI says why."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -31,7 +34,9 @@ def wait_for(check: Callable[[], Any], timeout: float = 60.0, what: str = "condi
         except httpx.TransportError:
             pass
         time.sleep(0.2)
-    raise AssertionError(f"{what}: not reached within the liveness bound")
+    tails = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                    for p in sorted(logs.rglob("*.log"))) if logs else ""
+    raise AssertionError(f"{what}: not reached within the liveness bound{tails}")
 
 
 def answers(endpoint: str) -> bool:

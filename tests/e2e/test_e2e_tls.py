@@ -10,6 +10,7 @@ import ssl
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 from e2e_region import wait_for
@@ -165,8 +166,16 @@ def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
               "--data-dir", str(tmp_path / "agent"),
               "--interval", "0.3", "--ca-file", ca)
         assert admin.post("/v1/jobs", json={**JOB, "entitlement": "b"}).status_code == 201
-        wait_for(lambda: [t["state"] for t in admin.get("/v1/jobs/s/tasks").json()["tasks"]]
-                 == ["running"], what="shard 1's task runs, its agent reached over https")
+        seen: list[Any] = []
+
+        def task_runs() -> bool:
+            seen[:] = [admin.get("/v1/jobs/s/tasks").json(), admin.get("/v1/machines").json()]
+            return [t["state"] for t in seen[0]["tasks"]] == ["running"]
+        try:
+            wait_for(task_runs, what="shard 1's task runs, its agent reached over https",
+                     logs=tmp_path)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nlast seen: {seen}") from None
         # the CLI, configured by the front end with the CA file
         listed = plait(env, "job", "list")
         assert listed.returncode == 0 and "s" in listed.stdout, listed.stderr
