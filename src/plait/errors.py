@@ -24,10 +24,10 @@ class ValidationError(PlaitError):
 class NotFound(PlaitError):
     """A named object (machine, entitlement, job, event) does not exist."""
 
-    def __init__(self, kind: str, name: str) -> None:
+    def __init__(self, kind: str, name: str, message: str | None = None) -> None:
         self.kind = kind
         self.name = name
-        super().__init__(f"{kind} {name!r} not found")
+        super().__init__(message or f"{kind} {name!r} not found")
 
 
 class Conflict(PlaitError):

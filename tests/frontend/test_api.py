@@ -186,7 +186,7 @@ def test_bad_input_gets_a_4xx_naming_the_field_and_writes_nothing(live):
         assert r.status_code == 422, (path, r.text)
         assert r.json()["field"] == field
     doc = live.cp.jobs.get("web")
-    assert len(doc.versions) == 1 and doc.seq == 1
+    assert doc.version == 1 and doc.seq == 1
 
 
 def test_update_resize_restart_rollback_and_delete(live):
@@ -236,7 +236,7 @@ def test_dry_run_shows_the_plan_and_changes_nothing(live):
     assert set(plan["changes"]) == {"command", "task_count"}
     assert plan["changes"]["command"] == {"from": "serve", "to": "v2"}
     assert plan["tasks_added"] == 2 and plan["tasks_updated"] == 6
-    assert len(live.cp.jobs.get("web").versions) == 1
+    assert live.cp.jobs.get("web").version == 1
     # pacing and the TaskController do not change how a task runs: nothing updated
     plan = live.admin.put("/v1/jobs/web", params={"dry_run": "true"}, json={
         **SPEC, "update": {"max_unavailable": 3}, "task_controller": "http://10.0.0.1/tc"}
@@ -396,30 +396,43 @@ def test_the_openapi_document_is_served(live, path):
             assert p in paths
 
 
-def test_a_record_over_the_stores_limit_is_refused_before_it_is_written(live):
-    """A job's record keeps every version: once it would pass the store's limit per
-    record (ZooKeeper's), the write is a 413 that says so, nothing is stored, and the
-    API and the loop go on."""
-    entitlement(live)
-    def blob(c: str) -> dict:  # 300 kB of environment (each value within its 64 KiB)
-        return {f"BLOB{i}": c * 60_000 for i in range(5)}
+def blob(c: str, values: int) -> dict:
+    """Environment of ``values`` x 60 kB (each value within its 64 KiB bound)."""
+    return {f"BLOB{i}": c * 60_000 for i in range(values)}
 
-    big = {**SPEC, "env": blob("x")}
-    assert live.admin.post("/v1/jobs", json=big).status_code == 201
-    versions = 1
-    refused = None
-    for k in range(2, 8):
-        r = live.admin.put("/v1/jobs/web", json={**big, "env": blob(str(k))})
-        if r.status_code != 200:
-            refused = r
-            break
-        versions += 1
-    assert refused is not None and refused.status_code == 413, refused and refused.text
+
+def test_large_versions_are_trimmed_to_fit_the_stores_record_limit(live):
+    """A job's record keeps its last versions: when 300 kB versions would pass the
+    store's limit per record (ZooKeeper's), the oldest that no task runs go first and
+    every update is stored; the versions tasks run are kept."""
+    entitlement(live)
+    assert live.admin.post("/v1/jobs", json={**SPEC, "env": blob("a", 5)}).status_code == 201
+    wait_for(lambda: live.admin.get("/v1/jobs/web").json()["applied_version"] == 1)
+    for k in range(2, 9):
+        r = live.admin.put("/v1/jobs/web", json={**SPEC, "env": blob(str(k), 5)})
+        assert r.status_code == 200, r.text
+    history = live.admin.get("/v1/jobs/web/history").json()
+    assert history["versions"] == 8 and 8 in history["kept"] and len(history["kept"]) <= 3
+    running = {t["version"] for t in live.admin.get("/v1/jobs/web/tasks").json()["tasks"]}
+    assert running <= set(history["kept"])
+    gone = live.admin.get("/v1/jobs/web/versions/2")
+    assert gone.status_code == 404 and "no longer kept" in gone.json()["message"]
+    assert live.admin.get("/healthz").json()["ok"] is True
+
+
+def test_a_record_over_the_stores_limit_is_refused_before_it_is_written(live):
+    """When the versions a job's tasks run and the new one cannot fit in one record,
+    the write is a 413 that says so, nothing is stored, and the API and the loop go
+    on."""
+    entitlement(live)
+    assert live.admin.post("/v1/jobs", json={**SPEC, "env": blob("a", 9)}).status_code == 201
+    wait_for(lambda: live.admin.get("/v1/jobs/web").json()["applied_version"] == 1)
+    refused = live.admin.put("/v1/jobs/web", json={**SPEC, "env": blob("b", 9)})
+    assert refused.status_code == 413, refused.text
     assert refused.json()["error"] == "too_large"
     assert "over the store's limit" in refused.json()["message"]
     job = live.admin.get("/v1/jobs/web").json()
-    assert job["version"] == versions  # nothing of the refused write
-    assert live.admin.post("/v1/jobs/web/resize", json={"task_count": 1}).status_code == 413
+    assert job["version"] == 1  # nothing of the refused write
     assert live.admin.get("/healthz").json()["ok"] is True
     entitlement(live, "other")
     assert live.admin.post("/v1/jobs", json={**SPEC, "name": "small", "entitlement": "other"}

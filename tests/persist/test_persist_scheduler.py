@@ -143,7 +143,7 @@ def test_the_log_is_bounded_and_records_carry_a_schema(tmp_path):
     doc = jobs.get("web")
     assert len(doc.log) == LOG_LIMIT and doc.seq == LOG_LIMIT + 11
     raw = json.loads(jobs.ns.get("/jobs/web")[0])
-    assert raw["schema"] == 1
+    assert raw["schema"] == 2
     raw["schema"] = 99
     _, version = jobs.ns.get("/jobs/web")
     jobs.ns.set("/jobs/web", json.dumps(raw).encode(), version)
@@ -221,7 +221,7 @@ def test_a_move_between_entitlements_resumes_after_a_restart_midway(tmp_path):
     assert len(a.running("web")) == 6
     a.scheduler.check_move(a.jobs.get("web").spec, "b")
     doc = a.jobs.move("web", "b", now=a.sim.now)
-    assert doc.entitlement == "b" and doc.spec.entitlement == "b" and len(doc.versions) == 2
+    assert doc.entitlement == "b" and doc.spec.entitlement == "b" and doc.version == 2
     assert doc.log[-1]["op"] == "move" and (doc.log[-1]["source"], doc.log[-1]["target"]) == (
         "a", "b")
     job = a.scheduler.job("web")
@@ -286,3 +286,80 @@ def test_a_move_stored_while_the_scheduler_was_down_is_applied(tmp_path):
     b.run(120)
     assert job.moving_from is None and len(b.running("web")) == 3
     assert b.scheduler.allocator.machines_of("a") == []
+
+
+def test_a_job_keeps_its_last_versions_and_those_its_tasks_run(tmp_path):
+    """`keep_versions` (10 by default) bounds the record; versions tasks still run are
+    kept past it; a rollback to a version no longer kept is refused with the versions
+    kept; and trimming never changes what a running task is (its revision): neither
+    the live scheduler nor a restarted one restarts a task for it."""
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    a.jobs.create(job_spec("web", 4), now=0)
+    a.run(10)
+    started = {ref: p.started_at for ag in a.sim.agents.values()
+               for ref, p in ag.processes.items()}
+    assert len(started) == 4
+    for k in range(15):  # sizes only: the tasks run as they did
+        a.jobs.resize("web", 4 + (k + 1) % 2, now=a.sim.now)
+        a.run(2)
+    a.jobs.resize("web", 4, now=a.sim.now)
+    a.run(5)
+    doc = a.jobs.get("web")
+    assert doc.version == 17
+    running = {r.spec_version for r in a.scheduler.job("web").tasks.values()}
+    assert set(doc.kept) == set(range(8, 18)) | running
+    assert len(doc.kept) <= 10 + len(running)
+    with pytest.raises(ValidationError, match=r"version 3 of job web is no longer kept"):
+        a.jobs.rollback("web", 3, now=a.sim.now)
+    a.store.close()
+
+    b = Plane(path, now=a.sim.now)  # restarted over the trimmed record
+    b.sim.agents = a.sim.agents
+    b.run(10)
+    now = {ref: p.started_at for ag in b.sim.agents.values() for ref, p in ag.processes.items()}
+    assert {ref: now[ref] for ref in started} == started  # nothing restarted
+    # a new runtime rolls out and is kept; the old one goes once no task runs it
+    b.jobs.update(job_spec("web", 4, command="serve-v2"), now=b.sim.now)
+    b.run(60)
+    job = b.scheduler.job("web")
+    assert job.target == 18 and all(r.spec_version == 18 for r in job.tasks.values())
+    b.jobs.resize("web", 5, now=b.sim.now)
+    doc = b.jobs.get("web")
+    assert set(doc.kept) == set(range(10, 20))
+    assert b.jobs.rollback("web", 10, now=b.sim.now).version == 20
+    b.jobs.update(job_spec("web", 4, command="serve-v2"), now=b.sim.now)
+    b.run(60)
+    started = {ref: p.started_at for ag in b.sim.agents.values()
+               for ref, p in ag.processes.items()}
+    for k in range(12):  # serve-v2's first version (21) falls out of the record
+        b.jobs.resize("web", 4 + (k + 1) % 2, now=b.sim.now)
+        b.run(2)
+    assert 21 not in b.jobs.get("web").kept
+    b.store.close()
+    c = Plane(path, now=b.sim.now)
+    c.sim.agents = b.sim.agents
+    c.run(10)
+    now = {ref: p.started_at for ag in c.sim.agents.values() for ref, p in ag.processes.items()}
+    assert {ref: now[ref] for ref in started if ref.index < 4} == {
+        ref: t for ref, t in started.items() if ref.index < 4}
+    c.store.close()
+
+
+def test_a_job_record_of_schema_1_is_read_with_its_revisions(tmp_path):
+    """Records written before versions were trimmed (every version in a list) read as
+    before: numbers, specs, and the revision of each version (the first one that runs
+    the same way)."""
+    jobs = JobStore(SqliteStore(str(tmp_path / "plait.db")))
+    specs = [job_spec("web", 2), job_spec("web", 3), job_spec("web", 3, command="v2"),
+             job_spec("web", 4, command="v2")]
+    raw = {"schema": 1, "name": "web", "entitlement": "ent", "seq": 4, "log": [],
+           "versions": [s.model_dump(mode="json") for s in specs]}
+    jobs.ns.create("/jobs/web", json.dumps(raw).encode())
+    doc = jobs.get("web")
+    assert doc.version == 4 and doc.spec == specs[-1] and doc.spec_of(2) == specs[1]
+    assert [doc.revision(v) for v in (1, 2, 3, 4)] == [1, 1, 3, 3]
+    doc = jobs.update(job_spec("web", 4, command="v3"), now=1)
+    assert json.loads(jobs.ns.get("/jobs/web")[0])["schema"] == 2
+    assert doc.version == 5 and jobs.get("web").spec_of(1) == specs[0]

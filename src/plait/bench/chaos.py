@@ -6,7 +6,8 @@ moment later, with the same command line) and the control plane itself (``plait 
 started again: it adopts the agents). Then every process is brought back and:
 
 * ``acknowledged``: job operations the API acknowledged; ``lost``: those whose
-  version is not stored as sent (a version's spec is read back from the API);
+  version is not stored as sent (a kept version's spec is read back from the API;
+  one the record no longer keeps must be in the job's operation log);
 * ``double_serving_samples``: samples (every 0.25 s) in which discovery listed one
   task index twice, or an endpoint that another index's process serves;
 * ``converge_s``: from the last restart to the job settled at its latest version,
@@ -223,7 +224,16 @@ def run(seconds: float = 300.0, seed: int = 0, machines: int = 4, tasks: int = 3
         stop.set()
         sampler.join(timeout=10)
         lost = 0
+        try:  # the versions the record keeps; the others only as logged operations
+            history = api.get("/v1/jobs/web/history").json()
+            kept = set(history["kept"])
+            logged = {e.get("version") for e in history["operations"]}
+        except (httpx.HTTPError, ValueError, KeyError):
+            kept, logged = set(acked), set()
         for version, (v, count) in acked.items():
+            if version not in kept:  # trimmed (keep_versions): logged, and not the last
+                lost += version not in logged or version == max(acked)
+                continue
             try:
                 got = api.get(f"/v1/jobs/web/versions/{version}").json()
                 if got["env"].get("V") != v or got["task_count"] != count:

@@ -225,10 +225,11 @@ def job_show(name: str, output: Output = "table") -> None:
 @job_app.command("history")
 @guarded
 def job_history(name: str, output: Output = "table") -> None:
+    from plait.model.job import spans
     data = api().get(f"/v1/jobs/{q(name)}/history")
     emit(data, output, lambda d: rows(["#", "time", "operation", "what"], [
         [e["seq"], _when(e["time"]), e["op"], e["message"]] for e in d["operations"]],
-        title=f"job {name}: {d['versions']} versions"))
+        title=f"job {name}: {d['versions']} versions, kept {spans(d.get('kept', []))}"))
 
 
 @job_app.command("controller-key")

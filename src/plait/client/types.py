@@ -92,7 +92,10 @@ class TaskList(TypedDict):
 
 class JobHistory(TypedDict):
     name: str
+    #: the latest version's number
     versions: int
+    #: the versions the job's record keeps (``keep_versions``, and those tasks run)
+    kept: list[int]
     operations: list[dict[str, Any]]
 
 

@@ -474,7 +474,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
 
     # -- jobs ------------------------------------------------------------------------------
     def ack(doc: Any, created: bool | None = None) -> dict[str, Any]:
-        body = {"name": doc.name, "entitlement": doc.entitlement, "version": len(doc.versions),
+        body = {"name": doc.name, "entitlement": doc.entitlement, "version": doc.version,
                 "operation": doc.seq, "deleting": doc.deleting}
         if created is not None:
             body["created"] = created
@@ -584,15 +584,16 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     def job_history(name: str, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         doc = cp.jobs.get(name)
-        return {"name": name, "versions": len(doc.versions), "operations": doc.log}
+        return {"name": name, "versions": doc.version, "kept": sorted(doc.kept),
+                "operations": doc.log}
 
     @app.get("/v1/jobs/{name}/versions/{version}", response_model=t.JobSpecView, tags=["jobs"])
     def job_version(name: str, version: int, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         doc = cp.jobs.get(name)
-        if not 1 <= version <= len(doc.versions):
-            raise NotFound("version", f"{name} version {version}")
-        return doc.versions[version - 1].model_dump(mode="json")
+        if version not in doc.kept:
+            raise NotFound("version", f"{name} version {version}", doc.missing(version))
+        return doc.spec_of(version).model_dump(mode="json")
 
     @app.get("/v1/jobs/{name}/controller-key", response_model=t.ControllerKey, tags=["jobs"])
     def controller_key(name: str, who: User, request: Request) -> dict[str, Any]:

@@ -203,6 +203,11 @@ class JobSpec(Value):
     #: seconds between the SIGTERM that stops a task and the SIGKILL of whatever is
     #: left (the agent stops tasks in the background: its heartbeats keep their pace)
     kill_timeout_seconds: float = pydantic.Field(default=10.0, ge=0, le=3600)
+    #: how many of the job's latest versions its record keeps for rollback and
+    #: `plait job history` (like a Deployment's revisionHistoryLimit); versions that
+    #: tasks still run are kept too, and fewer are kept when they would not fit in
+    #: one stored record
+    keep_versions: int = pydantic.Field(default=10, ge=1, le=100)
 
     _names = pydantic.field_validator("name", "entitlement")(check_name)
 
@@ -232,3 +237,14 @@ class JobSpec(Value):
         return hash((self.name, self.entitlement, self.task_count, self.resources, self.command,
                      self.args, tuple(sorted(self.env.items())), self.policy, self.update,
                      self.task_controller, self.restart, self.health))
+
+
+def spans(numbers: list[int]) -> str:
+    """``[1, 2, 3, 7, 9, 10]`` as ``1..3, 7, 9..10``."""
+    out: list[tuple[int, int]] = []
+    for n in numbers:
+        if out and out[-1][1] == n - 1:
+            out[-1] = (out[-1][0], n)
+        else:
+            out.append((n, n))
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in out)

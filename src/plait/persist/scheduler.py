@@ -2,9 +2,11 @@
 
 Layout in the ``/scheduler`` namespace (records carry a schema version):
 
-    /scheduler/jobs/{job}    what users asked for: every spec version and a log of the
-                             operations on the job (create, update, resize, rollback,
-                             move, restart, resume, delete), each with a sequence number.
+    /scheduler/jobs/{job}    what users asked for: the versions it keeps (its last
+                             ``keep_versions`` and those its tasks run, each with its
+                             revision) and a log of the operations on the job (create,
+                             update, resize, rollback, move, restart, resume, delete),
+                             each with a sequence number.
                              Written by the front end with compare-and-swap; a write
                              that returned is an acknowledged operation.
     /scheduler/state/{job}   the scheduler's view of its tasks: version, state, machine,
@@ -20,6 +22,7 @@ them again under new operation ids (``op_counter`` is kept, so ids never repeat)
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,10 +31,11 @@ from typing import Any, Protocol
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, ValidationError
 from plait.model import JobSpec, parse
 from plait.model.entitlement import NAME_RE
+from plait.model.job import spans
 from plait.model.task import TaskState
 from plait.persist.allocator import PersistentAllocator
 from plait.scheduler import Scheduler
-from plait.scheduler.records import SEQUENCE_BLOCK, JobRecord, TaskRecord
+from plait.scheduler.records import NOT_RUNTIME, SEQUENCE_BLOCK, JobRecord, TaskRecord
 from plait.store.protocol import MAX_VALUE_BYTES, Namespace, Store, Transaction
 from plait.taskcontrol.protocol import (
     RemoteController,
@@ -41,6 +45,8 @@ from plait.taskcontrol.protocol import (
 )
 
 SCHEMA = 1
+#: the job record's schema (2: kept versions by number, each with its revision)
+JOB_SCHEMA = 2
 #: operations kept in a job's log (its history)
 LOG_LIMIT = 200
 _ATTEMPTS = 20
@@ -48,20 +54,101 @@ _ATTEMPTS = 20
 ControllerFor = Callable[[JobSpec], TaskController | RemoteController | None]
 
 
+def runtime_key(spec: JobSpec) -> str:
+    """What a version runs, as a short digest: two versions with the same key run the
+    same way (``same_runtime``), so a task moved between them is not restarted."""
+    runs = spec.model_copy(update=NOT_RUNTIME).model_dump(mode="json")
+    return hashlib.blake2b(json.dumps(runs, sort_keys=True).encode(),
+                           digest_size=12).hexdigest()
+
+
 @dataclass
 class JobDoc:
-    """A job as its users asked for it."""
+    """A job as its users asked for it: its latest version and the versions it keeps
+    (``spec.keep_versions`` of the latest, and those its tasks still run).
+
+    Kept versions stay as stored (JSON) until one is asked for (``spec_of``): a write
+    parses only the latest. Each kept version carries its *revision*, the first
+    version that runs the same way (``runtime_key``); the scheduler takes revisions
+    from here, so a trimmed version never changes what a running task is."""
 
     name: str
     entitlement: str
-    versions: list[JobSpec]
+    #: the latest version's number (versions are numbered 1, 2, ... for good)
+    version: int
+    #: kept versions: number -> {"spec": JSON, "revision": int, "runtime": key}
+    kept: dict[int, dict[str, Any]]
     seq: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)
     deleting: bool = False
+    _parsed: dict[int, JobSpec] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def new(cls, spec: JobSpec) -> JobDoc:
+        doc = cls(spec.name, spec.entitlement, 0, {})
+        doc.add(spec)
+        return doc
 
     @property
     def spec(self) -> JobSpec:
-        return self.versions[-1]
+        return self.spec_of(self.version)
+
+    def spec_of(self, version: int) -> JobSpec:
+        """Version ``version``'s spec; a version never made, or no longer kept, is a
+        ``ValidationError`` that names the versions kept."""
+        found = self._parsed.get(version)
+        if found is None:
+            entry = self.kept.get(version)
+            if entry is None:
+                raise ValidationError("version", self.missing(version))
+            found = self._parsed[version] = parse(JobSpec, entry["spec"])
+        return found
+
+    def missing(self, version: int) -> str:
+        if not 1 <= version <= self.version:
+            return f"job {self.name} has versions 1..{self.version}"
+        return (f"version {version} of job {self.name} is no longer kept (it keeps its "
+                f"last {self.spec.keep_versions} versions and those its tasks run: "
+                f"{spans(sorted(self.kept))})")
+
+    def revision(self, version: int) -> int:
+        return int(self.kept[version]["revision"])
+
+    def standin(self, version: int) -> JobSpec:
+        """Version ``version``'s spec, or for one no longer kept the next kept one: the
+        scheduler's versions are a list by number, and a trimmed version is one no
+        task runs (``JobStore.running``) nor will (tasks only move to the target)."""
+        if version in self.kept:
+            return self.spec_of(version)
+        return self.spec_of(min(v for v in self.kept if v > version))
+
+    def pin(self, job: JobRecord, versions: range) -> None:
+        """Give the scheduler's record the stored revisions of ``versions``."""
+        for v in versions:
+            if v in self.kept:
+                job.pin_revision(v, self.revision(v))
+
+    def add(self, spec: JobSpec) -> int:
+        """Append ``spec`` as the next version; returns its number."""
+        key = runtime_key(spec)
+        self.version += 1
+        revision = next((int(e["revision"]) for _, e in sorted(self.kept.items())
+                         if e.get("runtime") == key), self.version)
+        self.kept[self.version] = {"spec": spec.model_dump(mode="json"),
+                                   "revision": revision, "runtime": key}
+        self._parsed[self.version] = spec
+        return self.version
+
+    def trim(self, needed: set[int]) -> None:
+        """Drop the versions past the latest ``keep_versions`` that are not
+        ``needed`` (run by tasks, or the scheduler's target)."""
+        keep = self.spec.keep_versions
+        for version in sorted(self.kept):
+            if len(self.kept) <= keep:
+                break
+            if version not in needed and version != self.version:
+                del self.kept[version]
+                self._parsed.pop(version, None)
 
     def record(self, now: float, op: str, message: str, **args: Any) -> dict[str, Any]:
         self.seq += 1
@@ -72,31 +159,51 @@ class JobDoc:
 
     def to_bytes(self) -> bytes:
         return json.dumps({
-            "schema": SCHEMA, "name": self.name, "entitlement": self.entitlement,
-            "versions": [v.model_dump(mode="json") for v in self.versions],
+            "schema": JOB_SCHEMA, "name": self.name, "entitlement": self.entitlement,
+            "version": self.version,
+            "versions": {str(v): entry for v, entry in self.kept.items()},
             "seq": self.seq, "log": self.log, "deleting": self.deleting,
         }, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, value: bytes) -> JobDoc:
         data = json.loads(value)
-        if int(data.get("schema", 1)) > SCHEMA:
+        schema = int(data.get("schema", 1))
+        if schema > JOB_SCHEMA:
             raise ValidationError("schema", f"job record schema {data['schema']} is newer than "
-                                            f"this plait ({SCHEMA})")
-        return cls(data["name"], data["entitlement"],
-                   [parse(JobSpec, v) for v in data["versions"]], int(data["seq"]),
-                   list(data["log"]), bool(data.get("deleting", False)))
+                                            f"this plait ({JOB_SCHEMA})")
+        doc = cls(data["name"], data["entitlement"], 0, {}, int(data["seq"]),
+                  list(data["log"]), bool(data.get("deleting", False)))
+        if schema >= 2:
+            doc.version = int(data["version"])
+            doc.kept = {int(v): entry for v, entry in data["versions"].items()}
+        else:  # every version in a list (records before versions were trimmed)
+            for raw in data["versions"]:
+                doc.add(parse(JobSpec, raw))
+        return doc
 
 
-def _fits(doc: JobDoc) -> bytes:
-    """The job's record, if the store takes a record that large (it holds every
-    version); else a 413 that says so, with nothing written."""
+def _fits(doc: JobDoc, needed: Callable[[], set[int]] = set) -> bytes:
+    """The job's record, trimmed to the versions it keeps; if it is still too large for
+    the store, the oldest versions that nothing needs go first; else a 413 that says
+    so, with nothing written. ``needed``: the versions tasks run (read when used)."""
+    if len(doc.kept) > doc.spec.keep_versions:
+        doc.trim(needed())
     value = doc.to_bytes()
     if len(value) > MAX_VALUE_BYTES:
-        raise TooLarge(f"job {doc.name}: its record, which keeps every version, would be "
-                       f"{len(value):,} bytes, over the store's limit of {MAX_VALUE_BYTES:,} "
-                       "bytes: nothing was stored (make the spec smaller, or delete the job "
-                       "and create it again)")
+        must = needed() | {doc.version}
+        for version in sorted(doc.kept):
+            if len(value) <= MAX_VALUE_BYTES:
+                break
+            if version not in must:
+                del doc.kept[version]
+                doc._parsed.pop(version, None)
+                value = doc.to_bytes()
+    if len(value) > MAX_VALUE_BYTES:
+        raise TooLarge(f"job {doc.name}: its record would be {len(value):,} bytes even with "
+                       "only the versions its tasks run, over the store's limit of "
+                       f"{MAX_VALUE_BYTES:,} bytes: nothing was stored (make the spec "
+                       "smaller)")
     return value
 
 
@@ -134,8 +241,8 @@ class JobStore:
     def create(self, spec: JobSpec, now: float) -> tuple[JobDoc, bool]:
         """Store a new job; ``(doc, False)`` when the same job already exists (creates
         are idempotent); a job of that name with another spec is a conflict."""
-        doc = JobDoc(spec.name, spec.entitlement, [spec])
-        doc.record(now, "create", f"created with {spec.task_count} tasks")
+        doc = JobDoc.new(spec)
+        doc.record(now, "create", f"created with {spec.task_count} tasks", version=1)
         try:
             self.ns.create(f"/jobs/{spec.name}", _fits(doc))
             return doc, True
@@ -159,7 +266,7 @@ class JobStore:
             if edit(doc) is None:
                 return doc
             try:
-                self.ns.set(f"/jobs/{name}", _fits(doc), version)
+                self.ns.set(f"/jobs/{name}", _fits(doc, lambda: self.running(name)), version)
                 return doc
             except Conflict:
                 continue
@@ -173,9 +280,8 @@ class JobStore:
                                       "job move)")
             if spec == doc.spec:
                 return None
-            doc.versions.append(spec)
-            return doc.record(now, "update", f"version {len(doc.versions)}",
-                              version=len(doc.versions))
+            version = doc.add(spec)
+            return doc.record(now, "update", f"version {version}", version=version)
         return self.change(spec.name, now, edit)
 
     def resize(self, name: str, task_count: int, now: float) -> JobDoc:
@@ -183,22 +289,20 @@ class JobStore:
             spec = parse(JobSpec, {**doc.spec.model_dump(mode="json"), "task_count": task_count})
             if spec == doc.spec:
                 return None
-            doc.versions.append(spec)
-            return doc.record(now, "resize", f"version {len(doc.versions)}: "
-                              f"{doc.versions[-2].task_count} -> {task_count} tasks",
-                              version=len(doc.versions))
+            before = doc.spec.task_count
+            version = doc.add(spec)
+            return doc.record(now, "resize", f"version {version}: {before} -> {task_count} "
+                              "tasks", version=version)
         return self.change(name, now, edit)
 
     def rollback(self, name: str, version: int, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
-            if not 1 <= version <= len(doc.versions):
-                raise ValidationError("version", f"job {name} has versions 1..{len(doc.versions)}")
-            spec = doc.versions[version - 1]
+            spec = doc.spec_of(version)  # (a version no longer kept: refused)
             if spec.entitlement != doc.entitlement:  # a rollback stays where the job is
                 spec = spec.model_copy(update={"entitlement": doc.entitlement})
-            doc.versions.append(spec)
-            return doc.record(now, "rollback", f"version {len(doc.versions)}: rollback to "
-                              f"version {version}", version=len(doc.versions))
+            made = doc.add(spec)
+            return doc.record(now, "rollback", f"version {made}: rollback to version "
+                              f"{version}", version=made)
         return self.change(name, now, edit)
 
     def move(self, name: str, entitlement: str, now: float) -> JobDoc:
@@ -209,12 +313,23 @@ class JobStore:
                 raise ValidationError("entitlement", f"job {name} already runs in entitlement "
                                                      f"{entitlement!r}")
             source = doc.entitlement
-            doc.versions.append(doc.spec.model_copy(update={"entitlement": entitlement}))
+            version = doc.add(doc.spec.model_copy(update={"entitlement": entitlement}))
             doc.entitlement = entitlement
-            return doc.record(now, "move", f"version {len(doc.versions)}: move from {source} "
-                              f"to {entitlement}", version=len(doc.versions), source=source,
+            return doc.record(now, "move", f"version {version}: move from {source} "
+                              f"to {entitlement}", version=version, source=source,
                               target=entitlement)
         return self.change(name, now, edit)
+
+    def running(self, name: str) -> set[int]:
+        """The versions the scheduler last stored as run by the job's tasks, and its
+        target: kept whatever ``keep_versions`` says. Tasks only ever move to the
+        target, so a stale state record names older versions, never fewer."""
+        try:
+            value, _ = self.ns.get(f"/state/{name}")
+        except NotFound:
+            return set()  # not applied yet: the scheduler starts at the latest version
+        data = json.loads(value)
+        return {int(data["target"])} | {int(row[0]) for row in data["tasks"].values()}
 
     def restart(self, name: str, index: int | None, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
@@ -313,12 +428,14 @@ class PersistentScheduler:
                 return
             # the first entries may have been trimmed from the log: start at the
             # latest version
-            if len(doc.versions) == 1:
+            if doc.version == 1:
                 sched.create_job(doc.spec, now, self.controller_for(doc.spec))
             else:
-                target = len(doc.versions)
-                job = JobRecord(doc.name, doc.entitlement, list(doc.versions), target,
+                target = doc.version
+                job = JobRecord(doc.name, doc.entitlement,
+                                [doc.standin(v) for v in range(1, target + 1)], target,
                                 self.controller_for(doc.spec))
+                doc.pin(job, range(1, target + 1))
                 job.tasks = {i: TaskRecord(i, target) for i in range(doc.spec.task_count)}
                 sched.restore(job, ())
             entries = [e for e in entries if e["op"] in ("restart", "resume", "delete")]
@@ -329,10 +446,11 @@ class PersistentScheduler:
                 yield f"job {doc.name}: operation {entry['seq']} ({entry['op']}): {exc}"
             self.applied[doc.name] = entry["seq"]  # an unexpected error retries from here
         current = sched.jobs.get(doc.name)
-        if current is not None and len(doc.versions) > len(current.versions):
+        if current is not None and doc.version > len(current.versions):
             # versions whose log entries were trimmed away before they were applied
-            for v in range(len(current.versions) + 1, len(doc.versions) + 1):
-                sched.append_version(doc.versions[v - 1], now, f"version {v}")
+            doc.pin(current, range(len(current.versions) + 1, doc.version + 1))
+            for v in range(len(current.versions) + 1, doc.version + 1):
+                sched.append_version(doc.standin(v), now, f"version {v}")
         self.applied[doc.name] = doc.seq
 
     def _apply_one(self, doc: JobDoc, entry: dict[str, Any], now: float) -> None:
@@ -342,8 +460,9 @@ class PersistentScheduler:
         if op in ("update", "resize", "rollback", "move"):
             version = int(entry["version"])
             if version > len(job.versions):
+                doc.pin(job, range(len(job.versions) + 1, version + 1))
                 for v in range(len(job.versions) + 1, version + 1):
-                    spec = doc.versions[v - 1]
+                    spec = doc.standin(v)
                     if spec.task_controller != job.spec.task_controller:
                         job.controller = self.controller_for(spec)  # paces from now on
                         job.in_flight = None  # (an answer of the old one is dropped)
@@ -480,12 +599,14 @@ class PersistentScheduler:
     def _restore(self, doc: JobDoc, data: dict[str, Any]) -> None:
         sched = self.scheduler
         fleet = sched.fleet
-        versions = doc.versions[: int(data["versions"])]
+        count = int(data["versions"])
+        versions = [doc.standin(v) for v in range(1, count + 1)]
         target = int(data["target"])
         # the entitlement of the version applied (a move stored since is applied by
         # the ``sync`` that follows)
         job = JobRecord(doc.name, versions[target - 1].entitlement, versions, target,
                         self.controller_for(versions[-1]))
+        doc.pin(job, range(1, count + 1))
         job.deleting = bool(data["deleting"])
         job.halted = data["halted"]
         job.rollout_active = bool(data["rollout_active"])

@@ -171,6 +171,11 @@ class JobRecord:
             self._revisions[version] = found
         return found
 
+    def pin_revision(self, version: int, revision: int) -> None:
+        """Take ``version``'s revision from the job's record (which keeps it when the
+        versions it was computed from are trimmed) rather than computing it."""
+        self._revisions[version] = revision
+
     def same_as(self, target: int) -> dict[int, bool]:
         """Per version, whether it runs the same way as ``target`` (filled in by the
         caller; versions never change, so it holds until the target does)."""
@@ -189,7 +194,7 @@ class JobRecord:
 #: the spec fields that do not change how a task runs: a version that differs from
 #: another only in these restarts nothing
 NOT_RUNTIME = {"task_count": 0, "task_controller": None, "update": UpdatePolicy(),
-               "kill_timeout_seconds": 10.0}
+               "kill_timeout_seconds": 10.0, "keep_versions": 10}
 
 
 def same_runtime(a: JobSpec, b: JobSpec) -> bool:

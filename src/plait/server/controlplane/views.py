@@ -114,14 +114,14 @@ class Views:
             phase = "running"
         elif failed:
             phase = "failed"  # a task exhausted its retries (the others run on)
-        elif (job is not None and job.target == len(doc.versions)
+        elif (job is not None and job.target == doc.version
               and succeeded == spec.task_count == job.records):
             phase = "complete"
         else:
             phase = "running"
         updated = job.updated if job is not None else 0
         return {
-            "name": name, "entitlement": doc.entitlement, "version": len(doc.versions),
+            "name": name, "entitlement": doc.entitlement, "version": doc.version,
             "applied_version": job.target if job else 0,
             "spec": doc.spec.model_dump(mode="json"), "deleting": doc.deleting,
             "task_count": doc.spec.task_count, "tasks": dict(counts),
@@ -140,7 +140,7 @@ class Views:
             "failed": failed, "running": counts.get(TaskState.RUNNING.value, 0),
             # the operations stored so far are applied, and nothing is under way
             "applied_operation": job.applied_operation if job else 0,
-            "settled": bool(job and job.target == len(doc.versions) and not doc.deleting
+            "settled": bool(job and job.target == doc.version and not doc.deleting
                             and job.applied_operation >= doc.seq and not job.busy
                             and updated == doc.spec.task_count
                             and job.records == doc.spec.task_count),
