@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -23,6 +24,8 @@ class Live:
     admin: httpx.Client
     admin_token: str
     server: ApiServer
+    #: what else to stop, last first (a front end, its store, a ZooKeeper)
+    closers: list[Callable[[], object]] = field(default_factory=list)
 
     def client(self, token: str | None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -43,8 +46,11 @@ def wait_for(check: Callable[[], bool], timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def start_live(data_dir, sim_agents: bool = True, **config) -> Live:
-    cp = ControlPlane(store_for(data_dir), ControlPlaneConfig(
+def start_live(data_dir, sim_agents: bool = True, store: str | None = None,
+               **config) -> Live:
+    """A control plane on ``store`` (a store URL; SQLite in ``data_dir`` by default)
+    with simulated agents, served on loopback."""
+    cp = ControlPlane(store_for(data_dir, store), ControlPlaneConfig(
         region=REGION, tick_seconds=0.05, sim_agents=sim_agents, sim_start_seconds=0.2,
         **config))
     token = cp.bootstrap_admin()
@@ -55,7 +61,29 @@ def start_live(data_dir, sim_agents: bool = True, **config) -> Live:
     return Live(server.url, cp, admin, token, server)
 
 
+def start_behind_front_end(work: Path, store: str | None = None) -> Live:
+    """A control plane as scheduler shard 0 of a region (elected leader of its shard,
+    simulated agents), reached only through ``plait frontend``'s router."""
+    from plait.frontend.router import ShardRouter
+    from plait.server.serve import AsgiServer
+
+    cp = ControlPlane(store_for(work / "cp", store), ControlPlaneConfig(
+        region=REGION, tick_seconds=0.05, sim_agents=True, sim_start_seconds=0.2, shard=0))
+    token = cp.bootstrap_admin()
+    assert token is not None
+    shard = ApiServer(cp, replica=True, session_timeout=1.0).start()
+    front_store = store_for(work / "cp", store)
+    front = AsgiServer(ShardRouter(front_store)).start()
+    admin = httpx.Client(base_url=front.url, headers={"Authorization": f"Bearer {token}"},
+                         timeout=30)
+    api = Live(front.url, cp, admin, token, shard, [front_store.close, front.stop])
+    wait_for(lambda: admin.get("/healthz").status_code == 200)
+    return api
+
+
 def stop_live(api: Live) -> None:
     api.admin.close()
+    for close in reversed(api.closers):
+        close()
     api.server.stop()
     api.cp.store.close()

@@ -1,8 +1,10 @@
 """Property test of the REST API against its own OpenAPI document (schemathesis).
 
-One live control plane (SQLite store, simulated agents) serves the module. It is
-seeded with an entitlement, two jobs and spare tokens, and valid generated requests
-are mostly steered towards those real objects, so the fuzzing reaches past
+One live control plane with simulated agents serves the module, once per variant:
+reached directly and through the front end (``plait frontend``'s router over a
+scheduler shard), on SQLite and on a ZooKeeper with ACLs. It is seeded with an
+entitlement, two jobs and spare tokens, and valid generated requests are mostly
+steered towards those real objects, so the fuzzing reaches past
 "404 not found" into the scheduler, the allocator and the brokers. Every response
 must be a non-5xx with a status code the document lists, and an error must be the
 API's JSON error body. After the fuzzing the control plane must still be whole: its
@@ -18,15 +20,17 @@ The regression tests at the end pin the bugs the fuzzing found.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import hypothesis.strategies as st
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from livecp import REGION, Live, wait_for
+from livecp import REGION, Live, start_behind_front_end, start_live, stop_live, wait_for
 from schemathesis import GenerationMode
 
+from plait.harness.zkensemble import LocalEnsemble, installed
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.store.backup import backup, restore
 from plait.store.sqlite import SqliteStore
@@ -58,6 +62,34 @@ def _post(api: Live, path: str, body: dict[str, Any]) -> dict[str, Any]:
     assert r.status_code == 201, r.text
     result: dict[str, Any] = r.json()
     return result
+
+
+#: how the fuzzing reaches the API, and the store under it: directly and through the
+#: front end (a region of one scheduler shard), on SQLite and on ZooKeeper with ACLs
+VARIANTS = ["direct-sqlite", "frontend-sqlite", "direct-zookeeper", "frontend-zookeeper"]
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def live_module(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[Live]:
+    """One live API per variant, shared by the module's tests."""
+    route, store = request.param.split("-")
+    work = tmp_path_factory.mktemp(request.param)
+    url, ensemble = None, None
+    if store == "zookeeper":
+        if not installed():  # (make test installs it: scripts/system-deps)
+            pytest.fail("ZooKeeper is not installed: run scripts/system-deps")
+        ensemble = LocalEnsemble(work / "zk", size=1).start()
+        auth = work / "zk-auth"
+        auth.write_text("plait:fuzzing-secret\n")
+        auth.chmod(0o600)
+        url = f"{ensemble.url}?auth_file={auth}"
+    api = (start_live(work / "data", store=url) if route == "direct"
+           else start_behind_front_end(work, url))
+    if ensemble is not None:
+        api.closers.insert(0, ensemble.stop)
+    yield api
+    stop_live(api)
 
 
 @pytest.fixture(scope="module")
@@ -244,13 +276,14 @@ def test_state_survives_fuzzing(live_module: Live, seeded: dict[str, Any], tmp_p
     # the allocator's invariants hold, and a restart from the store sees the same
     with cp.lock:
         check_invariants(Cluster(cp.fleet, cp.region, cp.allocator.index, cp.allocator))
-        document = backup(cp.store)
+        # (a shard's store is its view of the region's: the backup is the region's)
+        document = backup(getattr(cp.store, "base", cp.store))
         live_placements = _placements(cp)
         live_jobs = cp.jobs.names()
     store = SqliteStore(str(tmp_path / "copy.db"))
     try:
         restore(store, document)
-        again = ControlPlane(store, ControlPlaneConfig(region=REGION))
+        again = ControlPlane(store, ControlPlaneConfig(region=REGION, shard=cp.config.shard))
         check_invariants(Cluster(again.fleet, again.region, again.allocator.index,
                                  again.allocator))
         assert again.jobs.names() == live_jobs
@@ -377,3 +410,21 @@ def test_the_document_lists_the_error_responses(live_module: Live) -> None:
             assert {"401", "404", "422"} <= codes, (method, path, codes)
             schema = operation["responses"]["422"]["content"]["application/json"]["schema"]
             assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (method, path)
+
+
+def test_requests_reach_the_api_as_sent(live_module: Live) -> None:
+    """Through the front end as directly: a path of any bytes is answered for (was a
+    503 "InvalidURL"), a long-poll wait the API refuses is refused (was a 503
+    "WriteTimeout": the forwarder's timeout went negative), and a method a list does
+    not take is a 405 with its Allow header (was a 422 about a store key)."""
+    api = live_module.admin
+    r = api.get("/v1/entitlements/%C3%82%C2%9B%7F")
+    assert r.status_code in (404, 422) and r.json()["error"] in ("not_found", "invalid"), r.text
+    r = api.get("/v1/machines/%0C%22/status")
+    assert r.status_code < 500, r.text
+    machine = live_module.cp.fleet.name(0)
+    r = api.get(f"/v1/machines/{machine}/desired", params={"wait": "-1e86"})
+    assert r.status_code == 422 and r.json()["field"] == "wait", r.text
+    for path in ("/v1/jobs", "/v1/entitlements"):
+        r = api.patch(path)
+        assert r.status_code == 405 and "allow" in r.headers, r.text

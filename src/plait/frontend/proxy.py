@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote_from_bytes
 
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -18,7 +19,9 @@ FORWARDED = "x-plait-forwarded"
 #: headers not passed on (hop by hop, or recomputed)
 _HOP = {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding",
         b"te", b"upgrade", b"proxy-authorization", b"proxy-connection"}
-_BACK = {"content-type", "retry-after", "www-authenticate", "location"}
+_BACK = {"content-type", "retry-after", "www-authenticate", "location", "allow"}
+#: bytes a forwarded path keeps as they are (its escapes among them)
+_PATH_SAFE = "/%:@!$&'()*+,;=-._~"
 
 
 #: the largest request body taken (a job spec is a few kB)
@@ -76,16 +79,22 @@ async def call(client: httpx.AsyncClient, target: str, scope: Scope, body: bytes
                headers: list[tuple[str, str]], path: str | None = None) -> httpx.Response:
     """Send the request of ``scope`` to the API at ``target`` (a long-poll is given
     the client's wait, plus slack). Raises httpx.HTTPError if it does not answer."""
-    url = target.rstrip("/") + (path or scope["path"])
-    query = scope.get("query_string", b"").decode()
-    if query:
-        url += "?" + query
+    # the path as the client sent it (percent-encoded), not as decoded for routing: a
+    # name with any byte in it reaches the shard, which answers for it
+    raw = path.encode() if path is not None else (scope.get("raw_path") or
+                                                  scope["path"].encode())
+    raw_query = scope.get("query_string", b"")
+    url = httpx.URL(target.rstrip("/") + quote_from_bytes(raw, safe=_PATH_SAFE),
+                    query=raw_query)
+    query = raw_query.decode("latin-1")
     try:
         wait = float(dict(httpx.QueryParams(query)).get("wait", 0) or 0)
     except ValueError:
         wait = 0.0
+    # (a wait the API refuses, negative or not a number, still gets the base timeout)
+    wait = min(wait, 300.0) if wait > 0 else 0.0
     return await client.request(scope["method"], url, content=body, headers=headers,
-                                timeout=30.0 + min(wait, 300.0))
+                                timeout=30.0 + wait)
 
 
 async def answer(send: Send, r: httpx.Response) -> None:

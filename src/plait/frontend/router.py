@@ -126,6 +126,8 @@ class ShardMap:
         self._leaders.pop(shard, None)
 
     def entry(self, entitlement: str) -> tuple[dict[str, Any], int] | None:
+        if not NAME_RE.match(entitlement):
+            return None  # no entitlement has such a name (shard 0 answers for it)
         try:
             value, version = self.ns.get(f"/entitlements/{entitlement}")
         except NotFound:
@@ -185,6 +187,8 @@ class ShardMap:
 
     def job(self, name: str) -> tuple[int, str] | None:
         """(shard, entitlement) of the job's record, if it is stored."""
+        if not NAME_RE.match(name):
+            return None
         shards = self.shards()
         found = self.store.get_many([f"{shard_prefix(s)}/scheduler/jobs/{name}"
                                      for s in shards])
@@ -198,7 +202,7 @@ class ShardMap:
         """The entitlement the machine is bound to (None: free or unknown)."""
         try:
             value, _ = self.store.get(f"/broker/machines/{machine}")
-        except NotFound:
+        except (NotFound, ValidationError):  # (a name that cannot be a key: unknown)
             return None
         ent = json.loads(value).get("entitlement")
         return str(ent) if ent is not None else None
@@ -293,6 +297,8 @@ class ShardRouter:
                 entry = await run_in_threadpool(m.place, name, weight)
                 self._writable(name, entry)
                 return await self.to_shard(entry["shard"], scope, body)
+            if len(parts) == 2:  # another method: shard 0 answers 405
+                return await self.to_shard(0, scope, body)
             found = await run_in_threadpool(m.entry, parts[2])
             if found is None:
                 return await self.to_shard(0, scope, body)  # (its 404)
@@ -302,6 +308,8 @@ class ShardRouter:
         if parts[:2] == ["v1", "jobs"]:
             if len(parts) == 2 and method == "GET":
                 return await self.fan_out(scope, body, "jobs")
+            if len(parts) == 2 and method != "POST":  # shard 0 answers 405
+                return await self.to_shard(0, scope, body)
             if len(parts) == 2:  # a create names its entitlement
                 spec = self._body(body)
                 ent = str(spec.get("entitlement", ""))
