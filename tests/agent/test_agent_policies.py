@@ -3,6 +3,8 @@ live control plane on loopback. Every wait is a liveness bound, not a speed chec
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -328,3 +330,30 @@ def test_discovery_survives_an_agent_restart_and_a_control_plane_restart(box, tm
     again = ControlPlane(box.cp.store, box.cp.config)
     assert again.views.discovery("kept") == [
         {"index": 0, "machine": machine, "endpoint": endpoint}]
+
+
+def test_a_task_killed_from_outside_is_reported_as_such(box):
+    """Its agent reports a SIGKILL it did not send, and that its memory cgroup does not
+    count as out of memory, as killed from outside: the control plane restarts the
+    task without counting it against its version. Without a memory cgroup the agent
+    cannot tell, and says nothing."""
+    box.deploy("victim", "while true; do sleep 0.1; done", tasks=1)
+    wait_for(lambda: [t["state"] for t in box.tasks("victim")] == ["running"],
+             what="it runs")
+    agent = next(a for a in box.agents if a.handles)
+    handle = agent.handles["victim.0"]
+    told = agent.runtime.oom_killed(handle) is not None
+    os.kill(handle.pid, signal.SIGKILL)
+
+    def killed_events():
+        events = box.api.get("/v1/events", params={"kind": "task_killed"}).json()["events"]
+        return [e for e in events if e["job"] == "victim"]
+
+    wait_for(lambda: "victim.0" in agent.handles and agent.handles["victim.0"].pid
+             != handle.pid, what="its agent starts it again")
+    wait_for(lambda: [t["state"] for t in box.tasks("victim")] == ["running"],
+             what="it runs again")
+    if told:
+        wait_for(lambda: killed_events(), what="a task_killed event")
+    else:
+        assert killed_events() == []

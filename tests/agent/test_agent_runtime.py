@@ -306,6 +306,26 @@ def test_a_task_over_its_memory_limit_fails(env: Env) -> None:
     assert "survived" not in env.log_text(h)
 
 
+def test_a_kill_from_outside_is_told_from_out_of_memory(env: Env) -> None:
+    """A SIGKILL someone sent is not an out-of-memory kill: the task's memory cgroup
+    says which (``oom_killed``); without one, the runtime cannot tell (None)."""
+    cgroups = env.isolation != "rlimit"
+    h = env.run("import time; time.sleep(600)")
+    os.kill(h.pid, signal.SIGKILL)
+    assert env.wait_exit(h) == -signal.SIGKILL
+    assert env.rt.oom_killed(h) is (False if cgroups else None)
+    hog = env.run("""
+        blocks = []
+        for _ in range(64):
+            blocks.append(bytearray(16 * 1024 * 1024))
+    """, memory_mb=128)
+    code = env.wait_exit(hog)
+    if cgroups:
+        assert code == -signal.SIGKILL and env.rt.oom_killed(hog) is True
+    else:  # (RLIMIT_AS: an allocation fails, the process exits on its own)
+        assert code != 0 and env.rt.oom_killed(hog) is None
+
+
 def test_start_failure_leaves_nothing_behind(env: Env) -> None:
     key = env.key()
     with pytest.raises(FileNotFoundError):

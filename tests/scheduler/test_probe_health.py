@@ -24,6 +24,8 @@ class Agents:
         self.s = s
         #: (job, index) reported failing its probe
         self.unhealthy: set[tuple[str, int]] = set()
+        #: (job, index) reported exited once, next heartbeat: killed from outside or not
+        self.exits: dict[tuple[str, int], bool] = {}
         self.now = 0.0
 
     def step(self, seconds: float = 1.0) -> None:
@@ -31,7 +33,10 @@ class Agents:
         self.now += seconds
         s = self.s
         for m in sorted(set(s.desired) | set(s.placed)):
-            statuses = [TaskStatus(a.job, a.index, a.revision, Phase.RUNNING,
+            statuses = [TaskStatus(a.job, a.index, a.revision, Phase.EXITED, False, -9,
+                                   killed=self.exits.pop((a.job, a.index)))
+                        if (a.job, a.index) in self.exits else
+                        TaskStatus(a.job, a.index, a.revision, Phase.RUNNING,
                                    healthy=(a.job, a.index) not in self.unhealthy)
                         for a in s.desired.get(m, {}).values()]
             s.report(s.fleet.name(m), statuses, self.now)
@@ -195,3 +200,31 @@ def test_advance_notices_carry_the_maintenance_window_end():
     notices = [n for r in seen for n in r.advance_notices]
     assert notices and notices[-1].deadline == notices[-1].start
     assert notices[-1].end == notices[-1].start + 3600
+
+
+def test_a_task_killed_from_outside_does_not_count_against_its_version():
+    """A SIGKILL neither the agent nor the out-of-memory killer sent (an operator's
+    kill -9, a chaos monkey) is not the new version failing: the task is restarted and
+    the rollout goes on. The same exit not known to be from outside halts it."""
+    for killed, halts in ((True, False), (False, True)):
+        s, agents = start(3, halt_after_failures=1)
+        s.update_job(s.job("zk").spec.model_copy(update={"args": ("v2",)}), agents.now)
+        job = s.job("zk")
+        hit: set[int] = set()
+        for _ in range(120):
+            fresh = {i for i, r in job.tasks.items() if r.spec_version == 2
+                     and r.state is TaskState.RUNNING and i not in hit}
+            if fresh:  # every task of the new version, killed once as it comes up
+                i = min(fresh)
+                hit.add(i)
+                agents.exits[("zk", i)] = killed
+            agents.step()
+            if job.halted is not None or (len(hit) == 3 and not agents.exits
+                                          and settled(s, "zk", 3, spec_version=2)):
+                break
+        assert (job.halted is not None) is halts, job.halted
+        kinds = [e.kind for e in s.events]
+        assert ("task_killed" in kinds) is killed
+        if not halts:
+            assert settled(s, "zk", 3, spec_version=2) and len(hit) == 3
+

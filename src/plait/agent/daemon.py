@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -56,6 +57,8 @@ class Task:
     #: what its health probe said last (kept: a restarted agent's adopted tasks stay
     #: healthy, and in discovery, until their probe says otherwise)
     healthy: bool = False
+    #: its last exit was a SIGKILL from outside (not this agent, not out of memory)
+    killed: bool = False
 
     @property
     def key(self) -> str:
@@ -330,6 +333,10 @@ class Agent:
                     break
                 self._output.append({"job": task.job, "index": task.index,
                                      "data": data.decode(errors="replace")})
+            # a SIGKILL this agent did not send (its stops are not polled here) and
+            # that the memory cgroup does not count as out of memory
+            task.killed = (code == -signal.SIGKILL
+                           and self.runtime.oom_killed(handle) is False)
             del self.handles[key]
             task.handle = None
             self._exit(task, code, now)
@@ -424,7 +431,7 @@ class Agent:
                 statuses.append({"job": task.job, "index": task.index,
                                  "revision": task.revision, "phase": "exited",
                                  "healthy": False, "exit_code": task.exit_code,
-                                 "final": task.final})
+                                 "final": task.final, "killed": task.killed})
         for stopping in self.stopping.values():
             statuses.append({"job": stopping.job, "index": stopping.index,
                              "revision": stopping.revision, "phase": "stopping",

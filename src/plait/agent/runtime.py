@@ -538,6 +538,23 @@ class ProcessRuntime:
             return proc.poll()
         return self._reap_foreign(handle)
 
+    @staticmethod
+    def oom_killed(handle: Handle) -> bool | None:
+        """Whether the kernel's out-of-memory killer killed a process of the task's
+        memory cgroup (``oom_kill`` of cgroup v2's ``memory.events``, or of v1's
+        ``memory.oom_control``); None when the task has no memory cgroup to ask."""
+        for group in handle.cgroups:
+            for name in ("memory.events", "memory.oom_control"):
+                try:
+                    text = (group / name).read_text()
+                except OSError:
+                    continue
+                for line in text.splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value or 0) > 0
+        return None
+
     def _exited(self, handle: Handle) -> bool:
         """Whether the task's leader exited, without reaping a child of ours (its zombie
         keeps its pid, and so its process group id, from being reused)."""

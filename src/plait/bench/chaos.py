@@ -214,8 +214,9 @@ def run(seconds: float = 300.0, seed: int = 0, machines: int = 4, tasks: int = 3
                     converged = time.monotonic() - quiet
                     break
                 if job["halted"] and not resumed:
-                    # the kills halted the last rollout (a new task killed before it
-                    # proved healthy counts as the version failing): an operator resumes
+                    # the kills halted the last rollout (without a memory cgroup an
+                    # agent cannot tell a kill from out of memory, and a new task killed
+                    # counts as the version failing): an operator resumes
                     api.post("/v1/jobs/web/resume").raise_for_status()
                     resumed += 1
             except (httpx.HTTPError, ValueError, KeyError):

@@ -134,6 +134,8 @@ class StatusIn(pydantic.BaseModel):
     exit_code: int | None = pydantic.Field(default=None, ge=-1024, le=1024)
     #: the agent will not start the task again (a finished batch task)
     final: bool = False
+    #: SIGKILLed from outside: neither by its agent nor out of memory
+    killed: bool = False
     #: host:port the task listens on (its PLAIT_PORT), for service discovery
     endpoint: str | None = pydantic.Field(default=None, max_length=300)
 
@@ -813,7 +815,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         blocking: applied by the next pass)."""
         machine_only(request, who, machine)
         cp.gateway.report(machine, [TaskStatus(t.job, t.index, t.revision, t.phase, t.healthy,
-                                               t.exit_code, t.final) for t in body.tasks],
+                                               t.exit_code, t.final, t.killed)
+                                    for t in body.tasks],
                           {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint})
         return {"machine": machine, "accepted": len(body.tasks)}
 

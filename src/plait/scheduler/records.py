@@ -63,6 +63,9 @@ class TaskStatus:
     #: the process exited and its agent will not start it again (restart policy
     #: on-failure after exit 0 or with no retries left, or never)
     final: bool = False
+    #: the process was SIGKILLed from outside: neither by its agent nor by the
+    #: kernel's out-of-memory killer (its memory cgroup counted no kill)
+    killed: bool = False
 
 
 @dataclass(slots=True)

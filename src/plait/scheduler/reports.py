@@ -54,7 +54,7 @@ def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now:
         elif phase is Phase.EXITED and st.final:
             s.finished(job, rec, st.exit_code, now)
         elif phase is Phase.EXITED:
-            s.exited(job, rec, now)
+            s.exited(job, rec, now, st.killed)
     # a task this machine was stopping and no longer has is stopped
     for ref in list(s.placed.get(machine, ())):
         if ref in seen:

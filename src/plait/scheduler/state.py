@@ -121,9 +121,12 @@ class SchedulerState:
                 self.event(now, job.name, "move_done",
                            f"every task runs in entitlement {job.entitlement}")
 
-    def exited(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
+    def exited(self, job: JobRecord, rec: TaskRecord, now: float,
+               killed: bool = False) -> None:
         """A task crashed (its agent restarts it); during a rollout, a task of the new
-        version that crashes counts toward halting it."""
+        version that crashes counts toward halting it, unless it was ``killed`` from
+        outside (a SIGKILL neither its agent nor the out-of-memory killer sent: not
+        the version's doing)."""
         if not self.transition(rec, Event.EXITED):
             return
         rec.healthy = False
@@ -131,7 +134,11 @@ class SchedulerState:
         rec.serving = False
         rec.unhealthy_since, rec.served = None, False
         job.dirty = True
-        if job.rollout_active and rec.spec_version == job.target:
+        if killed:
+            self.event(now, job.name, "task_killed",
+                       f"task {rec.index} was killed from outside (SIGKILL, not out of "
+                       "memory): restarted, not counted against its version")
+        elif job.rollout_active and rec.spec_version == job.target:
             self.rollout_failure(job, rec.index, "exited", now)
 
     def rollout_failure(self, job: JobRecord, index: int, how: str, now: float) -> None:
