@@ -226,3 +226,19 @@ def bench_chaos(
     from plait.bench import chaos
 
     print(json.dumps(chaos.run(seconds=seconds, seed=seed, machines=machines)))
+
+
+@bench_app.command("versions")
+def bench_versions(
+    updates: Annotated[int, typer.Option(min=10, help="updates of the job")] = 40,
+    spec_kb: Annotated[int, typer.Option(min=1, max=900, help="kB of environment in "
+                                                             "its spec")] = 40,
+    keep_versions: Annotated[int, typer.Option(min=1, max=100)] = 10,
+) -> None:
+    """A job's update latency and record size as its versions pile up (one JSON object
+    on stdout)."""
+    from plait.bench import versions
+
+    print(json.dumps(versions.run(updates=updates, spec_kb=spec_kb,
+                                  keep_versions=keep_versions)))
+
