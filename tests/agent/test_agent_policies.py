@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -72,7 +74,7 @@ class Box:
             t.join(timeout=30)
         for a in self.agents:
             a.shutdown()
-            a.prober.close()
+            a.close()
         self.api.close()
         self.server.stop()
         self.cp.store.close()
@@ -254,7 +256,7 @@ def test_a_starting_task_shortens_the_long_poll_to_its_probe_interval(tmp_path):
         agent.prober.forget("a.0")  # restarted: starting again, with a floor
         assert agent._wait(1.0) == 0.05
     finally:
-        agent.prober.close()
+        agent.close()
 
 
 def test_a_task_that_ignores_sigterm_never_holds_up_its_agent(box):
@@ -308,7 +310,7 @@ def test_discovery_survives_an_agent_restart_and_a_control_plane_restart(box, tm
     box.stop.set()
     for t in box.threads:
         t.join(timeout=30)
-    old.prober.close()
+    old.close()
     box.stop.clear()
     new = Agent(machine, [box.server.url], None, data_dir)
     assert new.handles  # adopted
@@ -357,3 +359,25 @@ def test_a_task_killed_from_outside_is_reported_as_such(box):
         wait_for(lambda: killed_events(), what="a task_killed event")
     else:
         assert killed_events() == []
+
+
+def test_one_agent_per_data_dir(tmp_path):
+    """A second agent on a machine's data dir (a restart by hand while `plait up`
+    restarted it too) is refused, naming the one that runs: two would each run the
+    machine's tasks. The lock goes with the agent, however it ends."""
+    first = Agent("m0000000", ["http://127.0.0.1:9"], None, tmp_path)
+    with pytest.raises(RuntimeError, match=rf"another agent \(pid {os.getpid()}\) runs on"):
+        Agent("m0000000", ["http://127.0.0.1:9"], None, tmp_path)
+    first.close()
+    Agent("m0000000", ["http://127.0.0.1:9"], None, tmp_path).close()
+    # a SIGKILLed agent's lock is gone with it
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from pathlib import Path; from plait.agent.daemon import "
+        "lock_data_dir; lock_data_dir(Path(sys.argv[1])); print('locked', flush=True); "
+        "time.sleep(600)"), str(tmp_path)], stdout=subprocess.PIPE)
+    assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+    with pytest.raises(RuntimeError, match=rf"pid {holder.pid}"):
+        Agent("m0000000", ["http://127.0.0.1:9"], None, tmp_path)
+    holder.kill()
+    holder.wait(timeout=30)
+    Agent("m0000000", ["http://127.0.0.1:9"], None, tmp_path).close()

@@ -12,6 +12,7 @@ machine is stopped (the agent fences itself: never two serving copies of a task)
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -63,6 +64,24 @@ class Task:
     @property
     def key(self) -> str:
         return f"{self.job}.{self.index}"
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Hold ``data_dir/agent.lock`` exclusively for this agent's life (the kernel lets
+    go when the process dies, SIGKILL included; the descriptor is not inherited by
+    tasks): a second agent on one machine's data dir would run each of its tasks
+    again. Raises RuntimeError naming the agent that holds it."""
+    fd = os.open(data_dir / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RuntimeError(f"another agent (pid {holder}) runs on data dir {data_dir}: "
+                           "one agent per machine (stop it first)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 #: the kill timeout of a task whose spec names none
@@ -135,6 +154,7 @@ class Agent:
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)  # its machine credential and the tasks' files
+        self._lock: int | None = lock_data_dir(self.data_dir)
         self.advertise = advertise
         self.describe = describe or {}
         # (loading the system's CA bundle costs a tenth of a second of cpu: only for
@@ -491,6 +511,14 @@ class Agent:
             if probe and self.prober.starting(key):
                 wait = min(wait, max(0.05, float(probe.get("interval_seconds", 1.0))))
         return wait
+
+    def close(self) -> None:
+        """Let go of the data dir (another agent may take it) and of the prober; the
+        tasks run on, for the next agent to adopt."""
+        self.prober.close()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
 
     def shutdown(self) -> None:
         """Stop every task (Ctrl-C of `plait up`), keeping nothing running."""

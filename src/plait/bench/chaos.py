@@ -45,7 +45,12 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def _argv(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    """The process's argv; [] once it is gone (it may exit between two reads)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return raw.decode(errors="replace").split("\0")[:-1]
 
 
 class Region:
@@ -93,9 +98,14 @@ class Region:
                 found[pid] = int(env["PLAIT_TASK_INDEX"])
         return found
 
-    def restart_by_hand(self, pid: int, delay: float) -> None:
+    def restart_by_hand(self, pid: int, delay: float) -> bool:
+        """SIGKILL the agent ``pid`` and start it again after ``delay`` s as it was
+        started; False if it was gone already."""
         argv, env = _argv(pid), _environ(pid)
-        os.kill(pid, signal.SIGKILL)
+        if not argv:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
         def again() -> None:
             time.sleep(delay)
@@ -104,6 +114,7 @@ class Region:
                                                   stderr=subprocess.STDOUT,
                                                   start_new_session=True))
         threading.Thread(target=again, daemon=True).start()
+        return True
 
     def stop(self) -> int:
         """Ctrl-C ``plait up``; the processes of the region it left (killed then)."""
@@ -148,7 +159,7 @@ def run(seconds: float = 300.0, seed: int = 0, machines: int = 4, tasks: int = 3
             while not stop.is_set():
                 try:
                     found = api.get("/v1/discovery/web").json()["endpoints"]
-                except (httpx.HTTPError, ValueError, KeyError):
+                except (httpx.HTTPError, ValueError, KeyError, OSError):
                     stop.wait(0.25)
                     continue
                 samples["n"] += 1
@@ -188,8 +199,8 @@ def run(seconds: float = 300.0, seed: int = 0, machines: int = 4, tasks: int = 3
                         kills["task"] += 1
                 elif action < 0.8:
                     agents = sorted(plait_processes(region.data / "agents", "agent"))
-                    if agents:
-                        region.restart_by_hand(rng.choice(agents), rng.uniform(0.5, 3.0))
+                    if agents and region.restart_by_hand(rng.choice(agents),
+                                                         rng.uniform(0.5, 3.0)):
                         kills["agent"] += 1
                 elif action < 0.9 and region.up is not None:
                     os.kill(region.up.pid, signal.SIGKILL)

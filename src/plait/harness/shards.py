@@ -83,7 +83,7 @@ class ShardedBox:
             t.join(timeout=30)
         for a in self.agents:
             a.shutdown()
-            a.prober.close()
+            a.close()
         self.api.close()
         self.front.stop()
         for s in self.shards:
