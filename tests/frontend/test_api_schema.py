@@ -428,3 +428,6 @@ def test_requests_reach_the_api_as_sent(live_module: Live) -> None:
     for path in ("/v1/jobs", "/v1/entitlements"):
         r = api.patch(path)
         assert r.status_code == 405 and "allow" in r.headers, r.text
+    # an empty cursor is not the first page (the front end took it for 0)
+    r = api.get("/v1/events", params={"after": ""})
+    assert r.status_code == 422 and r.json()["field"] == "after", r.text

@@ -50,6 +50,8 @@ from plait.frontend.proxy import (
     forward_headers,
     read_body,
 )
+from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from plait.metrics import HttpMetrics, HttpOnly, api_route
 from plait.model import RegionSpec, parse
 from plait.model.entitlement import NAME_RE, Quota, least_loaded, shard_weight
 from plait.server.auth import AuthError, Principal, Role, TokenStore
@@ -82,16 +84,29 @@ async def _send(send: Send, status: int, data: bytes, headers: list[Any]) -> Non
     await send({"type": "http.response.body", "body": data})
 
 
-def _error(status: int, kind: str, message: str, retry: bool = False) -> tuple[int, bytes,
-                                                                              list[Any]]:
-    return _json(status, {"error": kind, "message": message},
-                 [(b"retry-after", b"1")] if retry else None)
+def _error(status: int, kind: str, message: str, retry: bool = False,
+           field: str | None = None) -> tuple[int, bytes, list[Any]]:
+    body = {"error": kind, "message": message} | ({"field": field} if field else {})
+    return _json(status, body, [(b"retry-after", b"1")] if retry else None)
 
 
 class Refused(Exception):
-    def __init__(self, status: int, kind: str, message: str, retry: bool = False) -> None:
+    def __init__(self, status: int, kind: str, message: str, retry: bool = False,
+                 field: str | None = None) -> None:
         super().__init__(message)
-        self.reply = _error(status, kind, message, retry)
+        self.reply = _error(status, kind, message, retry, field)
+
+
+def _count(query: dict[str, str], key: str, default: int) -> int:
+    """A query parameter that is a whole number >= 0 (as the shards take it), or its
+    default when absent; anything else (an empty value too) is refused naming it."""
+    raw = query.get(key)
+    if raw is None:
+        return default
+    if not raw.strip().isdigit():
+        raise Refused(422, "invalid", f"{key}: {raw!r} is not a whole number >= 0",
+                      field=key)
+    return int(raw)
 
 
 class ShardMap:
@@ -228,6 +243,10 @@ class ShardRouter:
         self.identity = identity
         self.ca_file = ca_file
         self._client: httpx.AsyncClient | None = None
+        #: the front end's own metrics: every request by route template and status
+        self.metrics = HttpOnly()
+        self._counted = HttpMetrics(self._serve, self.metrics,
+                                    route=lambda scope: api_route(str(scope["path"])))
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -237,6 +256,9 @@ class ShardRouter:
         return self._client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._counted(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
@@ -281,6 +303,10 @@ class ShardRouter:
         m = self.map
         if path == "/healthz":
             return await self.health()
+        if path == "/metrics" and method == "GET":  # the front end's own, for an admin
+            await self.admin(scope)
+            return 200, self.metrics.exposition(), [(b"content-type",
+                                                     METRICS_CONTENT_TYPE.encode())]
         if parts[:3] == ["v1", "admin", "entitlements"] and len(parts) == 5 \
                 and parts[4] == "move" and method == "POST":
             return await self.move(scope, parts[3], body)
@@ -458,11 +484,8 @@ class ShardRouter:
         event's ``seq`` carry one cursor per shard (packed in one integer)."""
         shards = await run_in_threadpool(self.map.shards)
         query = dict(httpx.QueryParams(scope.get("query_string", b"").decode()))
-        try:
-            after = int(query.get("after", 0) or 0)
-            limit = int(query.get("limit", 100) or 100)
-        except ValueError:
-            raise Refused(422, "invalid", "after and limit are integers") from None
+        after = _count(query, "after", 0)
+        limit = _count(query, "limit", 100)
         cursors = _unpack(after, shards)
 
         async def one(s: int) -> httpx.Response:
