@@ -30,6 +30,7 @@ import httpx
 
 from plait.agent.probe import Prober
 from plait.agent.runtime import Handle, ProcessRuntime
+from plait.metrics import AgentMetrics
 from plait.model.converge import converge
 from plait.model.job import restart_after
 from plait.tls import verify as tls_verify
@@ -155,6 +156,8 @@ class Agent:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)  # its machine credential and the tasks' files
         self._lock: int | None = lock_data_dir(self.data_dir)
+        #: Prometheus metrics (``plait agent --metrics-port`` serves them)
+        self.metrics = AgentMetrics(self.phases)
         self.advertise = advertise
         self.describe = describe or {}
         # (loading the system's CA bundle costs a tenth of a second of cpu: only for
@@ -326,6 +329,7 @@ class Agent:
             return
         self.handles[task.key] = handle
         task.handle = handle.to_dict()
+        self.metrics.starts.inc()
         self.prober.forget(task.key)  # unhealthy until its probe passes
         task.healthy = False
 
@@ -357,6 +361,7 @@ class Agent:
             # that the memory cgroup does not count as out of memory
             task.killed = (code == -signal.SIGKILL
                            and self.runtime.oom_killed(handle) is False)
+            self.metrics.exits.labels("killed" if task.killed else "exited").inc()
             del self.handles[key]
             task.handle = None
             self._exit(task, code, now)
@@ -467,6 +472,7 @@ class Agent:
                     print(f"plait agent {self.machine}: output refused: {exc}", flush=True)
             self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
                        {"tasks": statuses})
+            self.metrics.reports.labels("sent").inc()
             # the control plane took the finished tasks off this machine as it took the
             # report: forget them now, so a rerun it asks for is started, not reported
             # as finished again
@@ -474,6 +480,7 @@ class Agent:
                 self._remove(key)
         except (ConnectionError, httpx.HTTPStatusError):
             self.reachable = False
+            self.metrics.reports.labels("failed").inc()
             # sent with the next report (the agent keeps the whole logs on disk; this is
             # only the control plane's tail, so a long outage keeps the newest chunks)
             self._output = (chunks + self._output)[-256:]
@@ -511,6 +518,14 @@ class Agent:
             if probe and self.prober.starting(key):
                 wait = min(wait, max(0.05, float(probe.get("interval_seconds", 1.0))))
         return wait
+
+    def phases(self) -> dict[str, int]:
+        """How many of its tasks are running, exited (waiting for a restart or
+        final) and stopping."""
+        tasks = list(self.tasks.values())
+        running = sum(1 for t in tasks if t.key in self.handles)
+        exited = sum(1 for t in tasks if t.key not in self.handles and t.exit_code is not None)
+        return {"running": running, "exited": exited, "stopping": len(self.stopping)}
 
     def close(self) -> None:
         """Let go of the data dir (another agent may take it) and of the prober; the

@@ -215,6 +215,12 @@ def agent(
     ca_file: Annotated[str | None, typer.Option(
         help="the CA certificate of the control plane's https URLs (plait admin certs "
              "writes ca.pem); default: the system's authorities")] = None,
+    metrics_port: Annotated[int, typer.Option(
+        min=0, max=65535, help="serve Prometheus metrics at http://HOST:PORT/metrics "
+                               "(0: not served)")] = 0,
+    metrics_host: Annotated[str, typer.Option(
+        help="the address the metrics are served on (loopback by default: they name "
+             "the jobs on this machine)")] = "127.0.0.1",
 ) -> None:
     """Run the agent of one machine: join, pull the desired task set, run the tasks as
     processes, report their statuses and output. Tasks keep running if the control
@@ -253,6 +259,15 @@ def agent(
         raise typer.Exit(EXIT_INVALID) from None
     err.print(f"plait agent {machine_id}: isolation {a.runtime.describe()}; "
               f"{len(a.handles)} running tasks adopted")
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        try:
+            start_http_server(metrics_port, metrics_host, registry=a.metrics.registry)
+        except OSError as exc:
+            err.print(f"[red]error:[/red] cannot serve metrics on {metrics_host}:"
+                      f"{metrics_port}: {exc.strerror or exc}")
+            raise typer.Exit(EXIT_INVALID) from None
     stop = threading.Event()
     shutdown = {"tasks": False}
 

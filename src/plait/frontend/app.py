@@ -33,6 +33,8 @@ from plait import __version__
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
+from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from plait.metrics import ControlPlaneCollector, HttpMetrics
 from plait.model import Entitlement, JobSpec, Resources
 from plait.model.machine import FaultDomain, Machine
 from plait.scheduler.records import Phase, TaskStatus
@@ -351,6 +353,12 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     if leadership is not None:
         app.add_middleware(FollowerProxy, leadership=leadership)
     app.add_middleware(BodyLimit)
+    # outermost: every request counted, a follower's forwarded ones too
+    app.add_middleware(HttpMetrics, metrics=cp.metrics)
+    if not getattr(cp, "_collecting", False):  # (one collector per control plane)
+        cp.metrics.registry.register(ControlPlaneCollector(
+            cp, None if leadership is None else lambda: leadership.leading))
+        cp._collecting = True  # type: ignore[attr-defined]
 
     # -- authentication and authorization --------------------------------------------------
     refusals = {"second": 0.0, "count": 0, "suppressed": 0}
@@ -437,6 +445,13 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             raise NotFound("job", job) from None
 
     # -- health ----------------------------------------------------------------------------
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(who: Admin) -> Response:
+        """This process's Prometheus metrics (``plait.metrics``), for an admin token
+        (Prometheus: ``authorization: {credentials_file: ...}``). A follower answers
+        with its own."""
+        return Response(cp.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
     @app.get("/healthz", response_model=t.Health, tags=["health"])
     def healthz(response: Response) -> dict[str, Any]:
         """Health; needs no token. 503 when the control-plane loop has stopped passing

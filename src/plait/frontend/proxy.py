@@ -115,7 +115,8 @@ class FollowerProxy:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         lead = self.leadership
-        if scope["type"] != "http" or lead.leading or scope["path"] == "/healthz":
+        if scope["type"] != "http" or lead.leading or scope["path"] in ("/healthz",
+                                                                         "/metrics"):
             await self.app(scope, receive, send)
             return
         headers = forward_headers(scope)

@@ -8,6 +8,7 @@ import contextlib
 import secrets
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from plait.errors import Conflict, NotFound
@@ -32,9 +33,17 @@ class Controllers:
         self.dispatcher: Dispatcher | DispatcherProcess | None = None
         #: answers handed back by the dispatcher, taken by the next pass
         self._answers: list[ControllerAnswer] = []
+        #: when each call in flight was sent, by (job, sequence number): its latency
+        self._sent: dict[tuple[str, int], float] = {}
 
     def send(self, calls: list[ControllerCall]) -> None:
         """Hand a pass's requests to the dispatcher (after the pass, off the lock)."""
+        now = time.monotonic()
+        with self.cp.pending_lock:
+            if len(self._sent) > 100_000:  # (calls a stopped dispatcher never answered)
+                self._sent = {k: t for k, t in self._sent.items() if now - t < 600}
+            for call in calls:
+                self._sent[(call.job, call.request.sequence_number)] = now
         self._dispatcher().send(calls)
 
     def take_answers(self) -> list[ControllerAnswer]:
@@ -70,6 +79,17 @@ class Controllers:
     def _deliver(self, answer: ControllerAnswer) -> None:
         with self.cp.pending_lock:
             self._answers.append(answer)
+            sent = self._sent.pop((answer.job, answer.sequence_number), None)
+        m = self.cp.metrics
+        if answer.response is not None:
+            outcome = "answered"
+            if answer.response.ack:
+                m.taskcontrol_acks.labels(answer.job).inc(len(answer.response.ack))
+        else:
+            outcome = "timeout" if "deadline" in (answer.error or "") else "error"
+        m.taskcontrol_calls.labels(answer.job, outcome).inc()
+        if sent is not None:
+            m.taskcontrol_seconds.labels(answer.job).observe(time.monotonic() - sent)
         self.cp.wake.set()
 
     def serving_at(self, *urls: str) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 from plait.allocator import MachineIndex
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.health import HealthCheck
+from plait.metrics import Metrics
 from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
 from plait.model.machine import FaultDomain, Machine
 from plait.persist import PersistentAllocator, PersistentRegion
@@ -89,6 +90,8 @@ class ControlPlane:
     def __init__(self, store: Store, config: ControlPlaneConfig | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config = config or ControlPlaneConfig()
+        #: this process's Prometheus metrics (``plait.metrics``; served at /metrics)
+        self.metrics = Metrics()
         #: a shard sees its own records under /shards/S, and the region's as they are
         self.shared: SharedRecords | None = None
         if config.shard is not None:
@@ -279,6 +282,7 @@ class ControlPlane:
         with self.pending_lock:
             self._pending.append((self.clock() if at is None else at, source, kind, message,
                                   job, entitlement, machine))
+        self.metrics.event(kind)
 
     def flush_events(self) -> None:
         with self.pending_lock:

@@ -39,7 +39,7 @@ class Loop:
 
     def step(self) -> None:
         """One pass: apply stored job operations, reconcile, store the outcome."""
-        with self.cp.lock:
+        with self.cp.lock, self.cp.metrics.pass_seconds.time():
             now = self.cp.clock()
             if self.cp.membership.stale:  # a handoff's rebuild failed: read everything again
                 self.cp.build(now)

@@ -101,6 +101,10 @@ class Views:
         return {**ent.model_dump(mode="json"), "machines": usage.machines,
                 "rru": round(usage.rru, 3), "jobs": jobs}
 
+    def snapshot(self) -> dict[str, JobState]:
+        """Every job as the last pass published it (a copy: read without the lock)."""
+        return dict(self._views)
+
     def job_view(self, name: str) -> dict[str, Any]:
         """The job as stored (spec, versions) and as the last pass left its tasks (no
         lock: a read never waits for a pass)."""

@@ -1,0 +1,257 @@
+"""Prometheus metrics of a plait process (prometheus-client).
+
+Each process keeps its own registry (``Metrics``): a test may run several control
+planes in one process, and each answers ``/metrics`` with its own figures. Two kinds
+of metric:
+
+* counted where things happen, on the hot path: HTTP requests by route template,
+  method and status and their latency (``HttpMetrics``, an ASGI wrapper), events by
+  kind (every event a control plane records: rollouts halted, tasks killed, machines
+  failed, throttling...), passes and their duration, TaskControl calls by outcome and
+  their latency;
+* read when scraped, at no cost between scrapes (``ControlPlaneCollector``): tasks by
+  state, unavailable tasks per job, rollouts active and halted, machines by state and
+  entitlement, the allocator's placement cache, whether this replica leads.
+
+Names follow Prometheus' conventions: ``plait_`` first, the unit last, ``_total`` on
+counters. ``docs/grafana-dashboard.json`` is a dashboard built on them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import Counter as PromCounter
+from prometheus_client import Histogram as PromHistogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from plait.server.controlplane import ControlPlane
+
+#: the content type of the text exposition format
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: seconds: an API call, a pass, a TaskControl call
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0)
+
+
+class HttpOnly:
+    """The metrics of a process that serves HTTP and nothing else (the front end)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests = PromCounter(
+            "plait_http_requests", "HTTP requests answered, by route template, method and "
+            "status", ["route", "method", "status"], registry=r)
+        self.http_seconds = PromHistogram(
+            "plait_http_request_duration_seconds", "Time to answer an HTTP request, by "
+            "route template and method", ["route", "method"], buckets=LATENCY_BUCKETS,
+            registry=r)
+
+    def exposition(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+
+class Metrics(HttpOnly):
+    """The metrics a control plane's process counts, in a registry of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        r = self.registry
+        self.events = PromCounter(
+            "plait_events", "Events recorded by the control plane, by kind (machine_failed, "
+            "rollout_halted, task_killed, throttled, ...)", ["kind"], registry=r)
+        self.pass_seconds = PromHistogram(
+            "plait_pass_duration_seconds", "Time a control-plane pass held the region's "
+            "lock", buckets=LATENCY_BUCKETS, registry=r)
+        self.taskcontrol_calls = PromCounter(
+            "plait_taskcontrol_calls", "Calls of jobs' TaskControllers, by job and outcome "
+            "(answered, timeout, error)", ["job", "outcome"], registry=r)
+        self.taskcontrol_acks = PromCounter(
+            "plait_taskcontrol_acks", "Operations TaskControllers acked, by job", ["job"],
+            registry=r)
+        self.taskcontrol_seconds = PromHistogram(
+            "plait_taskcontrol_call_duration_seconds", "Time a TaskController took to "
+            "answer, by job", ["job"], buckets=LATENCY_BUCKETS, registry=r)
+
+    def event(self, kind: str) -> None:
+        self.events.labels(kind).inc()
+
+
+class ControlPlaneCollector(Collector):
+    """Gauges read from a control plane when scraped: what readers see of its jobs
+    (published by each pass, read without the lock), its machines and its leadership.
+    ``leading``: whether this replica leads (None: not a replica: it always does)."""
+
+    def __init__(self, cp: ControlPlane, leading: Callable[[], bool] | None = None) -> None:
+        self.cp = cp
+        self.leading = leading
+
+    def describe(self) -> list[Metric]:
+        return []  # (read at each scrape; nothing to check at registration)
+
+    def collect(self) -> Iterator[Metric]:
+        cp = self.cp
+        leads = True if self.leading is None else bool(self.leading())
+        lead = GaugeMetricFamily("plait_leader", "1 if this replica runs the control "
+                                                 "plane's loop (leads), else 0")
+        lead.add_metric([], 1.0 if leads else 0.0)
+        yield lead
+        views = list(cp.views.snapshot().items())
+        tasks: Counter[str] = Counter()
+        unavailable = GaugeMetricFamily("plait_job_unavailable_tasks", "Tasks of the job "
+                                        "not serving, by job and entitlement",
+                                        labels=["job", "entitlement"])
+        active = halted = 0
+        for name, view in views:
+            tasks.update(view.counts)
+            unavailable.add_metric([name, view.entitlement], float(view.unavailable))
+            active += bool(view.rollout_active)
+            halted += view.halted is not None
+        by_state = GaugeMetricFamily("plait_tasks", "Tasks by state", labels=["state"])
+        for state, n in sorted(tasks.items()):
+            by_state.add_metric([state], float(n))
+        yield by_state
+        yield unavailable
+        rollouts = GaugeMetricFamily("plait_rollouts", "Jobs with a rollout under way, and "
+                                                       "halted", labels=["state"])
+        rollouts.add_metric(["active"], float(active))
+        rollouts.add_metric(["halted"], float(halted))
+        yield rollouts
+        yield self._machines()
+        cache = cp.allocator.cache
+        hits = CounterMetricFamily("plait_allocator_cache_hits", "Placements answered from "
+                                   "the allocator's job-level cache")
+        hits.add_metric([], float(cache.hits))
+        yield hits
+        misses = CounterMetricFamily("plait_allocator_cache_misses", "Placements computed "
+                                     "(not in the cache)")
+        misses.add_metric([], float(cache.misses))
+        yield misses
+        ratio = GaugeMetricFamily("plait_allocator_cache_hit_ratio", "Hits over lookups "
+                                  "of the allocator's cache since start")
+        ratio.add_metric([], float(cache.hit_ratio))
+        yield ratio
+
+    def _machines(self) -> Metric:
+        """Machines by state and entitlement (free: ""), counted per data center's
+        broker from its arrays (a copy each: no lock held)."""
+        import numpy as np
+
+        states = ("healthy", "failed", "maintenance")
+        family = GaugeMetricFamily("plait_machines", "Machines by state and entitlement "
+                                   "(\"\" free)", labels=["state", "entitlement"])
+        counts: Counter[tuple[str, str]] = Counter()
+        for broker in list(self.cp.region.brokers.values()):
+            codes, ents = broker.state_codes(), broker.entitlement_codes()
+            if len(codes) != len(ents):
+                continue  # (changed between the two copies: the next scrape counts it)
+            names = list(self.cp.region.entitlements.names)
+            pairs, n = np.unique(np.stack([codes.astype(np.int64), ents.astype(np.int64)]),
+                                 axis=1, return_counts=True)
+            for (state, ent), count in zip(pairs.T.tolist(), n.tolist(), strict=True):
+                name = "" if ent < 0 else names[ent] if ent < len(names) else "?"
+                counts[(states[state], name)] += int(count)
+        for (state, ent), count in sorted(counts.items()):
+            family.add_metric([state, ent], float(count))
+        return family
+
+
+class AgentMetrics:
+    """An agent's metrics: its reports to the control plane by outcome, the task
+    starts and exits it saw, and (read when scraped) its tasks by phase.
+    ``phases()``: the count of tasks per phase, called at each scrape."""
+
+    def __init__(self, phases: Callable[[], dict[str, int]]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.reports = PromCounter(
+            "plait_agent_reports", "Heartbeats with the machine's task statuses, by outcome "
+            "(sent, failed: the control plane not reached or refusing)", ["outcome"],
+            registry=r)
+        self.starts = PromCounter("plait_agent_task_starts", "Task processes started",
+                                  registry=r)
+        self.exits = PromCounter(
+            "plait_agent_task_exits", "Task processes that exited on their own, by cause "
+            "(exited, killed: SIGKILLed from outside)", ["cause"], registry=r)
+        registry_phases = phases
+
+        class Phases(Collector):
+            def describe(self) -> list[Metric]:
+                return []
+
+            def collect(self) -> Iterator[Metric]:
+                family = GaugeMetricFamily("plait_agent_tasks", "Tasks on this machine by "
+                                           "phase", labels=["phase"])
+                for phase, n in sorted(registry_phases().items()):
+                    family.add_metric([phase], float(n))
+                yield family
+
+        r.register(Phases())
+
+    def exposition(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+
+class HttpMetrics:
+    """An ASGI wrapper counting requests by route template (``/v1/jobs/{name}``: a
+    label per route, not per job), method and status, and timing them. ``route``
+    names the template of a path (None: the path as is, for a fixed set of paths)."""
+
+    def __init__(self, app: ASGIApp, metrics: HttpOnly,
+                 route: Callable[[Scope], str] | None = None) -> None:
+        self.app, self.metrics, self.route = app, metrics, route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = {"code": 500}
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = self.route(scope) if self.route is not None else _template(scope)
+            method = str(scope.get("method", ""))
+            self.metrics.http_requests.labels(route, method, str(status["code"])).inc()
+            self.metrics.http_seconds.labels(route, method).observe(
+                time.perf_counter() - started)
+
+
+def _template(scope: Scope) -> str:
+    """The route template FastAPI matched (``/v1/jobs/{name}``), else the path's
+    (a request a follower forwarded, or one no route takes)."""
+    route: Any = scope.get("route")
+    path = getattr(route, "path_format", None) or getattr(route, "path", None)
+    return str(path) if path else api_route(str(scope.get("path", "")))
+
+
+def api_route(path: str) -> str:
+    """A path of the API as its route template, for a process that does not route it
+    itself (the front end): names in it become ``{name}``."""
+    parts = [p for p in path.split("/") if p]
+    if not parts or parts[0] != "v1":
+        return path if path in ("/healthz", "/metrics", "/openapi.json", "/docs") \
+            else "other"
+    named = {"jobs": "name", "entitlements": "name", "machines": "machine",
+             "tokens": "token_id", "discovery": "name", "tasks": "index",
+             "versions": "version"}
+    out: list[str] = []
+    for part in parts:  # a part after a collection's name is a name (the template's)
+        before = out[-1] if out else ""
+        out.append("{" + named[before] + "}" if before in named else part)
+    return "/" + "/".join(out)
