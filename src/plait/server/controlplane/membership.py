@@ -102,6 +102,11 @@ class Membership:
             assert isinstance(view, ShardStore)
             there = shard_prefix(to_shard)
             record = f"/allocator/entitlements/{entitlement}"
+            sync: Any = getattr(view.base, "sync", None)
+            if sync is not None:
+                # (ZooKeeper: read what an earlier attempt wrote, not a lagging copy of
+                # the tree, or the records would be handed over twice)
+                sync()
             if view.base.exists(there + record) and not view.exists(record):
                 # handed over already: a call whose answer was lost (the front end asks
                 # again), this shard's memory not yet rebuilt from the store
@@ -138,7 +143,15 @@ class Membership:
             for key, (value, version) in view.get_many(keys).items():
                 txn.create(there + key, value)
                 txn.delete(view.prefix + key, version)
-            view.base.commit(txn)
+            try:
+                view.base.commit(txn)
+            except Conflict:
+                if sync is not None:
+                    sync()
+                if not (view.base.exists(there + record) and not view.exists(record)):
+                    raise
+                # an earlier attempt's commit applied after all (its answer was lost):
+                # the records are the other shard's; go on from the store as below
             # the records are gone: this shard must not go on from its memory of them
             for attempt in range(3):
                 try:
