@@ -88,19 +88,18 @@ class Metrics(HttpOnly):
 
 class ControlPlaneCollector(Collector):
     """Gauges read from a control plane when scraped: what readers see of its jobs
-    (published by each pass, read without the lock), its machines and its leadership.
-    ``leading``: whether this replica leads (None: not a replica: it always does)."""
+    (published by each pass, read without the lock), its machines and whether it
+    leads (``cp.leading``)."""
 
-    def __init__(self, cp: ControlPlane, leading: Callable[[], bool] | None = None) -> None:
+    def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
-        self.leading = leading
 
     def describe(self) -> list[Metric]:
         return []  # (read at each scrape; nothing to check at registration)
 
     def collect(self) -> Iterator[Metric]:
         cp = self.cp
-        leads = True if self.leading is None else bool(self.leading())
+        leads = bool(cp.leading())
         lead = GaugeMetricFamily("plait_leader", "1 if this replica runs the control "
                                                  "plane's loop (leads), else 0")
         lead.add_metric([], 1.0 if leads else 0.0)
@@ -182,23 +181,27 @@ class AgentMetrics:
         self.exits = PromCounter(
             "plait_agent_task_exits", "Task processes that exited on their own, by cause "
             "(exited, killed: SIGKILLed from outside)", ["cause"], registry=r)
-        registry_phases = phases
-
-        class Phases(Collector):
-            def describe(self) -> list[Metric]:
-                return []
-
-            def collect(self) -> Iterator[Metric]:
-                family = GaugeMetricFamily("plait_agent_tasks", "Tasks on this machine by "
-                                           "phase", labels=["phase"])
-                for phase, n in sorted(registry_phases().items()):
-                    family.add_metric([phase], float(n))
-                yield family
-
-        r.register(Phases())
+        r.register(_Phases(phases))
 
     def exposition(self) -> bytes:
         return bytes(generate_latest(self.registry))
+
+
+class _Phases(Collector):
+    """An agent's tasks by phase, read when scraped."""
+
+    def __init__(self, phases: Callable[[], dict[str, int]]) -> None:
+        self.phases = phases
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("plait_agent_tasks", "Tasks on this machine by phase",
+                                   labels=["phase"])
+        for phase, n in sorted(self.phases().items()):
+            family.add_metric([phase], float(n))
+        yield family
 
 
 class HttpMetrics:

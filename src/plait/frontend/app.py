@@ -34,7 +34,7 @@ from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from plait.metrics import ControlPlaneCollector, HttpMetrics
+from plait.metrics import HttpMetrics
 from plait.model import Entitlement, JobSpec, Resources
 from plait.model.machine import FaultDomain, Machine
 from plait.scheduler.records import Phase, TaskStatus
@@ -355,10 +355,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     app.add_middleware(BodyLimit)
     # outermost: every request counted, a follower's forwarded ones too
     app.add_middleware(HttpMetrics, metrics=cp.metrics)
-    if not getattr(cp, "_collecting", False):  # (one collector per control plane)
-        cp.metrics.registry.register(ControlPlaneCollector(
-            cp, None if leadership is None else lambda: leadership.leading))
-        cp._collecting = True  # type: ignore[attr-defined]
+    if leadership is not None:  # (plait_leader: 0 while this replica follows)
+        cp.leading = lambda: leadership.leading
 
     # -- authentication and authorization --------------------------------------------------
     refusals = {"second": 0.0, "count": 0, "suppressed": 0}

@@ -35,7 +35,7 @@ from typing import Any
 from plait.allocator import MachineIndex
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.health import HealthCheck
-from plait.metrics import Metrics
+from plait.metrics import ControlPlaneCollector, Metrics
 from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
 from plait.model.machine import FaultDomain, Machine
 from plait.persist import PersistentAllocator, PersistentRegion
@@ -90,8 +90,12 @@ class ControlPlane:
     def __init__(self, store: Store, config: ControlPlaneConfig | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config = config or ControlPlaneConfig()
-        #: this process's Prometheus metrics (``plait.metrics``; served at /metrics)
+        #: this process's Prometheus metrics (``plait.metrics``; served at /metrics),
+        #: its gauges read from this control plane when scraped
         self.metrics = Metrics()
+        #: whether this replica leads (the API of a replica says; alone, it always does)
+        self.leading: Callable[[], bool] = lambda: True
+        self.metrics.registry.register(ControlPlaneCollector(self))
         #: a shard sees its own records under /shards/S, and the region's as they are
         self.shared: SharedRecords | None = None
         if config.shard is not None:
