@@ -33,6 +33,7 @@ from plait import __version__
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
+from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics
 from plait.model import Entitlement, JobSpec, Resources
@@ -355,6 +356,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     app.add_middleware(BodyLimit)
     # outermost: every request counted, a follower's forwarded ones too
     app.add_middleware(HttpMetrics, metrics=cp.metrics)
+    app.add_middleware(RequestLog, api="controlplane")  # (outermost: the request's id)
     if leadership is not None:  # (plait_leader: 0 while this replica follows)
         cp.leading = lambda: leadership.leading
 

@@ -50,6 +50,7 @@ from plait.frontend.proxy import (
     forward_headers,
     read_body,
 )
+from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics, HttpOnly, api_route
 from plait.model import RegionSpec, parse
@@ -245,8 +246,9 @@ class ShardRouter:
         self._client: httpx.AsyncClient | None = None
         #: the front end's own metrics: every request by route template and status
         self.metrics = HttpOnly()
-        self._counted = HttpMetrics(self._serve, self.metrics,
-                                    route=lambda scope: api_route(str(scope["path"])))
+        self._counted = RequestLog(HttpMetrics(
+            self._serve, self.metrics, route=lambda scope: api_route(str(scope["path"]))),
+            api="frontend")
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -538,6 +540,7 @@ class ShardRouter:
                 who = await run_in_threadpool(self.tokens.verify, secret.strip())
         except AuthError:
             raise Refused(401, "unauthorized", "invalid token") from None
+        scope.setdefault("state", {})["principal"] = who  # (for the access log)
         return who
 
     async def admin(self, scope: Scope) -> None:

@@ -67,6 +67,7 @@ class DeadlineH11Protocol(H11Protocol):
 
 
 def uvicorn_options() -> dict[str, Any]:
-    """The options every plait server gives uvicorn."""
+    """The options every plait server gives uvicorn (whose records go to the handlers
+    of ``plait.logconfig``: uvicorn sets up no logging of its own)."""
     return {"http": DeadlineH11Protocol, "h11_max_incomplete_event_size": MAX_HEADER_BYTES,
-            "timeout_keep_alive": int(KEEP_ALIVE)}
+            "timeout_keep_alive": int(KEEP_ALIVE), "log_config": None}
