@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from typing_extensions import TypedDict
+from typing_extensions import NotRequired, TypedDict
 
 
 class Health(TypedDict, total=False):
@@ -273,6 +273,8 @@ class DesiredTask(TypedDict):
     version: int
     revision: int
     spec: dict[str, Any]
+    #: the id of the API request that caused the assignment (None: no request did)
+    request_id: NotRequired[str | None]
 
 
 class DesiredSet(TypedDict):

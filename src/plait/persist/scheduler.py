@@ -150,9 +150,13 @@ class JobDoc:
                 del self.kept[version]
                 self._parsed.pop(version, None)
 
-    def record(self, now: float, op: str, message: str, **args: Any) -> dict[str, Any]:
+    def record(self, now: float, op: str, message: str, cause: str | None = None,
+               **args: Any) -> dict[str, Any]:
+        """Log an operation; ``cause``: the id of the API request that asked for it."""
         self.seq += 1
         entry = {"seq": self.seq, "time": now, "op": op, "message": message, **args}
+        if cause is not None:
+            entry["request"] = cause
         self.log.append(entry)
         del self.log[:-LOG_LIMIT]
         return entry
@@ -238,11 +242,12 @@ class JobStore:
             raise NotFound("job", name) from None
         return JobDoc.from_bytes(value), version
 
-    def create(self, spec: JobSpec, now: float) -> tuple[JobDoc, bool]:
+    def create(self, spec: JobSpec, now: float, cause: str | None = None
+               ) -> tuple[JobDoc, bool]:
         """Store a new job; ``(doc, False)`` when the same job already exists (creates
         are idempotent); a job of that name with another spec is a conflict."""
         doc = JobDoc.new(spec)
-        doc.record(now, "create", f"created with {spec.task_count} tasks", version=1)
+        doc.record(now, "create", f"created with {spec.task_count} tasks", cause, version=1)
         try:
             self.ns.create(f"/jobs/{spec.name}", _fits(doc))
             return doc, True
@@ -272,7 +277,7 @@ class JobStore:
                 continue
         raise Conflict(f"job {name}", "a quiet record", "too many concurrent writers")
 
-    def update(self, spec: JobSpec, now: float) -> JobDoc:
+    def update(self, spec: JobSpec, now: float, cause: str | None = None) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             if spec.entitlement != doc.entitlement:
                 raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
@@ -281,10 +286,11 @@ class JobStore:
             if spec == doc.spec:
                 return None
             version = doc.add(spec)
-            return doc.record(now, "update", f"version {version}", version=version)
+            return doc.record(now, "update", f"version {version}", cause, version=version)
         return self.change(spec.name, now, edit)
 
-    def resize(self, name: str, task_count: int, now: float) -> JobDoc:
+    def resize(self, name: str, task_count: int, now: float,
+               cause: str | None = None) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             spec = parse(JobSpec, {**doc.spec.model_dump(mode="json"), "task_count": task_count})
             if spec == doc.spec:
@@ -292,20 +298,22 @@ class JobStore:
             before = doc.spec.task_count
             version = doc.add(spec)
             return doc.record(now, "resize", f"version {version}: {before} -> {task_count} "
-                              "tasks", version=version)
+                              "tasks", cause, version=version)
         return self.change(name, now, edit)
 
-    def rollback(self, name: str, version: int, now: float) -> JobDoc:
+    def rollback(self, name: str, version: int, now: float,
+                 cause: str | None = None) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             spec = doc.spec_of(version)  # (a version no longer kept: refused)
             if spec.entitlement != doc.entitlement:  # a rollback stays where the job is
                 spec = spec.model_copy(update={"entitlement": doc.entitlement})
             made = doc.add(spec)
             return doc.record(now, "rollback", f"version {made}: rollback to version "
-                              f"{version}", version=made)
+                              f"{version}", cause, version=made)
         return self.change(name, now, edit)
 
-    def move(self, name: str, entitlement: str, now: float) -> JobDoc:
+    def move(self, name: str, entitlement: str, now: float,
+             cause: str | None = None) -> JobDoc:
         """A new version bound to ``entitlement``; the job is bound to it from now on
         (the caller checked the move: ``Scheduler.check_move``)."""
         def edit(doc: JobDoc) -> dict[str, Any] | None:
@@ -316,7 +324,7 @@ class JobStore:
             version = doc.add(doc.spec.model_copy(update={"entitlement": entitlement}))
             doc.entitlement = entitlement
             return doc.record(now, "move", f"version {version}: move from {source} "
-                              f"to {entitlement}", version=version, source=source,
+                              f"to {entitlement}", cause, version=version, source=source,
                               target=entitlement)
         return self.change(name, now, edit)
 
@@ -331,21 +339,23 @@ class JobStore:
         data = json.loads(value)
         return {int(data["target"])} | {int(row[0]) for row in data["tasks"].values()}
 
-    def restart(self, name: str, index: int | None, now: float) -> JobDoc:
+    def restart(self, name: str, index: int | None, now: float,
+                cause: str | None = None) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             if index is not None and not 0 <= index < doc.spec.task_count:
                 raise ValidationError("index", f"job {name} has tasks 0..{doc.spec.task_count - 1}")
             what = "whole job" if index is None else f"task {index}"
-            return doc.record(now, "restart", what, index=index)
+            return doc.record(now, "restart", what, cause, index=index)
         return self.change(name, now, edit)
 
-    def resume(self, name: str, now: float) -> JobDoc:
-        return self.change(name, now, lambda doc: doc.record(now, "resume", "rollout resumed"))
+    def resume(self, name: str, now: float, cause: str | None = None) -> JobDoc:
+        return self.change(name, now, lambda doc: doc.record(now, "resume", "rollout resumed",
+                                                             cause))
 
-    def delete(self, name: str, now: float) -> JobDoc:
+    def delete(self, name: str, now: float, cause: str | None = None) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             doc.deleting = True
-            return doc.record(now, "delete", "stopping every task")
+            return doc.record(now, "delete", "stopping every task", cause)
         return self.change(name, now, edit)
 
 
@@ -428,8 +438,10 @@ class PersistentScheduler:
                 return
             # the first entries may have been trimmed from the log: start at the
             # latest version
+            # (made by the latest of the operations it starts from)
+            cause = entries[-1].get("request") if entries else None
             if doc.version == 1:
-                sched.create_job(doc.spec, now, self.controller_for(doc.spec))
+                sched.create_job(doc.spec, now, self.controller_for(doc.spec), cause)
             else:
                 target = doc.version
                 job = JobRecord(doc.name, doc.entitlement,
@@ -437,9 +449,11 @@ class PersistentScheduler:
                                 self.controller_for(doc.spec))
                 doc.pin(job, range(1, target + 1))
                 job.tasks = {i: TaskRecord(i, target) for i in range(doc.spec.task_count)}
+                job.cause = cause
                 sched.restore(job, ())
             entries = [e for e in entries if e["op"] in ("restart", "resume", "delete")]
         for entry in entries:
+            self._caused(doc.name, entry.get("request"))
             try:
                 self._apply_one(doc, entry, now)
             except PlaitError as exc:  # refused for good: reported, not retried
@@ -452,6 +466,14 @@ class PersistentScheduler:
             for v in range(len(current.versions) + 1, doc.version + 1):
                 sched.append_version(doc.standin(v), now, f"version {v}")
         self.applied[doc.name] = doc.seq
+
+    def _caused(self, name: str, cause: str | None) -> None:
+        """The job remembers the request of the operation being applied (its events
+        and the desired sets it makes name it), and keeps it with its state."""
+        job = self.scheduler.jobs.get(name)
+        if job is not None and job.cause != cause:
+            job.cause = cause
+            self.scheduler.mark(name)
 
     def _apply_one(self, doc: JobDoc, entry: dict[str, Any], now: float) -> None:
         sched = self.scheduler
@@ -489,7 +511,7 @@ class PersistentScheduler:
             "schema": SCHEMA, "applied": self.applied.get(job.name, 0),
             "versions": len(job.versions), "target": job.target, "deleting": job.deleting,
             "halted": job.halted, "rollout_active": job.rollout_active,
-            "moving_from": job.moving_from,
+            "moving_from": job.moving_from, "cause": job.cause,
             "rollout_failures": job.rollout_failures, "failed_tasks": sorted(job.failed_tasks),
             "op_counter": job.op_counter,
             # a block reserved ahead (records.SEQUENCE_BLOCK)
@@ -611,6 +633,7 @@ class PersistentScheduler:
         job.halted = data["halted"]
         job.rollout_active = bool(data["rollout_active"])
         job.moving_from = data.get("moving_from")  # (absent from records before moves)
+        job.cause = data.get("cause")  # (absent from records before request ids)
         job.rollout_failures = int(data["rollout_failures"])
         job.failed_tasks = set(data["failed_tasks"])
         job.op_counter = int(data["op_counter"])

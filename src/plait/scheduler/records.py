@@ -36,6 +36,9 @@ class Assignment:
     #: count share a revision); agents restart a task only when this changes
     revision: int
     spec: JobSpec
+    #: the id of the API request that caused it (its job's ``cause`` when it was
+    #: assigned), for the agent's log lines about the task
+    cause: str | None = None
 
 
 class Phase(enum.StrEnum):
@@ -158,6 +161,9 @@ class JobRecord:
     #: why the last reconcile of this job failed, if it did
     error: str | None = None
     notices: tuple[str, ...] = ()
+    #: the id of the API request whose command last changed the job (None: a change
+    #: no request made); the shell passes it in with the command, as data
+    cause: str | None = None
     #: indices of tasks with an operation in progress
     in_progress: set[int] = field(default_factory=set)
     _revisions: dict[int, int] = field(default_factory=dict)

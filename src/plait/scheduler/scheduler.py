@@ -99,9 +99,11 @@ class Scheduler(SchedulerState):
 
     # -- job operations (what users ask for) -------------------------------------------------
     def create_job(self, spec: JobSpec, now: float,
-                   controller: TaskController | RemoteController | None = None) -> JobRecord:
+                   controller: TaskController | RemoteController | None = None,
+                   cause: str | None = None) -> JobRecord:
         """Persist a job at version 1; its tasks are placed on the next ``tick``.
-        Creating the same spec again is a no-op; a different spec is a conflict."""
+        Creating the same spec again is a no-op; a different spec is a conflict.
+        ``cause``: the id of the request that created it (``JobRecord.cause``)."""
         existing = self.jobs.get(spec.name)
         if existing is not None:
             if existing.spec == spec and not existing.deleting:
@@ -109,7 +111,7 @@ class Scheduler(SchedulerState):
             raise Conflict(f"job {spec.name}", "absent or identical", "exists")
         if spec.entitlement not in self.allocator.entitlements:
             raise ValidationError("entitlement", f"entitlement {spec.entitlement!r} does not exist")
-        job = JobRecord(spec.name, spec.entitlement, [spec], 1, controller)
+        job = JobRecord(spec.name, spec.entitlement, [spec], 1, controller, cause=cause)
         for i in range(spec.task_count):
             job.tasks[i] = TaskRecord(i, 1)
         self.jobs[spec.name] = job
@@ -274,7 +276,7 @@ class Scheduler(SchedulerState):
             if rec.index in wanted:
                 self.desired.setdefault(rec.machine, {})[ref] = Assignment(
                     job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
-                    job.versions[rec.spec_version - 1])
+                    job.versions[rec.spec_version - 1], job.cause)
         job.dirty = True
 
     # -- reading -----------------------------------------------------------------------------

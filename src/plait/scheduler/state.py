@@ -287,7 +287,7 @@ class SchedulerState:
         self.placed.setdefault(machine, set()).add(ref)
         self.desired.setdefault(machine, {})[ref] = Assignment(
             job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
-            job.versions[rec.spec_version - 1])
+            job.versions[rec.spec_version - 1], job.cause)
 
     def unassign(self, ref: TaskRef, machine: int) -> None:
         self.touched.add(machine)
