@@ -7,9 +7,9 @@ is never cut down to what its type lists, and a newer server may add fields."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired
 
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 
 class Health(TypedDict, total=False):
@@ -277,10 +277,20 @@ class DesiredTask(TypedDict):
     request_id: NotRequired[str | None]
 
 
+class StoppingTask(TypedDict):
+    """A task that left the machine's desired set (its agent stops it)."""
+
+    job: str
+    index: int
+    #: the id of the request that last changed its job (None: no request did)
+    request_id: str | None
+
+
 class DesiredSet(TypedDict):
     machine: str
     generation: int
     tasks: list[DesiredTask]
+    stopping: NotRequired[list[StoppingTask]]
 
 
 class OutputAck(TypedDict):

@@ -814,7 +814,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             tasks = await run_in_threadpool(cp.gateway.desired, machine)
         return {"machine": machine, "generation": generation, "tasks": [
             {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
-             "spec": spec_wire(a.spec), "request_id": a.cause} for a in tasks]}
+             "spec": spec_wire(a.spec), "request_id": a.cause} for a in tasks],
+            "stopping": [{"job": ref.job, "index": ref.index, "request_id": cause}
+                         for ref, cause in cp.gateway.stops_kept(machine)]}
 
     @app.post("/v1/machines/{machine}/output", response_model=t.OutputAck, tags=["agents"])
     def output(machine: str, body: Output, who: Who, request: Request) -> dict[str, Any]:

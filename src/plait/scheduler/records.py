@@ -41,6 +41,11 @@ class Assignment:
     cause: str | None = None
 
 
+#: tasks being stopped on a machine (they left its desired set), each with the id of
+#: the request that last changed its job (``Scheduler.stops_for``)
+Stops = list[tuple[TaskRef, str | None]]
+
+
 class Phase(enum.StrEnum):
     STARTING = "starting"
     RUNNING = "running"

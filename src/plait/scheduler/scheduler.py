@@ -55,6 +55,7 @@ from plait.scheduler.records import (
     SEQUENCE_BLOCK,
     Assignment,
     JobRecord,
+    Stops,
     TaskRecord,
     TaskStatus,
     same_runtime,
@@ -286,6 +287,19 @@ class Scheduler(SchedulerState):
     def desired_for(self, machine: str) -> list[Assignment]:
         m = self.fleet.index_of(machine)
         return sorted(self.desired.get(m, {}).values(), key=lambda a: (a.job, a.index))
+
+    def stops_for(self, machine: str) -> Stops:
+        """The tasks whose records still name the machine but that left its desired
+        set (its agent stops them), each with its job's ``cause``: the request that
+        last changed the job (an update, a resize, a delete, ...)."""
+        m = self.fleet.index_of(machine)
+        desired = self.desired.get(m, {})
+        stops: Stops = []
+        for ref in self.placed.get(m, ()):
+            if ref not in desired:
+                job = self.jobs.get(ref.job)
+                stops.append((ref, None if job is None else job.cause))
+        return sorted(stops, key=lambda s: (s[0].job, s[0].index))
 
     def discovery(self, name: str) -> list[tuple[int, str]]:
         """(task index, machine) of the tasks enabled in service discovery."""

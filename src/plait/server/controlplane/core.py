@@ -43,7 +43,7 @@ from plait.persist.follow import SharedRecords
 from plait.persist.scheduler import JobStore, PersistentScheduler
 from plait.persist.warm import WarmRecords
 from plait.scheduler import Scheduler
-from plait.scheduler.records import Assignment
+from plait.scheduler.records import Assignment, Stops
 from plait.scheduler.wiring import wire
 from plait.server.auth import Role, TokenStore
 from plait.server.controlplane.commands import JobCommands
@@ -126,9 +126,10 @@ class ControlPlane:
         #: agent got from the previous leader is never taken for the current one)
         self.generation: dict[str, int] = {}
         self.gen_base = 0
-        #: per machine: (generation, desired set) as the last pass left it; an agent's
-        #: long-poll reads it without the lock
-        self.desired_view: dict[str, tuple[int, list[Assignment]]] = {}
+        #: per machine: (generation, desired set, tasks being stopped there with the
+        #: request behind it) as the last pass left it; an agent's long-poll reads it
+        #: without the lock
+        self.desired_view: dict[str, tuple[int, list[Assignment], Stops]] = {}
         self._created = time.monotonic()
         #: a follower's copy of the job records (``keep_warm``), for a fast takeover
         self.warm: WarmRecords | None = None

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from plait.model.task import TaskRef
-from plait.scheduler.records import Assignment, TaskStatus
+from plait.scheduler.records import Assignment, Stops, TaskStatus
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
@@ -44,7 +44,8 @@ class AgentGateway:
             found = self.cp.scheduler.desired_for(machine)
             # kept for the next reads (the pass changes sets and generations under
             # the lock, so the two read here go together)
-            self.cp.desired_view[machine] = (self.desired_generation(machine), found)
+            self.cp.desired_view[machine] = (self.desired_generation(machine), found,
+                                             self.cp.scheduler.stops_for(machine))
             return found
 
     def desired_kept(self, machine: str) -> list[Assignment] | None:
@@ -55,6 +56,14 @@ class AgentGateway:
         if kept is not None and kept[0] == self.desired_generation(machine):
             return kept[1]
         return None
+
+    def stops_kept(self, machine: str) -> Stops:
+        """The tasks being stopped on the machine (it left their desired set), with the
+        request id behind each, as kept with its desired set (none when not kept)."""
+        kept = self.cp.desired_view.get(machine)
+        if kept is not None and kept[0] == self.desired_generation(machine):
+            return kept[2]
+        return []
 
     def desired_generation(self, machine: str) -> int:
         """Changes whenever the machine's desired set may have changed (a plain read:

@@ -79,7 +79,8 @@ class Loop:
                 for m in touched:
                     key = name(m)
                     g = gen.get(key, 0) + 1
-                    view[key] = (self.cp.gen_base + g, self.cp.scheduler.desired_for(key))
+                    view[key] = (self.cp.gen_base + g, self.cp.scheduler.desired_for(key),
+                                 self.cp.scheduler.stops_for(key))
                     gen[key] = g
             calls = self.cp.scheduler.take_calls()
             # events are attributed before the save drops the records of deleted jobs
