@@ -55,10 +55,13 @@ def get(name: str) -> Any:
 
 
 def _request_id(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
-    """The id of the API request being handled, unless the caller named one."""
-    if "request_id" not in event:
+    """The id of the API request being handled, unless the caller named one (a
+    ``request_id`` of None is left out)."""
+    if event.get("request_id") is None:
         rid = requestid.current.get()
-        if rid is not None:
+        if rid is None:
+            event.pop("request_id", None)
+        else:
             event["request_id"] = rid
     return event
 
@@ -114,7 +117,7 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     """A handler on whatever ``sys.stderr`` is when a record is written (a test's
     capture, or the process's own), never on a stream closed since."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> IO[str]:
         return sys.stderr
 

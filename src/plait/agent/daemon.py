@@ -8,6 +8,11 @@ Everything the agent needs to keep its tasks running is on its own disk
 restarting them, and while the control plane is unreachable nothing is stopped.
 When it reaches the control plane again, whatever is no longer assigned to its
 machine is stopped (the agent fences itself: never two serving copies of a task).
+
+It logs through ``plait.logconfig`` (logger ``plait.agent``): every line names the
+machine, and lines about a task its job, index and revision; a start names the id of
+the API request behind the assignment, a stop that of the request that last changed
+the task's job (``request_id``, both as the desired set gives them).
 """
 
 from __future__ import annotations
@@ -28,12 +33,15 @@ from typing import Any
 
 import httpx
 
+from plait import logconfig
 from plait.agent.probe import Prober
 from plait.agent.runtime import Handle, ProcessRuntime
 from plait.metrics import AgentMetrics
 from plait.model.converge import converge
 from plait.model.job import restart_after
 from plait.tls import verify as tls_verify
+
+log = logconfig.get("plait.agent")
 
 #: output read per task and step: what one output chunk of the API may carry (the
 #: rest follows with the next steps)
@@ -149,6 +157,7 @@ class Agent:
         cpu, memory_gb, type and optionally disk_gb); without it, the machine must be
         one the region has already."""
         self.machine = machine
+        self.log = log.bind(machine=machine)
         self.urls = [u.rstrip("/") for u in urls]
         self._url = 0  # the front end that answered last
         self.join_token = join_token
@@ -272,21 +281,31 @@ class Agent:
         try:
             desired = self._call("GET", f"/v1/machines/{self.machine}/desired", self.token,
                                  params=params, wait=wait)
+            if not self.reachable:
+                self.log.info("control plane reachable", tasks=len(desired["tasks"]))
             self.reachable = True
             self.generation = desired.get("generation")
-        except (ConnectionError, httpx.HTTPStatusError):
+        except (ConnectionError, httpx.HTTPStatusError) as exc:
+            if self.reachable:
+                self.log.warning("control plane unreachable; tasks keep running",
+                                 error=str(exc))
             self.reachable = False  # keep everything running, as it is
             self.generation = None
             self._supervise(time.monotonic() if now is None else now)
             return
         now = time.monotonic() if now is None else now
         want = {f"{a['job']}.{a['index']}": a for a in desired["tasks"]}
+        # (what left the set, and the request behind it: for the log)
+        left = {f"{s['job']}.{s['index']}": s.get("request_id")
+                for s in desired.get("stopping", ())}
         plan = converge({k: t.revision for k, t in self.tasks.items()},
                         {k: int(a["revision"]) for k, a in want.items()})
         for key in plan.remove:
-            self._remove(key)  # no longer assigned here: stopped (fencing)
+            self._remove(key, "no longer assigned", left.get(key))  # stopped (fencing)
         for key in plan.replace:
-            self._stop(key)  # a new revision: restart on it
+            # a new revision: restart on it
+            self._stop(key, reason=f"revision {want[key]['revision']}",
+                       cause=want[key].get("request_id"))
             old = self.tasks[key]
             old.revision = want[key]["revision"]
             old.restarts, old.next_start, old.exit_code = 0, 0.0, None
@@ -302,13 +321,16 @@ class Agent:
             self.specs[key] = a["spec"]
             if key not in self.handles and key not in self.stopping and (
                     now >= task.next_start and task.exit_code is None):
-                self._start(task, a["spec"])  # (once a stop of its key has finished)
+                # (once a stop of its key has finished)
+                self._start(task, a["spec"], a.get("request_id"))
         self._supervise(now)
         self.runtime.rotate_logs()  # (the agent keeps the whole logs, rotated)
         self._report(now)
         self._save()
 
-    def _start(self, task: Task, spec: dict[str, Any]) -> None:
+    def _start(self, task: Task, spec: dict[str, Any], cause: str | None = None) -> None:
+        """Start the task's process; ``cause``: the id of the request that assigned
+        it (for the log)."""
         home = self.data_dir / "tasks" / task.key
         home.mkdir(parents=True, exist_ok=True)
         if not _port_free(self.advertise, task.port):
@@ -324,9 +346,13 @@ class Agent:
                 f"{self.prefix}/{task.key}", spec["command"], list(spec.get("args", [])), env,
                 home, float(res["cpu"]), max(16, int(float(res.get("memory_gb", 0)) * 1024)))
         except (OSError, RuntimeError, ValueError) as exc:  # reported as a failed start
-            print(f"plait agent {self.machine}: cannot start {task.key}: {exc}", flush=True)
+            self.log.error("task start failed", job=task.job, index=task.index,
+                           revision=task.revision, request_id=cause, error=str(exc))
             self._exit(task, 127, time.monotonic())  # as the shell reports it
             return
+        self.log.info("task started", job=task.job, index=task.index, revision=task.revision,
+                      request_id=cause, pid=handle.pid, port=task.port,
+                      restarts=task.restarts)
         self.handles[task.key] = handle
         task.handle = handle.to_dict()
         self.metrics.starts.inc()
@@ -365,6 +391,9 @@ class Agent:
             del self.handles[key]
             task.handle = None
             self._exit(task, code, now)
+            self.log.info("task exited", job=task.job, index=task.index,
+                          revision=task.revision, exit_code=code, killed=task.killed,
+                          final=task.final, restarts=task.restarts)
         for task in self.tasks.values():
             if task.exit_code is not None and not task.final and now >= task.next_start:
                 task.exit_code = None  # started again on the next step
@@ -380,9 +409,11 @@ class Agent:
         task.restarts += 1
         task.next_start = now + wait
 
-    def _stop(self, key: str, remove: bool = False) -> None:
+    def _stop(self, key: str, remove: bool = False, reason: str = "",
+              cause: str | None = None) -> None:
         """Stop the task in the background (its heartbeats report it ``stopping`` until
-        its process is gone); ``remove``: then forget its cgroups, logs and files."""
+        its process is gone); ``remove``: then forget its cgroups, logs and files.
+        ``reason`` and ``cause`` (the id of the request behind it) are logged."""
         handle = self.handles.pop(key, None)
         task = self.tasks.get(key)
         if task is not None:
@@ -394,6 +425,8 @@ class Agent:
         spec = self.specs.get(key) or {}
         grace = float(spec.get("kill_timeout_seconds", DEFAULT_KILL_TIMEOUT))
         assert task is not None
+        self.log.info("task stopping", job=task.job, index=task.index, revision=task.revision,
+                      reason=reason, request_id=cause, pid=handle.pid, grace_s=grace)
         self._stop_later(key, Stopping(task.job, task.index, task.revision, handle.to_dict(),
                                        grace, remove), handle)
 
@@ -414,14 +447,15 @@ class Agent:
                 del self.stopping[key]
                 error = stopping.future.exception()
                 if error is not None:
-                    print(f"plait agent {self.machine}: stopping {key}: {error}", flush=True)
+                    self.log.error("task stop failed", job=stopping.job, index=stopping.index,
+                                   revision=stopping.revision, error=str(error))
 
     def _clean(self, key: str) -> None:
         self.runtime.cleanup(f"{self.prefix}/{key}")
         shutil.rmtree(self.data_dir / "tasks" / key, ignore_errors=True)
 
-    def _remove(self, key: str) -> None:
-        self._stop(key, remove=True)
+    def _remove(self, key: str, reason: str, cause: str | None = None) -> None:
+        self._stop(key, remove=True, reason=reason, cause=cause)
         self.tasks.pop(key, None)
         self.specs.pop(key, None)
         self.prober.forget(key)
@@ -469,7 +503,7 @@ class Agent:
                     self._call("POST", f"/v1/machines/{self.machine}/output", self.token,
                                {"chunks": batch})
                 except httpx.HTTPStatusError as exc:  # refused: dropped, never a retry loop
-                    print(f"plait agent {self.machine}: output refused: {exc}", flush=True)
+                    self.log.warning("output refused", chunks=len(batch), error=str(exc))
             self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
                        {"tasks": statuses})
             self.metrics.reports.labels("sent").inc()
@@ -477,7 +511,7 @@ class Agent:
             # report: forget them now, so a rerun it asks for is started, not reported
             # as finished again
             for key in [k for k, t in self.tasks.items() if t.final]:
-                self._remove(key)
+                self._remove(key, "finished")
         except (ConnectionError, httpx.HTTPStatusError):
             self.reachable = False
             self.metrics.reports.labels("failed").inc()
@@ -494,11 +528,10 @@ class Agent:
             try:
                 self.step(wait=self._wait(interval))
             except (ConnectionError, httpx.HTTPError) as exc:
-                print(f"plait agent {self.machine}: {exc}", flush=True)
+                self.log.warning("step failed: control plane unreachable", error=str(exc))
                 self.reachable = False
-            except Exception as exc:  # the agent keeps its tasks running, whatever broke
-                print(f"plait agent {self.machine}: step failed: {type(exc).__name__}: {exc}",
-                      flush=True)
+            except Exception:  # the agent keeps its tasks running, whatever broke
+                self.log.exception("step failed")
                 self.reachable = False
             # the long-poll did the waiting; unreachable, wait out the interval
             pause = 0.02 if self.reachable else max(
@@ -538,7 +571,7 @@ class Agent:
     def shutdown(self) -> None:
         """Stop every task (Ctrl-C of `plait up`), keeping nothing running."""
         for key in list(self.handles):
-            self._stop(key)
+            self._stop(key, reason="agent shutting down")
         for stopping in list(self.stopping.values()):
             if stopping.future is not None:
                 stopping.future.result()

@@ -476,7 +476,7 @@ class ProcessRuntime:
         self._procs[key] = proc
         self._handles[key] = handle
         self._foreign_exit.pop(key, None)
-        log.info("started %s: pid %d, %s %s", key, proc.pid, command, args)
+        log.debug("started %s: pid %d, %s %s", key, proc.pid, command, args)
         return handle
 
     # ----------------------------------------------------------------- watch
