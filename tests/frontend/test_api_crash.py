@@ -17,17 +17,21 @@ from plait.server.serve import free_port
 
 
 def serve(data: Path, port: int, config: Path) -> subprocess.Popen[bytes]:
+    """``plait serve``, its log (a line per request) in ``data``/../serve.log (a
+    pipe nobody reads would fill and stop it)."""
     env = {**os.environ, "PLAIT_CONFIG": str(config)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data), "--port",
-         str(port), "--machines", "200", "--tick", "0.1", "--sim-agents"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(data.parent / "serve.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data),
+             "--port", str(port), "--machines", "200", "--tick", "0.1", "--sim-agents"],
+            env=env, stdout=subprocess.DEVNULL, stderr=log)
 
 
-def healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+def healthy(url: str, proc: subprocess.Popen[bytes], log: Path,
+            timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
         try:
             if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
                 return
@@ -43,7 +47,7 @@ def test_no_acknowledged_create_is_lost_when_the_control_plane_is_killed(tmp_pat
     url = f"http://127.0.0.1:{port}"
     proc = serve(data, port, config)
     try:
-        healthy(url, proc)
+        healthy(url, proc, tmp_path / "serve.log")
         token = (data / "admin-token").read_text().strip()
         headers = {"Authorization": f"Bearer {token}"}
         httpx.post(f"{url}/v1/entitlements", headers=headers, json={
@@ -80,7 +84,7 @@ def test_no_acknowledged_create_is_lost_when_the_control_plane_is_killed(tmp_pat
         assert len(acked) >= 60
 
         proc = serve(data, port, config)
-        healthy(url, proc)
+        healthy(url, proc, tmp_path / "serve.log")
         with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
             # the restarted replica answers /healthz as a follower until the dead
             # process's lease lapses and it has loaded the state: meanwhile the API

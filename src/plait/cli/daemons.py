@@ -72,6 +72,10 @@ def serve(
     end (plait frontend), which writes the client configuration."""
     import uvicorn
 
+    from plait import logconfig
+
+    logconfig.configure("controlplane" if shard is None else "scheduler")
+    log = logconfig.get("plait.serve")
     from plait.frontend import create_app
     from plait.model import RegionSpec
     from plait.server.controlplane import ControlPlaneConfig
@@ -104,10 +108,10 @@ def serve(
     cp = started.control_plane
     cp.controllers.serving_at(started.url, *([advertise] if advertise else []))
     leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
-    err.print(f"plait control plane{'' if shard is None else f' shard {shard}'}: "
-              f"{len(cp.fleet)} machines, API on {started.url}")
+    log.info("control plane started", machines=len(cp.fleet), api=started.url, shard=shard)
     if started.config_path is not None:
-        err.print(f"client configuration: {started.config_path} (context {context})")
+        log.info("client configuration written", path=str(started.config_path),
+                 context=context)
     # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
     # signal that stopped it, so nothing after run() would run)
     uvicorn.run(create_app(cp, close_store=True, leadership=leadership), host=host, port=port,
@@ -145,6 +149,10 @@ def frontend(
     of them."""
     import uvicorn
 
+    from plait import logconfig
+
+    logconfig.configure("frontend")
+    log = logconfig.get("plait.frontend")
     from plait.frontend.router import ShardRouter
     from plait.server.limits import uvicorn_options
     from plait.server.serve import store_for
@@ -168,8 +176,9 @@ def frontend(
         token = admin_file.read_text().strip() if admin_file.exists() else (
             old.token if old is not None else None)
         client.set_context(context, url, token, ca_file=ca_file)
-        err.print(f"client configuration: {client.save(None)} (context {context})")
-    err.print(f"plait front end: API on {url}")
+        log.info("client configuration written", path=str(client.save(None)),
+                 context=context)
+    log.info("front end started", api=url)
     uvicorn.run(ShardRouter(opened, identity=url, ca_file=ca_file), host=host, port=port,
                 log_level="warning", access_log=False, **uvicorn_options(),
                 ssl_certfile=str(tls_cert) if tls_cert else None,
@@ -230,6 +239,10 @@ def agent(
 
     import httpx
 
+    from plait import logconfig
+
+    logconfig.configure("agent")
+    log = logconfig.get("plait.agent").bind(machine=machine_id)
     from plait.agent.daemon import Agent
     from plait.agent.runtime import create_runtime
 
@@ -257,8 +270,7 @@ def agent(
     except (ValueError, OSError, RuntimeError, PlaitError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None
-    err.print(f"plait agent {machine_id}: isolation {a.runtime.describe()}; "
-              f"{len(a.handles)} running tasks adopted")
+    log.info("agent started", isolation=a.runtime.describe(), adopted=len(a.handles))
     if metrics_port:
         from prometheus_client import start_http_server
 
@@ -284,7 +296,7 @@ def agent(
             a.join()
             break
         except ConnectionError as exc:
-            err.print(f"plait agent {machine_id}: {exc}; retrying")
+            log.warning("cannot join yet; retrying", error=str(exc))
             stop.wait(interval)
         except (ValueError, OSError) as exc:  # no join token, a data dir it cannot write
             err.print(f"[red]error:[/red] {exc}")
@@ -301,7 +313,7 @@ def agent(
     a.run(interval, stop)
     if shutdown["tasks"]:
         a.shutdown()
-        err.print(f"plait agent {machine_id}: tasks stopped")
+        log.info("tasks stopped")
 
 
 # one command each (plait.cli.main loads them when named)

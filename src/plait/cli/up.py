@@ -48,11 +48,17 @@ def up(
     between shards (each with --replicas), behind a front end. Ctrl-C stops the agents
     and their tasks; `plait up` again on the same data dir brings every job back.
     Agents and replicas that still run (the `plait up` process alone was killed) are
-    adopted, with their tasks, instead of started again."""
+    adopted, with their tasks, instead of started again. Logs: DATA/up.log (this
+    process: the API and the control plane), DATA/replicas/*.log and
+    DATA/agents/*/agent.log; warnings and errors of this process also on stderr."""
     import threading
 
     import httpx
 
+    from plait import logconfig
+
+    # (a file: a region's every request and task start would drown the terminal)
+    logconfig.configure("up", file=data_dir / "up.log")
     from plait.frontend.router import ShardRouter
     from plait.model import RegionSpec
     from plait.server.controlplane import ControlPlaneConfig
@@ -173,6 +179,8 @@ def up(
                   + (f", replicas on {', '.join(urls[1:])}" if replicas > 1 else ""))
     out.print(f"CLI configured ({started.config_path}): try "
               "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
+    out.print(f"logs: {data_dir / 'up.log'}, {data_dir / 'replicas'}/*.log, "
+              f"{data_dir / 'agents'}/*/agent.log")
     done.wait()
     out.print("stopping the agents and their tasks ...")
     # every replica and agent of this data dir, those restarted by hand since included

@@ -169,8 +169,10 @@ class DispatcherProcess:
 def main() -> None:
     """The child: settings, then frames of calls (and policy changes) on stdin;
     batches of answers (with the dispatcher's figures) on stdout."""
+    from plait import logconfig
     from plait.tls import verify as tls_verify
 
+    logconfig.configure("taskcontrol-worker")  # (on the control plane's stderr)
     source, out = sys.stdin.buffer, sys.stdout.buffer
     settings: Settings = _read(source)
     lock = threading.Lock()
