@@ -15,6 +15,9 @@ Retries (``stamina``, exponential backoff with jitter, ``Retry-After`` honoured)
 
 A POST whose answer was lost is not sent again: the caller cannot know whether it
 was applied (creating the same job again is safe, and says so with 200).
+
+Each call carries an ``X-Request-Id`` (the same on every retry of it): the API's log
+lines, and the effects of the call, name it; an ``ApiError`` says it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from plait import requestid
 from plait.client import types as t
 
 if TYPE_CHECKING:
@@ -37,9 +41,12 @@ class ApiError(Exception):
     ``conflict``, ``invalid``, ...), ``message`` and, for invalid input, ``field``."""
 
     def __init__(self, status: int, kind: str, message: str,
-                 field: str | None = None) -> None:
+                 field: str | None = None, request_id: str | None = None) -> None:
         self.status, self.kind, self.message, self.field = status, kind, message, field
-        super().__init__(f"{message} (HTTP {status})")
+        #: the id of the request (what the API's logs name it by)
+        self.request_id = request_id
+        said = f"HTTP {status}" + (f", request {request_id}" if request_id else "")
+        super().__init__(f"{message} ({said})")
 
 
 class Unreachable(Exception):
@@ -128,8 +135,11 @@ class Client:
         """One API call; the decoded JSON answer. Raises ``ApiError`` for an error
         answer, ``Unreachable`` when no URL answered within the retries."""
         query = {k: v for k, v in (params or {}).items() if v is not None}
+        # (a program's own request being handled, if any, or a new one; kept across
+        # the retries, so the API's logs show them as one request)
+        rid = requestid.current.get() or requestid.new()
         try:
-            return self._round(method, path, json, query)
+            return self._round(method, path, json, query, rid)
         except _Retry as first:
             if self.attempts <= 1:
                 raise Unreachable(first.cause) from None
@@ -142,12 +152,13 @@ class Client:
                     on=_backoff, attempts=self.attempts - 1, timeout=self.retry_timeout,
                     wait_initial=0.2, wait_max=3.0, wait_jitter=0.3):
                 with attempt:
-                    return self._round(method, path, json, query)
+                    return self._round(method, path, json, query, rid)
         except _Retry as last:
             raise Unreachable(last.cause) from None
         raise AssertionError("unreachable")  # (stamina raises or returns)
 
-    def _round(self, method: str, path: str, body: Any, query: dict[str, Any]) -> Any:
+    def _round(self, method: str, path: str, body: Any, query: dict[str, Any],
+               rid: str) -> Any:
         """Try each URL once, starting with the one that answered last."""
         http = self._client()
         if isinstance(http, _Stdlib):
@@ -165,7 +176,8 @@ class Client:
             i = (self._current + k) % n
             url = self.urls[i]
             try:
-                reply = http.request(method, url + path, json=body, params=query)
+                reply = http.request(method, url + path, json=body, params=query,
+                                     headers={requestid.HEADER: rid})
             except connect_errors as exc:
                 causes.append(f"{url}: cannot connect ({exc})")
                 continue
@@ -185,7 +197,7 @@ class Client:
                 continue
             self._current = i
             if status >= 400:
-                raise _error(reply)
+                raise _error(reply, rid)
             return reply.json() if reply.content else None
         raise _Retry("; ".join(causes), retry_after)
 
@@ -245,7 +257,8 @@ class _Stdlib:
         self._conns: dict[str, Any] = {}
 
     def request(self, method: str, url: str, json: Any = None,
-                params: Mapping[str, Any] | None = None) -> _Reply:
+                params: Mapping[str, Any] | None = None,
+                headers: Mapping[str, str] | None = None) -> _Reply:
         import http.client
         import json as jsonlib
         from urllib.parse import urlencode, urlsplit
@@ -253,7 +266,7 @@ class _Stdlib:
         parts = urlsplit(url)
         base = f"{parts.scheme}://{parts.netloc}"
         target = parts.path + (f"?{urlencode(params)}" if params else "")
-        headers = {**self.headers, "Accept": "application/json"}
+        headers = {**self.headers, **(headers or {}), "Accept": "application/json"}
         payload = None
         if json is not None:
             payload = jsonlib.dumps(json).encode()
@@ -308,7 +321,9 @@ def _message(reply: httpx.Response | _Reply) -> str:
     return str(body)[:200]
 
 
-def _error(reply: httpx.Response | _Reply) -> ApiError:
+def _error(reply: httpx.Response | _Reply, sent: str | None = None) -> ApiError:
+    # (the id the API answered with: the one sent, unless it replaced an unsafe one)
+    rid = reply.headers.get(requestid.HEADER.lower()) or sent
     try:
         body = reply.json()
     except ValueError:
@@ -316,8 +331,9 @@ def _error(reply: httpx.Response | _Reply) -> ApiError:
     if isinstance(body, dict):
         return ApiError(reply.status_code, str(body.get("error", "error")),
                         str(body.get("message") or body.get("detail") or reply.text),
-                        body.get("field"))
-    return ApiError(reply.status_code, "error", reply.text.strip() or reply.reason_phrase)
+                        body.get("field"), rid)
+    return ApiError(reply.status_code, "error", reply.text.strip() or reply.reason_phrase,
+                    request_id=rid)
 
 
 def _body(value: Any) -> Any:
