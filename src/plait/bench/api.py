@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import math
 import multiprocessing
 import os
@@ -88,6 +89,18 @@ def _host_busy_seconds() -> float | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _worth(line: str) -> bool:
+    """A line of the server's log that is more than information: a warning or an
+    error, or text that is not a log line (a traceback)."""
+    if not line.strip():
+        return False
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return True
+    return not isinstance(record, dict) or record.get("level") not in ("debug", "info")
 
 
 class Server:
@@ -175,9 +188,8 @@ class Server:
                 self.stopped_by = "kill"
         if proc is not None:
             self.exit_code = proc.returncode
-        # what the server said beyond its start-up banner (warnings, tracebacks)
-        self.log = [line for line in self._log_tail(200).splitlines()
-                    if line and not line.startswith("plait control plane:")][-5:]
+        # what the server said beyond its info lines (warnings, tracebacks)
+        self.log = [line for line in self._log_tail(200).splitlines() if _worth(line)][-5:]
         self._tmp.cleanup()
 
     def __enter__(self) -> Server:
