@@ -17,6 +17,7 @@ and a 5xx at warning.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -50,6 +51,8 @@ class RequestLog:
         of the access logger's name."""
         self.app = app
         self.log = logconfig.get(f"plait.access.{api}")
+        #: (asked first: a line below the level costs a level check, not an event)
+        self._levels = logging.getLogger(f"plait.access.{api}")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -85,14 +88,16 @@ class RequestLog:
     def _access(self, scope: Scope, status: int, seconds: float) -> None:
         path = str(scope.get("path", ""))
         if status >= 500:
-            emit = self.log.warning
+            level = logging.WARNING
         elif status < 400 and _routine(path):
-            emit = self.log.debug
+            level = logging.DEBUG
         else:
-            emit = self.log.info
+            level = logging.INFO
+        if not self._levels.isEnabledFor(level):
+            return
         fields: dict[str, Any] = {}
         who = principal_of(scope)
         if who is not None:
             fields = {"token_id": who.token_id, "actor": str(who)}
-        emit("request", method=scope.get("method", ""), path=path, status=status,
+        self.log.log(level, "request", method=scope.get("method", ""), path=path, status=status,
              duration_ms=round(seconds * 1000, 3), **fields)
