@@ -1,15 +1,29 @@
 """A job remembers the request id of the operation last applied to it (its cause):
-stored with each logged operation, kept with the scheduler's state across a restart,
-and given to the assignments it makes."""
+stored with each logged operation (by the request that stored it), kept with the
+scheduler's state across a restart, and given to the assignments it makes."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from test_persist_scheduler import Plane
 
+from plait import requestid
 from plait.model import Entitlement, Quota
 from plait.persist.scheduler import JobStore
 from plait.sim.scenarios import job_spec
 from plait.store import SqliteStore
+
+
+@contextlib.contextmanager
+def asking(rid: str) -> Iterator[None]:
+    """Within the handling of API request ``rid`` (as the command path is)."""
+    token = requestid.current.set(rid)
+    try:
+        yield
+    finally:
+        requestid.current.reset(token)
 
 
 def assignment_causes(plane: Plane, job: str) -> dict[int, str | None]:
@@ -21,11 +35,13 @@ def test_the_cause_follows_the_operations_and_survives_a_restart(tmp_path) -> No
     path = str(tmp_path / "plait.db")
     a = Plane(path)
     a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
-    a.jobs.create(job_spec("web", 3), now=0, cause="req-create")
+    with asking("req-create"):
+        a.jobs.create(job_spec("web", 3), now=0)
     a.run(10)
     assert a.scheduler.job("web").cause == "req-create"
     assert assignment_causes(a, "web") == dict.fromkeys(range(3), "req-create")
-    a.jobs.update(job_spec("web", 3, command="serve-v2"), now=a.sim.now, cause="req-update")
+    with asking("req-update"):
+        a.jobs.update(job_spec("web", 3, command="serve-v2"), now=a.sim.now)
     a.run(60)
     assert a.scheduler.job("web").cause == "req-update"
     assert assignment_causes(a, "web") == dict.fromkeys(range(3), "req-update")
@@ -36,7 +52,8 @@ def test_the_cause_follows_the_operations_and_survives_a_restart(tmp_path) -> No
 
     # stored while the scheduler is down, applied by the one that comes back
     jobs = JobStore(SqliteStore(path))
-    jobs.create(job_spec("api", 1), now=70, cause="req-api")
+    with asking("req-api"):
+        jobs.create(job_spec("api", 1), now=70)
     jobs.ns.store.close()
     b = Plane(path, now=a.sim.now)
     assert b.scheduler.job("web").cause == "req-update"  # (from the stored state)
@@ -44,7 +61,8 @@ def test_the_cause_follows_the_operations_and_survives_a_restart(tmp_path) -> No
     assert b.scheduler.job("api").cause == "req-api"
     # a resize: the new task is assigned, the others retagged to its version (not
     # restarted), all by that request
-    b.jobs.resize("web", 4, now=b.sim.now, cause="req-resize")
+    with asking("req-resize"):
+        b.jobs.resize("web", 4, now=b.sim.now)
     b.run(30)
     assert assignment_causes(b, "web") == dict.fromkeys(range(4), "req-resize")
     # an operation no request made (None) is the job's cause from then on

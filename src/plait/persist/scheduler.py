@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from plait import requestid
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, ValidationError
 from plait.model import JobSpec, parse
 from plait.model.entitlement import NAME_RE
@@ -150,13 +151,14 @@ class JobDoc:
                 del self.kept[version]
                 self._parsed.pop(version, None)
 
-    def record(self, now: float, op: str, message: str, cause: str | None = None,
-               **args: Any) -> dict[str, Any]:
-        """Log an operation; ``cause``: the id of the API request that asked for it."""
+    def record(self, now: float, op: str, message: str, **args: Any) -> dict[str, Any]:
         self.seq += 1
         entry = {"seq": self.seq, "time": now, "op": op, "message": message, **args}
-        if cause is not None:
-            entry["request"] = cause
+        # who asked (within an API request): the events the operation raises say so
+        for key, var in (("actor", requestid.actor), ("request", requestid.current)):
+            value = var.get()
+            if value is not None:
+                entry.setdefault(key, value)
         self.log.append(entry)
         del self.log[:-LOG_LIMIT]
         return entry
@@ -242,12 +244,11 @@ class JobStore:
             raise NotFound("job", name) from None
         return JobDoc.from_bytes(value), version
 
-    def create(self, spec: JobSpec, now: float, cause: str | None = None
-               ) -> tuple[JobDoc, bool]:
+    def create(self, spec: JobSpec, now: float) -> tuple[JobDoc, bool]:
         """Store a new job; ``(doc, False)`` when the same job already exists (creates
         are idempotent); a job of that name with another spec is a conflict."""
         doc = JobDoc.new(spec)
-        doc.record(now, "create", f"created with {spec.task_count} tasks", cause, version=1)
+        doc.record(now, "create", f"created with {spec.task_count} tasks", version=1)
         try:
             self.ns.create(f"/jobs/{spec.name}", _fits(doc))
             return doc, True
@@ -277,7 +278,7 @@ class JobStore:
                 continue
         raise Conflict(f"job {name}", "a quiet record", "too many concurrent writers")
 
-    def update(self, spec: JobSpec, now: float, cause: str | None = None) -> JobDoc:
+    def update(self, spec: JobSpec, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             if spec.entitlement != doc.entitlement:
                 raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
@@ -286,11 +287,10 @@ class JobStore:
             if spec == doc.spec:
                 return None
             version = doc.add(spec)
-            return doc.record(now, "update", f"version {version}", cause, version=version)
+            return doc.record(now, "update", f"version {version}", version=version)
         return self.change(spec.name, now, edit)
 
-    def resize(self, name: str, task_count: int, now: float,
-               cause: str | None = None) -> JobDoc:
+    def resize(self, name: str, task_count: int, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             spec = parse(JobSpec, {**doc.spec.model_dump(mode="json"), "task_count": task_count})
             if spec == doc.spec:
@@ -298,22 +298,20 @@ class JobStore:
             before = doc.spec.task_count
             version = doc.add(spec)
             return doc.record(now, "resize", f"version {version}: {before} -> {task_count} "
-                              "tasks", cause, version=version)
+                              "tasks", version=version)
         return self.change(name, now, edit)
 
-    def rollback(self, name: str, version: int, now: float,
-                 cause: str | None = None) -> JobDoc:
+    def rollback(self, name: str, version: int, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             spec = doc.spec_of(version)  # (a version no longer kept: refused)
             if spec.entitlement != doc.entitlement:  # a rollback stays where the job is
                 spec = spec.model_copy(update={"entitlement": doc.entitlement})
             made = doc.add(spec)
             return doc.record(now, "rollback", f"version {made}: rollback to version "
-                              f"{version}", cause, version=made)
+                              f"{version}", version=made)
         return self.change(name, now, edit)
 
-    def move(self, name: str, entitlement: str, now: float,
-             cause: str | None = None) -> JobDoc:
+    def move(self, name: str, entitlement: str, now: float) -> JobDoc:
         """A new version bound to ``entitlement``; the job is bound to it from now on
         (the caller checked the move: ``Scheduler.check_move``)."""
         def edit(doc: JobDoc) -> dict[str, Any] | None:
@@ -324,7 +322,7 @@ class JobStore:
             version = doc.add(doc.spec.model_copy(update={"entitlement": entitlement}))
             doc.entitlement = entitlement
             return doc.record(now, "move", f"version {version}: move from {source} "
-                              f"to {entitlement}", cause, version=version, source=source,
+                              f"to {entitlement}", version=version, source=source,
                               target=entitlement)
         return self.change(name, now, edit)
 
@@ -339,23 +337,21 @@ class JobStore:
         data = json.loads(value)
         return {int(data["target"])} | {int(row[0]) for row in data["tasks"].values()}
 
-    def restart(self, name: str, index: int | None, now: float,
-                cause: str | None = None) -> JobDoc:
+    def restart(self, name: str, index: int | None, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             if index is not None and not 0 <= index < doc.spec.task_count:
                 raise ValidationError("index", f"job {name} has tasks 0..{doc.spec.task_count - 1}")
             what = "whole job" if index is None else f"task {index}"
-            return doc.record(now, "restart", what, cause, index=index)
+            return doc.record(now, "restart", what, index=index)
         return self.change(name, now, edit)
 
-    def resume(self, name: str, now: float, cause: str | None = None) -> JobDoc:
-        return self.change(name, now, lambda doc: doc.record(now, "resume", "rollout resumed",
-                                                             cause))
+    def resume(self, name: str, now: float) -> JobDoc:
+        return self.change(name, now, lambda doc: doc.record(now, "resume", "rollout resumed"))
 
-    def delete(self, name: str, now: float, cause: str | None = None) -> JobDoc:
+    def delete(self, name: str, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             doc.deleting = True
-            return doc.record(now, "delete", "stopping every task", cause)
+            return doc.record(now, "delete", "stopping every task")
         return self.change(name, now, edit)
 
 
@@ -438,10 +434,15 @@ class PersistentScheduler:
                 return
             # the first entries may have been trimmed from the log: start at the
             # latest version
-            # (made by the latest of the operations it starts from)
+            # (its cause: the latest of the operations it starts from)
             cause = entries[-1].get("request") if entries else None
             if doc.version == 1:
-                sched.create_job(doc.spec, now, self.controller_for(doc.spec), cause)
+                first = doc.log[0] if doc.log and doc.log[0]["seq"] == 1 else {}
+                sched.acting = (first.get("actor"), first.get("request"))
+                try:
+                    sched.create_job(doc.spec, now, self.controller_for(doc.spec), cause)
+                finally:
+                    sched.acting = (None, None)
             else:
                 target = doc.version
                 job = JobRecord(doc.name, doc.entitlement,
@@ -453,11 +454,14 @@ class PersistentScheduler:
                 sched.restore(job, ())
             entries = [e for e in entries if e["op"] in ("restart", "resume", "delete")]
         for entry in entries:
+            sched.acting = (entry.get("actor"), entry.get("request"))
             self._caused(doc.name, entry.get("request"))
             try:
                 self._apply_one(doc, entry, now)
             except PlaitError as exc:  # refused for good: reported, not retried
                 yield f"job {doc.name}: operation {entry['seq']} ({entry['op']}): {exc}"
+            finally:
+                sched.acting = (None, None)
             self.applied[doc.name] = entry["seq"]  # an unexpected error retries from here
         current = sched.jobs.get(doc.name)
         if current is not None and doc.version > len(current.versions):
@@ -468,8 +472,8 @@ class PersistentScheduler:
         self.applied[doc.name] = doc.seq
 
     def _caused(self, name: str, cause: str | None) -> None:
-        """The job remembers the request of the operation being applied (its events
-        and the desired sets it makes name it), and keeps it with its state."""
+        """The job remembers the request of the operation being applied (the desired
+        sets it makes name it), and keeps it with its state."""
         job = self.scheduler.jobs.get(name)
         if job is not None and job.cause != cause:
             job.cause = cause

@@ -1,17 +1,15 @@
 """Job and entitlement commands: each a durable write of the record, acknowledged
 once stored; the loop applies it at its next pass (``notify`` wakes it). Job writes do
 not take the lock (a shard's create does: a handoff must carry it or refuse it).
-
-Each job operation is stored with the id of the API request that asked for it
-(``plait.requestid``), read here and passed on as data: the scheduler's record of the
-job remembers it as its ``cause``, and the desired sets it makes carry it."""
+Each operation is stored with the API request that asked for it (``JobDoc.record``):
+the scheduler's record of the job remembers it as its ``cause``."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import TYPE_CHECKING
 
-from plait import logconfig, requestid
+from plait import logconfig
 from plait.errors import Conflict
 from plait.model import Entitlement, JobSpec
 from plait.persist.scheduler import JobDoc
@@ -48,7 +46,7 @@ class JobCommands:
             self.cp.controllers.check_controller_url(spec.task_controller)
         with self.cp.lock if self.cp.config.shard is not None else contextlib.nullcontext():
             self.cp.check_job(spec)
-            doc, created = self.cp.jobs.create(spec, self.cp.clock(), requestid.get())
+            doc, created = self.cp.jobs.create(spec, self.cp.clock())
         if created:
             self.changed(doc)
         return doc, created
@@ -63,15 +61,13 @@ class JobCommands:
         if spec.task_controller is not None:
             self.cp.controllers.check_controller_url(spec.task_controller)
         self.cp.check_job(spec)
-        return self.changed(self.cp.jobs.update(spec, self.cp.clock(), requestid.get()))
+        return self.changed(self.cp.jobs.update(spec, self.cp.clock()))
 
     def resize_job(self, name: str, task_count: int) -> JobDoc:
-        return self.changed(self.cp.jobs.resize(name, task_count, self.cp.clock(),
-                                                requestid.get()))
+        return self.changed(self.cp.jobs.resize(name, task_count, self.cp.clock()))
 
     def rollback_job(self, name: str, version: int) -> JobDoc:
-        return self.changed(self.cp.jobs.rollback(name, version, self.cp.clock(),
-                                                  requestid.get()))
+        return self.changed(self.cp.jobs.rollback(name, version, self.cp.clock()))
 
     def move_job(self, name: str, entitlement: str) -> JobDoc:
         """Move a job to another entitlement (a paced rollout onto its machines); checked
@@ -79,15 +75,13 @@ class JobCommands:
         doc = self.cp.jobs.get(name)
         with self.cp.lock:
             self.cp.scheduler.check_move(doc.spec, entitlement)
-        return self.changed(self.cp.jobs.move(name, entitlement, self.cp.clock(),
-                                              requestid.get()))
+        return self.changed(self.cp.jobs.move(name, entitlement, self.cp.clock()))
 
     def restart_job(self, name: str, index: int | None = None) -> JobDoc:
-        return self.changed(self.cp.jobs.restart(name, index, self.cp.clock(),
-                                                 requestid.get()))
+        return self.changed(self.cp.jobs.restart(name, index, self.cp.clock()))
 
     def resume_job(self, name: str) -> JobDoc:
-        return self.changed(self.cp.jobs.resume(name, self.cp.clock(), requestid.get()))
+        return self.changed(self.cp.jobs.resume(name, self.cp.clock()))
 
     def delete_job(self, name: str) -> JobDoc:
-        return self.changed(self.cp.jobs.delete(name, self.cp.clock(), requestid.get()))
+        return self.changed(self.cp.jobs.delete(name, self.cp.clock()))
