@@ -182,3 +182,23 @@ def test_a_replica_called_directly_takes_and_returns_the_id(live: Live, logs: Lo
     live.admin.get("/v1/jobs", headers={"X-Request-Id": "after-5"})
     wait_for(lambda: len(logs.of("after-5", SHARD)) == 1)
     assert logs.of("probe-3") == [] and logs.of("poll-4") == []
+
+
+def test_a_follower_forwards_the_id_to_its_leader(tmp_path: Path, logs: Logs) -> None:
+    from test_replicas import Replica
+
+    first = Replica(tmp_path)
+    second = Replica(tmp_path, first.token)
+    try:
+        wait_for(lambda: {first.role(), second.role()} == {"leader", "follower"})
+        follower = first if first.role() == "follower" else second
+        r = follower.api.get("/v1/jobs", headers={"X-Request-Id": "fwd-1"})
+        assert r.status_code == 200 and r.headers["x-request-id"] == "fwd-1"
+        wait_for(lambda: len(logs.of("fwd-1", SHARD)) == 2)
+        # the follower's line (it only passed the request on) and the leader's, which
+        # verified the token
+        assert sorted("token_id" in x for x in logs.of("fwd-1", SHARD)) == [False, True]
+        assert {x["status"] for x in logs.of("fwd-1", SHARD)} == {200}
+    finally:
+        second.close()
+        first.close()
