@@ -73,7 +73,9 @@ def test_pages_ops_chart_and_owner_isolation(region: Live) -> None:
     # a rolling update: the chart gets one update bar per task, and says who asked
     spec = {**JOB, "env": {"V": "2"}}
     owner_api = region.client(alice)
-    assert owner_api.put("/v1/jobs/web", json=spec).status_code == 200
+    put = owner_api.put("/v1/jobs/web", json=spec)
+    assert put.status_code == 200
+    request = put.headers["x-request-id"]
     wait_for(lambda: api.get("/v1/jobs/web").json()["settled"]
              and api.get("/v1/jobs/web").json()["version"] == 2)
     wait_for(lambda: len(re.findall(r'data-op="update"',
@@ -86,6 +88,11 @@ def test_pages_ops_chart_and_owner_isolation(region: Live) -> None:
     assert "owner:alice" in chart  # the job event "updated" names who asked
     updated = api.get("/v1/events", params={"job": "web", "kind": "updated"}).json()
     assert [e["actor"] for e in updated["events"]] == ["owner:alice"]
+    # the events it caused carry its request id: the job event and each task's update
+    assert updated["events"][0]["request"] == request
+    caused = api.get("/v1/events", params={"request_id": request, "limit": 1000}).json()
+    kinds = sorted(e["kind"] for e in caused["events"])
+    assert kinds.count("op_started") == 3 and "updated" in kinds and "rollout_done" in kinds
 
     # alice sees her entitlement and job, and nothing of bob's
     mine = browser(region, alice)

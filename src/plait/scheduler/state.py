@@ -85,21 +85,25 @@ class SchedulerState:
 
     def event(self, now: float, job: str, kind: str, message: str, *,
               task: int | None = None, machine: int | None = None, op: str | None = None,
-              reason: str | None = None, decision: str | None = None) -> None:
+              reason: str | None = None, decision: str | None = None,
+              cause: str | None = None) -> None:
+        """``cause``: the request that caused it, when not the one being applied."""
         self.mark(job)
         where = None if machine is None else self.fleet.name(machine)
+        actor, request = self.acting
         self.events.append(SchedulerEvent(now, job, kind, message, task, where, op, reason,
-                                          decision, *self.acting))
+                                          decision, actor, request or cause))
         if len(self.events) > 2 * self.event_limit:  # (trimmed now and then, not per event)
             del self.events[: len(self.events) - self.event_limit]
 
     def task_event(self, now: float, job: JobRecord, rec: TaskRecord, kind: str,
                    message: str, op: str | None = None, reason: str | None = None,
-                   decision: str | None = None) -> None:
+                   decision: str | None = None, cause: str | None = None) -> None:
         """A task-level event (what a job's ops chart draws), when they are on."""
         if self.task_events:
             self.event(now, job.name, kind, f"task {rec.index}: {message}", task=rec.index,
-                       machine=rec.machine, op=op, reason=reason, decision=decision)
+                       machine=rec.machine, op=op, reason=reason, decision=decision,
+                       cause=cause)
 
     def op_started(self, now: float, job: JobRecord, rec: TaskRecord, op: TaskOp,
                    forced: str | None = None) -> None:
@@ -110,8 +114,12 @@ class SchedulerState:
             decision = "acked by the job's TaskController"
         else:
             decision = "approved by the scheduler (no TaskController), within max_unavailable"
+        # an operation that carries out a user's change names its request (not one
+        # forced by a machine's failure or a maintenance)
+        caused = chart not in ("failure", "maintenance")
         self.task_event(now, job, rec, "op_started", f"{chart} ({op.reason})", op=chart,
-                        reason=op.reason, decision=decision)
+                        reason=op.reason, decision=decision,
+                        cause=job.cause if caused else None)
 
     # -- the task lifecycle ------------------------------------------------------------------
     def transition(self, rec: TaskRecord, event: Event) -> bool:
@@ -146,7 +154,8 @@ class SchedulerState:
                     or r.state is TaskState.SUCCEEDED)
                 for r in job.tasks.values()):
             job.rollout_active = False
-            self.event(now, job.name, "rollout_done", f"all tasks run version {job.target}")
+            self.event(now, job.name, "rollout_done", f"all tasks run version {job.target}",
+                       cause=job.cause)
             if job.moving_from is not None:
                 job.moving_from = None
                 self.event(now, job.name, "move_done",
@@ -196,7 +205,7 @@ class SchedulerState:
         if job.halted is None and job.rollout_failures >= limit:
             job.halted = (f"{job.rollout_failures} tasks of version {job.target} failed "
                           f"to become healthy (the last {how})")
-            self.event(now, job.name, "rollout_halted", job.halted)
+            self.event(now, job.name, "rollout_halted", job.halted, cause=job.cause)
             for op in [o for o in job.acked.values() if to_target(o)]:
                 del job.acked[op.op_id]  # acked but not started: dropped, reported done
                 if job.controller is not None:
