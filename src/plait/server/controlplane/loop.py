@@ -12,11 +12,14 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from plait import logconfig
 from plait.errors import NotFound, TransientError
 from plait.model.events import EventKind, UnavailabilityEvent
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
+
+log = logconfig.get("plait.controlplane.loop")
 
 #: the interpreter's thread switch interval while a loop runs (seconds)
 SWITCH_INTERVAL = 0.001
@@ -178,15 +181,21 @@ class Loop:
         self._last_full = self._last_freeze = time.monotonic()
         gc.collect()
         gc.freeze()
+        last_failure: str | None = None
         while not self._stop.is_set():
             self.cp.wake.clear()
             started = time.monotonic()
             try:
                 self.step()
                 self.collect(started)
+                last_failure = None
             except Exception as exc:  # the loop must outlive one bad pass (a store outage)
                 self.cp.failures += 1
-                self.cp.record("controlplane", "step_failed", f"{type(exc).__name__}: {exc}")
+                what = f"{type(exc).__name__}: {exc}"
+                self.cp.record("controlplane", "step_failed", what)
+                if what != last_failure:  # its traceback once per run of the same failure
+                    log.exception("pass failed", error=what, failures=self.cp.failures)
+                    last_failure = what
                 with contextlib.suppress(Exception):  # the store is still down: the
                     self.cp.flush_events()                # events wait for the next flush
             self.cp.wake.wait(self.cp.config.tick_seconds)
