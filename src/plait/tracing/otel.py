@@ -11,6 +11,7 @@ drops those of an idle one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -44,6 +45,8 @@ KINDS = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER,
 IDLE = "plait.idle"
 _TRACE_HEADERS = ("traceparent", "tracestate")
 _TRACE_HEADER_BYTES = tuple(h.encode() for h in _TRACE_HEADERS)
+#: how long a server's shutdown waits for its last spans to be exported
+FLUSH_MILLIS = 5000
 
 
 def traces_url(endpoint: str) -> str:
@@ -83,8 +86,8 @@ class Tracing:
     def shutdown(self) -> None:
         self.provider.shutdown()
 
-    def flush(self) -> None:
-        self.provider.force_flush()
+    def flush(self, timeout_millis: int = 30000) -> None:
+        self.provider.force_flush(timeout_millis)
 
     # -- spans and propagation ---------------------------------------------------------
     def span(self, name: str, kind: str, attrs: dict[str, Any]
@@ -293,6 +296,9 @@ class ServerSpans:
         self.app, self.tracing = app, tracing
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._flushing(send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -331,6 +337,17 @@ class ServerSpans:
                 span.set_status(StatusCode.ERROR, f"HTTP {status}")
             span.end()
             otel_context.detach(token)
+
+
+    def _flushing(self, send: Any) -> Any:
+        """``send`` that exports the spans pending before the server says it has shut
+        down (uvicorn then re-raises the signal that stopped it: no exit handler
+        would run)."""
+        async def sending(message: Any) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await asyncio.to_thread(self.tracing.flush, FLUSH_MILLIS)
+            await send(message)
+        return sending
 
 
 def _request_id(headers: Any) -> str | None:
