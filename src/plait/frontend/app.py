@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
-from plait import __version__
+from plait import __version__, tracing
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
@@ -355,6 +355,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     app.add_middleware(BodyLimit)
     # outermost: every request counted, a follower's forwarded ones too
     app.add_middleware(HttpMetrics, metrics=cp.metrics)
+    tracing.instrument(app)  # (outermost: a span per request, the front end's child)
     if leadership is not None:  # (plait_leader: 0 while this replica follows)
         cp.leading = lambda: leadership.leading
 

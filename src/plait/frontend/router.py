@@ -39,7 +39,7 @@ import httpx
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from plait import __version__
+from plait import __version__, tracing
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.frontend.proxy import (
     FORWARDED,
@@ -247,6 +247,7 @@ class ShardRouter:
         self.metrics = HttpOnly()
         self._counted = HttpMetrics(self._serve, self.metrics,
                                     route=lambda scope: api_route(str(scope["path"])))
+        self._counted = tracing.asgi(self._counted)  # (outermost: a span per request)
 
     @property
     def client(self) -> httpx.AsyncClient:
