@@ -247,6 +247,8 @@ def api_route(path: str) -> str:
     """A path of the API as its route template, for a process that does not route it
     itself (the front end): names in it become ``{name}``."""
     parts = [p for p in path.split("/") if p]
+    if parts[:1] == ["ui"]:  # the web UI's pages: one label
+        return "/ui"
     if not parts or parts[0] != "v1":
         return path if path in ("/healthz", "/metrics", "/openapi.json", "/docs") \
             else "other"

@@ -18,6 +18,9 @@ _SAFE = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 #: the id of the API request being handled in this context (None outside one)
 current: ContextVar[str | None] = ContextVar("plait_request_id", default=None)
+#: who makes that request, once its token is verified (``owner:alice``); events
+#: recorded while handling it name this actor
+actor: ContextVar[str | None] = ContextVar("plait_request_actor", default=None)
 
 
 def new() -> str:

@@ -82,8 +82,17 @@ def test_deploy_a_yaml_job_follow_it_and_inspect_it(plane, tmp_path):
         "create", "update", "resize", "rollback", "restart", "restart"]
     endpoints = json.loads(plait("discover", "web", "-o", "json").stdout)["endpoints"]
     assert sorted(e["index"] for e in endpoints) == list(range(6))
-    events = plait("events", "--job", "web", "-o", "json").stdout.splitlines()
+    events = plait("events", "--job", "web", "--limit", "1000", "-o", "json").stdout.splitlines()
     assert any(json.loads(line)["kind"] == "created" for line in events)
+    # one task's events: who did what to it and why
+    task0 = [json.loads(line) for line in plait(
+        "events", "--job", "web", "--task", "0", "--limit", "1000", "-o", "json",
+    ).stdout.splitlines()]
+    assert task0 and {e["task"] for e in task0} == {0}
+    update = next(e for e in task0 if e["kind"] == "op_started" and e["op"] == "update")
+    assert "version 2" in update["reason"] and update["decision"]
+    table = plait("events", "--job", "web", "--kind", "updated").stdout
+    assert "admin:" in table  # the actor: who asked for the update
     plait("job", "delete", "web", "--wait", "--timeout", "60")
     assert json.loads(plait("job", "list", "-o", "json").stdout)["jobs"] == []
 

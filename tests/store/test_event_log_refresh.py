@@ -1,12 +1,14 @@
 """A follower's event log catches up with what the leader stored since (a takeover
 reads only what is new), including the events the retention dropped meanwhile."""
 
-from plait.server.events import EventLog, Retention
+import json
+
+from plait.server.events import EventLog, NewEvent, Retention
 from plait.store import SqliteStore
 
 
 def _ev(t: float, message: str):
-    return (t, "test", "note", message, None, None, None)
+    return NewEvent(t, "test", "note", message)
 
 
 def test_a_follower_catches_up_with_the_leaders_events(tmp_path):
@@ -41,3 +43,37 @@ def test_a_batch_larger_than_the_retention_keeps_only_its_newest_events(tmp_path
     assert [e.seq for e in EventLog(store, Retention(max_count=5)).query(limit=100)[0]] == [
         5, 6, 7, 8, 9]
     store.close()
+
+
+def test_who_what_why_is_kept_and_an_older_record_still_reads():
+    store = SqliteStore(":memory:")
+    log = EventLog(store, Retention(max_count=100, max_age_seconds=1e9))
+    log.append([NewEvent(1.0, "scheduler", "op_started", "task 3: update", job="web",
+                         entitlement="ads", machine="m7", actor="scheduler", task=3,
+                         op="update", reason="version 2",
+                         decision="acked by the job's TaskController", request="r1")])
+    # a record written before events had who/what/why, and one with a field this
+    # version does not know (written by a newer one)
+    log.ns.create("/log/000000000002", json.dumps(
+        {"seq": 2, "time": 2.0, "source": "api", "kind": "old", "message": "m",
+         "job": None, "entitlement": None, "machine": None}).encode())
+    log.ns.create("/log/000000000003", json.dumps(
+        {"seq": 3, "time": 3.0, "source": "api", "kind": "newer", "message": "m",
+         "colour": "red"}).encode())
+    log.ns.set("/seq", b"3", 0)
+    again = EventLog(store, Retention(max_count=100, max_age_seconds=1e9))
+    first, old, newer = again.query(limit=10)[0]
+    assert (first.actor, first.task, first.op, first.reason, first.decision,
+            first.request, first.machine) == (
+        "scheduler", 3, "update", "version 2", "acked by the job's TaskController", "r1", "m7")
+    assert (old.kind, old.actor, old.task) == ("old", None, None)
+    assert newer.kind == "newer"
+    # the empty fields are not stored
+    assert json.loads(log.ns.get("/log/000000000001")[0])["decision"].startswith("acked")
+    (plain,) = again.append([NewEvent(4.0, "api", "note", "no task")])
+    stored = json.loads(again.ns.get(f"/log/{plain.seq:012d}")[0])
+    assert "task" not in stored and "decision" not in stored and stored["kind"] == "note"
+    # filters on the new fields
+    assert [e.seq for e in again.query(limit=10, task=3)[0]] == [1]
+    assert [e.seq for e in again.query(limit=10, request="r1")[0]] == [1]
+    assert [e.seq for e in again.query(limit=10, actor="scheduler")[0]] == [1]

@@ -242,3 +242,17 @@ def bench_versions(
     print(json.dumps(versions.run(updates=updates, spec_kb=spec_kb,
                                   keep_versions=keep_versions)))
 
+
+@bench_app.command("ui")
+def bench_ui(
+    machines: Annotated[int, typer.Option(min=10)] = 1000,
+    jobs: Annotated[int, typer.Option(min=1)] = 200,
+    tasks_per_job: Annotated[int, typer.Option(min=1)] = 5,
+    requests: Annotated[int, typer.Option(min=5)] = 50,
+) -> None:
+    """How fast the web UI's pages answer for a region of --machines and --jobs
+    (``ui_p99_ms``: the slowest page's 99th percentile)."""
+    from plait.bench import ui
+
+    print(json.dumps(ui.run(machines=machines, jobs=jobs, tasks_per_job=tasks_per_job,
+                            requests=requests)))

@@ -7,7 +7,7 @@ is never cut down to what its type lists, and a newer server may add fields."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NotRequired
 
 from typing_extensions import TypedDict
 
@@ -79,6 +79,8 @@ class TaskView(TypedDict):
     state: str
     version: int
     machine: str | None
+    #: where its machine is: {"dc", "msb", "rack"}
+    fault_domain: NotRequired[dict[str, str] | None]
     serving: bool
     healthy: bool
     exit_code: int | None
@@ -152,6 +154,12 @@ class MachineList(TypedDict):
     offset: int
 
 
+class WhoAmI(TypedDict):
+    token_id: str
+    role: str
+    name: str
+
+
 class EventView(TypedDict):
     seq: int
     time: float
@@ -161,6 +169,16 @@ class EventView(TypedDict):
     job: str | None
     entitlement: str | None
     machine: str | None
+    #: who did it (``owner:alice``, ``admin:ops``, or a component: scheduler, health)
+    actor: NotRequired[str | None]
+    #: the task (index in ``job``) it is about, and the operation on it
+    task: NotRequired[int | None]
+    op: NotRequired[str | None]
+    reason: NotRequired[str | None]
+    #: the TaskControl decision behind it
+    decision: NotRequired[str | None]
+    #: the API request that caused it
+    request: NotRequired[str | None]
 
 
 class EventPage(TypedDict):

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
-from plait import __version__, tracing
+from plait import __version__, requestid, tracing
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
@@ -42,6 +42,7 @@ from plait.server.auth import AuthError, Principal, Role
 from plait.server.controlplane import ControlPlane
 from plait.server.events import Event
 from plait.server.leader import Leadership
+from plait.ui.app import Ui, WithUi
 
 #: the largest request body accepted (a job spec is a few KB)
 
@@ -237,7 +238,8 @@ class BodyLimit:
 def _event(e: Event) -> dict[str, Any]:
     return {"seq": e.seq, "time": e.time, "source": e.source, "kind": e.kind,
             "message": e.message, "job": e.job, "entitlement": e.entitlement,
-            "machine": e.machine}
+            "machine": e.machine, "actor": e.actor, "task": e.task, "op": e.op,
+            "reason": e.reason, "decision": e.decision, "request": e.request}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -269,6 +271,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         elif run_loop:
             cp.loop.start()
         yield
+        await ui.close()
         if leadership is not None:
             leadership.stop()
         elif run_loop:
@@ -353,9 +356,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     if leadership is not None:
         app.add_middleware(FollowerProxy, leadership=leadership)
     app.add_middleware(BodyLimit)
+    # the web UI, a client of this very app (a follower serves it too; its reads go
+    # to the leader like any other request)
+    ui = Ui()
+    app.add_middleware(WithUi, ui=ui)
     # outermost: every request counted, a follower's forwarded ones too
     app.add_middleware(HttpMetrics, metrics=cp.metrics)
     tracing.instrument(app)  # (outermost: a span per request, the front end's child)
+    ui.api = app
     if leadership is not None:  # (plait_leader: 0 while this replica follows)
         cp.leading = lambda: leadership.leading
 
@@ -396,6 +404,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         except AuthError as exc:  # (why is recorded; every bad token gets one answer)
             raise refuse(request, 401, exc.reason, answer=INVALID_TOKEN) from None
         request.state.principal = who
+        requestid.actor.set(str(who))  # the events this request records name it
         return who
 
     Who = Annotated[Principal, Depends(principal)]
@@ -442,6 +451,11 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             may_entitlement(request, who, cp.jobs.get(job).entitlement)
         except NotFound:
             raise NotFound("job", job) from None
+
+    @app.get("/v1/whoami", response_model=t.WhoAmI, tags=["tokens"])
+    def whoami(who: Who) -> dict[str, Any]:
+        """The token's own identity: its id, role and name (what the web UI shows)."""
+        return {"token_id": who.token_id, "role": who.role.value, "name": who.name}
 
     # -- health ----------------------------------------------------------------------------
     @app.get("/metrics", include_in_schema=False)
@@ -720,10 +734,16 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                limit: Annotated[int, Query(ge=1, le=1000)] = 100, job: str | None = None,
                kind: str | None = None, source: str | None = None,
                entitlement: str | None = None, machine: str | None = None,
-               since: Annotated[float | None, Query(ge=0)] = None) -> dict[str, Any]:
-        """Events oldest first; page with ``after`` = the ``next`` of the last page."""
+               since: Annotated[float | None, Query(ge=0)] = None,
+               task: Annotated[int | None, Query(ge=0)] = None, actor: str | None = None,
+               request: Annotated[str | None, Query(alias="request_id")] = None,
+               ) -> dict[str, Any]:
+        """Events oldest first; page with ``after`` = the ``next`` of the last page.
+        Filters: a job's ``task`` (its index), the ``actor`` (``owner:alice``,
+        ``scheduler``), the API request that caused them (``request_id``)."""
         found, cursor = cp.events.query(after, limit, job, kind, source, entitlement, machine,
-                                        since, owned(who))
+                                        since, owned(who), task=task, actor=actor,
+                                        request=request)
         return {"events": [_event(e) for e in found], "next": cursor,
                 "last_seq": cp.events.last_seq}
 

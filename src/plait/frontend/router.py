@@ -58,6 +58,7 @@ from plait.server.auth import AuthError, Principal, Role, TokenStore
 from plait.store.protocol import Namespace, Store
 from plait.store.shard import shard_prefix
 from plait.tls import verify as tls_verify
+from plait.ui.app import Ui
 
 #: seconds a shard's leader, once read, is trusted before it is read again
 LEADER_TTL = 0.5
@@ -243,6 +244,8 @@ class ShardRouter:
         self.identity = identity
         self.ca_file = ca_file
         self._client: httpx.AsyncClient | None = None
+        #: the web UI, reading the region through this front end
+        self.ui = Ui(self)
         #: the front end's own metrics: every request by route template and status
         self.metrics = HttpOnly()
         self._counted = HttpMetrics(self._serve, self.metrics,
@@ -266,11 +269,15 @@ class ShardRouter:
                 if message["type"] == "lifespan.startup":
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
+                    await self.ui.close()
                     if self._client is not None:
                         await self._client.aclose()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
         if scope["type"] != "http":
+            return
+        if Ui.serves(str(scope["path"])):
+            await self.ui(scope, receive, send)
             return
         try:
             # a body is read only within the limit, and only from a caller with a valid

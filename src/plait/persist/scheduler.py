@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from plait import requestid
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, ValidationError
 from plait.model import JobSpec, parse
 from plait.model.entitlement import NAME_RE
@@ -153,6 +154,11 @@ class JobDoc:
     def record(self, now: float, op: str, message: str, **args: Any) -> dict[str, Any]:
         self.seq += 1
         entry = {"seq": self.seq, "time": now, "op": op, "message": message, **args}
+        # who asked (within an API request): the events the operation raises say so
+        for key, var in (("actor", requestid.actor), ("request", requestid.current)):
+            value = var.get()
+            if value is not None:
+                entry.setdefault(key, value)
         self.log.append(entry)
         del self.log[:-LOG_LIMIT]
         return entry
@@ -429,7 +435,12 @@ class PersistentScheduler:
             # the first entries may have been trimmed from the log: start at the
             # latest version
             if doc.version == 1:
-                sched.create_job(doc.spec, now, self.controller_for(doc.spec))
+                first = doc.log[0] if doc.log and doc.log[0]["seq"] == 1 else {}
+                sched.acting = (first.get("actor"), first.get("request"))
+                try:
+                    sched.create_job(doc.spec, now, self.controller_for(doc.spec))
+                finally:
+                    sched.acting = (None, None)
             else:
                 target = doc.version
                 job = JobRecord(doc.name, doc.entitlement,
@@ -440,10 +451,13 @@ class PersistentScheduler:
                 sched.restore(job, ())
             entries = [e for e in entries if e["op"] in ("restart", "resume", "delete")]
         for entry in entries:
+            sched.acting = (entry.get("actor"), entry.get("request"))
             try:
                 self._apply_one(doc, entry, now)
             except PlaitError as exc:  # refused for good: reported, not retried
                 yield f"job {doc.name}: operation {entry['seq']} ({entry['op']}): {exc}"
+            finally:
+                sched.acting = (None, None)
             self.applied[doc.name] = entry["seq"]  # an unexpected error retries from here
         current = sched.jobs.get(doc.name)
         if current is not None and doc.version > len(current.versions):

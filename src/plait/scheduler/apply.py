@@ -182,6 +182,10 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
             rec = tasks[index]
             if s.transition(rec, Event.ALLOCATED):
                 s.assign(job, rec, machine)
+                if rec.op is None:  # (placed for an operation: part of its bar)
+                    s.task_event(now, job, rec, "task_placed",
+                                 f"placed, version {rec.spec_version}", op="start",
+                                 reason="new task")
         if result.unplaced:
             reason = result.unplaced[0][1]
             if reason != job.unplaced_reason:

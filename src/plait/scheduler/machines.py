@@ -87,7 +87,8 @@ def lose(s: SchedulerState, ref: TaskRef, now: float) -> None:
         s.counters["tasks_lost"] += 1
         s.cancel_pending(job, rec.index)
         where = s.fleet.name(rec.machine) if rec.machine is not None else "?"
-        s.event(now, job.name, "task_lost", f"task {rec.index}: machine {where} is down")
+        s.event(now, job.name, "task_lost", f"task {rec.index}: machine {where} is down",
+                task=rec.index, machine=rec.machine, op="failure", reason="machine down")
 
 
 def maintenance(s: SchedulerState, now: float) -> Notice:
@@ -144,4 +145,7 @@ def deadline_stop(s: SchedulerState, ref: TaskRef, event_id: str, now: float) ->
     job.dirty = True
     s.counters["deadline_stops"] += 1
     s.event(now, job.name, "deadline_stop",
-            f"task {rec.index} stopped for maintenance {event_id} at its deadline")
+            f"task {rec.index} stopped for maintenance {event_id} at its deadline",
+            task=rec.index, machine=rec.machine, op="maintenance",
+            reason=f"maintenance {event_id}",
+            decision="forced at the maintenance deadline (no ack)")

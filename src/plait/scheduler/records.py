@@ -107,6 +107,17 @@ class SchedulerEvent:
     job: str
     kind: str
     message: str
+    #: a task's event: its index, its machine, the operation on it (a bar of the
+    #: job's ops chart: start, update, restart, move, stop, maintenance, failure)
+    task: int | None = None
+    machine: str | None = None
+    op: str | None = None
+    reason: str | None = None
+    #: the TaskControl decision that let the operation go ahead
+    decision: str | None = None
+    #: who asked for what caused it, and the API request (None: the scheduler's own)
+    actor: str | None = None
+    request: str | None = None
 
 
 @dataclass(eq=False, slots=True)

@@ -87,6 +87,9 @@ class SchedulerConfig:
     failure_deadline: float = 300.0
     #: events kept
     event_limit: int = 10_000
+    #: record each task's operations (started, placed, ready, removed): the events a
+    #: job's ops chart is drawn from; off, only job-level events are recorded
+    task_events: bool = True
 
 
 class Scheduler(SchedulerState):
@@ -95,6 +98,7 @@ class Scheduler(SchedulerState):
         self.config = config or SchedulerConfig()
         super().__init__(allocator, self.config.rate, self.config.burst,
                          self.config.event_limit, now)
+        self.task_events = self.config.task_events
         self.region.subscribe(self.machine_changes.append)
 
     # -- job operations (what users ask for) -------------------------------------------------

@@ -15,7 +15,7 @@ from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange
 from plait.model.task import TaskRef, TaskState
 from plait.scheduler.lifecycle import Event, advance
-from plait.scheduler.plans import DELETE, RESIZE, to_target
+from plait.scheduler.plans import DELETE, FAILURE, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
 from plait.scheduler.records import (
     Assignment,
@@ -34,6 +34,11 @@ class SchedulerState:
         self.fleet = allocator.index.fleet
         self.bucket = TokenBucket(rate, burst, now)
         self.event_limit = event_limit
+        #: record task-level events (``task_event``)
+        self.task_events = True
+        #: (actor, request id) of the user operation the shell is applying, stamped on
+        #: the events it raises; (None, None) otherwise
+        self.acting: tuple[str | None, str | None] = (None, None)
         self.now = now
         self.jobs: dict[str, JobRecord] = {}
         #: per machine: the tasks its agent must run
@@ -78,11 +83,35 @@ class SchedulerState:
         if self.changed_jobs is not None:
             self.changed_jobs.add(job)
 
-    def event(self, now: float, job: str, kind: str, message: str) -> None:
+    def event(self, now: float, job: str, kind: str, message: str, *,
+              task: int | None = None, machine: int | None = None, op: str | None = None,
+              reason: str | None = None, decision: str | None = None) -> None:
         self.mark(job)
-        self.events.append(SchedulerEvent(now, job, kind, message))
-        if len(self.events) > self.event_limit:
+        where = None if machine is None else self.fleet.name(machine)
+        self.events.append(SchedulerEvent(now, job, kind, message, task, where, op, reason,
+                                          decision, *self.acting))
+        if len(self.events) > 2 * self.event_limit:  # (trimmed now and then, not per event)
             del self.events[: len(self.events) - self.event_limit]
+
+    def task_event(self, now: float, job: JobRecord, rec: TaskRecord, kind: str,
+                   message: str, op: str | None = None, reason: str | None = None,
+                   decision: str | None = None) -> None:
+        """A task-level event (what a job's ops chart draws), when they are on."""
+        if self.task_events:
+            self.event(now, job.name, kind, f"task {rec.index}: {message}", task=rec.index,
+                       machine=rec.machine, op=op, reason=reason, decision=decision)
+
+    def op_started(self, now: float, job: JobRecord, rec: TaskRecord, op: TaskOp,
+                   forced: str | None = None) -> None:
+        chart = chart_op(op)
+        if forced is not None:
+            decision = forced
+        elif job.controller is not None:
+            decision = "acked by the job's TaskController"
+        else:
+            decision = "approved by the scheduler (no TaskController), within max_unavailable"
+        self.task_event(now, job, rec, "op_started", f"{chart} ({op.reason})", op=chart,
+                        reason=op.reason, decision=decision)
 
     # -- the task lifecycle ------------------------------------------------------------------
     def transition(self, rec: TaskRecord, event: Event) -> bool:
@@ -106,6 +135,8 @@ class SchedulerState:
             self.complete(job, rec)
         if rec.op is None and not rec.serving:
             rec.serving = True
+            self.task_event(now, job, rec, "task_ready",
+                            f"serving version {rec.spec_version}")
         self.rollout_done(job, now)
 
     def rollout_done(self, job: JobRecord, now: float) -> None:
@@ -137,9 +168,14 @@ class SchedulerState:
         if killed:
             self.event(now, job.name, "task_killed",
                        f"task {rec.index} was killed from outside (SIGKILL, not out of "
-                       "memory): restarted, not counted against its version")
-        elif job.rollout_active and rec.spec_version == job.target:
-            self.rollout_failure(job, rec.index, "exited", now)
+                       "memory): restarted, not counted against its version",
+                       task=rec.index, machine=rec.machine, op="failure",
+                       reason="killed from outside")
+        else:
+            self.task_event(now, job, rec, "task_exited", "exited; its agent restarts it",
+                            op="failure", reason="exited")
+            if job.rollout_active and rec.spec_version == job.target:
+                self.rollout_failure(job, rec.index, "exited", now)
 
     def rollout_failure(self, job: JobRecord, index: int, how: str, now: float) -> None:
         """A task of the rollout's new version failed to become healthy (it exited, or
@@ -174,6 +210,7 @@ class SchedulerState:
             return
         if rec.op is not None:
             self.complete(job, rec)  # an update or restart ends with the run
+        self.task_event(now, job, rec, "task_finished", f"exited with code {code}")
         self.drop_acked(job, rec.index)
         self.cancel_pending(job, rec.index)
         job.lost.discard(rec.index)
@@ -257,6 +294,7 @@ class SchedulerState:
         """Carry out an acked operation: the task leaves discovery and its machine's
         desired set (a lost one is placed elsewhere at once)."""
         self.counters["ops_started"] += 1
+        self.op_started(now, job, rec, op)
         rec.op = op
         job.in_progress.add(rec.index)
         ref = job.ref(rec.index)
@@ -317,6 +355,8 @@ class SchedulerState:
         for rec in recs:
             if rec.op is not None:
                 self.complete(job, rec)
+            self.task_event(self.now, job, rec, "task_removed",
+                            "deleted with its job" if job.deleting else "resized away")
             self.drop_acked(job, rec.index)
             if rec.machine is not None:
                 self.unassign(job.ref(rec.index), rec.machine)
@@ -326,3 +366,13 @@ class SchedulerState:
             del job.tasks[rec.index]
             if rec.index < spec.task_count and not job.deleting:
                 job.tasks[rec.index] = TaskRecord(rec.index, job.target)  # resized back up
+
+
+def chart_op(op: TaskOp) -> str:
+    """The bar an operation draws on a job's ops chart: a stop for maintenance is
+    ``maintenance``, a move off a failed machine ``failure``, else the op's kind."""
+    if op.kind is OpKind.STOP:
+        return "stop" if op.reason in (RESIZE, DELETE) else "maintenance"
+    if op.kind is OpKind.MOVE and op.reason == FAILURE:
+        return "failure"
+    return op.kind.value

@@ -32,6 +32,58 @@ class Event:
     job: str | None = None
     entitlement: str | None = None
     machine: str | None = None
+    #: who did it: the API caller (``owner:alice``, ``admin:ops``) for what a request
+    #: did, else the component (scheduler, broker, health, ...)
+    actor: str | None = None
+    #: the task it is about (its index in ``job``)
+    task: int | None = None
+    #: the operation on the task, for a job's ops chart: start, update, restart, move,
+    #: stop, maintenance, failure
+    op: str | None = None
+    #: why it happened (a maintenance, a new version, a machine failure, ...)
+    reason: str | None = None
+    #: the TaskControl decision behind it (acked by the job's TaskController, paced by
+    #: the scheduler alone, forced at a deadline, ...)
+    decision: str | None = None
+    #: the id of the API request that caused it (``X-Request-Id``)
+    request: str | None = None
+
+
+#: what a writer gives the log; the log adds the sequence number
+@dataclass(frozen=True)
+class NewEvent:
+    time: float
+    source: str
+    kind: str
+    message: str
+    job: str | None = None
+    entitlement: str | None = None
+    machine: str | None = None
+    actor: str | None = None
+    task: int | None = None
+    op: str | None = None
+    reason: str | None = None
+    decision: str | None = None
+    request: str | None = None
+
+
+#: an event stored by an older plait has no ``actor``...``request``: read as None
+_FIELDS = frozenset(Event.__dataclass_fields__)
+
+
+def _decode(raw: bytes) -> Event:
+    data = json.loads(raw)
+    return Event(**{k: v for k, v in data.items() if k in _FIELDS})
+
+
+def _encode(event: Event) -> bytes:
+    # the fields left empty are not stored (most events have no task, op, decision)
+    return json.dumps({k: v for k, v in asdict(event).items() if v is not None}).encode()
+
+
+#: the events stored in one transaction at most (a ZooKeeper multi-op must stay under
+#: its 1 MB packet bound; an event is well under 1 kB)
+CHUNK = 500
 
 
 @dataclass(frozen=True)
@@ -58,7 +110,7 @@ class EventLog:
             self._seq_version = None
         for key in sorted(self.ns.children("/log")):
             value, _ = self.ns.get(f"/log/{key}")
-            self._events.append(Event(**json.loads(value)))
+            self._events.append(_decode(value))
 
     def refresh(self) -> int:
         """Catch up with what another process (the previous leader) stored since this
@@ -80,32 +132,31 @@ class EventLog:
             new = sorted(k for k in stored if int(k) > held)
             for key in new:
                 with contextlib.suppress(NotFound):
-                    self._events.append(Event(**json.loads(self.ns.get(f"/log/{key}")[0])))
+                    self._events.append(_decode(self.ns.get(f"/log/{key}")[0]))
             self._seq, self._seq_version = int(value), version
             return len(new)
 
-    def append(self, events: list[tuple[float, str, str, str, str | None, str | None,
-                                        str | None]]) -> list[Event]:
-        """Store a batch of (time, source, kind, message, job, entitlement, machine)."""
+    def append(self, events: list[NewEvent]) -> list[Event]:
+        """Store a batch of events, in one transaction (callers keep batches within
+        ``CHUNK``)."""
         if not events:
             return []
         with self._lock:
             txn = Transaction()
             made = []
             seq = self._seq
-            for time, source, kind, message, job, entitlement, machine in events:
+            for new in events:
                 seq += 1
-                made.append(Event(seq, time, source, kind, message, job, entitlement,
-                                  machine))
+                made.append(Event(seq, **asdict(new)))
             # a batch larger than the whole retention keeps only its newest events
             kept = made[-self.retention.max_count:]
             for event in kept:
-                txn.create(f"/log/{event.seq:012d}", json.dumps(asdict(event)).encode())
+                txn.create(f"/log/{event.seq:012d}", _encode(event))
             if self._seq_version is None:
                 txn.create("/seq", str(seq).encode())
             else:
                 txn.set("/seq", str(seq).encode(), self._seq_version)
-            now = events[-1][0]
+            now = events[-1].time
             dropped = self._expired(kept, now)
             for old in dropped:
                 txn.delete(f"/log/{old.seq:012d}", 0)
@@ -134,7 +185,8 @@ class EventLog:
               kind: str | None = None, source: str | None = None,
               entitlement: str | None = None, machine: str | None = None,
               since: float | None = None, entitlements: set[str] | None = None,
-              ) -> tuple[list[Event], int | None]:
+              task: int | None = None, actor: str | None = None,
+              request: str | None = None) -> tuple[list[Event], int | None]:
         """Events after sequence ``after`` that match every filter given, oldest first,
         at most ``limit``; and the cursor for the next page (None at the end).
         ``entitlements`` restricts to events of those entitlements (an owner's view)."""
@@ -150,6 +202,9 @@ class EventLog:
                     or (entitlement is not None and event.entitlement != entitlement)
                     or (machine is not None and event.machine != machine)
                     or (since is not None and event.time < since)
+                    or (task is not None and event.task != task)
+                    or (actor is not None and event.actor != actor)
+                    or (request is not None and event.request != request)
                     or (entitlements is not None and event.entitlement not in entitlements)):
                 continue
             if len(found) == limit:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from plait import requestid
 from plait.allocator import MachineIndex
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.health import HealthCheck
@@ -54,14 +55,12 @@ from plait.server.controlplane.loop import Loop
 from plait.server.controlplane.machine_ops import MachineOps
 from plait.server.controlplane.membership import Membership
 from plait.server.controlplane.views import Views
-from plait.server.events import EventLog
+from plait.server.events import CHUNK, EventLog, NewEvent
 from plait.server.logs import TaskLogs
 from plait.sim import Behaviour, Simulation
 from plait.store.protocol import Namespace, Store
 from plait.store.shard import ShardStore
 from plait.taskcontrol.protocol import RemoteController
-
-EventTuple = tuple[float, str, str, str, str | None, str | None, str | None]
 
 
 def _machine(d: dict[str, Any]) -> Machine:
@@ -134,7 +133,7 @@ class ControlPlane:
         self.warm: WarmRecords | None = None
         #: events recorded and not yet written, and the jobs whose records changed
         #: since the last pass; both guarded by ``pending_lock`` (never held long)
-        self._pending: list[EventTuple] = []
+        self._pending: list[NewEvent] = []
         self.pending_lock = threading.Lock()
         self.inbox: set[str] = set()
         #: set to start the next pass now
@@ -282,21 +281,29 @@ class ControlPlane:
 
     def record(self, source: str, kind: str, message: str, job: str | None = None,
                entitlement: str | None = None, machine: str | None = None,
-               at: float | None = None) -> None:
+               at: float | None = None, *, actor: str | None = None,
+               task: int | None = None, op: str | None = None, reason: str | None = None,
+               decision: str | None = None, request: str | None = None) -> None:
+        """An event for the region's log. Within an API request, its caller is the
+        actor and its id the request, unless given; else the source is the actor."""
+        event = NewEvent(self.clock() if at is None else at, source, kind, message, job,
+                         entitlement, machine,
+                         actor or requestid.actor.get() or source, task, op, reason,
+                         decision, request or requestid.current.get())
         with self.pending_lock:
-            self._pending.append((self.clock() if at is None else at, source, kind, message,
-                                  job, entitlement, machine))
+            self._pending.append(event)
         self.metrics.event(kind)
 
     def flush_events(self) -> None:
         with self.pending_lock:
             batch, self._pending = self._pending, []
-        try:
-            self.events.append(batch)
-        except BaseException:
-            with self.pending_lock:  # kept for the next flush
-                self._pending[:0] = batch[-self.config.retention.max_count:]
-            raise
+        for start in range(0, len(batch), CHUNK):
+            try:
+                self.events.append(batch[start:start + CHUNK])
+            except BaseException:
+                with self.pending_lock:  # what was not stored is kept for the next flush
+                    self._pending[:0] = batch[start:][-self.config.retention.max_count:]
+                raise
 
     def bootstrap_admin(self) -> str | None:
         """At first start, an admin token (returned once); None if one exists."""

@@ -99,7 +99,9 @@ class Loop:
                 job = self.cp.scheduler.jobs.get(ev.job)
                 ent = job.entitlement if job is not None else self.cp.entitlement_of(ev.job)
                 self.cp.record("scheduler", ev.kind, ev.message, job=ev.job, entitlement=ent,
-                               at=ev.time)
+                               machine=ev.machine, at=ev.time,
+                               actor=ev.actor or "scheduler", task=ev.task, op=ev.op,
+                               reason=ev.reason, decision=ev.decision, request=ev.request)
             changed = self.cp.scheduler.changed_jobs
             changed = None if changed is None else set(changed)
             tracing.idle(not events and changed == set())

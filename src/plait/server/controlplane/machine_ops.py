@@ -64,7 +64,10 @@ class MachineOps:
             now = self.cp.clock()
             events, self.cp.scheduler.events[:] = list(self.cp.scheduler.events), []
             for ev in events:
-                self.cp.record("scheduler", ev.kind, ev.message, job=ev.job, at=ev.time)
+                self.cp.record("scheduler", ev.kind, ev.message, job=ev.job, at=ev.time,
+                               machine=ev.machine, actor=ev.actor or "scheduler",
+                               task=ev.task, op=ev.op, reason=ev.reason,
+                               decision=ev.decision, request=ev.request)
             self.cp.persist.save(self.cp.allocator)  # nothing in memory is lost by the rebuild
             self.cp.build(now)
             self.cp.record("broker", "machine_registered",

@@ -49,6 +49,11 @@ class JobState:
            applied: int) -> JobState:
         counts: dict[str, int] = {}
         serving = updated = 0
+
+        def domain(m: int) -> dict[str, str]:
+            fd = fleet.fault_domain(m)
+            return {"dc": fd.dc, "msb": fd.msb, "rack": fd.rack}
+
         target, running = job.target, TaskState.RUNNING
         tasks = []
         serving_on = []
@@ -58,7 +63,9 @@ class JobState:
             updated += r.spec_version == target and r.state is running and r.healthy
             machine = None if r.machine is None else fleet.name(r.machine)
             tasks.append({"index": r.index, "state": r.state.value, "version": r.spec_version,
-                          "machine": machine, "serving": r.serving, "healthy": r.healthy,
+                          "machine": machine,
+                          "fault_domain": None if r.machine is None else domain(r.machine),
+                          "serving": r.serving, "healthy": r.healthy,
                           "exit_code": r.exit_code,
                           "operation": None if r.op is None else r.op.kind.value})
             if r.serving and machine is not None:

@@ -1,0 +1,163 @@
+"""The web UI over HTTP (the browser tests are in tests/ui): log in with a token, every
+page answers, an owner sees nothing of another owner's, a job's ops chart has a bar
+per task operation, the live stream follows new events; bad input is refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from livecp import Live, start_behind_front_end, start_live, stop_live, wait_for
+
+JOB = {"name": "web", "entitlement": "e", "task_count": 3, "command": "serve",
+       "resources": {"cpu": 1, "memory_gb": 1}, "update": {"max_unavailable": 1}}
+
+
+@pytest.fixture(params=["direct", "front end"])
+def region(request, tmp_path) -> Live:
+    api = (start_live(tmp_path / "data") if request.param == "direct"
+           else start_behind_front_end(tmp_path))
+    yield api
+    stop_live(api)
+
+
+def browser(live: Live, token: str | None) -> httpx.Client:
+    """A client that logs in to the UI as a browser does (a form, a cookie)."""
+    c = httpx.Client(base_url=live.url, timeout=30, follow_redirects=False)
+    if token is not None:
+        r = c.post("/ui/login", data={"token": token, "next": "/ui/jobs"})
+        assert r.status_code == 303, r.text
+        assert r.headers["location"] == "/ui/jobs"
+        cookie = r.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie and "path=/ui" in cookie
+    return c
+
+
+def setup_two_owners(api: httpx.Client, live: Live) -> tuple[str, str]:
+    tokens = []
+    for owner, ent, job in (("alice", "e", "web"), ("bob", "bobs", "secretjob")):
+        r = api.post("/v1/tokens", json={"role": "owner", "name": owner})
+        tokens.append(r.json()["token"])
+        assert api.post("/v1/entitlements", json={
+            "name": ent, "owner": owner, "quota": {"machines": 4}}).status_code == 201
+        assert live.client(tokens[-1]).post(
+            "/v1/jobs", json={**JOB, "name": job, "entitlement": ent}).status_code == 201
+    return tokens[0], tokens[1]
+
+
+def test_pages_ops_chart_and_owner_isolation(region: Live) -> None:
+    api = region.admin
+    alice, _bob = setup_two_owners(api, region)
+    wait_for(lambda: api.get("/v1/jobs/web").json()["settled"])
+    wait_for(lambda: api.get("/v1/jobs/secretjob").json()["settled"])
+
+    admin = browser(region, region.admin_token)
+    for page in ("/ui", "/ui/", "/ui/entitlements", "/ui/jobs", "/ui/jobs/web",
+                 "/ui/jobs/web/gantt", "/ui/machines", "/ui/events", "/ui/static/ui.css",
+                 "/ui/static/ui.js"):
+        r = admin.get(page)
+        assert r.status_code == 200, (page, r.text[:300])
+    home = admin.get("/ui/").text
+    assert 'id="domains"' in home and "secretjob" not in home  # only the unavailable
+    assert "(free pool)" in home
+    assert 'id="n-jobs">2<' in home
+    machines = admin.get("/ui/machines").text
+    assert len(re.findall(r'<tr data-machine="', machines)) == 24
+    r = admin.get("/ui/jobs/web")
+    assert r.headers["content-security-policy"].startswith("default-src 'self'")
+    assert len(re.findall(r'<tr data-task="', r.text)) == 3
+    assert re.search(r'<table id="by-dc">.*?<td>dc\d+</td>', r.text, re.S)
+
+    # a rolling update: the chart gets one update bar per task, and says who asked
+    spec = {**JOB, "env": {"V": "2"}}
+    owner_api = region.client(alice)
+    assert owner_api.put("/v1/jobs/web", json=spec).status_code == 200
+    wait_for(lambda: api.get("/v1/jobs/web").json()["settled"]
+             and api.get("/v1/jobs/web").json()["version"] == 2)
+    wait_for(lambda: len(re.findall(r'data-op="update"',
+                                    admin.get("/ui/jobs/web/gantt").text)) == 3)
+    chart = admin.get("/ui/jobs/web/gantt").text
+    tasks = sorted(int(t) for t in re.findall(r'data-task="(\d+)" data-op="update"', chart))
+    assert tasks == [0, 1, 2]
+    assert len(re.findall(r'data-op="start"', chart)) == 3
+    assert "update to version 2" in chart
+    assert "owner:alice" in chart  # the job event "updated" names who asked
+    updated = api.get("/v1/events", params={"job": "web", "kind": "updated"}).json()
+    assert [e["actor"] for e in updated["events"]] == ["owner:alice"]
+
+    # alice sees her entitlement and job, and nothing of bob's
+    mine = browser(region, alice)
+    for page, shown in (("/ui/", 'data-entitlement="e"'), ("/ui/entitlements",
+                        'data-entitlement="e"'), ("/ui/jobs", 'data-job="web"'),
+                        ("/ui/events", '<a href="/ui/jobs/web">')):
+        text = mine.get(page).text
+        assert shown in text and "secretjob" not in text and "bobs" not in text, page
+    for page in ("/ui/jobs/secretjob", "/ui/jobs/secretjob/gantt"):
+        theirs, missing = mine.get(page), mine.get(page.replace("secretjob", "nosuchjob"))
+        assert theirs.status_code == missing.status_code == 404
+        assert theirs.text.replace("secretjob", "X") == missing.text.replace("nosuchjob", "X")
+    assert mine.get("/ui/machines").status_code == 403  # machines are for admins
+    assert 'id="domains"' not in mine.get("/ui/").text
+    live_page = mine.get("/ui/events.json", params={"after": 0}).json()
+    assert live_page["events"] and all(e["job"] in (None, "web") for e in live_page["events"])
+    assert not any("secretjob" in str(e) or "bobs" in str(e) for e in live_page["events"])
+
+
+def test_the_live_stream_gives_what_is_new_after_a_cursor(live: Live) -> None:
+    ui = browser(live, live.admin_token)
+    first = ui.get("/ui/events.json", params={"after": 0}).json()
+    cursor = first["cursor"]
+    assert live.admin.post("/v1/entitlements", json={
+        "name": "later", "owner": "x", "quota": {"machines": 1}}).status_code == 201
+    wait_for(lambda: any(e["kind"] == "entitlement_created" for e in ui.get(
+        "/ui/events.json", params={"after": cursor}).json()["events"]))
+    page = ui.get("/ui/events.json", params={"after": cursor}).json()
+    made = next(e for e in page["events"] if e["kind"] == "entitlement_created")
+    assert made["actor"].startswith("admin:")
+    assert page["cursor"] > cursor
+    assert httpx.get(f"{live.url}/ui/events.json").status_code == 401  # no cookie
+
+
+def test_logging_in_refuses_bad_tokens_and_bad_input(live: Live) -> None:
+    c = browser(live, None)
+    r = c.get("/ui/jobs")
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=/ui/jobs"
+    r = c.post("/ui/login", data={"token": "not-a-token"})
+    assert r.status_code == 401 and "not valid" in r.text and "set-cookie" not in r.headers
+    r = c.post("/ui/login", data={"token": ""})
+    assert r.status_code == 401 and "paste a token" in r.text
+    r = c.post("/ui/login", content=b"token=" + b"x" * 10_000,
+               headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 413 and "too large" in r.text
+    join = live.admin.post("/v1/tokens", json={"role": "join", "name": "agents"}).json()
+    r = c.post("/ui/login", data={"token": join["token"]})
+    assert r.status_code == 401 and "admin or owner tokens only" in r.text
+    # after logging in, only a page of the UI is a destination (never another site)
+    for target in ("https://evil.example/", "//evil.example/ui", "/v1/tokens"):
+        r = c.post("/ui/login", data={"token": live.admin_token, "next": target})
+        assert r.status_code == 303 and r.headers["location"] == "/ui/", target
+    # a revoked token's cookie sends the browser back to the login page
+    r = live.admin.post("/v1/tokens", json={"role": "owner", "name": "gone"}).json()
+    ui = browser(live, r["token"])
+    assert live.admin.delete(f"/v1/tokens/{r['id']}").status_code == 200
+    wait_for(lambda: ui.get("/ui/jobs").status_code == 303)
+    r = c.post("/ui/logout")
+    assert r.status_code == 303 and 'plait_ui_token=""' in r.headers["set-cookie"]
+
+
+def test_page_paths_are_not_metric_labels(live: Live) -> None:
+    ui = browser(live, live.admin_token)
+    for page in ("/ui/jobs/a", "/ui/jobs/b", "/ui/machines/m0000001"):
+        ui.get(page)
+    text = live.admin.get("/metrics").text
+    assert 'route="/ui/jobs/{name}"' in text and "/ui/jobs/a\"" not in text
+
+
+def test_the_templates_and_static_files_ship_with_the_package() -> None:
+    import plait.ui
+
+    here = Path(plait.ui.__file__).parent
+    assert (here / "static" / "ui.js").exists() and (here / "templates" / "gantt.html").exists()
+    assert "//cdn" not in (here / "templates" / "base.html").read_text()
