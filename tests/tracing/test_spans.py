@@ -162,10 +162,17 @@ def test_a_server_span_continues_the_callers_trace(spans: Spans) -> None:
         (b"traceparent", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01".encode()),
         (b"x-request-id", b"req-1")]), []))
     asyncio.run(_drive(app, _http("/v1/jobs/other", [(b"x-request-id", b"no spaces")]), []))
+
+    async def in_process() -> None:  # (as the web UI calls the API: no traceparent)
+        with tracing.span("ui"):
+            await _drive(app, _http("/v1/jobs/third", []), [])
+
+    asyncio.run(in_process())
     got = spans()
     server = [s for s in got if s["kind"] == "server"]
-    assert [s["name"] for s in server] == ["GET /v1/jobs/{name}"] * 2  # one name per route
-    called, fresh = server
+    assert [s["name"] for s in server] == ["GET /v1/jobs/{name}"] * 3  # one name per route
+    called, fresh, inner = server
+    assert inner["parent_id"] == one(got, "ui")["span_id"]
     assert (called["trace_id"], called["parent_id"]) == (CALLER_TRACE, CALLER_SPAN)
     assert called["attributes"]["http.route"] == "/v1/jobs/{name}"
     assert called["attributes"]["http.response.status_code"] == 404
@@ -174,7 +181,7 @@ def test_a_server_span_continues_the_callers_trace(spans: Spans) -> None:
     assert fresh["parent_id"] is None and fresh["trace_id"] != CALLER_TRACE
     handler = [s for s in got if s["name"] == "handler"]
     assert {(h["trace_id"], h["parent_id"]) for h in handler} == {
-        (called["trace_id"], called["span_id"]), (fresh["trace_id"], fresh["span_id"])}
+        (s["trace_id"], s["span_id"]) for s in server}
 
 
 def test_a_server_exports_its_spans_before_it_says_it_has_shut_down(tmp_path) -> None:

@@ -103,9 +103,14 @@ class Tracing:
         kept = [(k, v) for k, v in headers if k.lower() not in _TRACE_HEADERS]
         return [*kept, *carrier.items()]
 
-    def extract(self, headers: Sequence[tuple[bytes, bytes]]) -> Context:
+    def extract(self, headers: Sequence[tuple[bytes, bytes]]) -> Context | None:
+        """The caller's span, from its ``traceparent``; None without one (the span
+        under way, if any, is then the parent: an app called in-process, as the web
+        UI calls the API)."""
         carrier = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in headers
                    if k.lower() in _TRACE_HEADER_BYTES}
+        if "traceparent" not in carrier:
+            return None
         return self.propagator.extract(carrier, context=Context())
 
     # -- wrappers ----------------------------------------------------------------------
