@@ -14,6 +14,14 @@ from plait.cli.common import Output, api, emit, err
 from plait.clientconfig import ClientConfig
 from plait.errors import Conflict, PlaitError, ValidationError
 
+#: tracing (plait.tracing), the same on every process that serves the API
+OtlpEndpoint = Annotated[str | None, typer.Option(
+    envvar="PLAIT_OTLP_ENDPOINT", help="send traces to this OpenTelemetry collector (OTLP "
+                                       "over HTTP/protobuf, e.g. http://localhost:4318)")]
+TraceFile = Annotated[Path | None, typer.Option(
+    envvar="PLAIT_TRACE_FILE", help="append traces to this file, one JSON object per "
+                                    "finished span")]
+
 
 # -- serve ---------------------------------------------------------------------------------
 def serve(
@@ -62,6 +70,8 @@ def serve(
              "point into; loopback and link-local only when named")] = "any",
     controller_deadline: Annotated[float, typer.Option(
         min=0.1, max=60, help="hard deadline of one TaskController call, seconds")] = 5.0,
+    otlp_endpoint: OtlpEndpoint = None,
+    trace_file: TraceFile = None,
 ) -> None:
     """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
     on one store campaigns: the leader runs the control plane, the others keep warm,
@@ -72,7 +82,7 @@ def serve(
     end (plait frontend), which writes the client configuration."""
     import uvicorn
 
-    from plait import logconfig
+    from plait import logconfig, tracing
 
     logconfig.configure("controlplane" if shard is None else "scheduler")
     log = logconfig.get("plait.serve")
@@ -97,6 +107,9 @@ def serve(
                                     startup_grace=startup_grace, ca_file=ca_file, shard=shard,
                                     controller_networks=tuple(controller_networks.split(",")),
                                     controller_deadline=controller_deadline)
+        scheme = "https" if tls_cert else "http"
+        tracing.configure(otlp_endpoint, trace_file, "plait-serve" if shard is None else
+                          f"plait-shard-{shard}", advertise or f"{scheme}://{host}:{port}")
         started = prepare(data_dir, store, config, host, port,
                           write_config and shard is None, context,
                           scheme="https" if tls_cert else "http")
@@ -142,6 +155,8 @@ def frontend(
     shards: Annotated[int | None, typer.Option(
         min=1, help="the region's scheduler shards (0..N-1): until each has a leader the "
                     "front end is not healthy (default: those that have started)")] = None,
+    otlp_endpoint: OtlpEndpoint = None,
+    trace_file: TraceFile = None,
 ) -> None:
     """Run a front end of a sharded region: one API over every scheduler shard
     (plait serve --shard S). It keeps no state (the entitlement-to-shard map is in the
@@ -149,7 +164,7 @@ def frontend(
     of them."""
     import uvicorn
 
-    from plait import logconfig
+    from plait import logconfig, tracing
 
     logconfig.configure("frontend")
     log = logconfig.get("plait.frontend")
@@ -162,6 +177,7 @@ def frontend(
         raise typer.Exit(EXIT_INVALID)
     url = f"{'https' if tls_cert else 'http'}://{host}:{port}"
     try:
+        tracing.configure(otlp_endpoint, trace_file, "plait-frontend", url)
         opened = store_for(data_dir, store)
         for shard in range(shards or 0):
             with contextlib.suppress(Conflict):

@@ -13,8 +13,10 @@ from typing import Annotated
 
 import typer
 
-from plait.cli.common import out
-from plait.errors import Conflict
+from plait.cli.client import EXIT_INVALID
+from plait.cli.common import err, out
+from plait.cli.daemons import OtlpEndpoint, TraceFile
+from plait.errors import Conflict, PlaitError
 from plait.localprocs import alive, cmdline, kill_groups, plait_processes, processes_under
 
 
@@ -41,6 +43,8 @@ def up(
     shards: Annotated[int, typer.Option(
         min=1, max=16, help="scheduler shards behind a front end on PORT (shard S replica "
                             "R on PORT+1+S*REPLICAS+R)")] = 1,
+    otlp_endpoint: OtlpEndpoint = None,
+    trace_file: TraceFile = None,
 ) -> None:
     """A whole region on this box: the control plane (API, scheduler, allocator,
     brokers, health checks), with --replicas, and one agent process per machine, each
@@ -55,7 +59,7 @@ def up(
 
     import httpx
 
-    from plait import logconfig
+    from plait import logconfig, tracing
 
     # (a file: a region's every request and task start would drown the terminal)
     logconfig.configure("up", file=data_dir / "up.log")
@@ -76,6 +80,11 @@ def up(
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())
     signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:  # (its replicas are given the same tracing: tracing.argv)
+        tracing.configure(otlp_endpoint, trace_file, "plait-up", f"http://{host}:{port}")
+    except PlaitError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(EXIT_INVALID) from None
     started = prepare(data_dir, store, config, host, port)
     cp = started.control_plane
     for shard in range(shards if sharded else 0):  # the front end waits for each one's leader
@@ -144,7 +153,7 @@ def up(
                  *(["--store", store] if store else []), "--host", host, "--port", str(at),
                  "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
                  str(heartbeat_timeout), "--startup-grace", str(startup_grace),
-                 "--controller-networks", "loopback,any",
+                 "--controller-networks", "loopback,any", *tracing.argv(),
                  *(["--shard", str(shard)] if sharded else [])],
                 stdout=log, stderr=log, start_new_session=True)
             pid_file.write_text(f"{proc.pid}\n")

@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
-from plait import __version__, requestid
+from plait import __version__, requestid, tracing
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
@@ -363,6 +363,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     app.add_middleware(WithUi, ui=ui)
     # outermost: every request counted, a follower's forwarded ones too
     app.add_middleware(HttpMetrics, metrics=cp.metrics)
+    tracing.instrument(app)  # (a span per request, the front end's child)
     app.add_middleware(RequestLog, api="controlplane")  # (outermost: the request's id)
     ui.api = app
     if leadership is not None:  # (plait_leader: 0 while this replica follows)

@@ -13,6 +13,8 @@ from urllib.parse import quote_from_bytes
 import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from plait import tracing
+
 #: set on a forwarded request: a replica that is not the leader either answers 503
 #: instead of forwarding it again (no loops while an election settles)
 FORWARDED = "x-plait-forwarded"
@@ -93,8 +95,11 @@ async def call(client: httpx.AsyncClient, target: str, scope: Scope, body: bytes
         wait = 0.0
     # (a wait the API refuses, negative or not a number, still gets the base timeout)
     wait = min(wait, 300.0) if wait > 0 else 0.0
-    return await client.request(scope["method"], url, content=body, headers=headers,
-                                timeout=30.0 + wait)
+    with tracing.span("proxy", kind="client", **{"server.address": target}) as hop:
+        r = await client.request(scope["method"], url, content=body,
+                                 headers=tracing.inject(headers), timeout=30.0 + wait)
+        hop.set_attribute("http.response.status_code", r.status_code)
+        return r
 
 
 async def answer(send: Send, r: httpx.Response) -> None:

@@ -39,7 +39,7 @@ import httpx
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from plait import __version__
+from plait import __version__, tracing
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.frontend.proxy import (
     FORWARDED,
@@ -249,8 +249,9 @@ class ShardRouter:
         self.ui = Ui(self)
         #: the front end's own metrics: every request by route template and status
         self.metrics = HttpOnly()
-        self._counted = RequestLog(HttpMetrics(
-            self._serve, self.metrics, route=lambda scope: api_route(str(scope["path"]))),
+        # outermost: the request's id and access line, then its span
+        self._counted = RequestLog(tracing.asgi(HttpMetrics(
+            self._serve, self.metrics, route=lambda scope: api_route(str(scope["path"])))),
             api="frontend")
 
     @property

@@ -14,6 +14,7 @@ from typing import Any, Self
 
 import uvicorn
 
+from plait import tracing
 from plait.clientconfig import ClientConfig
 from plait.frontend import create_app
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
@@ -27,12 +28,12 @@ def store_for(data_dir: str | Path, url: str | None = None) -> Store:
     """The store at ``url`` (sqlite:///path, zk://hosts), or SQLite in ``data_dir``."""
     if url:
         store: Store = open_store(url)
-        return store
+        return tracing.store(store)
     path = Path(data_dir)
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)
     local: Store = open_store(f"sqlite://{(path / 'plait.db').resolve()}")
-    return local
+    return tracing.store(local)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

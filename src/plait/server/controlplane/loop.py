@@ -12,7 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from plait import logconfig
+from plait import logconfig, tracing
 from plait.errors import NotFound, TransientError
 from plait.model.events import EventKind, UnavailabilityEvent
 
@@ -40,17 +40,21 @@ class Loop:
         self._sync_errors: dict[str, None] = {}
         self._last_full = self._last_freeze = 0.0
 
+    @tracing.phased("pass")
     def step(self) -> None:
         """One pass: apply stored job operations, reconcile, store the outcome."""
         with self.cp.lock, self.cp.metrics.pass_seconds.time():
             now = self.cp.clock()
+            tracing.phase("membership")
             if self.cp.membership.stale:  # a handoff's rebuild failed: read everything again
                 self.cp.build(now)
                 self.cp.membership.stale = False
                 self.cp.steps = 0
             if self.cp.shared is not None:
                 self.cp.membership.follow(now)
+            tracing.phase("reports")
             self.take_reports(now)
+            tracing.phase("operations")
             names = self.take_inbox()
             try:
                 errors = self.cp.persist.sync(now, names)
@@ -63,14 +67,19 @@ class Loop:
                     while len(self._sync_errors) > 1000:
                         del self._sync_errors[next(iter(self._sync_errors))]
                     self.cp.record("scheduler", "operation_failed", error)
+            tracing.phase("answers")
             for answer in self.cp.controllers.take_answers():
                 self.cp.scheduler.answer(answer)
             if self.cp.sim is not None:
+                tracing.phase("simulate")
                 self.cp.sim.step(now)
                 self.sim_output()
             else:
+                tracing.phase("health")
                 self.check_health(now)
+                tracing.phase("brokers")
                 self.cp.region.tick(now)
+                tracing.phase("scheduler", jobs=len(self.cp.scheduler.jobs))
                 self.cp.scheduler.tick(now)
                 # desired sets that changed (in this pass, or by reports since the
                 # last): wake the agents long-polling them (simulated agents are
@@ -86,6 +95,7 @@ class Loop:
                                  self.cp.scheduler.stops_for(key))
                     gen[key] = g
             calls = self.cp.scheduler.take_calls()
+            tracing.phase("events")
             # events are attributed before the save drops the records of deleted jobs
             events, self.cp.scheduler.events[:] = list(self.cp.scheduler.events), []
             for ev in events:
@@ -97,7 +107,10 @@ class Loop:
                                reason=ev.reason, decision=ev.decision, request=ev.request)
             changed = self.cp.scheduler.changed_jobs
             changed = None if changed is None else set(changed)
+            tracing.idle(not events and changed == set())
+            tracing.phase("save", changed_jobs=-1 if changed is None else len(changed))
             self.cp.persist.save(self.cp.allocator)
+            tracing.phase("publish")
             self.cp.views.publish(changed)
             if self.cp.steps % self.cp.config.resync_passes == 0 and self.cp.steps:
                 with self.cp.pending_lock:  # a safety net: every stored job is looked at
@@ -106,8 +119,10 @@ class Loop:
             self.cp.last_step = time.monotonic()
             # before the lock goes: whoever reads the outcome of this pass (a job that
             # failed) can read the events that say why
+            tracing.phase("flush_events")
             self.cp.flush_events()
         if calls:  # TaskControl after the pass, off the lock (decision 45)
+            tracing.phase("taskcontrol", calls=len(calls))
             self.cp.controllers.send(calls)
 
     def take_reports(self, now: float) -> None:
