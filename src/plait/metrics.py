@@ -7,7 +7,9 @@ of metric:
 * counted where things happen, on the hot path: HTTP requests by route template,
   method and status and their latency (``HttpMetrics``, an ASGI wrapper), events by
   kind (every event a control plane records: rollouts halted, tasks killed, machines
-  failed, throttling...), passes and their duration, TaskControl calls by outcome and
+  failed, throttling...), passes and their duration, each stage of a pass
+  (``PassTimer``), store operations and their errors (``plait.store.metered``),
+  allocation requests by result and their latency, TaskControl calls by outcome and
   their latency;
 * read when scraped, at no cost between scrapes (``ControlPlaneCollector``): tasks by
   state, unavailable tasks per job, rollouts active and halted, machines by state and
@@ -15,14 +17,21 @@ of metric:
 
 Names follow Prometheus' conventions: ``plait_`` first, the unit last, ``_total`` on
 counters. ``docs/grafana-dashboard.json`` is a dashboard built on them.
+
+Metrics can be turned off (``plait serve --no-metrics``, ``ControlPlaneConfig.metrics``):
+the control plane then holds a ``NullMetrics``, which has the same methods and counts
+nothing, its store is not wrapped and its passes are not timed by stage; ``/metrics``
+answers an empty exposition. ``plait bench observability`` measures what the metrics
+cost on the hot paths by comparing the two.
 """
 
 from __future__ import annotations
 
-import time
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import Counter as PromCounter
@@ -33,25 +42,50 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+    from plait.allocator import AllocationResult
     from plait.server.controlplane import ControlPlane
+    from plait.store.protocol import Store
 
 #: the content type of the text exposition format
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: seconds: an API call, a pass, a TaskControl call
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0)
+#: seconds: what often takes well under a millisecond (a store operation on SQLite,
+#: an allocation, a stage of a pass)
+FINE_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class Count(Protocol):
+    """What the hot paths call on a counter (a prometheus-client one, or ``_Off``)."""
+
+    def labels(self, *values: str) -> Count: ...
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class Observe(Protocol):
+    """What the hot paths call on a histogram (a prometheus-client one, or ``_Off``)."""
+
+    def labels(self, *values: str) -> Observe: ...
+
+    def observe(self, amount: float) -> None: ...
 
 
 class HttpOnly:
     """The metrics of a process that serves HTTP and nothing else (the front end)."""
 
+    #: False for ``NullMetrics`` (``HttpMetrics`` then passes requests straight on)
+    enabled = True
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.http_requests = PromCounter(
+        self.http_requests: Count = PromCounter(
             "plait_http_requests", "HTTP requests answered, by route template, method and "
             "status", ["route", "method", "status"], registry=r)
-        self.http_seconds = PromHistogram(
+        self.http_seconds: Observe = PromHistogram(
             "plait_http_request_duration_seconds", "Time to answer an HTTP request, by "
             "route template and method", ["route", "method"], buckets=LATENCY_BUCKETS,
             registry=r)
@@ -66,24 +100,209 @@ class Metrics(HttpOnly):
     def __init__(self) -> None:
         super().__init__()
         r = self.registry
-        self.events = PromCounter(
+        self.events: Count = PromCounter(
             "plait_events", "Events recorded by the control plane, by kind (machine_failed, "
             "rollout_halted, task_killed, throttled, ...)", ["kind"], registry=r)
-        self.pass_seconds = PromHistogram(
+        self.pass_seconds: Observe = PromHistogram(
             "plait_pass_duration_seconds", "Time a control-plane pass held the region's "
             "lock", buckets=LATENCY_BUCKETS, registry=r)
-        self.taskcontrol_calls = PromCounter(
+        self.stage_seconds: Observe = PromHistogram(
+            "plait_pass_stage_duration_seconds", "Time a pass spent in one of its stages "
+            "(summed over the jobs a pass reconciles), by stage; observed for the stages "
+            "a pass entered", ["stage"], buckets=FINE_BUCKETS, registry=r)
+        self.store_seconds: Observe = PromHistogram(
+            "plait_store_operation_duration_seconds", "Time a store operation took (get, "
+            "get_many, exists, create, set, delete, children, commit), failed ones too",
+            ["op"], buckets=FINE_BUCKETS, registry=r)
+        self.store_errors: Count = PromCounter(
+            "plait_store_operation_errors", "Store operations that raised, by operation and "
+            "error (not_found and conflict are answers callers expect: a missing key, a "
+            "lost compare-and-swap; anything else is the store failing)", ["op", "error"],
+            registry=r)
+        self.allocations: Count = PromCounter(
+            "plait_allocations", "Allocation requests answered by the allocator, by result "
+            "(placed: every task asked for has a machine; unplaced: some have none)",
+            ["result"], registry=r)
+        self.allocation_seconds: Observe = PromHistogram(
+            "plait_allocation_duration_seconds", "Time the allocator took to answer one "
+            "allocation request (cache lookup, placement, commit)", buckets=FINE_BUCKETS,
+            registry=r)
+        self.taskcontrol_calls: Count = PromCounter(
             "plait_taskcontrol_calls", "Calls of jobs' TaskControllers, by job and outcome "
             "(answered, timeout, error)", ["job", "outcome"], registry=r)
-        self.taskcontrol_acks = PromCounter(
+        self.taskcontrol_acks: Count = PromCounter(
             "plait_taskcontrol_acks", "Operations TaskControllers acked, by job", ["job"],
             registry=r)
-        self.taskcontrol_seconds = PromHistogram(
+        self.taskcontrol_seconds: Observe = PromHistogram(
             "plait_taskcontrol_call_duration_seconds", "Time a TaskController took to "
             "answer, by job", ["job"], buckets=LATENCY_BUCKETS, registry=r)
+        # the children the hot paths use, looked up once
+        self._store_ops: dict[str, Observe] = {}
+        self._placed = self.allocations.labels("placed")
+        self._unplaced = self.allocations.labels("unplaced")
 
     def event(self, kind: str) -> None:
         self.events.labels(kind).inc()
+
+    def allocated(self, result: AllocationResult, seconds: float) -> None:
+        """An allocation request answered in ``seconds``."""
+        (self._unplaced if result.unplaced else self._placed).inc()
+        self.allocation_seconds.observe(seconds)
+
+    def operation(self, op: str, seconds: float, error: BaseException | None) -> None:
+        """A store operation (``plait.store.metered.OperationSink``)."""
+        child = self._store_ops.get(op)
+        if child is None:
+            child = self._store_ops[op] = self.store_seconds.labels(op)
+        child.observe(seconds)
+        if error is not None:
+            self.store_errors.labels(op, error_name(error)).inc()
+
+    def metered(self, store: Store) -> Store:
+        """``store`` with its operations timed into these metrics."""
+        from plait.store.metered import MeteredStore
+
+        return MeteredStore(store, self)
+
+    def pass_timer(self) -> PassTimer:
+        """A timer of a pass and its stages, observed into these metrics."""
+        return PassTimer(self.pass_seconds, self.stage_seconds)
+
+
+class PassTimer:
+    """Times a pass and its stages. ``start()`` as the pass begins, ``enter(stage)`` as
+    each stage begins (the shell's own, and the scheduler's through
+    ``Scheduler.stage``), ``stop()`` as the pass ends: the pass is observed, and each
+    stage it entered with the time spent in it (a stage entered once per job, such as
+    ``wanted``, with its sum over the pass). ``with timer as enter:`` starts and stops
+    it around a block. Used by the loop's thread only."""
+
+    def __init__(self, pass_seconds: Observe, stage_seconds: Observe) -> None:
+        self._pass, self._stage_seconds = pass_seconds, stage_seconds
+        self._children: dict[str, Observe] = {}
+        self._spent: dict[str, float] = {}
+        self._stage = ""
+        self._started = self._since = 0.0
+
+    def start(self) -> None:
+        self._spent.clear()
+        self._stage = ""
+        self._started = self._since = perf_counter()
+
+    def enter(self, stage: str) -> None:
+        now = perf_counter()
+        spent = self._spent
+        spent[self._stage] = spent.get(self._stage, 0.0) + (now - self._since)
+        self._stage, self._since = stage, now
+
+    def __enter__(self) -> Callable[[str], None]:
+        self.start()
+        return self.enter
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.enter("")
+        self._pass.observe(self._since - self._started)
+        children = self._children
+        for stage, seconds in self._spent.items():
+            if not stage:
+                continue  # (before the first stage: nothing worth a name)
+            child = children.get(stage)
+            if child is None:
+                child = children[stage] = self._stage_seconds.labels(stage)
+            child.observe(seconds)
+        self._spent.clear()
+
+
+_ERROR_NAMES: dict[type, str] = {}
+
+
+def error_name(error: BaseException) -> str:
+    """The label of an error: its class's name in snake case (``NotFound``:
+    ``not_found``)."""
+    kind = type(error)
+    name = _ERROR_NAMES.get(kind)
+    if name is None:
+        name = _ERROR_NAMES[kind] = re.sub(r"(?<!^)(?=[A-Z])", "_", kind.__name__).lower()
+    return name
+
+
+class _Off:
+    """A metric that counts nothing (``NullMetrics``)."""
+
+    def labels(self, *values: str) -> _Off:
+        return self
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def observe(self, amount: float) -> None:
+        pass
+
+
+_OFF = _Off()
+
+
+class _NoPassTimer(PassTimer):
+    """A pass timer that times nothing (``NullMetrics``)."""
+
+    def __init__(self) -> None:
+        super().__init__(_OFF, _OFF)
+
+    def start(self) -> None:
+        pass
+
+    def enter(self, stage: str) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class _NoCollectors(CollectorRegistry):
+    """A registry that takes no collector: a control plane's scrape-time collector is
+    not kept while metrics are off."""
+
+    def register(self, collector: Collector) -> None:
+        pass
+
+
+class NullMetrics(Metrics):
+    """A control plane's metrics when they are off: the same methods, counting
+    nothing, at the least cost each hot path can have (``HttpMetrics`` passes requests
+    on, the store is not wrapped, the pass timer does nothing)."""
+
+    enabled = False
+
+    def __init__(self) -> None:  # (no prometheus-client metric made at all)
+        self.registry = _NoCollectors(auto_describe=True)
+        self.http_requests = self.events = self.store_errors = self.allocations = _OFF
+        self.taskcontrol_calls = self.taskcontrol_acks = _OFF
+        self.http_seconds = self.pass_seconds = self.stage_seconds = _OFF
+        self.store_seconds = self.allocation_seconds = self.taskcontrol_seconds = _OFF
+        self._timer = _NoPassTimer()
+
+    def event(self, kind: str) -> None:
+        pass
+
+    def allocated(self, result: AllocationResult, seconds: float) -> None:
+        pass
+
+    def operation(self, op: str, seconds: float, error: BaseException | None) -> None:
+        pass
+
+    def metered(self, store: Store) -> Store:
+        return store
+
+    def pass_timer(self) -> PassTimer:
+        return self._timer
+
+
+def metrics_for(enabled: bool) -> Metrics:
+    """A control plane's metrics: counted, or off (``NullMetrics``)."""
+    return Metrics() if enabled else NullMetrics()
 
 
 class ControlPlaneCollector(Collector):
@@ -212,12 +431,13 @@ class HttpMetrics:
     def __init__(self, app: ASGIApp, metrics: HttpOnly,
                  route: Callable[[Scope], str] | None = None) -> None:
         self.app, self.metrics, self.route = app, metrics, route
+        self.enabled = metrics.enabled
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not self.enabled:
             await self.app(scope, receive, send)
             return
-        started = time.perf_counter()
+        started = perf_counter()
         status = {"code": 500}
 
         async def sending(message: Message) -> None:
@@ -232,7 +452,7 @@ class HttpMetrics:
             method = str(scope.get("method", ""))
             self.metrics.http_requests.labels(route, method, str(status["code"])).inc()
             self.metrics.http_seconds.labels(route, method).observe(
-                time.perf_counter() - started)
+                perf_counter() - started)
 
 
 def _template(scope: Scope) -> str:

@@ -1,16 +1,18 @@
 """/metrics of a running region (simulated agents): the figures move as a deploy, an
-update and a machine failure say they should; the front end and an agent count
-their own; a scrape needs an admin token."""
+update and a machine failure say they should (store operations, each stage of a
+pass and the allocations too); the front end and an agent count their own; a scrape
+needs an admin token; with metrics off nothing is counted and the region works."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import httpx
-from livecp import Live, start_behind_front_end, stop_live, wait_for
+from livecp import Live, start_behind_front_end, start_live, stop_live, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from plait.agent.daemon import Agent
+from plait.server.controlplane.loop import PASS_STAGES
 
 JOB = {"name": "web", "entitlement": "e", "task_count": 3, "command": "serve",
        "resources": {"cpu": 1, "memory_gb": 1}, "update": {"max_unavailable": 1}}
@@ -54,6 +56,19 @@ def test_the_figures_follow_a_deploy_an_update_and_a_machine_failure(live: Live)
     assert value(s, "plait_pass_duration_seconds_count") > value(
         before, "plait_pass_duration_seconds_count")
     assert value(s, "plait_allocator_cache_misses_total") >= 1
+    # the store's operations: the job's record created, each pass's outcome committed
+    for op in ("create", "commit", "get"):
+        assert value(s, "plait_store_operation_duration_seconds_count", op=op) > value(
+            before, "plait_store_operation_duration_seconds_count", op=op), op
+    # every stage of a pass (those of real agents' passes: the next test)
+    for stage in set(PASS_STAGES) - {"health", "brokers", "desired"}:
+        assert value(s, "plait_pass_stage_duration_seconds_count", stage=stage) >= 1, stage
+    assert value(s, "plait_pass_stage_duration_seconds_count", stage="health") == 0
+    # the allocations: the job's three tasks placed, each request timed
+    placed = value(s, "plait_allocations_total", result="placed")
+    assert placed >= 1
+    assert value(s, "plait_allocations_total", result="unplaced") == 0
+    assert value(s, "plait_allocation_duration_seconds_count") >= 1
     # an update: a rollout under way, then done, and counted
     assert api.put("/v1/jobs/web", json={**JOB, "args": ["v2"]}).status_code == 200
     wait_for(lambda: value(scrape(api), "plait_events_total", kind="rollout_done") == 1)
@@ -70,6 +85,46 @@ def test_the_figures_follow_a_deploy_an_update_and_a_machine_failure(live: Live)
     assert value(s, "plait_events_total", kind="machine_failed") == 1
     wait_for(lambda: api.get("/v1/jobs/web").json()["settled"])
     wait_for(lambda: value(scrape(api), "plait_tasks", state="running") == 3)
+    # its task placed again: one more allocation placed
+    assert value(scrape(api), "plait_allocations_total", result="placed") > placed
+
+
+def test_a_pass_with_real_agents_times_its_health_and_desired_stages(tmp_path: Path) -> None:
+    """Without simulated agents a pass checks heartbeats and publishes desired sets
+    (the machines are within their start-up grace: a job is placed on them)."""
+    api = start_live(tmp_path / "data", sim_agents=False)
+    try:
+        assert api.admin.post("/v1/entitlements", json={
+            "name": "e", "owner": "alice", "quota": {"machines": 4}}).status_code == 201
+        assert api.admin.post("/v1/jobs", json=JOB).status_code == 201
+        wait_for(lambda: value(scrape(api.admin), "plait_allocations_total",
+                               result="placed") >= 1)
+        s = scrape(api.admin)
+        for stage in set(PASS_STAGES) - {"simulate"}:
+            assert value(s, "plait_pass_stage_duration_seconds_count", stage=stage) >= 1, stage
+        assert value(s, "plait_pass_stage_duration_seconds_count", stage="simulate") == 0
+    finally:
+        stop_live(api)
+
+
+def test_with_metrics_off_nothing_is_counted_and_the_region_works(tmp_path: Path) -> None:
+    """``ControlPlaneConfig(metrics=False)`` (``plait serve --no-metrics``): a
+    ``NullMetrics``, the store not wrapped, /metrics empty; jobs deploy as ever."""
+    from plait.metrics import NullMetrics
+    from plait.store.metered import MeteredStore
+
+    api = start_live(tmp_path / "data", metrics=False)
+    try:
+        assert isinstance(api.cp.metrics, NullMetrics)
+        assert not isinstance(api.cp.store, MeteredStore)
+        assert api.admin.post("/v1/entitlements", json={
+            "name": "e", "owner": "alice", "quota": {"machines": 4}}).status_code == 201
+        assert api.admin.post("/v1/jobs", json=JOB).status_code == 201
+        wait_for(lambda: api.admin.get("/v1/jobs/web").json()["running"] == 3)
+        assert scrape(api.admin) == {}
+        assert api.client(None).get("/metrics").status_code == 401  # (still an admin's)
+    finally:
+        stop_live(api)
 
 
 def test_the_front_end_counts_its_own_requests(tmp_path: Path) -> None:

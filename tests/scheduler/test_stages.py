@@ -74,3 +74,27 @@ def test_placement_plans_one_request_per_version_for_pending_tasks():
     assert all(r.machine is None for r in job.tasks.values())  # nothing placed yet
     apply.placement(s, job, plan, 0)
     assert all(r.machine is not None for r in job.tasks.values())
+
+
+def test_a_pass_tells_its_hook_each_stage_it_enters_in_order():
+    """``Scheduler.stage`` hears a pass's stages: machines, then per job reconciled its
+    four stages between ``jobs`` marks; a pass with every job idle reconciles none."""
+    from plait.scheduler.scheduler import STAGES
+
+    sim = world(machines=12)
+    s = sim.scheduler
+    told: list[str] = []
+    s.stage = told.append
+    s.create_job(job_spec("web", 2), sim.now)
+    s.create_job(job_spec("db", 1), sim.now)
+    s.tick(sim.now)
+    per_job = ["wanted", "acks", "execution", "placement", "jobs"]
+    assert told == ["machines", "jobs", *per_job, *per_job]
+    assert set(told) == set(STAGES)
+    assert sim.run_until(lambda: len(s.discovery("web")) == 2 and len(s.discovery("db"))
+                         == 1, 300)
+    for _ in range(20):  # the last reports' passes: then nothing is under way
+        sim.step()
+    told.clear()
+    s.tick(sim.now + 1)
+    assert told == ["machines", "jobs"]  # both idle: no job's stages ran

@@ -72,6 +72,9 @@ def serve(
         min=0.1, max=60, help="hard deadline of one TaskController call, seconds")] = 5.0,
     otlp_endpoint: OtlpEndpoint = None,
     trace_file: TraceFile = None,
+    metrics: Annotated[bool, typer.Option(
+        help="count and time what the control plane does (Prometheus, GET /metrics); "
+             "off, /metrics is empty")] = True,
 ) -> None:
     """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
     on one store campaigns: the leader runs the control plane, the others keep warm,
@@ -106,7 +109,8 @@ def serve(
                                     heartbeat_timeout=heartbeat_timeout,
                                     startup_grace=startup_grace, ca_file=ca_file, shard=shard,
                                     controller_networks=tuple(controller_networks.split(",")),
-                                    controller_deadline=controller_deadline)
+                                    controller_deadline=controller_deadline,
+                                    metrics=metrics)
         scheme = "https" if tls_cert else "http"
         tracing.configure(otlp_endpoint, trace_file, "plait-serve" if shard is None else
                           f"plait-shard-{shard}", advertise or f"{scheme}://{host}:{port}")

@@ -8,15 +8,25 @@ Layout in the ``/allocator`` namespace (records carry a schema version):
 
 ``load`` rebuilds the allocator over an index (whose brokers were loaded first):
 the job placements come back and their resources are taken again on the index.
+Each allocation request is timed here, in the shell (the allocator is pure), for the
+control plane's metrics (``sink``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from time import perf_counter
+from typing import Any, Protocol
 
-from plait.allocator import AllocationResult, Allocator, JobState, MachineIndex, Plan
+from plait.allocator import (
+    AllocationRequest,
+    AllocationResult,
+    Allocator,
+    JobState,
+    MachineIndex,
+    Plan,
+)
 from plait.errors import Conflict, NotFound
 from plait.model import Entitlement, parse
 from plait.store.protocol import Namespace, Store, Transaction
@@ -24,7 +34,22 @@ from plait.store.protocol import Namespace, Store, Transaction
 SCHEMA = 1
 
 
+class AllocationSink(Protocol):
+    def allocated(self, result: AllocationResult, seconds: float) -> None:
+        """An allocation request was answered with ``result`` in ``seconds``."""
+        ...
+
+
+class _Nobody:
+    def allocated(self, result: AllocationResult, seconds: float) -> None:
+        pass
+
+
 class PersistentAllocator(Allocator):
+    #: told of every allocation request answered and how long it took (the control
+    #: plane's metrics, ``plait.metrics``); nobody unless set
+    sink: AllocationSink = _Nobody()
+
     def __init__(self, index: MachineIndex, store: Store, max_attempts: int = 3) -> None:
         super().__init__(index, max_attempts)
         self.ns = Namespace(store, "/allocator")
@@ -55,6 +80,12 @@ class PersistentAllocator(Allocator):
             self._put(f"/entitlements/{entitlement.name}",
                       entitlement.model_dump_json().encode())
         super().define(entitlement)
+
+    def allocate(self, request: AllocationRequest) -> AllocationResult:
+        started = perf_counter()
+        result = super().allocate(request)
+        self.sink.allocated(result, perf_counter() - started)
+        return result
 
     def commit(self, plan: Plan, attempt: int = 1) -> AllocationResult:
         result = super().commit(plan, attempt)

@@ -27,12 +27,16 @@ that reads the job's records and returns a plan (``plans``), which ``apply`` com
 Exceptions to "never proceed without an ack": a maintenance deadline (what still
 runs is stopped, counted apart from the rate limit), and ``failure_deadline`` for
 tasks already down on a failed machine.
+
+``stage`` is told as a pass enters each of its stages (``STAGES``), so the shell can
+time them (the control plane's ``plait_pass_stage_duration_seconds``); nobody is told
+unless the shell sets it.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from plait.allocator import AllocationRequest, Allocator
@@ -70,6 +74,15 @@ from plait.taskcontrol.protocol import (
     TaskController,
 )
 
+#: the stages of a pass, as ``Scheduler.stage`` is told of them: machine changes and
+#: maintenance, then for each job reconciled its four stages (1-4 above), with
+#: ``jobs`` for choosing the jobs and settling each one's idleness after its stages
+STAGES = ("machines", "jobs", "wanted", "acks", "execution", "placement")
+
+
+def _untold(stage: str) -> None:
+    """The default ``Scheduler.stage``: nobody is told."""
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -101,6 +114,8 @@ class Scheduler(SchedulerState):
                          self.config.event_limit, now)
         self.task_events = self.config.task_events
         self.region.subscribe(self.machine_changes.append)
+        #: called with a stage's name (``STAGES``) as a pass enters it
+        self.stage: Callable[[str], None] = _untold
 
     # -- job operations (what users ask for) -------------------------------------------------
     def create_job(self, spec: JobSpec, now: float,
@@ -405,9 +420,11 @@ class Scheduler(SchedulerState):
     def tick(self, now: float) -> None:
         """One pass: machine changes and maintenance, then every job that is not idle."""
         self.now = now
+        self.stage("machines")
         self.bucket.refill(now)
         machines.on_changes(self, now)
         notice = machines.maintenance(self, now)
+        self.stage("jobs")
         idle = self._idle
         if self._wake_at:
             for name in [n for n, at in self._wake_at.items() if at <= now]:
@@ -442,6 +459,8 @@ class Scheduler(SchedulerState):
                 job.error = error
                 self.event(now, name, "reconcile_failed", error)
             return
+        finally:
+            self.stage("jobs")
         job.error = None
         quiet_now = self._quiet(job)
         if not (quiet and quiet_now) and not (
@@ -477,6 +496,7 @@ class Scheduler(SchedulerState):
     def reconcile(self, job: JobRecord, notice: Notice, now: float) -> bool:
         """One job's stages, each planned then applied; whether its acked operations
         ran out of tokens."""
+        self.stage("wanted")
         for index in list(job.in_progress):  # operations waiting for min_ready_seconds
             rec = job.tasks.get(index)
             if rec is None:
@@ -487,6 +507,7 @@ class Scheduler(SchedulerState):
             self.rollout_failure(job, index, "ran without passing its health probe for "
                                  f"{job.spec.update.ready_timeout_seconds:g}s", now)
         apply.wanted(self, job, plan_wanted(job, notice, now), now)
+        self.stage("acks")
         if job.controller is not None and not job.deleting:
             self._ask_controller(job, job.controller, notice, now)
         else:
@@ -494,8 +515,10 @@ class Scheduler(SchedulerState):
         deadline = self.config.failure_deadline
         apply.failure_deadline(self, job, acks.failure_deadline_acks(job, now, deadline),
                                deadline, now)
+        self.stage("execution")
         plan = execution.plan_execution(job, int(self.bucket.tokens), now)
         apply.execution(self, job, plan, now)
+        self.stage("placement")
         apply.placement(self, job, placement.plan_placement(job), now)
         if job.rollout_active and not job.tasks:
             self.rollout_done(job, now)  # no task left to report running

@@ -58,3 +58,6 @@ class ControlPlaneConfig:
     #: HTTP work never competes with the pass and the API for this process's
     #: interpreter; else from a thread of this process
     controller_process: bool = True
+    #: count and time what the control plane does (``plait.metrics``); off, it holds a
+    #: ``NullMetrics`` and /metrics is empty (``plait bench observability`` compares)
+    metrics: bool = True

@@ -36,7 +36,7 @@ from plait import requestid
 from plait.allocator import MachineIndex
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.health import HealthCheck
-from plait.metrics import ControlPlaneCollector, Metrics
+from plait.metrics import ControlPlaneCollector, metrics_for
 from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
 from plait.model.machine import FaultDomain, Machine
 from plait.persist import PersistentAllocator, PersistentRegion
@@ -90,11 +90,13 @@ class ControlPlane:
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config = config or ControlPlaneConfig()
         #: this process's Prometheus metrics (``plait.metrics``; served at /metrics),
-        #: its gauges read from this control plane when scraped
-        self.metrics = Metrics()
+        #: its gauges read from this control plane when scraped; a ``NullMetrics``
+        #: when they are off (``config.metrics``)
+        self.metrics = metrics_for(config.metrics)
         #: whether this replica leads (the API of a replica says; alone, it always does)
         self.leading: Callable[[], bool] = lambda: True
         self.metrics.registry.register(ControlPlaneCollector(self))
+        store = self.metrics.metered(store)  # (its operations timed; as is when off)
         #: a shard sees its own records under /shards/S, and the region's as they are
         self.shared: SharedRecords | None = None
         if config.shard is not None:
@@ -213,6 +215,7 @@ class ControlPlane:
         self.scheduler = wire(fleet, config.scheduler, now, region=region,
                               allocator=allocator).scheduler
         self.region, self.allocator = region, allocators[0]
+        self.allocator.sink = self.metrics  # (each allocation request counted and timed)
         self.allocator.defer()  # placements are written with the scheduler's state
         previous: PersistentScheduler | None = getattr(self, "persist", None)
         fence = previous.fence if previous is not None else None

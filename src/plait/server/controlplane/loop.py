@@ -1,7 +1,11 @@
 """The loop: one pass applies stored job operations and agents' reports, runs the
 scheduler (or the simulated agents), stores the outcome and publishes the read views;
 TaskControl calls go out after the pass, off the lock. The loop also keeps the garbage
-collector's full passes off the request path and reports whether it is passing."""
+collector's full passes off the request path and reports whether it is passing.
+
+A pass's phases are marked once for both the trace (``tracing.phase``) and the metrics
+(``plait_pass_stage_duration_seconds``, ``PASS_STAGES``); the metrics also time the
+scheduler's own stages, through the hook it is handed (``Scheduler.stage``)."""
 
 from __future__ import annotations
 
@@ -10,11 +14,12 @@ import gc
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from plait import logconfig, tracing
 from plait.errors import NotFound, TransientError
 from plait.model.events import EventKind, UnavailabilityEvent
+from plait.scheduler.scheduler import STAGES
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
@@ -31,6 +36,16 @@ FULL_COLLECTIONS_NEVER = 1 << 30
 #: an inbox entry that asks for every stored job
 RESYNC = "/all"
 
+#: the stages of a pass the metrics time, in order (the trace's phases, the scheduler's
+#: stages in place of its one): a rebuild and a shard's membership; agents' reports
+#: taken; stored job operations applied; controllers' answers taken; heartbeats
+#: checked (``health``) and the brokers' events, or the simulated agents stepped
+#: (``simulate``, with ``--sim-agents``); the scheduler's own (``STAGES``); desired sets
+#: published to agents' long-polls (``desired``); events attributed; the outcome
+#: stored (``save``); the read views published; events written (``flush_events``)
+PASS_STAGES = ("membership", "reports", "operations", "answers", "health", "brokers",
+               "simulate", *STAGES, "desired", "events", "save", "publish", "flush_events")
+
 
 class Loop:
     def __init__(self, cp: ControlPlane) -> None:
@@ -39,22 +54,31 @@ class Loop:
         self._thread: threading.Thread | None = None
         self._sync_errors: dict[str, None] = {}
         self._last_full = self._last_freeze = 0.0
+        #: times each pass and its stages into the control plane's metrics
+        self.timer = cp.metrics.pass_timer()
+
+    def phase(self, name: str, **attrs: Any) -> None:
+        """The pass enters phase ``name``: the trace's and the metrics' alike."""
+        self.timer.enter(name)
+        tracing.phase(name, **attrs)
 
     @tracing.phased("pass")
     def step(self) -> None:
         """One pass: apply stored job operations, reconcile, store the outcome."""
-        with self.cp.lock, self.cp.metrics.pass_seconds.time():
+        phase = self.phase
+        with self.cp.lock, self.timer as stage:
             now = self.cp.clock()
-            tracing.phase("membership")
+            phase("membership")
             if self.cp.membership.stale:  # a handoff's rebuild failed: read everything again
                 self.cp.build(now)
                 self.cp.membership.stale = False
                 self.cp.steps = 0
+            self.cp.scheduler.stage = stage  # (its own stages, for the metrics)
             if self.cp.shared is not None:
                 self.cp.membership.follow(now)
-            tracing.phase("reports")
+            phase("reports")
             self.take_reports(now)
-            tracing.phase("operations")
+            phase("operations")
             names = self.take_inbox()
             try:
                 errors = self.cp.persist.sync(now, names)
@@ -67,20 +91,23 @@ class Loop:
                     while len(self._sync_errors) > 1000:
                         del self._sync_errors[next(iter(self._sync_errors))]
                     self.cp.record("scheduler", "operation_failed", error)
-            tracing.phase("answers")
+            phase("answers")
             for answer in self.cp.controllers.take_answers():
                 self.cp.scheduler.answer(answer)
             if self.cp.sim is not None:
-                tracing.phase("simulate")
+                phase("simulate")
                 self.cp.sim.step(now)
+                stage("simulate")  # (after the scheduler's stages within it)
                 self.sim_output()
             else:
-                tracing.phase("health")
+                phase("health")
                 self.check_health(now)
-                tracing.phase("brokers")
+                phase("brokers")
                 self.cp.region.tick(now)
+                # (the metrics time the scheduler's stages, which it marks itself)
                 tracing.phase("scheduler", jobs=len(self.cp.scheduler.jobs))
                 self.cp.scheduler.tick(now)
+                stage("desired")
                 # desired sets that changed (in this pass, or by reports since the
                 # last): wake the agents long-polling them (simulated agents are
                 # stepped by the simulation, which reads the same set); the set is
@@ -95,7 +122,7 @@ class Loop:
                                  self.cp.scheduler.stops_for(key))
                     gen[key] = g
             calls = self.cp.scheduler.take_calls()
-            tracing.phase("events")
+            phase("events")
             # events are attributed before the save drops the records of deleted jobs
             events, self.cp.scheduler.events[:] = list(self.cp.scheduler.events), []
             for ev in events:
@@ -108,9 +135,9 @@ class Loop:
             changed = self.cp.scheduler.changed_jobs
             changed = None if changed is None else set(changed)
             tracing.idle(not events and changed == set())
-            tracing.phase("save", changed_jobs=-1 if changed is None else len(changed))
+            phase("save", changed_jobs=-1 if changed is None else len(changed))
             self.cp.persist.save(self.cp.allocator)
-            tracing.phase("publish")
+            phase("publish")
             self.cp.views.publish(changed)
             if self.cp.steps % self.cp.config.resync_passes == 0 and self.cp.steps:
                 with self.cp.pending_lock:  # a safety net: every stored job is looked at
@@ -119,7 +146,7 @@ class Loop:
             self.cp.last_step = time.monotonic()
             # before the lock goes: whoever reads the outcome of this pass (a job that
             # failed) can read the events that say why
-            tracing.phase("flush_events")
+            phase("flush_events")
             self.cp.flush_events()
         if calls:  # TaskControl after the pass, off the lock (decision 45)
             tracing.phase("taskcontrol", calls=len(calls))
