@@ -180,16 +180,25 @@ def test_the_grafana_dashboard_names_only_metrics_plait_exports() -> None:
     for registry in (Metrics().registry, AgentMetrics(dict).registry):
         for family in registry.collect():
             exported |= {family.name, f"{family.name}_total", f"{family.name}_bucket"}
+            if family.type == "histogram":
+                exported |= {f"{family.name}_count", f"{family.name}_sum"}
     source = Path(ControlPlaneCollector.__module__.replace(".", "/") + ".py")
     text = (Path(__file__).resolve().parents[2] / "src" / source).read_text()
     exported |= set(re.findall(r'"(plait_[a-z_]+)"', text))  # (read when scraped)
     exported |= {f"{n}_total" for n in re.findall(r'"(plait_[a-z_]+)"', text)}
     panels = json.loads(DASHBOARD.read_text())["panels"]
     assert len(panels) >= 15
+    shown = set()
     for panel in panels:
         for target in panel["targets"]:
             for name in re.findall(r"\b(plait_[a-z_]+)", target["expr"]):
                 assert name in exported, (panel["title"], name)
+                shown.add(name)
+    assert {"plait_store_operation_duration_seconds_bucket",
+            "plait_store_operation_errors_total", "plait_pass_stage_duration_seconds_bucket",
+            "plait_allocations_total", "plait_allocation_duration_seconds_bucket",
+            "plait_allocator_cache_hits_total"} <= shown
+    assert len({p["id"] for p in panels}) == len(panels)
 
 
 def test_plait_agent_serves_its_metrics_on_the_port_it_is_given(tmp_path: Path) -> None:
