@@ -39,6 +39,8 @@ from prometheus_client import Histogram as PromHistogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from plait import hotmetrics
+
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -57,18 +59,26 @@ FINE_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.00
                 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
-class Count(Protocol):
-    """What the hot paths call on a counter (a prometheus-client one, or ``_Off``)."""
-
-    def labels(self, *values: str) -> Count: ...
-
+class Increment(Protocol):
     def inc(self, amount: float = 1) -> None: ...
 
 
-class Observe(Protocol):
-    """What the hot paths call on a histogram (a prometheus-client one, or ``_Off``)."""
+class Count(Protocol):
+    """What the hot paths call on a counter (prometheus-client's, ``hotmetrics``', or
+    ``_Off``)."""
 
-    def labels(self, *values: str) -> Observe: ...
+    def labels(self, *values: str) -> Increment: ...
+
+
+class Observation(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+class Observe(Protocol):
+    """What the hot paths call on a histogram (prometheus-client's, ``hotmetrics``',
+    or ``_Off``)."""
+
+    def labels(self, *values: str) -> Observation: ...
 
     def observe(self, amount: float) -> None: ...
 
@@ -106,27 +116,27 @@ class Metrics(HttpOnly):
         self.pass_seconds: Observe = PromHistogram(
             "plait_pass_duration_seconds", "Time a control-plane pass held the region's "
             "lock", buckets=LATENCY_BUCKETS, registry=r)
-        self.stage_seconds: Observe = PromHistogram(
+        self.stage_seconds: Observe = hotmetrics.Histogram(
             "plait_pass_stage_duration_seconds", "Time a pass spent in one of its stages "
             "(summed over the jobs a pass reconciles), by stage; observed for the stages "
             "a pass entered", ["stage"], buckets=FINE_BUCKETS, registry=r)
-        self.store_seconds: Observe = PromHistogram(
+        self.store_seconds: Observe = hotmetrics.Histogram(
             "plait_store_operation_duration_seconds", "Time a store operation took (get, "
             "get_many, exists, create, set, delete, children, commit), failed ones too",
             ["op"], buckets=FINE_BUCKETS, registry=r)
-        self.store_errors: Count = PromCounter(
+        self.store_errors: Count = hotmetrics.Counter(
             "plait_store_operation_errors", "Store operations that raised, by operation and "
             "error (not_found and conflict are answers callers expect: a missing key, a "
             "lost compare-and-swap; anything else is the store failing)", ["op", "error"],
             registry=r)
-        self.allocations: Count = PromCounter(
-            "plait_allocations", "Allocation requests answered by the allocator, by result "
-            "(placed: every task asked for has a machine; unplaced: some have none)",
-            ["result"], registry=r)
-        self.allocation_seconds: Observe = PromHistogram(
+        allocations = hotmetrics.Histogram(
             "plait_allocation_duration_seconds", "Time the allocator took to answer one "
-            "allocation request (cache lookup, placement, commit)", buckets=FINE_BUCKETS,
-            registry=r)
+            "allocation request (cache lookup, placement, commit), by result (placed: "
+            "every task asked for has a machine; unplaced: some have none)", ["result"],
+            buckets=FINE_BUCKETS, registry=r)
+        hotmetrics.CountOf(allocations, "plait_allocations", "Allocation requests answered "
+                           "by the allocator, by result (placed, unplaced)", registry=r)
+        self.allocation_seconds: Observe = allocations
         self.taskcontrol_calls: Count = PromCounter(
             "plait_taskcontrol_calls", "Calls of jobs' TaskControllers, by job and outcome "
             "(answered, timeout, error)", ["job", "outcome"], registry=r)
@@ -137,26 +147,24 @@ class Metrics(HttpOnly):
             "plait_taskcontrol_call_duration_seconds", "Time a TaskController took to "
             "answer, by job", ["job"], buckets=LATENCY_BUCKETS, registry=r)
         # the children the hot paths use, looked up once
-        self._store_ops: dict[str, Observe] = {}
-        self._placed = self.allocations.labels("placed")
-        self._unplaced = self.allocations.labels("unplaced")
+        self._placed = self.allocation_seconds.labels("placed")
+        self._unplaced = self.allocation_seconds.labels("unplaced")
 
     def event(self, kind: str) -> None:
         self.events.labels(kind).inc()
 
     def allocated(self, result: AllocationResult, seconds: float) -> None:
         """An allocation request answered in ``seconds``."""
-        (self._unplaced if result.unplaced else self._placed).inc()
-        self.allocation_seconds.observe(seconds)
+        (self._unplaced if result.unplaced else self._placed).observe(seconds)
 
-    def operation(self, op: str, seconds: float, error: BaseException | None) -> None:
-        """A store operation (``plait.store.metered.OperationSink``)."""
-        child = self._store_ops.get(op)
-        if child is None:
-            child = self._store_ops[op] = self.store_seconds.labels(op)
-        child.observe(seconds)
-        if error is not None:
-            self.store_errors.labels(op, error_name(error)).inc()
+    def timer(self, op: str) -> Callable[[float], None]:
+        """What a metered store calls with the seconds each ``op`` took
+        (``plait.store.metered.OperationSink``)."""
+        return self.store_seconds.labels(op).observe
+
+    def failed(self, op: str, error: BaseException) -> None:
+        """A store operation raised ``error``."""
+        self.store_errors.labels(op, error_name(error)).inc()
 
     def metered(self, store: Store) -> Store:
         """``store`` with its operations timed into these metrics."""
@@ -179,7 +187,7 @@ class PassTimer:
 
     def __init__(self, pass_seconds: Observe, stage_seconds: Observe) -> None:
         self._pass, self._stage_seconds = pass_seconds, stage_seconds
-        self._children: dict[str, Observe] = {}
+        self._children: dict[str, Observation] = {}
         self._spent: dict[str, float] = {}
         self._stage = ""
         self._started = self._since = 0.0
@@ -278,7 +286,7 @@ class NullMetrics(Metrics):
 
     def __init__(self) -> None:  # (no prometheus-client metric made at all)
         self.registry = _NoCollectors(auto_describe=True)
-        self.http_requests = self.events = self.store_errors = self.allocations = _OFF
+        self.http_requests = self.events = self.store_errors = _OFF
         self.taskcontrol_calls = self.taskcontrol_acks = _OFF
         self.http_seconds = self.pass_seconds = self.stage_seconds = _OFF
         self.store_seconds = self.allocation_seconds = self.taskcontrol_seconds = _OFF
@@ -290,7 +298,10 @@ class NullMetrics(Metrics):
     def allocated(self, result: AllocationResult, seconds: float) -> None:
         pass
 
-    def operation(self, op: str, seconds: float, error: BaseException | None) -> None:
+    def timer(self, op: str) -> Callable[[float], None]:
+        return _OFF.observe
+
+    def failed(self, op: str, error: BaseException) -> None:
         pass
 
     def metered(self, store: Store) -> Store:

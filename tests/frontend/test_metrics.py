@@ -68,7 +68,7 @@ def test_the_figures_follow_a_deploy_an_update_and_a_machine_failure(live: Live)
     placed = value(s, "plait_allocations_total", result="placed")
     assert placed >= 1
     assert value(s, "plait_allocations_total", result="unplaced") == 0
-    assert value(s, "plait_allocation_duration_seconds_count") >= 1
+    assert value(s, "plait_allocation_duration_seconds_count", result="placed") >= 1
     # an update: a rollout under way, then done, and counted
     assert api.put("/v1/jobs/web", json={**JOB, "args": ["v2"]}).status_code == 200
     wait_for(lambda: value(scrape(api), "plait_events_total", kind="rollout_done") == 1)

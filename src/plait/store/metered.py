@@ -3,10 +3,10 @@
 ``MeteredStore(store, sink)`` is the Store protocol over any backend (SQLite,
 ZooKeeper, a shard's view): every data operation (``get``, ``get_many``,
 ``exists``, ``create``, ``set``, ``delete``, ``children``, ``commit``) goes to the
-store underneath and then to ``sink.operation(op, seconds, error)``, failed ones
-too (``error`` is what was raised, re-raised unchanged). Sessions, elections,
-watches and whatever else the backend offers (``poll``, ``backup``, ...) pass
-through untimed.
+store underneath, and the seconds it took to what ``sink.timer(op)`` returned,
+failed ones too; one that raised is also told to ``sink.failed(op, error)`` (and
+re-raised unchanged). Sessions, elections, watches and whatever else the backend
+offers (``poll``, ``backup``, ...) pass through untimed.
 
 The control plane wraps its store in one when its metrics are on
 (``plait.metrics.Metrics.metered``), so both backends are timed at one point.
@@ -27,8 +27,12 @@ OPERATIONS = ("get", "get_many", "exists", "create", "set", "delete", "children"
 
 
 class OperationSink(Protocol):
-    def operation(self, op: str, seconds: float, error: BaseException | None) -> None:
-        """``op`` took ``seconds``; ``error`` is what it raised (None: it succeeded)."""
+    def timer(self, op: str) -> Callable[[float], None]:
+        """What to call with the seconds each ``op`` takes (asked once per op)."""
+        ...
+
+    def failed(self, op: str, error: BaseException) -> None:
+        """``op`` raised ``error``."""
         ...
 
 
@@ -38,16 +42,17 @@ class MeteredStore:
     def __init__(self, base: Store, sink: OperationSink) -> None:
         self.base = base
         self.sink = sink
+        self._took = {op: sink.timer(op) for op in OPERATIONS}
 
     def _timed(self, op: str, call: Callable[..., T], *args: Any) -> T:
         started = perf_counter()
         try:
-            result = call(*args)
+            return call(*args)
         except BaseException as exc:
-            self.sink.operation(op, perf_counter() - started, exc)
+            self.sink.failed(op, exc)
             raise
-        self.sink.operation(op, perf_counter() - started, None)
-        return result
+        finally:
+            self._took[op](perf_counter() - started)
 
     def get(self, key: str) -> tuple[bytes, int]:
         return self._timed("get", self.base.get, key)
