@@ -256,3 +256,30 @@ def bench_ui(
 
     print(json.dumps(ui.run(machines=machines, jobs=jobs, tasks_per_job=tasks_per_job,
                             requests=requests)))
+
+
+@bench_app.command("observability")
+def bench_observability(
+    machines: Annotated[int, typer.Option(min=1, help="machines of the allocation "
+                                                      "figure's region")] = 2000,
+    jobs: Annotated[int, typer.Option(min=1, help="jobs placed and freed each allocation "
+                                                  "round")] = 50,
+    tasks_per_job: Annotated[int, typer.Option(min=1)] = 10,
+    alloc_rounds: Annotated[int, typer.Option(min=1, help="allocation rounds (each "
+                                                          "request on both sides)")] = 40,
+    api_machines: Annotated[int, typer.Option(min=1, help="machines of each served "
+                                                          "region")] = 200,
+    api_requests: Annotated[int, typer.Option(min=1, help="job creates (then gets) per "
+                                                          "API round and side")] = 200,
+    api_rounds: Annotated[int, typer.Option(min=1, help="API rounds")] = 12,
+    api_starts: Annotated[int, typer.Option(min=1, help="pairs of fresh servers the API "
+                                                        "rounds are spread over")] = 4,
+) -> None:
+    """What observability costs on the hot paths: allocations and API requests with it
+    on and off, interleaved (one JSON object on stdout)."""
+    from plait.bench import observability
+
+    print(json.dumps(observability.run(
+        machines=machines, jobs=jobs, tasks_per_job=tasks_per_job,
+        alloc_rounds=alloc_rounds, api_machines=api_machines, api_requests=api_requests,
+        api_rounds=api_rounds, api_starts=api_starts)))
