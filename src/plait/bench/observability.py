@@ -45,7 +45,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -87,32 +87,22 @@ def side_serve_options(on: bool) -> tuple[str, ...]:
     return tuple(o for s in SWITCHES for o in (s.serve_on if on else s.serve_off))
 
 
-def interleaved(rounds: int, measure: Callable[[bool, int], float]) -> tuple[list[float],
-                                                                           list[float]]:
-    """``measure(on, round)`` of each side ``rounds`` times, on-off then off-on:
-    each side's figures, round by round."""
-    on: list[float] = []
-    off: list[float] = []
-    for r in range(rounds):
-        for side in ((True, False) if r % 2 == 0 else (False, True)):
-            (on if side else off).append(measure(side, r))
-    return on, off
-
-
 def overhead(on: list[float], off: list[float]) -> dict[str, float]:
-    """The median of the rounds' on/off ratios as a percentage over 1, and the
-    quartiles of those ratios (the spread the noise gave)."""
-    pct = sorted((a / b - 1) * 100 for a, b in zip(on, off, strict=True))
-    if len(pct) == 1:
-        return {"pct": round(pct[0], 2), "p25": round(pct[0], 2), "p75": round(pct[0], 2)}
-    q1, _, q3 = statistics.quantiles(pct, n=4, method="inclusive")
-    return {"pct": round(statistics.median(pct), 2), "p25": round(q1, 2),
-            "p75": round(q3, 2)}
+    """The rounds' on/off ratios as percentages over 1: their median and quartiles
+    (the spread the noise gave)."""
+    return quartiles([(a / b - 1) * 100 for a, b in zip(on, off, strict=True)])
+
+
+def quartiles(pcts: list[float]) -> dict[str, float]:
+    """The median (``pct``) and quartiles (``p25``, ``p75``) of ``pcts``."""
+    if len(pcts) == 1:
+        return {"pct": round(pcts[0], 2), "p25": round(pcts[0], 2), "p75": round(pcts[0], 2)}
+    q1, q2, q3 = statistics.quantiles(pcts, n=4, method="inclusive")
+    return {"pct": round(q2, 2), "p25": round(q1, 2), "p75": round(q3, 2)}
 
 
 # -- the allocation path --------------------------------------------------------------------
 TASK = Resources(cpu=1, memory_gb=2)
-ORDER = (True, False)
 
 
 @contextmanager
@@ -125,7 +115,7 @@ def _control_planes(machines: int) -> Iterator[dict[bool, ControlPlane]]:
     with tempfile.TemporaryDirectory(prefix="plait-bench-observability-") as work:
         cps: dict[bool, ControlPlane] = {}
         try:
-            for on in ORDER:
+            for on in (True, False):
                 cps[on] = ControlPlane(store_for(Path(work) / ("on" if on else "off")),
                                        side_config(ControlPlaneConfig(region=region), on))
             yield cps
@@ -235,7 +225,7 @@ def api(machines: int = 200, requests: int = 200, rounds: int = 12, starts: int 
                                                        strict=True)]
         return round((statistics.median(ratios) - 1) * 100, 2)
 
-    spread = overhead([1 + p / 100 for p in by_round], [1.0] * len(by_round))
+    spread = quartiles(by_round)
     c = overhead(cpu[True], cpu[False])
     return {
         "api_overhead_pct": pct(("create", "get")),
