@@ -29,8 +29,10 @@ spread of the rounds' figures; an overhead below zero is noise that beat the cos
   over ``api_starts`` pairs of fresh servers started in either order in turn (the
   process started first came out slower on a busy box). Also reported: each
   server's CPU per request over the rounds (/proc's clock ticks: coarse).
-* ``ui_p99_ms`` (to come with the web UI): its pages' p99 over a served control plane,
-  a measure of its own beside ``api`` in ``run``.
+* ``ui_p99_ms`` (not measured here yet): the web UI's slowest page p99, which
+  ``plait bench ui`` (``plait.bench.ui``) measures on one default server; it joins as
+  a measure of its own beside ``api`` in ``run``, its server started with each
+  side's ``side_serve_options``.
 
 A new observability feature (structured logs, traces) joins the comparison by adding
 its ``Switch``: the off side then turns it off with the others, and both figures
@@ -332,7 +334,8 @@ def run(machines: int = 2000, jobs: int = 50, tasks_per_job: int = 10, alloc_rou
                               rounds=alloc_rounds))
     figures.update(api(machines=api_machines, requests=api_requests, rounds=api_rounds,
                        starts=api_starts))
-    # ui_p99_ms: the web UI's measure goes here, on the same two sides
+    # ui_p99_ms: the web UI's measure goes here (plait.bench.ui, its server started
+    # with side_serve_options(on) for each side), as figures of its own
     return figures
 
 
