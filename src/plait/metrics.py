@@ -9,8 +9,9 @@ of metric:
   kind (every event a control plane records: rollouts halted, tasks killed, machines
   failed, throttling...), passes and their duration, each stage of a pass
   (``PassTimer``), store operations and their errors (``plait.store.metered``),
-  allocation requests by result and their latency, TaskControl calls by outcome and
-  their latency;
+  allocation requests by result and their latency (``PersistentAllocator.sink``),
+  TaskControl calls by outcome and their latency; the store's, the stages' and the
+  allocations' are ``plait.hotmetrics`` instruments, cheaper per observation;
 * read when scraped, at no cost between scrapes (``ControlPlaneCollector``): tasks by
   state, unavailable tasks per job, rollouts active and halted, machines by state and
   entitlement, the allocator's placement cache, whether this replica leads.
