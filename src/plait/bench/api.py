@@ -109,11 +109,13 @@ class Server:
 
     def __init__(self, machines: int, tick: float = 0.5, start_timeout: float = 60.0,
                  grace: float = 10.0, sim_agents: bool = True,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         """``sim_agents``: simulated agents on every machine (else machines are up only
         while something heartbeats for them); ``extra``: more ``plait serve`` options."""
         self.machines, self.tick = machines, tick
         self.sim_agents, self.extra = sim_agents, extra
+        #: more environment for the server (PLAIT_LOG_LEVEL, say)
+        self.env = dict(env or {})
         self.start_timeout, self.grace = start_timeout, grace
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
@@ -139,7 +141,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         data = self.dir / "data"
         env = {**os.environ, "PLAIT_CONFIG": str(self.dir / "config.yaml"),
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", **self.env}
         cmd = [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data),
                "--host", "127.0.0.1", "--port", str(port), "--machines", str(self.machines),
                *(["--sim-agents"] if self.sim_agents else []), "--tick", str(self.tick),

@@ -29,10 +29,9 @@ spread of the rounds' figures; an overhead below zero is noise that beat the cos
   over ``api_starts`` pairs of fresh servers started in either order in turn (the
   process started first came out slower on a busy box). Also reported: each
   server's CPU per request over the rounds (/proc's clock ticks: coarse).
-* ``ui_p99_ms`` (not measured here yet): the web UI's slowest page p99, which
-  ``plait bench ui`` (``plait.bench.ui``) measures on one default server; it joins as
-  a measure of its own beside ``api`` in ``run``, its server started with each
-  side's ``side_serve_options``.
+* ``ui_p99_ms``: the web UI's slowest page's 99th percentile (``plait.bench.ui``,
+  which ``plait bench ui`` runs alone) on a region of ``ui_machines`` machines and
+  ``ui_jobs`` jobs, served with everything on (the region an operator looks at).
 
 A new observability feature (structured logs, traces) joins the comparison by adding
 its ``Switch``: the off side then turns it off with the others, and both figures
@@ -63,25 +62,38 @@ from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 @dataclass(frozen=True)
 class Switch:
     """An observability feature the off side turns off: the ``ControlPlaneConfig``
-    field that says whether it is on (in-process control planes), and the ``plait
-    serve`` options that turn it on and off (served ones)."""
+    field that says whether it is on (in-process control planes; None: a feature of
+    the process, not of a control plane), and the ``plait serve`` options and
+    environment that turn it on and off (served ones)."""
 
     name: str
-    field: str
+    field: str | None
     serve_on: tuple[str, ...]
     serve_off: tuple[str, ...]
+    env_on: tuple[tuple[str, str], ...] = ()
+    env_off: tuple[tuple[str, str], ...] = ()
 
 
-#: what the off side turns off (a feature added later adds its switch here)
+#: what the off side turns off (a feature added later adds its switch here). Logs:
+#: on, every request's access line and every command's line written (info, JSON to
+#: the server's log file); off, only warnings. Traces are off on both sides (off
+#: unless configured: their cost when off is nil, decision 72)
 SWITCHES: tuple[Switch, ...] = (
     Switch("metrics", "metrics", ("--metrics",), ("--no-metrics",)),
+    Switch("logs", None, (), (), (("PLAIT_LOG_LEVEL", "info"),),
+           (("PLAIT_LOG_LEVEL", "warning"),)),
 )
 
 
 def side_config(base: ControlPlaneConfig, on: bool) -> ControlPlaneConfig:
     """``base`` with every switch on, or every switch off."""
-    switched: dict[str, Any] = {s.field: on for s in SWITCHES}
+    switched: dict[str, Any] = {s.field: on for s in SWITCHES if s.field is not None}
     return replace(base, **switched)
+
+
+def side_env(on: bool) -> dict[str, str]:
+    """The environment of a side's ``plait serve``."""
+    return {k: v for s in SWITCHES for k, v in (s.env_on if on else s.env_off)}
 
 
 def side_serve_options(on: bool) -> tuple[str, ...]:
@@ -257,7 +269,8 @@ def _api_rounds(machines: int, requests: int, rounds: int, tick: float,
     side's /metrics showed at the end into ``series``."""
     from plait.bench.api import Server
 
-    servers = {on: Server(machines, tick=tick, extra=side_serve_options(on)) for on in order}
+    servers = {on: Server(machines, tick=tick, extra=side_serve_options(on), env=side_env(on))
+               for on in order}
     try:
         clients = {}
         for side, server in servers.items():
@@ -326,7 +339,8 @@ def _series(client: httpx.Client) -> int:
 
 def run(machines: int = 2000, jobs: int = 50, tasks_per_job: int = 10, alloc_rounds: int = 40,
         api_machines: int = 200, api_requests: int = 200, api_rounds: int = 12,
-        api_starts: int = 4) -> dict[str, Any]:
+        api_starts: int = 4, ui_machines: int = 1000, ui_jobs: int = 200,
+        ui_requests: int = 50) -> dict[str, Any]:
     """Every figure, in one JSON-ready object."""
     figures: dict[str, Any] = {"switches": [s.name for s in SWITCHES],
                                "cpus": os.cpu_count(), "load_average_1m": _load()}
@@ -334,8 +348,13 @@ def run(machines: int = 2000, jobs: int = 50, tasks_per_job: int = 10, alloc_rou
                               rounds=alloc_rounds))
     figures.update(api(machines=api_machines, requests=api_requests, rounds=api_rounds,
                        starts=api_starts))
-    # ui_p99_ms: the web UI's measure goes here (plait.bench.ui, its server started
-    # with side_serve_options(on) for each side), as figures of its own
+    from plait.bench import ui
+
+    pages = ui.run(machines=ui_machines, jobs=ui_jobs, requests=ui_requests,
+                   env=side_env(True))
+    figures.update({"ui_p99_ms": pages["ui_p99_ms"], "ui_p50_ms": pages["ui_p50_ms"],
+                    "ui_machines": ui_machines, "ui_jobs": ui_jobs,
+                    "ui_pages": {p: f["p99_ms"] for p, f in pages["pages"].items()}})
     return figures
 
 

@@ -30,8 +30,10 @@ def _wait(check: Any, what: str, timeout: float = 300.0) -> None:
 
 
 def run(machines: int = 1000, jobs: int = 200, tasks_per_job: int = 5, updated: int = 20,
-        requests: int = 50, entitlements: int = 10) -> dict[str, Any]:
-    with Server(machines, tick=0.2) as server:
+        requests: int = 50, entitlements: int = 10,
+        env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``env``: more environment for the server (its log level, say)."""
+    with Server(machines, tick=0.2, env=env) as server:
         api = httpx.Client(base_url=server.url, timeout=60.0,
                            headers={"Authorization": f"Bearer {server.token}"})
         per = machines // entitlements

@@ -274,6 +274,10 @@ def bench_observability(
     api_rounds: Annotated[int, typer.Option(min=1, help="API rounds")] = 12,
     api_starts: Annotated[int, typer.Option(min=1, help="pairs of fresh servers the API "
                                                         "rounds are spread over")] = 4,
+    ui_machines: Annotated[int, typer.Option(min=10, help="machines of the web UI's "
+                                                          "region")] = 1000,
+    ui_jobs: Annotated[int, typer.Option(min=1)] = 200,
+    ui_requests: Annotated[int, typer.Option(min=5, help="fetches of each page")] = 50,
 ) -> None:
     """What observability costs on the hot paths: allocations and API requests with it
     on and off, interleaved (one JSON object on stdout)."""
@@ -282,4 +286,5 @@ def bench_observability(
     print(json.dumps(observability.run(
         machines=machines, jobs=jobs, tasks_per_job=tasks_per_job,
         alloc_rounds=alloc_rounds, api_machines=api_machines, api_requests=api_requests,
-        api_rounds=api_rounds, api_starts=api_starts)))
+        api_rounds=api_rounds, api_starts=api_starts, ui_machines=ui_machines,
+        ui_jobs=ui_jobs, ui_requests=ui_requests)))
