@@ -22,8 +22,9 @@ from plait.store.protocol import Namespace, Store, Transaction
 
 
 @dataclass(frozen=True)
-class Event:
-    seq: int
+class NewEvent:
+    """An event as a writer gives it to the log (``Event`` once stored)."""
+
     time: float
     #: who raised it: scheduler, broker, api, auth
     source: str
@@ -49,22 +50,11 @@ class Event:
     request: str | None = None
 
 
-#: what a writer gives the log; the log adds the sequence number
 @dataclass(frozen=True)
-class NewEvent:
-    time: float
-    source: str
-    kind: str
-    message: str
-    job: str | None = None
-    entitlement: str | None = None
-    machine: str | None = None
-    actor: str | None = None
-    task: int | None = None
-    op: str | None = None
-    reason: str | None = None
-    decision: str | None = None
-    request: str | None = None
+class Event(NewEvent):
+    """A stored event: its sequence number in the log."""
+
+    seq: int = 0
 
 
 #: an event stored by an older plait has no ``actor``...``request``: read as None
@@ -147,7 +137,7 @@ class EventLog:
             seq = self._seq
             for new in events:
                 seq += 1
-                made.append(Event(seq, **asdict(new)))
+                made.append(Event(**asdict(new), seq=seq))
             # a batch larger than the whole retention keeps only its newest events
             kept = made[-self.retention.max_count:]
             for event in kept:
