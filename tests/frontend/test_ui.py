@@ -61,6 +61,8 @@ def test_pages_ops_chart_and_owner_isolation(region: Live) -> None:
         assert r.status_code == 200, (page, r.text[:300])
     home = admin.get("/ui/").text
     assert 'id="domains"' in home and "secretjob" not in home  # only the unavailable
+    rows = re.findall(r"<tr><td>(dc\d+)</td><td>(msb\d+)</td><td>(\d+)</td>", home)
+    assert len(rows) == 4 and sum(int(n) for *_, n in rows) == 24  # 2 DCs x 2 MSBs
     assert "(free pool)" in home
     assert 'id="n-jobs">2<' in home
     machines = admin.get("/ui/machines").text
@@ -110,6 +112,30 @@ def test_pages_ops_chart_and_owner_isolation(region: Live) -> None:
     live_page = mine.get("/ui/events.json", params={"after": 0}).json()
     assert live_page["events"] and all(e["job"] in (None, "web") for e in live_page["events"])
     assert not any("secretjob" in str(e) or "bobs" in str(e) for e in live_page["events"])
+
+
+def test_the_machine_summary_counts_by_fault_domain_state_and_entitlement(
+        live: Live) -> None:
+    api = live.admin
+    assert api.post("/v1/entitlements", json={"name": "e", "owner": "alice",
+                                               "quota": {"machines": 2}}).status_code == 201
+    assert api.post("/v1/jobs", json={**JOB, "task_count": 2, "resources": {
+        "cpu": 16, "memory_gb": 1}}).status_code == 201
+    wait_for(lambda: api.get("/v1/jobs/web").json()["settled"])
+    used = {t["machine"] for t in api.get("/v1/jobs/web/tasks").json()["tasks"]}
+    victim = next(f"m{i:07d}" for i in range(24) if f"m{i:07d}" not in used)
+    assert api.post(f"/v1/machines/{victim}/fail").status_code == 200
+    wait_for(lambda: any(c["state"] == "failed" for c in api.get(
+        "/v1/machines/summary").json()["cells"]))
+    summary = api.get("/v1/machines/summary").json()
+    assert summary["total"] == 24 and sum(c["machines"] for c in summary["cells"]) == 24
+    failed = [c for c in summary["cells"] if c["state"] == "failed"]
+    assert [c["machines"] for c in failed] == [1]
+    one = api.get(f"/v1/machines/{victim}").json()["fault_domain"]
+    assert (failed[0]["dc"], failed[0]["msb"]) == (one["dc"], one["msb"])
+    entitled = sum(c["machines"] for c in summary["cells"] if c["entitlement"] == "e")
+    assert entitled == len(used) == 2
+    assert live.owner("alice").get("/v1/machines/summary").status_code == 403
 
 
 def test_the_live_stream_gives_what_is_new_after_a_cursor(live: Live) -> None:

@@ -148,6 +148,19 @@ class MachineView(TypedDict, total=False):
     assigned: list[str]
 
 
+class MachineCell(TypedDict):
+    dc: str
+    msb: str
+    state: str
+    entitlement: str | None
+    machines: int
+
+
+class MachineSummary(TypedDict):
+    cells: list[MachineCell]
+    total: int
+
+
 class MachineList(TypedDict):
     machines: list[MachineView]
     total: int

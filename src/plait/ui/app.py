@@ -33,8 +33,7 @@ PREFIX = "/ui"
 COOKIE = "plait_ui_token"
 #: the most a login form may send
 MAX_FORM = 8192
-#: pages read at most this many machines / events (1,000 per API call)
-MAX_MACHINES = 20_000
+#: pages read at most this many events (1,000 per API call)
 MAX_EVENTS = 20_000
 _HERE = Path(__file__).parent
 _SECURITY = {
@@ -130,17 +129,6 @@ class Ui:
             raise ApiError(r.status_code, message)
         return r.json()
 
-    async def all_machines(self, token: str) -> tuple[list[dict[str, Any]], int]:
-        found: list[dict[str, Any]] = []
-        total = 0
-        while len(found) < MAX_MACHINES:
-            page = await self.get(token, "/v1/machines", offset=len(found), limit=1000)
-            total = int(page.get("total", 0))
-            found.extend(page["machines"])
-            if not page["machines"] or len(found) >= total:
-                break
-        return found, total
-
     async def all_events(self, token: str, **filters: Any) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
         after = 0
@@ -234,26 +222,24 @@ class Ui:
         domains: dict[tuple[str, str], collections.Counter[str]] = {}
         pools: collections.Counter[str] = collections.Counter()
         states: collections.Counter[str] = collections.Counter()
-        machines: list[dict[str, Any]] = []
         total = 0
         if who["role"] == "admin":
-            machines, total = await self.all_machines(token)
-            for m in machines:
-                fd = m.get("fault_domain") or {}
-                cell = domains.setdefault((fd.get("dc", "?"), fd.get("msb", "?")),
-                                          collections.Counter())
-                cell["machines"] += 1
-                cell[m["state"]] += 1
-                cell["free" if m.get("entitlement") is None else "entitled"] += 1
-                cell["tasks"] += int(m.get("tasks", 0))
-                pools[m.get("entitlement") or "(free pool)"] += 1
-                states[m["state"]] += 1
+            summary = await self.get(token, "/v1/machines/summary")
+            total = int(summary["total"])
+            for c in summary["cells"]:
+                n = int(c["machines"])
+                cell = domains.setdefault((c["dc"], c["msb"]), collections.Counter())
+                cell["machines"] += n
+                cell[c["state"]] += n
+                cell["free" if c["entitlement"] is None else "entitled"] += n
+                pools[c["entitlement"] or "(free pool)"] += n
+                states[c["state"]] += n
         unavailable = sorted((j for j in jobs if j.get("unavailable")),
                              key=lambda j: -int(j["unavailable"]))
         return {"template": "overview.html", "title": "region", "who": who,
                 "entitlements": ents, "jobs": jobs, "domains": sorted(domains.items()),
                 "pools": sorted(pools.items()), "states": sorted(states.items()),
-                "machines_shown": len(machines), "machines_total": total,
+                "machines_total": total,
                 "unavailable": unavailable,
                 "unavailable_total": sum(int(j["unavailable"]) for j in unavailable),
                 "tasks_total": sum(int(j.get("task_count", 0)) for j in jobs)}
