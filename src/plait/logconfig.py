@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import IO, Any
 
@@ -48,10 +49,55 @@ QUIET = ("httpx", "httpcore", "hpack", "multipart")
 _component: str | None = None
 
 
+#: bumped by every ``configure``/``reset``: a logger made before follows the change
+_generation = 0
+
+
+class _Logger:
+    """A named logger that binds itself once per configuration (structlog's lazy
+    proxy would do it on every call: a third of a line's cost)."""
+
+    __slots__ = ("_gen", "_log", "_name")
+
+    def __init__(self, name: str) -> None:
+        self._name, self._gen, self._log = name, -1, None
+
+    def _bound(self) -> Any:
+        if self._gen != _generation:
+            self._log = structlog.get_logger(self._name).bind()
+            self._gen = _generation
+        return self._log
+
+    def debug(self, event: str, **kw: Any) -> Any:
+        return self._bound().debug(event, **kw)
+
+    def info(self, event: str, **kw: Any) -> Any:
+        return self._bound().info(event, **kw)
+
+    def warning(self, event: str, **kw: Any) -> Any:
+        return self._bound().warning(event, **kw)
+
+    def error(self, event: str, **kw: Any) -> Any:
+        return self._bound().error(event, **kw)
+
+    def exception(self, event: str, **kw: Any) -> Any:
+        return self._bound().exception(event, **kw)
+
+    def critical(self, event: str, **kw: Any) -> Any:
+        return self._bound().critical(event, **kw)
+
+    def log(self, level: int, event: str, **kw: Any) -> Any:
+        return self._bound().log(level, event, **kw)
+
+    def bind(self, **kw: Any) -> Any:
+        """A logger with ``kw`` on every line (bound to the configuration of now)."""
+        return self._bound().bind(**kw)
+
+
 def get(name: str) -> Any:
     """The logger ``name`` (``plait.agent``, ``plait.access.frontend``, ...):
     ``log.info("event", field=value, ...)``."""
-    return structlog.get_logger(name)
+    return _Logger(name)
 
 
 def _request_id(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
@@ -81,21 +127,122 @@ _SHARED: list[Processor] = [
     structlog.processors.TimeStamper(fmt="iso", utc=True),
 ]
 
-# structlog's events go to the standard library's logging, which filters them by
-# level first (an event below it costs a level check) and renders them in the
-# handlers ``configure`` installs
-structlog.configure(
-    processors=[
+#: until ``configure`` runs (a program that uses plait as a library, a test),
+#: structlog's events go to the standard library's logging, which filters them by level
+#: first and renders them in whatever handlers that program set up
+_LIBRARY: dict[str, Any] = {
+    "processors": [
         structlog.stdlib.filter_by_level,
         structlog.stdlib.PositionalArgumentsFormatter(),
         *_SHARED,
         structlog.processors.StackInfoRenderer(),
         structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
     ],
-    logger_factory=structlog.stdlib.LoggerFactory(),
-    wrapper_class=structlog.stdlib.BoundLogger,
-    cache_logger_on_first_use=True,
-)
+    "logger_factory": structlog.stdlib.LoggerFactory(),
+    "wrapper_class": structlog.stdlib.BoundLogger,
+    # (not cached: a logger made before ``configure`` must follow it)
+    "cache_logger_on_first_use": False,
+}
+structlog.configure(**_LIBRARY)
+
+#: the levels that are also written to standard error when the lines go to a file
+_LOUD = frozenset({"warning", "warn", "error", "critical", "exception", "fatal"})
+
+
+class _Lines:
+    """Where structlog's rendered lines go once ``configure`` ran: straight to the
+    output, one ``write`` of a whole line under a lock (no standard-library record,
+    handler or formatter on the way: a third of the cost). With ``loud``, the
+    warnings and errors are written there too (``plait up``'s terminal)."""
+
+    def __init__(self, name: str, out: Any, loud: Any | None) -> None:
+        self.name, self._out, self._loud = name, out, loud
+
+    def msg(self, line: str, loud: str | None = None) -> None:
+        self._out(line)
+        if loud is not None and self._loud is not None:
+            self._loud(loud)
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+class _Writer:
+    """Writes whole lines to a stream (the current ``sys.stderr`` when None), from
+    any thread, flushed at once (a crash loses no line already written)."""
+
+    def __init__(self, stream: IO[str] | None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        stream = self._stream if self._stream is not None else sys.stderr
+        with self._lock:
+            stream.write(line + "\n")
+            stream.flush()
+
+    def close(self) -> None:
+        if self._stream is not None and self._stream not in (sys.stderr, sys.stdout):
+            self._stream.close()
+
+
+def _add_name(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
+    event["logger"] = getattr(logger, "name", None)
+    return event
+
+
+class _Render:
+    """The last processor: the line for the output, and for a warning or an error
+    when the lines go to a file, the line for standard error too (in its format)."""
+
+    def __init__(self, main: Processor, loud: Processor | None) -> None:
+        self.main, self.loud = main, loud
+
+    def __call__(self, logger: WrappedLogger, method: str, event: EventDict) -> Any:
+        if self.loud is None or method not in _LOUD:
+            return self.main(logger, method, event)
+        loud = self.loud(logger, method, dict(event))
+        return (self.main(logger, method, event),), {"loud": loud}
+
+
+def _renderer(fmt: str, colors: bool = False) -> Processor:
+    if fmt == "json":
+        return structlog.processors.JSONRenderer()
+    return structlog.dev.ConsoleRenderer(colors=colors,
+                                         exception_formatter=structlog.dev.plain_traceback)
+
+
+#: the writers ``configure`` opened (closed by the next ``configure`` or ``reset``)
+_writers: list[_Writer] = []
+
+
+def _native(out: _Writer, fmt: str, colors: bool, threshold: int,
+            loud: _Writer | None = None, loud_fmt: str = "json",
+            loud_colors: bool = False) -> None:
+    """structlog renders and writes each event itself (``_Lines``), filtered by level
+    before any work (an event below the level costs a method call)."""
+    def factory(name: str | None = None, *_: Any) -> _Lines:
+        return _Lines(name or "", out, loud)
+
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            _add_name,
+            _add_component,
+            _request_id,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info if fmt == "json" else _keep,
+            _Render(_renderer(fmt, colors),
+                    None if loud is None else _renderer(loud_fmt, loud_colors)),
+        ],
+        logger_factory=factory,
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _keep(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
+    return event
 
 
 def formatter(fmt: str, colors: bool = False) -> logging.Formatter:
@@ -153,14 +300,32 @@ def configure(component: str, *, stream: IO[str] | None = None, file: Path | Non
     """Send this process's logs, as one format, to ``stream`` (standard error by
     default), or to ``file`` with warnings and errors also on standard error. Called
     again, it replaces what it set up before (and leaves other handlers alone)."""
-    global _component
+    global _component, _generation
     _component = component
+    _generation += 1
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_plait", False)]:
         root.removeHandler(old)
         old.close()
+    for writer in _writers:
+        writer.close()
+    _writers.clear()
+    threshold = choose_level(level)
     handlers: list[logging.Handler] = []
     out: logging.Handler
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        lines = _Writer(open(file, "a", encoding="utf-8"))  # noqa: SIM115 (closed later)
+        loud = _Writer(None)
+        _writers.append(lines)
+        _native(lines, choose_format(None, fmt), False, threshold, loud,
+                choose_format(sys.stderr, fmt), _is_terminal(sys.stderr))
+    else:
+        target = sys.stderr if stream is None else stream
+        chosen = choose_format(target, fmt)
+        _native(_Writer(stream), chosen, chosen == "console" and _is_terminal(target),
+                threshold)
+    # the standard library's records (uvicorn, kazoo, warnings) in the same format
     if file is not None:
         file.parent.mkdir(parents=True, exist_ok=True)
         out = logging.FileHandler(file, encoding="utf-8")
@@ -179,7 +344,6 @@ def configure(component: str, *, stream: IO[str] | None = None, file: Path | Non
     for handler in handlers:
         handler._plait = True  # type: ignore[attr-defined]
         root.addHandler(handler)
-    threshold = choose_level(level)
     root.setLevel(threshold)
     for name in QUIET:
         logging.getLogger(name).setLevel(max(threshold, logging.WARNING))
@@ -192,8 +356,13 @@ def configured() -> bool:
 
 def reset() -> None:
     """Take out what ``configure`` set up (tests)."""
-    global _component
+    global _component, _generation
     _component = None
+    _generation += 1
+    structlog.configure(**_LIBRARY)
+    for writer in _writers:
+        writer.close()
+    _writers.clear()
     root = logging.getLogger()
     for old in [h for h in root.handlers if getattr(h, "_plait", False)]:
         root.removeHandler(old)
