@@ -132,6 +132,7 @@ def test_configuring_again_replaces_its_handler_and_leaves_others_alone() -> Non
         logconfig.configure("a", stream=first, fmt="json")
         logconfig.configure("b", stream=second, fmt="json")
         logconfig.get("plait.test").info("once")
+        logconfig.flush()  # (lines are written by a thread of the writer's own)
         assert first.getvalue() == ""
         assert json.loads(second.getvalue())["component"] == "b"
         assert other in root.handlers
@@ -180,3 +181,44 @@ def test_the_format_choice() -> None:
             os.environ[logconfig.FORMAT_ENV] = old
     assert logconfig.choose_level("DEBUG") == logging.DEBUG
     assert logconfig.choose_level("nonsense") == logging.INFO
+
+
+def test_lines_are_written_in_order_by_the_writer_and_all_of_them_at_flush() -> None:
+    out = io.StringIO()
+    logconfig.configure("x", stream=out, fmt="json", level="info")
+    log = logconfig.get("plait.test")
+    for i in range(2000):
+        log.info("line", n=i)
+        if i == 1000:
+            logging.getLogger("kazoo.client").warning("a library's record")
+    log.warning("last")  # written at once, after everything queued before it
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [x["n"] for x in lines if x["event"] == "line"] == list(range(2000))
+    assert [x["event"] for x in lines].index("a library's record") == 1001
+    assert lines[-1]["event"] == "last" and lines[-1]["level"] == "warning"
+    logconfig.reset()
+
+
+def test_a_server_writes_its_queued_lines_when_it_reports_its_shutdown() -> None:
+    import asyncio
+
+    from plait.frontend.requestlog import RequestLog
+
+    out = io.StringIO()
+    logconfig.configure("x", stream=out, fmt="json", level="info")
+    sent: list[str] = []
+
+    async def app(scope, receive, send):  # (a lifespan that logs, then completes)
+        logconfig.get("plait.test").info("shutting down")
+        await send({"type": "lifespan.shutdown.complete"})
+
+    async def send(message):
+        sent.append(out.getvalue())
+
+    async def receive():
+        return {"type": "lifespan.shutdown"}
+
+    asyncio.run(RequestLog(app, api="test")({"type": "lifespan"}, receive, send))
+    assert '"shutting down"' in sent[0]  # written before the server says it is done
+    logconfig.reset()
+

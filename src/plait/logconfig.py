@@ -25,11 +25,15 @@ handler of its own there.
 
 from __future__ import annotations
 
+import atexit
+import datetime
 import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
+from queue import Empty, SimpleQueue
 from typing import IO, Any
 
 import structlog
@@ -145,95 +149,185 @@ _LIBRARY: dict[str, Any] = {
 }
 structlog.configure(**_LIBRARY)
 
-#: the levels that are also written to standard error when the lines go to a file
-_LOUD = frozenset({"warning", "warn", "error", "critical", "exception", "fatal"})
-
-
 class _Lines:
-    """Where structlog's rendered lines go once ``configure`` ran: straight to the
-    output, one ``write`` of a whole line under a lock (no standard-library record,
-    handler or formatter on the way: a third of the cost). With ``loud``, the
-    warnings and errors are written there too (``plait up``'s terminal)."""
+    """Where structlog's events go once ``configure`` ran: each event, complete but
+    not rendered, to its ``_Writer`` (a queue: the request that logged it does not
+    wait for the rendering or the write); a warning or an error is written at once,
+    after whatever is queued, and with ``loud`` also to standard error."""
 
-    def __init__(self, name: str, out: Any, loud: Any | None) -> None:
+    def __init__(self, name: str, out: _Writer, loud: _Writer | None) -> None:
         self.name, self._out, self._loud = name, out, loud
 
-    def msg(self, line: str, loud: str | None = None) -> None:
-        self._out(line)
-        if loud is not None and self._loud is not None:
-            self._loud(loud)
+    def msg(self, event: EventDict) -> None:
+        self._out.put(event)
 
-    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+    def now(self, event: EventDict) -> None:
+        if self._loud is not None:
+            self._loud.write_now(dict(event))
+        self._out.write_now(event)
+
+    debug = info = log = msg
+    warning = warn = error = critical = exception = fatal = now
 
 
 class _Writer:
-    """Writes whole lines to a stream (the current ``sys.stderr`` when None), from
-    any thread, flushed at once (a crash loses no line already written)."""
+    """Renders events and writes them as lines to a stream (the current
+    ``sys.stderr`` when None), in the order they were logged: in batches, from a
+    thread of its own, or at once (``write_now``, ``flush``). A SIGKILL loses what
+    is still queued (a few milliseconds' worth); ``flush`` runs at exit and when a
+    server reports its shutdown."""
 
-    def __init__(self, stream: IO[str] | None) -> None:
-        self._stream = stream
+    def __init__(self, stream: IO[str] | None, render: Processor, owned: bool = False) -> None:
+        """``owned``: the stream is this writer's to close (a file it opened)."""
+        self._stream, self._owned = stream, owned
+        self._render = render
+        self._queue: SimpleQueue[EventDict] = SimpleQueue()
         self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
-    def __call__(self, line: str) -> None:
-        stream = self._stream if self._stream is not None else sys.stderr
+    def put(self, event: EventDict) -> None:
+        self._queue.put(event)
+        if self._thread is None:
+            self._start()
+        self._wake.set()
+
+    def _start(self) -> None:
         with self._lock:
-            stream.write(line + "\n")
-            stream.flush()
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="plait-log",
+                                                 daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            self._wake.clear()
+            self.flush()
+
+    def _line(self, event: EventDict) -> str:
+        stamp = event.get("timestamp")
+        if isinstance(stamp, float):
+            event["timestamp"] = _iso(stamp)
+        return str(self._render(None, event.pop("_method", "info"), event))
+
+    def flush(self, also: EventDict | None = None, text: str | None = None) -> None:
+        """Write what is queued (then ``also``, or the line ``text``), in order."""
+        with self._lock:
+            lines = []
+            while True:
+                try:
+                    lines.append(self._line(self._queue.get_nowait()))
+                except Empty:
+                    break
+            if also is not None:
+                lines.append(self._line(also))
+            if text is not None:
+                lines.append(text)
+            if lines:
+                stream = self._stream if self._stream is not None else sys.stderr
+                try:
+                    stream.write("\n".join(lines) + "\n")
+                    stream.flush()
+                except (OSError, ValueError):  # (a closed stream: nothing to tell)
+                    pass
+
+    def write_now(self, event: EventDict) -> None:
+        self.flush(also=event)
 
     def close(self) -> None:
-        if self._stream is not None and self._stream not in (sys.stderr, sys.stdout):
+        self._closed = True
+        self._wake.set()
+        self.flush()
+        if self._owned and self._stream is not None:
             self._stream.close()
 
 
-def _add_name(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
+class _Handler(logging.Handler):
+    """The standard library's records (uvicorn, kazoo, warnings), rendered as plait's
+    lines and written through the same writer, after what it has queued."""
+
+    def __init__(self, writer: _Writer, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self.writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.writer.flush(text=self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _fields(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
+    """What every line gets, in one step: the level, the logger's name, the process's
+    component, the request being handled, the time (rendered by the writer)."""
+    event["level"] = "warning" if method == "warn" else method
+    event["_method"] = method
     event["logger"] = getattr(logger, "name", None)
+    if _component is not None:
+        event.setdefault("component", _component)
+    if event.get("request_id") is None:
+        rid = requestid.current.get()
+        if rid is None:
+            event.pop("request_id", None)
+        else:
+            event["request_id"] = rid
+    event["timestamp"] = time.time()
     return event
 
 
-class _Render:
-    """The last processor: the line for the output, and for a warning or an error
-    when the lines go to a file, the line for standard error too (in its format)."""
-
-    def __init__(self, main: Processor, loud: Processor | None) -> None:
-        self.main, self.loud = main, loud
-
-    def __call__(self, logger: WrappedLogger, method: str, event: EventDict) -> Any:
-        if self.loud is None or method not in _LOUD:
-            return self.main(logger, method, event)
-        loud = self.loud(logger, method, dict(event))
-        return (self.main(logger, method, event),), {"loud": loud}
+def _unrendered(logger: WrappedLogger, method: str, event: EventDict) -> Any:
+    """The last processor: the event itself goes to ``_Lines`` (rendered later)."""
+    return (event,), {}
 
 
 def _renderer(fmt: str, colors: bool = False) -> Processor:
     if fmt == "json":
-        return structlog.processors.JSONRenderer()
+        json_render = structlog.processors.JSONRenderer()
+        exc = structlog.processors.format_exc_info
+
+        def render(logger: WrappedLogger, method: str, event: EventDict) -> Any:
+            return json_render(logger, method, exc(logger, method, event))
+        return render
     return structlog.dev.ConsoleRenderer(colors=colors,
                                          exception_formatter=structlog.dev.plain_traceback)
 
 
-#: the writers ``configure`` opened (closed by the next ``configure`` or ``reset``)
+#: the writers ``configure`` made (closed by the next ``configure`` or ``reset``)
 _writers: list[_Writer] = []
 
 
-def _native(out: _Writer, fmt: str, colors: bool, threshold: int,
-            loud: _Writer | None = None, loud_fmt: str = "json",
-            loud_colors: bool = False) -> None:
-    """structlog renders and writes each event itself (``_Lines``), filtered by level
+def flush() -> None:
+    """Write every line still queued (a server about to exit calls it)."""
+    for writer in list(_writers):
+        writer.flush()
+
+
+atexit.register(flush)
+
+
+def _native(out: _Writer, threshold: int, loud: _Writer | None = None) -> None:
+    """structlog builds each event and hands it to its writer, filtered by level
     before any work (an event below the level costs a method call)."""
+    _writers.append(out)
+    if loud is not None:
+        _writers.append(loud)
+
     def factory(name: str | None = None, *_: Any) -> _Lines:
         return _Lines(name or "", out, loud)
 
     structlog.configure(
         processors=[
-            structlog.processors.add_log_level,
-            _add_name,
-            _add_component,
-            _request_id,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info if fmt == "json" else _keep,
-            _Render(_renderer(fmt, colors),
-                    None if loud is None else _renderer(loud_fmt, loud_colors)),
+            _exc_info,
+            _fields,
+            _unrendered,
         ],
         logger_factory=factory,
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
@@ -241,7 +335,11 @@ def _native(out: _Writer, fmt: str, colors: bool, threshold: int,
     )
 
 
-def _keep(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
+def _exc_info(logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
+    """The traceback of ``exception`` (``exc_info=True``), taken now: the writer
+    renders it later, in another thread."""
+    if event.get("exc_info") is True:
+        event["exc_info"] = sys.exc_info()
     return event
 
 
@@ -315,30 +413,28 @@ def configure(component: str, *, stream: IO[str] | None = None, file: Path | Non
     out: logging.Handler
     if file is not None:
         file.parent.mkdir(parents=True, exist_ok=True)
-        lines = _Writer(open(file, "a", encoding="utf-8"))  # noqa: SIM115 (closed later)
-        loud = _Writer(None)
-        _writers.append(lines)
-        _native(lines, choose_format(None, fmt), False, threshold, loud,
-                choose_format(sys.stderr, fmt), _is_terminal(sys.stderr))
+        lines = _Writer(open(file, "a", encoding="utf-8"),  # noqa: SIM115 (closed later)
+                        _renderer(choose_format(None, fmt)), owned=True)
+        loud = _Writer(None, _renderer(choose_format(sys.stderr, fmt),
+                                       _is_terminal(sys.stderr)))
+        _native(lines, threshold, loud)
     else:
         target = sys.stderr if stream is None else stream
         chosen = choose_format(target, fmt)
-        _native(_Writer(stream), chosen, chosen == "console" and _is_terminal(target),
-                threshold)
-    # the standard library's records (uvicorn, kazoo, warnings) in the same format
+        writer = _Writer(stream, _renderer(chosen, chosen == "console"
+                                           and _is_terminal(target)))
+        _native(writer, threshold)
+    # the standard library's records (uvicorn, kazoo, warnings) in the same format,
+    # through the same writers (in order with the rest)
     if file is not None:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        out = logging.FileHandler(file, encoding="utf-8")
+        out = _Handler(lines)
         out.setFormatter(formatter(choose_format(None, fmt)))
         handlers.append(out)
-        said = _Stderr()
-        said.setLevel(logging.WARNING)
+        said = _Handler(loud, logging.WARNING)
         said.setFormatter(formatter(choose_format(sys.stderr, fmt), _is_terminal(sys.stderr)))
         handlers.append(said)
     else:
-        out = _Stderr() if stream is None else logging.StreamHandler(stream)
-        target = sys.stderr if stream is None else stream
-        chosen = choose_format(target, fmt)
+        out = _Handler(writer)
         out.setFormatter(formatter(chosen, chosen == "console" and _is_terminal(target)))
         handlers.append(out)
     for handler in handlers:

@@ -45,6 +45,16 @@ def principal_of(scope: Scope) -> Any:
     return state.get("principal") if isinstance(state, dict) else None
 
 
+def _flushing(send: Send) -> Send:
+    """``send`` that writes the queued log lines before the server says it has shut
+    down (uvicorn then re-raises the signal that stopped it: no exit handler runs)."""
+    async def sending(message: Message) -> None:
+        if message["type"] == "lifespan.shutdown.complete":
+            logconfig.flush()
+        await send(message)
+    return sending
+
+
 class RequestLog:
     def __init__(self, app: ASGIApp, api: str) -> None:
         """``api``: which API this is (``frontend``, ``controlplane``), the last part
@@ -55,6 +65,9 @@ class RequestLog:
         self._levels = logging.getLogger(f"plait.access.{api}")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":  # the lines still queued, before the exit
+            await self.app(scope, receive, _flushing(send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
