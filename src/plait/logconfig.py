@@ -170,12 +170,17 @@ class _Lines:
     warning = warn = error = critical = exception = fatal = now
 
 
+#: how often a writer's thread writes what was queued (seconds)
+INTERVAL = 0.1
+
+
 class _Writer:
     """Renders events and writes them as lines to a stream (the current
-    ``sys.stderr`` when None), in the order they were logged: in batches, from a
-    thread of its own, or at once (``write_now``, ``flush``). A SIGKILL loses what
-    is still queued (a few milliseconds' worth); ``flush`` runs at exit and when a
-    server reports its shutdown."""
+    ``sys.stderr`` when None), in the order they were logged: in batches, every
+    ``INTERVAL`` from a thread of its own (no wake-up, render or write in the path of
+    the request that logged), or at once (``write_now``, ``flush``). A SIGKILL loses
+    what is still queued (at most ``INTERVAL``'s worth of info lines); ``flush`` runs
+    at exit and when a server reports its shutdown."""
 
     def __init__(self, stream: IO[str] | None, render: Processor, owned: bool = False) -> None:
         """``owned``: the stream is this writer's to close (a file it opened)."""
@@ -188,10 +193,9 @@ class _Writer:
         self._thread: threading.Thread | None = None
 
     def put(self, event: EventDict) -> None:
-        self._queue.put(event)
+        self._queue.put(event)  # (the thread takes it within INTERVAL: no wake-up a line)
         if self._thread is None:
             self._start()
-        self._wake.set()
 
     def _start(self) -> None:
         with self._lock:
@@ -202,8 +206,7 @@ class _Writer:
 
     def _run(self) -> None:
         while not self._closed:
-            self._wake.wait()
-            self._wake.clear()
+            self._wake.wait(INTERVAL)
             self.flush()
 
     def _line(self, event: EventDict) -> str:
