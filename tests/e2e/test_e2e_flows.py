@@ -197,7 +197,14 @@ def test_a_rolling_update_never_takes_more_than_one_task_down(steady_region):
         versions = [s.up[index] for s in samples if index in s.up]
         assert versions == sorted(versions), f"task {index} answered {set(versions)} back and forth"
     # nothing else happened to the job (no task lost, no rollout halted)
-    assert {e["kind"] for e in region.events("web")} == {"created", "updated", "rollout_done"}
+    events = region.events("web")
+    assert {e["kind"] for e in events if e.get("task") is None} == {
+        "created", "updated", "rollout_done"}
+    # each task's operations: an update each, paced by the scheduler
+    updates = [e for e in events if e["kind"] == "op_started"]
+    assert {e["op"] for e in updates} == {"update"}
+    assert len({e["task"] for e in updates}) == len({e["task"] for e in events
+                                                      if e["kind"] == "task_placed"})
     job = region.admin.get("/v1/jobs/web").json()
     assert job["applied_version"] == 2 and not job["rollout_active"] and job["updated"] == 6
     assert all(t["version"] == 2 for t in region.tasks())
@@ -249,8 +256,13 @@ def test_planned_maintenance_moves_the_tasks_before_the_deadline_one_at_a_time(s
     assert done.end < start, (f"moved {done.end - (start - NOTICE):.2f}s after the "
                               f"{NOTICE:g}s notice\n{report}")
     # and nothing was stopped at the deadline, and nothing else happened to the job
-    kinds = {e["kind"] for e in region.events("web")}
-    assert kinds == {"created"}, report
+    events = region.events("web")
+    assert {e["kind"] for e in events if e.get("task") is None} == {"created"}, report
+    assert not [e for e in events if e["kind"] == "deadline_stop"], report
+    # the tasks of the machine under notice moved, as operations of their own
+    moves = [e for e in events if e["kind"] == "op_started"]
+    assert moves and {e["op"] for e in moves} == {"move"}, report
+    assert {e["task"] for e in moves} <= set(indices), report
     # never more than max_unavailable (1) down at once
     bad = [s for s in samples if len(s.down(6)) > 1]
     assert not bad, diagnose(region, samples, bad)
