@@ -226,3 +226,28 @@ def test_a_handoff_asked_again_after_its_answer_was_lost_succeeds(region, monkey
     monkeypatch.undo()
     region.cp(target).membership.reload("a")
     assert "a" in region.cp(target).allocator.entitlements
+
+
+def test_a_stale_copy_of_a_record_in_the_other_shards_part_does_not_block_a_move(region):
+    """A record of the entitlement left under the destination shard's part (a stale
+    copy: the map gives the entitlement to one shard at a time) used to refuse the
+    whole handoff with the store's 'node exists'; the moving shard's record replaces
+    it, and the move goes through."""
+    api = region.api
+    for ent in ("a", "b"):
+        assert api.post("/v1/entitlements", json={"name": ent, "owner": "o",
+                                                   "quota": {"machines": 3}}).status_code == 201
+    assert api.post("/v1/jobs", json=job("ja", "a")).status_code == 201
+    wait_for(lambda: region.running("ja", 2))
+    source = region.entry("a")["shard"]
+    target = 1 - source
+    before = region.pids()
+    stale = f"/shards/{target}/scheduler/jobs/ja"
+    region.front_store.create(stale, b'{"stale": true}')
+    r = api.post("/v1/admin/entitlements/a/move", json={"shard": target})
+    assert r.status_code == 200, r.text
+    assert region.entry("a")["shard"] == target
+    assert b"stale" not in region.front_store.get(stale)[0]  # the moving shard's record
+    assert "ja" in region.cp(target).scheduler.jobs
+    wait_for(lambda: region.running("ja", 2))
+    assert region.pids() == before

@@ -8,6 +8,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
+from plait import logconfig
 from plait.errors import Conflict, NotFound, TransientError, ValidationError
 from plait.model.entitlement import NAME_RE
 from plait.store.protocol import Transaction
@@ -15,6 +16,8 @@ from plait.store.shard import ShardStore, shard_prefix
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
+
+log = logconfig.get("plait.controlplane.membership")
 
 
 class Membership:
@@ -140,9 +143,20 @@ class Membership:
             txn = Transaction()
             if self.cp.persist.fence is not None:  # only while this replica still leads
                 txn.check(*self.cp.persist.fence)
-            for key, (value, version) in view.get_many(keys).items():
-                txn.create(there + key, value)
+            moving = view.get_many(keys)
+            # a record of this entitlement already under the other shard's part is a
+            # stale copy (the map gives the entitlement to this shard alone until the
+            # move): this shard's is the one in force, and replaces it
+            stale = view.base.get_many([there + key for key in moving])
+            for key, (value, version) in moving.items():
+                if there + key in stale:
+                    txn.set(there + key, value, stale[there + key][1])
+                else:
+                    txn.create(there + key, value)
                 txn.delete(view.prefix + key, version)
+            if stale:
+                log.warning("stale records replaced in the other shard's part",
+                            entitlement=entitlement, shard=to_shard, keys=sorted(stale))
             try:
                 view.base.commit(txn)
             except Conflict:
