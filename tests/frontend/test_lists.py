@@ -121,8 +121,11 @@ def test_a_list_reads_only_the_records_that_changed(live):
     # store's watch marks it
     assert live.admin.get("/v1/jobs/r05").json()["deleting"] is False
     live.cp.jobs.delete("r05", live.cp.clock())
-    listed = {j["name"]: j for j in live.admin.get("/v1/jobs").json()["jobs"]}
-    assert listed.get("r05", {"deleting": True})["deleting"] is True
+
+    def seen() -> bool:
+        listed = {j["name"]: j for j in live.admin.get("/v1/jobs").json()["jobs"]}
+        return bool(listed.get("r05", {"deleting": True})["deleting"])
+    wait_for(seen)
 
 
 def test_filters_by_entitlement_and_state(live):

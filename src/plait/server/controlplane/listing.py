@@ -6,14 +6,16 @@ deleted) and what the last pass published of its tasks (``JobState``, in memory)
 ``JobIndex`` keeps the first half of every job, as a ``JobEntry``, and re-reads a
 record only when it may have changed:
 
-* a job written by this control plane's API (``touch``, called by ``notify``),
+* a job written by this control plane's API (``touch``, called by ``notify``): read
+  again by the next list, so a caller reads its own writes;
 * a key the store's watch reports changed (another process: a handoff between
-  shards, the scheduler dropping a deleted job),
-* a name the store lists that the index lacks; a name it no longer lists is dropped,
+  shards; the scheduler dropping a job whose deletion finished);
+* a name the store lists that the index lacks; a name it no longer lists is dropped
+  (compared at most every ``CHECK_EVERY`` seconds: a safety net under the watch);
 * everything after a rebuild (``reset``: leadership taken, records reloaded).
 
-Each refresh lists the names (one query) and reads only those keys, so a list of
-2,000 unchanged jobs reads no record at all. Each job's rendered JSON is kept with
+So a change made elsewhere than through this API shows within about a second, and a
+list of 2,000 unchanged jobs reads no record at all. Each job's rendered JSON is kept with
 the entry and the ``JobState`` it was made from; both are replaced, never changed,
 so a job that neither wrote nor passed since is not rendered again.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +32,11 @@ from typing import TYPE_CHECKING, Any
 from plait.client.status import JOB_STATES, job_status
 from plait.model.task import TaskState
 from plait.paging import BadRequest, Window, page
+
+#: at most this often (seconds) a list fires the store's watches (SQLite polls its
+#: change log) and compares the job names the store lists with the index's; records
+#: written through this control plane's API are read again at once (``touch``)
+CHECK_EVERY = 1.0
 
 if TYPE_CHECKING:
     from plait.persist.scheduler import JobDoc
@@ -128,6 +136,8 @@ class JobIndex:
         self._cancel: Callable[[], None] | None = None
         #: records read by the last refresh (what a list cost the store)
         self.last_read = 0
+        #: when the names were last compared with the store's (monotonic seconds)
+        self._checked = float("-inf")
 
     # -- keeping current -------------------------------------------------------------------
     def touch(self, name: str) -> None:
@@ -158,37 +168,51 @@ class JobIndex:
             self._cancel = None
 
     def refresh(self) -> None:
-        """Bring the index up to the store: the names it lists, and the records that
-        may have changed (every record, the first time)."""
+        """Bring the index up to the store: re-read the records marked changed; at
+        most every ``CHECK_EVERY`` seconds also fire the store's watches (SQLite
+        polls them) and compare the names it lists (every record, the first time)."""
         with self._refreshing:
             self._watch()
-            poll: Any = getattr(self.cp.store, "poll", None)
-            if poll is not None:
-                poll()  # (SQLite: watches fire when polled)
+            now = time.monotonic()
+            check = self._all or now - self._checked >= CHECK_EVERY
+            if check:
+                poll: Any = getattr(self.cp.store, "poll", None)
+                if poll is not None:
+                    poll()  # (SQLite: watches fire when polled)
             with self._lock:
                 full, self._all = self._all, False
                 dirty, self._dirty = self._dirty, set()
+            have = self._entries
             try:
-                names = self.cp.jobs.names()
-                have = self._entries
-                read = names if full else [n for n in names if n in dirty or n not in have]
+                listed = set(self.cp.jobs.names()) if check else None
+                if listed is None:
+                    read = sorted(dirty)
+                elif full:
+                    read = sorted(listed)
+                else:
+                    read = sorted((dirty | (listed - have.keys())) & listed)
                 docs = self.cp.jobs.get_many(read) if read else {}
             except BaseException:
                 with self._lock:  # tried again by the next refresh
                     self._all |= full
                     self._dirty |= dirty
                 raise
-            entries: dict[str, JobEntry] = {}
-            for name in names:
+            entries = {} if full else dict(have)
+            for name in read:
                 doc = docs.get(name)
                 if doc is not None:
                     entries[name] = JobEntry.of(doc)
-                elif name in have and name not in read:
-                    entries[name] = have[name]
+                else:
+                    entries.pop(name, None)  # (gone meanwhile)
+            if listed is not None:
+                for name in [n for n in entries if n not in listed]:
+                    del entries[name]
+                self._checked = now
+            if entries.keys() != have.keys():
+                self._names = sorted(entries)
+                for name in [n for n in self._rendered if n not in entries]:
+                    del self._rendered[name]
             self._entries = entries
-            self._names = [n for n in names if n in entries]
-            for name in [n for n in self._rendered if n not in entries]:
-                del self._rendered[name]
             self.last_read = len(read)
 
     # -- reading ---------------------------------------------------------------------------
