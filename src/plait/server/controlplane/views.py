@@ -121,17 +121,13 @@ class Views:
     def job_view(self, name: str) -> dict[str, Any]:
         """The job as stored (spec, versions) and as the last pass left its tasks (no
         lock: a read never waits for a pass)."""
-        return render(JobEntry.of(self.cp.jobs.get(name)), self._views.get(name))
+        doc = self.cp.jobs.get(name)
+        return {**render(JobEntry.of(doc), self._views.get(name)),
+                "spec": doc.spec.model_dump(mode="json")}
 
     def published(self) -> dict[str, JobState]:
         """Every job as the last pass published it (not a copy: read, never change)."""
         return self._views
-
-    def job_names(self, entitlements: set[str] | None = None) -> list[str]:
-        names = self.cp.jobs.names()
-        if entitlements is None:
-            return names
-        return [n for n in names if self.cp.entitlement_of(n) in entitlements]
 
     def tasks_view(self, name: str) -> list[dict[str, Any]]:
         self.cp.jobs.get(name)  # NotFound for an unknown job
