@@ -212,8 +212,8 @@ class JobIndex:
                 self._checked = now
             if entries.keys() != have.keys():
                 self._names = sorted(entries)
-                for name in [n for n in self._rendered if n not in entries]:
-                    del self._rendered[name]
+                for name in [n for n in list(self._rendered) if n not in entries]:
+                    self._rendered.pop(name, None)  # (lists may add to it meanwhile)
             self._entries = entries
             self.last_read = len(read)
 
