@@ -288,3 +288,19 @@ def bench_observability(
         alloc_rounds=alloc_rounds, api_machines=api_machines, api_requests=api_requests,
         api_rounds=api_rounds, api_starts=api_starts, ui_machines=ui_machines,
         ui_jobs=ui_jobs, ui_requests=ui_requests)))
+
+
+@bench_app.command("lists")
+def bench_lists(
+    jobs: Annotated[int, typer.Option(min=1, help="one-task jobs to list")] = 2000,
+    machines: Annotated[int, typer.Option(min=1)] = 1000,
+    clients: Annotated[int, typer.Option(min=1, help="threads creating the jobs")] = 8,
+    repeat: Annotated[int, typer.Option(min=1, help="reads of each kind")] = 5,
+    page: Annotated[int, typer.Option(min=1, help="the page's limit")] = 100,
+) -> None:
+    """GET /v1/jobs whole and by pages, and plait job list, against a plait serve process
+    with many jobs (one JSON object on stdout)."""
+    from plait.bench import lists
+
+    print(json.dumps(lists.run(jobs=jobs, machines=machines, clients=clients, repeat=repeat,
+                               page=page)))

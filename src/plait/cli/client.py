@@ -9,6 +9,7 @@ halted rollout, timeout); 2 bad input (a malformed file or request, HTTP 422);
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -59,6 +60,8 @@ class Api:
         except ApiError as exc:
             code = {401: EXIT_DENIED, 403: EXIT_DENIED, 422: EXIT_INVALID,
                     413: EXIT_INVALID}.get(exc.status, EXIT_FAILED)
+            if exc.status == 400 and exc.kind == "invalid":  # (a bad page or filter)
+                code = EXIT_INVALID
             raise CliError(str(exc), code) from None
         except OSError as exc:  # (a CA file that cannot be read, ...)
             raise CliError(str(exc), EXIT_INVALID) from None
@@ -68,6 +71,18 @@ class Api:
 
     def post(self, path: str, body: Any = None, **params: Any) -> Any:
         return self.call("POST", path, json=body, params=params)
+
+    def pages(self, path: str, field: str, limit: int, token: str | None = None,
+              one: bool = False, **params: Any) -> Iterator[tuple[list[Any], str | None]]:
+        """Each page of a list (``limit`` items, from ``token``) and the token of the
+        next, following them to the end (or only the first page, with ``one``)."""
+        while True:
+            body = self.get(path, limit=limit, **params,
+                            **({"continue": token} if token else {}))
+            token = body.get("continue")
+            yield body[field], token
+            if one or not token:
+                return
 
     def put(self, path: str, body: Any, **params: Any) -> Any:
         return self.call("PUT", path, json=body, params=params)

@@ -125,6 +125,34 @@ def rows(columns: list[str], items: list[list[Any]], title: str | None = None) -
     out.print(t)
 
 
+class Columns:
+    """A table printed as it comes, page after page: plain columns, as wide as the
+    first page needs (wider when a later value needs it), so the first rows of a long
+    list show at once and a pipe reads lines."""
+
+    def __init__(self, columns: list[str]) -> None:
+        self.columns = columns
+        self.widths = [len(c) for c in columns]
+        self.started = False
+
+    def add(self, items: list[list[Any]]) -> None:
+        cells = [["" if v is None else str(v) for v in item] for item in items]
+        for row in cells:
+            self.widths = [max(w, len(v)) for w, v in zip(self.widths, row, strict=True)]
+        lines = [] if self.started else [self._line(self.columns)]
+        self.started = True
+        lines += [self._line(row) for row in cells]
+        if lines:
+            print("\n".join(lines), flush=True)
+
+    def _line(self, values: list[str]) -> str:
+        return "  ".join(v.ljust(w) for v, w in zip(values, self.widths, strict=True)).rstrip()
+
+    def end(self) -> None:
+        if not self.started:
+            self.add([])
+
+
 def load_documents(path: Path) -> list[dict[str, Any]]:
     """The mappings in a YAML file: one, several documents, or a list under any key
     (read by ``plait.cli.specfile``: bounded, text only, no duplicate keys)."""

@@ -11,6 +11,7 @@ import typer
 
 from plait.cli.client import EXIT_FAILED, EXIT_INVALID, Api, CliError, q
 from plait.cli.common import (
+    Columns,
     Output,
     Timeout,
     Wait,
@@ -26,6 +27,9 @@ from plait.cli.common import (
     rows,
     say,
 )
+from plait.client.client import PAGE
+from plait.client.status import JOB_STATES, job_status
+from plait.paging import MAX_LIMIT
 
 # -- jobs ----------------------------------------------------------------------------------
 job_app = typer.Typer(help="Jobs: deploy, inspect, update, resize, restart, roll back.",
@@ -33,24 +37,16 @@ job_app = typer.Typer(help="Jobs: deploy, inspect, update, resize, restart, roll
 
 
 def _status(j: dict[str, Any]) -> str:
-    if j["deleting"]:
-        return "deleting"
-    if j["halted"]:
-        return "halted"
-    if j.get("batch") and j["phase"] != "running":
-        return str(j["phase"])  # complete, or failed
-    if j["settled"]:
-        return "settled"
-    if j["unplaced_reason"]:
-        return "unplaced"
-    return "rolling out" if j["rollout_active"] else "converging"
+    return job_status(j).replace("-", " ")  # (rolling out)
 
 
-def _job_rows(jobs: list[dict[str, Any]]) -> None:
-    rows(["name", "entitlement", "version", "tasks", "running", "serving", "updated",
-          "status"], [
-        [j["name"], j["entitlement"], j["version"], j["task_count"],
-         j["tasks"].get("running", 0), j["serving"], j["updated"], _status(j)] for j in jobs])
+JOB_COLUMNS = ["name", "entitlement", "version", "tasks", "running", "serving", "updated",
+               "status"]
+
+
+def _job_row(j: dict[str, Any]) -> list[Any]:
+    return [j["name"], j["entitlement"], j["version"], j["task_count"],
+            j["tasks"].get("running", 0), j["serving"], j["updated"], _status(j)]
 
 
 def _plan_table(plan: dict[str, Any]) -> None:
@@ -186,9 +182,37 @@ def job_update(file: Path, wait: Wait = False, timeout: Timeout = 600.0,
 @job_app.command("list")
 @guarded
 def job_list(entitlement: Annotated[str | None, typer.Option()] = None,
+             state: Annotated[str | None, typer.Option(
+                 help=f"only jobs in this status ({', '.join(JOB_STATES)}; several: "
+                      "comma-separated)")] = None,
+             limit: Annotated[int | None, typer.Option(
+                 min=1, max=MAX_LIMIT, help="at most this many jobs (one page); the "
+                                           "token of the next page is printed")] = None,
+             continue_: Annotated[str | None, typer.Option(
+                 "--continue", help="the page after a --limit run (its token)")] = None,
              output: Output = "table") -> None:
-    data = api().get("/v1/jobs", entitlement=entitlement)
-    emit(data, output, lambda d: _job_rows(d["jobs"]))
+    """The jobs you may see, by name, filtered on the server; read a page at a time
+    and printed as each page comes."""
+    if output not in ("table", "json"):
+        raise CliError(f"--output must be table or json, not {output!r}", EXIT_INVALID)
+    pages = api().pages("/v1/jobs", "jobs", limit or PAGE, continue_, one=limit is not None,
+                        entitlement=entitlement, state=state)
+    if output == "json":
+        found: list[Any] = []
+        token = None
+        for jobs, nxt in pages:
+            found, token = found + jobs, nxt
+        print(json.dumps({"jobs": found, **({"continue": token} if limit else {})},
+                         indent=2, sort_keys=True))
+        return
+    table = Columns(JOB_COLUMNS)
+    token = None
+    for jobs, nxt in pages:
+        table.add([_job_row(j) for j in jobs])
+        token = nxt
+    table.end()
+    if limit is not None and token:
+        say(f"more: plait job list --limit {limit} --continue {token}")
 
 
 @job_app.command("show")

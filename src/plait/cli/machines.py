@@ -8,33 +8,77 @@ from typing import Annotated, Any
 import typer
 
 from plait.cli.client import q
-from plait.cli.common import Output, api, emit, err, guarded, kv_table, out, parse_duration, rows
+from plait.cli.common import (
+    Columns,
+    Output,
+    api,
+    emit,
+    err,
+    guarded,
+    kv_table,
+    out,
+    parse_duration,
+    rows,
+    say,
+)
 
 # -- machines ------------------------------------------------------------------------------
 machine_app = typer.Typer(help="Machines: inspect, fail, drain, cordon (admin).",
                           no_args_is_help=True)
 
 
-def _machine_rows(ms: list[dict[str, Any]]) -> None:
-    rows(["id", "state", "cordoned", "entitlement", "dc", "msb", "rack", "type", "tasks"], [
-        [m["id"], m["state"], "yes" if m["cordoned"] else "", m["entitlement"] or "(free)",
-         m["fault_domain"]["dc"], m["fault_domain"]["msb"], m["fault_domain"]["rack"],
-         m["type"], m["tasks"]] for m in ms])
+MACHINE_COLUMNS = ["id", "state", "cordoned", "entitlement", "dc", "msb", "rack", "type",
+                   "tasks"]
+
+
+def _machine_row(m: dict[str, Any]) -> list[Any]:
+    return [m["id"], m["state"], "yes" if m["cordoned"] else "", m["entitlement"] or "(free)",
+            m["fault_domain"]["dc"], m["fault_domain"]["msb"], m["fault_domain"]["rack"],
+            m["type"], m["tasks"]]
 
 
 @machine_app.command("list")
 @guarded
 def machine_list(state: Annotated[str | None, typer.Option()] = None,
                  entitlement: Annotated[str | None, typer.Option()] = None,
-                 limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
+                 limit: Annotated[int, typer.Option(min=1, max=1000,
+                                                    help="machines per page")] = 100,
                  offset: Annotated[int, typer.Option(min=0)] = 0,
+                 continue_: Annotated[str | None, typer.Option(
+                     "--continue", help="the next page (the token a page printed)")] = None,
+                 all_: Annotated[bool, typer.Option(
+                     "--all", help="every page, printed as each comes")] = False,
                  output: Output = "table") -> None:
-    data = api().get("/v1/machines", state=state, entitlement=entitlement, limit=limit,
-                     offset=offset)
+    """Machines in the region's order, filtered on the server: one page (``--limit``
+    from ``--offset``, or after ``--continue``), or ``--all`` of them."""
+    a = api()
+    if all_ or continue_:
+        pages = a.pages("/v1/machines", "machines", limit, continue_, one=not all_,
+                        state=state, entitlement=entitlement)
+        if output == "json":
+            found: list[Any] = []
+            token = None
+            for ms, nxt in pages:
+                found, token = found + ms, nxt
+            emit({"machines": found, "continue": token}, output, lambda d: None)
+            return
+        table = Columns(MACHINE_COLUMNS)
+        token = None
+        for ms, nxt in pages:
+            table.add([_machine_row(m) for m in ms])
+            token = nxt
+        table.end()
+        if token:
+            say(f"more: plait machine list --continue {token}")
+        return
+    data = a.get("/v1/machines", state=state, entitlement=entitlement, limit=limit,
+                 offset=offset)
 
     def show(d: dict[str, Any]) -> None:
-        _machine_rows(d["machines"])
+        rows(MACHINE_COLUMNS, [_machine_row(m) for m in d["machines"]])
         out.print(f"{len(d['machines'])} of {d['total']} machines from {d['offset']}")
+        if d.get("continue"):
+            say(f"more: plait machine list --limit {limit} --continue {d['continue']}")
     emit(data, output, show)
 
 

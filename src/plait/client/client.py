@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import httpx
 
 _IDEMPOTENT = frozenset({"GET", "PUT", "DELETE", "HEAD"})
+#: items per page of the lists the SDK reads page by page (the server's most: 5000)
+PAGE = 500
 
 
 class ApiError(Exception):
@@ -213,6 +215,20 @@ class Client:
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 
+    def pages(self, path: str, field: str, limit: int = PAGE,
+              **params: Any) -> Iterator[builtins.list[Any]]:
+        """Each page of a list (its ``field``), following the ``continue`` token of
+        each answer until the last (``plait.paging``). A server that does not page
+        answers the whole list at once: one page."""
+        token: str | None = None
+        while True:
+            body = self.get(path, limit=limit, **params, **({"continue": token}
+                                                            if token else {}))
+            yield body[field]
+            token = body.get("continue")
+            if not token:
+                return
+
     # -- small resources -----------------------------------------------------------------
     def health(self) -> t.Health:
         return cast(t.Health, self.get("/healthz"))
@@ -362,12 +378,24 @@ class Jobs(_Resource):
     def get(self, name: str) -> t.JobView:
         return cast(t.JobView, self.c.get(f"/v1/jobs/{name}"))
 
-    def list(self, entitlement: str | None = None) -> builtins.list[t.JobView]:
-        found = self.c.get("/v1/jobs", entitlement=entitlement)["jobs"]
-        return cast(builtins.list[t.JobView], found)
+    def iter(self, entitlement: str | None = None, state: str | None = None,
+             page: int = PAGE) -> Iterator[t.JobView]:
+        """The jobs the caller may see, by name, read ``page`` at a time; filtered
+        on the server by ``entitlement`` and ``state`` (a status of
+        ``plait.client.status.JOB_STATES``, or several comma-separated)."""
+        for found in self.c.pages("/v1/jobs", "jobs", page, entitlement=entitlement,
+                                  state=state):
+            yield from cast(builtins.list[t.JobView], found)
 
-    def tasks(self, name: str) -> builtins.list[t.TaskView]:
-        return cast(builtins.list[t.TaskView], self.c.get(f"/v1/jobs/{name}/tasks")["tasks"])
+    def list(self, entitlement: str | None = None,
+             state: str | None = None) -> builtins.list[t.JobView]:
+        return builtins.list(self.iter(entitlement, state))
+
+    def tasks(self, name: str, state: str | None = None) -> builtins.list[t.TaskView]:
+        """The job's tasks by index (``state``: of those states only)."""
+        return [task for found in self.c.pages(f"/v1/jobs/{name}/tasks", "tasks", PAGE,
+                                               state=state)
+                for task in cast(builtins.list[t.TaskView], found)]
 
     def history(self, name: str) -> t.JobHistory:
         return cast(t.JobHistory, self.c.get(f"/v1/jobs/{name}/history"))
@@ -414,8 +442,8 @@ class Entitlements(_Resource):
         return cast(t.EntitlementView, self.c.get(f"/v1/entitlements/{name}"))
 
     def list(self) -> builtins.list[t.EntitlementView]:
-        found = self.c.get("/v1/entitlements")["entitlements"]
-        return cast(builtins.list[t.EntitlementView], found)
+        return [e for found in self.c.pages("/v1/entitlements", "entitlements")
+                for e in cast(builtins.list[t.EntitlementView], found)]
 
 
 class Machines(_Resource):
@@ -424,6 +452,14 @@ class Machines(_Resource):
         return cast(t.MachineList, self.c.get("/v1/machines", state=state,
                                               entitlement=entitlement, limit=limit,
                                               offset=offset))
+
+    def iter(self, state: str | None = None, entitlement: str | None = None,
+             page: int = 1000) -> Iterator[t.MachineView]:
+        """Every machine that passes the filters, in the region's order, ``page`` at
+        a time (at most 1000)."""
+        for found in self.c.pages("/v1/machines", "machines", page, state=state,
+                                  entitlement=entitlement):
+            yield from cast(builtins.list[t.MachineView], found)
 
     def get(self, machine: str) -> dict[str, Any]:
         return cast(dict[str, Any], self.c.get(f"/v1/machines/{machine}"))
@@ -468,7 +504,8 @@ class Tokens(_Resource):
         return cast(dict[str, Any], self.c.post("/v1/tokens", body))
 
     def list(self) -> builtins.list[dict[str, Any]]:
-        return cast(builtins.list[dict[str, Any]], self.c.get("/v1/tokens")["tokens"])
+        return [info for found in self.c.pages("/v1/tokens", "tokens")
+                for info in cast(builtins.list[dict[str, Any]], found)]
 
     def revoke(self, token_id: str) -> dict[str, Any]:
         return cast(dict[str, Any], self.c.delete(f"/v1/tokens/{token_id}"))

@@ -70,8 +70,9 @@ class JobView(TypedDict):
     settled: bool
 
 
-class JobList(TypedDict):
-    jobs: list[JobView]
+#: ``continue``: the token of the next page, null at the end (only when the request
+#: gave ``limit`` or ``continue``: ``plait.paging``)
+JobList = TypedDict("JobList", {"jobs": list[JobView], "continue": NotRequired[str | None]})
 
 
 class TaskView(TypedDict):
@@ -87,9 +88,8 @@ class TaskView(TypedDict):
     operation: str | None
 
 
-class TaskList(TypedDict):
-    job: str
-    tasks: list[TaskView]
+TaskList = TypedDict("TaskList", {"job": str, "tasks": list[TaskView],
+                                   "continue": NotRequired[str | None]})
 
 
 class JobHistory(TypedDict):
@@ -130,8 +130,8 @@ class EntitlementView(TypedDict, total=False):
     jobs: list[str]
 
 
-class EntitlementList(TypedDict):
-    entitlements: list[EntitlementView]
+EntitlementList = TypedDict("EntitlementList", {"entitlements": list[EntitlementView],
+                                                 "continue": NotRequired[str | None]})
 
 
 class MachineView(TypedDict, total=False):
@@ -161,10 +161,9 @@ class MachineSummary(TypedDict):
     total: int
 
 
-class MachineList(TypedDict):
-    machines: list[MachineView]
-    total: int
-    offset: int
+#: ``continue``: the token of the page after this one (null at the end)
+MachineList = TypedDict("MachineList", {"machines": list[MachineView], "total": int,
+                                        "offset": int, "continue": NotRequired[str | None]})
 
 
 class WhoAmI(TypedDict):
@@ -287,8 +286,8 @@ class TokenView(TypedDict, total=False):
     token: str
 
 
-class TokenList(TypedDict):
-    tokens: list[TokenView]
+TokenList = TypedDict("TokenList", {"tokens": list[TokenView],
+                                     "continue": NotRequired[str | None]})
 
 
 class Joined(TypedDict):

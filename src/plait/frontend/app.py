@@ -15,6 +15,7 @@ applies it asynchronously, and its progress shows in the job's status and events
 
 import asyncio
 import functools
+import json
 from typing import Annotated, Any
 
 import pydantic
@@ -29,7 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
-from plait import __version__, requestid, tracing
+from plait import __version__, paging, requestid, tracing
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
@@ -37,10 +38,13 @@ from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics
 from plait.model import Entitlement, JobSpec, Resources
-from plait.model.machine import FaultDomain, Machine
+from plait.model.machine import FaultDomain, Machine, MachineState
+from plait.model.task import TaskState
+from plait.paging import BadRequest
 from plait.scheduler.records import Phase, TaskStatus
 from plait.server.auth import AuthError, Principal, Role
 from plait.server.controlplane import ControlPlane
+from plait.server.controlplane.listing import JOB_STATES, parse_states
 from plait.server.events import Event
 from plait.server.leader import Leadership
 from plait.ui.app import Ui, WithUi
@@ -48,6 +52,16 @@ from plait.ui.app import Ui, WithUi
 #: the largest request body accepted (a job spec is a few KB)
 
 NAME = Annotated[str, pydantic.StringConstraints(pattern=r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")]
+
+#: a list's page size and the token of its next page (``plait.paging``); a
+#: bad one is a 400 naming it
+Limit = Annotated[str | None, Query(description=(
+    f"items per page, 1 to {paging.MAX_LIMIT}: the answer then carries `continue`, the "
+    "token of the next page (null at the end); without it (and without `continue`) "
+    "every item"))]
+Continue = Annotated[str | None, Query(alias="continue", description=(
+    "the `continue` of the previous page, as it is (bound to the list and its filters)"))]
+TASK_STATES = tuple(s.value for s in TaskState)
 
 
 class Resize(pydantic.BaseModel):
@@ -308,6 +322,10 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     async def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
         return _error(422, "invalid", str(exc), exc.field)
 
+    @app.exception_handler(BadRequest)
+    async def _bad_page(request: Request, exc: BadRequest) -> JSONResponse:
+        return _error(400, "invalid", str(exc), exc.field)
+
     @app.exception_handler(NotFound)
     async def _missing(request: Request, exc: NotFound) -> JSONResponse:
         return _error(404, "not_found", str(exc))
@@ -493,10 +511,21 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return cp.views.entitlement_view(ent.name)
 
     @app.get("/v1/entitlements", response_model=t.EntitlementList, tags=["entitlements"])
-    def list_entitlements(who: User) -> dict[str, Any]:
+    def list_entitlements(who: User, limit: Limit = None, cont: Continue = None
+                          ) -> dict[str, Any]:
+        """The entitlements the caller may see, by name; in pages with ``limit`` and
+        ``continue`` (then the answer carries ``continue``)."""
+        win = paging.window(limit, cont, paging.scope_of("entitlements"))
         mine = owned(who)
         names = sorted(n for n in list(cp.allocator.entitlements) if mine is None or n in mine)
-        return {"entitlements": [cp.views.entitlement_view(n) for n in names]}
+
+        def view(name: str | int) -> dict[str, Any] | None:
+            try:
+                return cp.views.entitlement_view(str(name))
+            except NotFound:
+                return None  # (gone meanwhile)
+        found, nxt = paging.page(names, win, view)
+        return {"entitlements": found, **({"continue": nxt} if win.paged else {})}
 
     @app.get("/v1/entitlements/{name}", response_model=t.EntitlementView, tags=["entitlements"])
     def get_entitlement(name: str, who: User, request: Request) -> dict[str, Any]:
@@ -532,17 +561,25 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return ack(doc, created)
 
     @app.get("/v1/jobs", response_model=t.JobList, tags=["jobs"])
-    def list_jobs(who: User, entitlement: str | None = None) -> dict[str, Any]:
+    def list_jobs(who: User, entitlement: str | None = None,
+                  state: Annotated[str | None, Query(description=(
+                      "the job's status, one of " + ", ".join(JOB_STATES)
+                      + " (several: comma-separated)"))] = None,
+                  limit: Limit = None, cont: Continue = None) -> Response:
+        """The jobs the caller may see, by name. Without ``limit`` and ``continue``:
+        every one (``{"jobs": [...]}``); with them, a page and the token of the next
+        (``"continue"``: null at the end). Filters: ``entitlement``, ``state``.
+        Served from memory: a record is read again only once it changed."""
+        win = paging.window(limit, cont, paging.scope_of("jobs", entitlement=entitlement,
+                                                         state=state))
+        states = parse_states(state, JOB_STATES)
         mine = owned(who)
         if entitlement is not None:
             mine = {entitlement} if mine is None or entitlement in mine else set()
-        views = []
-        for name in cp.views.job_names(mine):
-            try:
-                views.append(cp.views.job_view(name))
-            except NotFound:
-                continue  # deleted meanwhile
-        return {"jobs": views}
+        items, nxt = cp.views.index.page(win, mine, states)
+        tail = b',"continue":' + json.dumps(nxt).encode() if win.paged else b""
+        return Response(b'{"jobs":[' + b",".join(items) + b"]" + tail + b"}",
+                        media_type="application/json")
 
     @app.get("/v1/jobs/{name}", response_model=t.JobView, tags=["jobs"])
     def get_job(name: str, who: User, request: Request) -> dict[str, Any]:
@@ -638,9 +675,19 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                 "header": "Plait-Signature", "algorithm": "HMAC-SHA256"}
 
     @app.get("/v1/jobs/{name}/tasks", response_model=t.TaskList, tags=["tasks"])
-    def job_tasks(name: str, who: User, request: Request) -> dict[str, Any]:
+    def job_tasks(name: str, who: User, request: Request,
+                  state: Annotated[str | None, Query(description=(
+                      "the task's state, one of " + ", ".join(TASK_STATES)
+                      + " (several: comma-separated)"))] = None,
+                  limit: Limit = None, cont: Continue = None) -> dict[str, Any]:
+        """The job's tasks by index; in pages with ``limit`` and ``continue``."""
         may_job(request, who, name)
-        return {"job": name, "tasks": cp.views.tasks_view(name)}
+        win = paging.window(limit, cont, paging.scope_of(f"tasks/{name}", state=state))
+        states = parse_states(state, TASK_STATES)
+        tasks = {task["index"]: task for task in cp.views.tasks_view(name)}
+        found, nxt = paging.page(sorted(tasks), win, lambda i: tasks[int(i)] if (
+            states is None or tasks[int(i)]["state"] in states) else None)
+        return {"job": name, "tasks": found, **({"continue": nxt} if win.paged else {})}
 
     @app.post("/v1/jobs/{name}/tasks/{index}/restart", response_model=t.JobAck, tags=["tasks"])
     def restart_task(name: str, index: int, who: User, request: Request) -> dict[str, Any]:
@@ -668,9 +715,19 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     @app.get("/v1/machines", response_model=t.MachineList, tags=["machines"])
     def list_machines(who: Admin, state: str | None = None, entitlement: str | None = None,
                       offset: Annotated[int, Query(ge=0)] = 0,
-                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
-        found, total = cp.views.machines(state, entitlement, offset, limit)
-        return {"machines": found, "total": total, "offset": offset}
+                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                      cont: Continue = None) -> dict[str, Any]:
+        """Machines in the region's order (generated, then registered), ``limit`` at a
+        time: the next page from ``continue`` (the token of the last; null at the
+        end), or at ``offset``. ``total``: every machine that passes the filters."""
+        scope = paging.scope_of("machines", state=state, entitlement=entitlement)
+        after = None if not cont else str(paging.decode(cont, scope))
+        if after is not None and offset:
+            raise BadRequest("offset", "offset: give either offset or continue")
+        states = parse_states(state, tuple(s.value for s in MachineState))
+        found, total, last = cp.views.machines(states, entitlement, offset, limit, after)
+        return {"machines": found, "total": total, "offset": offset,
+                "continue": None if last is None else paging.encode(last, scope)}
 
     @app.get("/v1/machines/summary", response_model=t.MachineSummary, tags=["machines"])
     def machine_summary(who: Admin) -> dict[str, Any]:
@@ -774,8 +831,13 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return token_view(info, token)
 
     @app.get("/v1/tokens", response_model=t.TokenList, tags=["tokens"])
-    def list_tokens(who: Admin) -> dict[str, Any]:
-        return {"tokens": [token_view(t) for t in cp.tokens.list()]}
+    def list_tokens(who: Admin, limit: Limit = None, cont: Continue = None
+                    ) -> dict[str, Any]:
+        """Every token by id; in pages with ``limit`` and ``continue``."""
+        win = paging.window(limit, cont, paging.scope_of("tokens"))
+        by_id = {info.id: info for info in cp.tokens.list()}
+        found, nxt = paging.page(sorted(by_id), win, lambda i: token_view(by_id[str(i)]))
+        return {"tokens": found, **({"continue": nxt} if win.paged else {})}
 
     @app.delete("/v1/tokens/{token_id}", response_model=t.TokenView, tags=["tokens"])
     def revoke_token(token_id: str, who: Admin) -> dict[str, Any]:

@@ -39,7 +39,7 @@ import httpx
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from plait import __version__, tracing
+from plait import __version__, paging, tracing
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.frontend.proxy import (
     FORWARDED,
@@ -486,8 +486,17 @@ class ShardRouter:
                 for mine in merged["machines"]:
                     mine["tasks"] += tasks.get(mine["id"], 0)
             return _json(200, merged)
-        items = sorted((x for p in pages for x in p[key]), key=lambda x: str(x.get("name")))
-        return _json(200, {key: items})
+        # one order across shards (by name): each shard answered the same window,
+        # merged here by name (``plait.paging``)
+        query = dict(httpx.QueryParams(scope.get("query_string", b"").decode()))
+        filters = {k: query.get(k) for k in ("entitlement", "state")} if key == "jobs" else {}
+        try:
+            win = paging.window(query.get("limit"), query.get("continue"),
+                                paging.scope_of(key, **filters))
+        except paging.BadRequest as exc:  # (every shard refused it already)
+            raise Refused(400, "invalid", str(exc), field=exc.field) from None
+        items, nxt = paging.merged(pages, key, lambda x: str(x.get("name")), win)
+        return _json(200, {key: items, **({"continue": nxt} if win.paged else {})})
 
     async def events(self, scope: Scope, body: bytes) -> Any:
         """Every shard's events merged oldest first; ``after``, ``next`` and each

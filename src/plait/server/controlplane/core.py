@@ -278,7 +278,9 @@ class ControlPlane:
             return None
 
     def notify(self, job: str) -> None:
-        """A job's record changed: apply it on the next pass, which starts now."""
+        """A job's record changed: apply it on the next pass, which starts now (and
+        read it again for the next list)."""
+        self.views.index.touch(job)
         with self.pending_lock:
             self.inbox.add(job)
         self.wake.set()

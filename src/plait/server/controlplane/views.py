@@ -4,6 +4,7 @@ job it changed (decision 45)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,8 +12,10 @@ from plait.allocator import AllocationRequest
 from plait.errors import NotFound
 from plait.model import Fleet, JobSpec
 from plait.model.task import TaskState
+from plait.paging import BadRequest
 from plait.scheduler import Scheduler
 from plait.scheduler.records import JobRecord, same_runtime
+from plait.server.controlplane.listing import JobEntry, JobIndex, render
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
@@ -83,6 +86,8 @@ class Views:
         self.cp = cp
         #: per job: what readers see of its tasks, as the last pass left them
         self._views: dict[str, JobState] = {}
+        #: the stored half of every job's view, for lists (``plait...listing``)
+        self.index = JobIndex(cp)
 
 
     def publish(self, changed: set[str] | None) -> None:
@@ -99,6 +104,7 @@ class Views:
         if changed is None:
             for name in [n for n in views if n not in sched.jobs]:
                 del views[name]
+            self.index.reset()  # (a rebuild: the records may have changed meanwhile)
 
     def entitlement_view(self, name: str) -> dict[str, Any]:
         """(No lock: plain reads of the allocator's counters and the jobs' views.)"""
@@ -116,52 +122,12 @@ class Views:
         """The job as stored (spec, versions) and as the last pass left its tasks (no
         lock: a read never waits for a pass)."""
         doc = self.cp.jobs.get(name)
-        job = self._views.get(name)
-        counts = job.counts if job is not None else {}
-        spec = doc.spec
-        succeeded = counts.get(TaskState.SUCCEEDED.value, 0)
-        failed = counts.get(TaskState.DEAD.value, 0)
-        if not spec.restart.batch:
-            phase = "running"
-        elif failed:
-            phase = "failed"  # a task exhausted its retries (the others run on)
-        elif (job is not None and job.target == doc.version
-              and succeeded == spec.task_count == job.records):
-            phase = "complete"
-        else:
-            phase = "running"
-        updated = job.updated if job is not None else 0
-        return {
-            "name": name, "entitlement": doc.entitlement, "version": doc.version,
-            "applied_version": job.target if job else 0,
-            "spec": doc.spec.model_dump(mode="json"), "deleting": doc.deleting,
-            "task_count": doc.spec.task_count, "tasks": dict(counts),
-            "serving": job.serving if job else 0,
-            "updated": updated, "halted": job.halted if job else None,
-            # a rollout, a restart or a move under way, or an operation stored and not
-            # applied yet (a restart just asked for is under way from the start)
-            "rollout_active": bool(job is None or job.rollout_active or job.busy
-                                   or job.applied_operation < doc.seq),
-            "moving_from": job.moving_from if job else None,
-            "on_entitlement": job.on_entitlement if job else 0,
-            "unplaced_reason": job.unplaced_reason if job else None,
-            "error": job.error if job else None,
-            "unavailable": job.unavailable if job else doc.spec.task_count,
-            "batch": spec.restart.batch, "phase": phase, "succeeded": succeeded,
-            "failed": failed, "running": counts.get(TaskState.RUNNING.value, 0),
-            # the operations stored so far are applied, and nothing is under way
-            "applied_operation": job.applied_operation if job else 0,
-            "settled": bool(job and job.target == doc.version and not doc.deleting
-                            and job.applied_operation >= doc.seq and not job.busy
-                            and updated == doc.spec.task_count
-                            and job.records == doc.spec.task_count),
-        }
+        return {**render(JobEntry.of(doc), self._views.get(name)),
+                "spec": doc.spec.model_dump(mode="json")}
 
-    def job_names(self, entitlements: set[str] | None = None) -> list[str]:
-        names = self.cp.jobs.names()
-        if entitlements is None:
-            return names
-        return [n for n in names if self.cp.entitlement_of(n) in entitlements]
+    def published(self) -> dict[str, JobState]:
+        """Every job as the last pass published it (not a copy: read, never change)."""
+        return self._views
 
     def tasks_view(self, name: str) -> list[dict[str, Any]]:
         self.cp.jobs.get(name)  # NotFound for an unknown job
@@ -262,21 +228,40 @@ class Views:
                               "machines": int(n)})
         return {"cells": cells, "total": len(fleet)}
 
-    def machines(self, state: str | None = None, entitlement: str | None = None,
-                 offset: int = 0, limit: int = 100) -> tuple[list[dict[str, Any]], int]:
+    def machines(self, states: Collection[str] | None = None, entitlement: str | None = None,
+                 offset: int = 0, limit: int = 100, after: str | None = None
+                 ) -> tuple[list[dict[str, Any]], int, str | None]:
+        """The machines that pass the filters (in one of ``states``, of
+        ``entitlement``), in the fleet's order (which only ever
+        grows at its end): ``limit`` of them from ``offset``, or after machine
+        ``after``; how many pass in all; the last one listed when more follow."""
+        start = -1
+        if after is not None:
+            try:
+                start = self.cp.machine_index(after)
+            except NotFound:
+                raise BadRequest("continue", f"continue: machine {after!r} is not in the "
+                                             "region; list again from the start") from None
         with self.cp.lock:
-            found = []
-            total = 0
+            found: list[dict[str, Any]] = []
+            total = position = 0
+            more = False
             for m in range(len(self.cp.fleet)):
                 broker = self.cp.region.broker_of(m)
-                if state is not None and broker.state(m).value != state:
+                if states is not None and broker.state(m).value not in states:
                     continue
                 if entitlement is not None and broker.entitlement_of(m) != entitlement:
                     continue
-                if offset <= total < offset + limit:
-                    found.append(self.machine_view(m))
                 total += 1
-            return found, total
+                if m <= start:
+                    continue
+                if position >= offset:
+                    if len(found) < limit:
+                        found.append(self.machine_view(m))
+                    else:
+                        more = True
+                position += 1
+            return found, total, (found[-1]["id"] if found and more else None)
 
     def machine(self, machine: str) -> dict[str, Any]:
         m = self.cp.machine_index(machine)
