@@ -139,3 +139,15 @@ def check_invariants(c: Cluster) -> None:
         recount = np.zeros_like(counts)
         np.add.at(recount, (ix.loc[lvl][expected_free], ix.shape[expected_free]), 1)
         assert (recount == counts).all(), f"free counts at {lvl} out of step"
+    # a large entitlement's members: idle (available, no task) in its pool, the rest busy
+    available = (ix.state == 0) & ~ix.cordoned
+    for code, pool in ix.idle.items():
+        mine = ix.ent == code
+        idle = mine & available & (ix.tasks == 0)
+        assert (np.array([ix.is_idle(m) for m in range(n)]) & mine == idle).all(), (
+            "idle pool out of step")
+        assert set(ix.busy[code].ids.tolist()) == set(np.flatnonzero(mine & ~idle).tolist())
+        for lvl, counts in pool.count.items():
+            recount = np.zeros_like(counts)
+            np.add.at(recount, (ix.loc[lvl][idle], ix.shape[idle]), 1)
+            assert (recount == counts).all(), f"idle counts at {lvl} out of step"

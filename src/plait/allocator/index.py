@@ -14,6 +14,12 @@ object per machine, and partitioned so that one allocation does not scan the reg
   whatever the size of the region. Buckets are intrusive linked lists over two
   per-machine arrays, so adding and removing a machine is O(1).
 
+A large entitlement (``IDLE_POOL_MIN`` machines or more) keeps its own pool of the
+same kind: its *idle* members (available, no task) bucketed by (rack, shape) with
+per-level counts, and the rest of its members (``busy``) in a dense set. Stacking
+reads the counts and scans only the busy members, not the whole entitlement; the
+pool is kept up to date on every binding, health and task-count change.
+
 Only healthy machines are in the free pool. Each machine carries a generation that
 changes whenever a property the allocator relies on changes (binding, health);
 the job-level allocation cache compares generations to stay correct.
@@ -40,6 +46,8 @@ HEALTHY, FAILED, MAINTENANCE = 0, 1, 2
 STATE_CODES = {MachineState.HEALTHY: HEALTHY, MachineState.FAILED: FAILED,
                MachineState.MAINTENANCE: MAINTENANCE}
 NONE = -1
+#: an entitlement with at least this many machines keeps a pool of its idle members
+IDLE_POOL_MIN = 4096
 
 
 class MemberSet:
@@ -82,11 +90,29 @@ class MemberSet:
         return int(self._ids.nbytes)
 
 
+class Pool:
+    """Interchangeable machines by (rack, shape) bucket (``rack * n_shapes + shape``):
+    the head of each bucket's list (the lists themselves are the index's shared
+    ``_next`` / ``_prev`` arrays: a machine is in one pool at most) and, per
+    fault-domain level, a (domains, shapes) count matrix."""
+
+    __slots__ = ("count", "head")
+
+    def __init__(self, n_buckets: int, shapes: dict[str, tuple[int, int]]) -> None:
+        self.head = np.full(n_buckets, NONE, np.int32)
+        self.count = {lvl: np.zeros(shape, np.int32) for lvl, shape in shapes.items()}
+
+    def nbytes(self) -> int:
+        return int(self.head.nbytes) + sum(int(c.nbytes) for c in self.count.values())
+
+
 class MachineIndex:
     """Columnar index of a region's machines; see the module docstring."""
 
-    def __init__(self, fleet: Fleet, region: Region) -> None:
+    def __init__(self, fleet: Fleet, region: Region, idle_pool_min: int = IDLE_POOL_MIN) -> None:
         self.fleet = fleet
+        #: the size from which an entitlement keeps a pool of its idle members
+        self.idle_pool_min = idle_pool_min
         self.region = region
         n = len(fleet)
         # -- static columns (shared with the fleet table, not copied)
@@ -123,15 +149,23 @@ class MachineIndex:
         #: per level, a rank of each domain that alternates DCs (first domain of every
         #: DC, then the second of every DC, ...): placement's last tie-breaker
         self.interleave = {lvl: _interleave(self.dc_of[lvl]) for lvl in DOMAIN_LEVELS}
-        self.free_count = {lvl: np.zeros((len(fleet.level_names[lvl]), n_shapes), np.int32)
-                           for lvl in DOMAIN_LEVELS}
-        # the free pool's per-machine updates, without dictionary lookups
-        self._count_loc = [(self.free_count[lvl], self.loc[lvl]) for lvl in DOMAIN_LEVELS]
+        self._pool_shapes = {lvl: (len(fleet.level_names[lvl]), n_shapes)
+                             for lvl in DOMAIN_LEVELS}
+        self._n_buckets = len(fleet.level_names["rack"]) * n_shapes
+        self.free_pool = Pool(self._n_buckets, self._pool_shapes)
+        self.free_count = self.free_pool.count
         self._rack, self._n_shapes = self.loc["rack"], n_shapes
-        self._head = np.full(len(fleet.level_names["rack"]) * n_shapes, NONE, np.int32)
+        self._head = self.free_pool.head
         self._next = np.full(n, NONE, np.int32)
         self._prev = np.full(n, NONE, np.int32)
         self._in_free = np.zeros(n, np.bool_)
+        # -- large entitlements: idle members pooled, the others in a dense set
+        #: entitlement code -> the pool of its idle members (large entitlements only)
+        self.idle: dict[int, Pool] = {}
+        #: entitlement code -> its members that are not idle (same entitlements)
+        self.busy: dict[int, MemberSet] = {}
+        self._busy_pos = np.full(n, NONE, np.int32)
+        self._in_idle = np.zeros(n, np.bool_)
         #: static bins/cells per policy shape, built on first use (``policy.layout_of``)
         self.layouts: dict[tuple[object, ...], object] = {}
         #: bumped by every change a plan's commit would have to verify (binding,
@@ -154,10 +188,14 @@ class MachineIndex:
         available = (self.state == HEALTHY) & ~self.cordoned
         self.hshape[:] = np.where(available, self.shape, self._n_shapes)
         free = np.flatnonzero((self.ent == FREE) & available)
-        self._bulk_free(free)
+        self._bulk_add(self.free_pool, free)
+        self._in_free[free] = True
+        for code, members in list(self.members.items()):
+            if members.size >= self.idle_pool_min:
+                self._make_idle_pool(code)
 
-    def _bulk_free(self, machines: I64) -> None:
-        """Put many machines in the free pool at once (vectorised build)."""
+    def _bulk_add(self, pool: Pool, machines: I64) -> None:
+        """Put many machines in an empty pool at once (vectorised build)."""
         if machines.size == 0:
             return
         if not (machines[1:] > machines[:-1]).all():
@@ -174,10 +212,9 @@ class MachineIndex:
         self._next[m_sorted] = np.where(same, np.roll(m_sorted, -1), NONE)
         first = np.concatenate(([True], b_sorted[1:] != b_sorted[:-1]))
         self._prev[m_sorted] = np.where(first, NONE, np.roll(m_sorted, 1))
-        self._head[b_sorted[first]] = m_sorted[first]
-        self._in_free[machines] = True
+        pool.head[b_sorted[first]] = m_sorted[first]
         for lvl in DOMAIN_LEVELS:  # np.bincount: np.add.at is slow on a million machines
-            counts = self.free_count[lvl]
+            counts = pool.count[lvl]
             cell = self.loc[lvl][machines].astype(np.int64) * n_shapes + s
             counts += np.bincount(cell, minlength=counts.size).reshape(counts.shape).astype(
                 np.int32)
@@ -188,47 +225,126 @@ class MachineIndex:
             members = self.members[code] = MemberSet(self._member_pos)
         return members
 
-    # -- the free pool ----------------------------------------------------------------------
-    def _free_add(self, m: int) -> None:
-        if self._in_free[m]:
-            return
+    # -- pools --------------------------------------------------------------------------------
+    def _pool_add(self, pool: Pool, m: int) -> None:
         s = int(self.shape[m])
         b = int(self._rack[m]) * self._n_shapes + s
-        head = int(self._head[b])
+        head = int(pool.head[b])
         self._next[m] = head
         self._prev[m] = NONE
         if head != NONE:
             self._prev[head] = m
-        self._head[b] = m
-        self._in_free[m] = True
-        for counts, loc in self._count_loc:
-            counts[loc[m], s] += 1
+        pool.head[b] = m
+        for lvl, counts in pool.count.items():
+            counts[self.loc[lvl][m], s] += 1
 
-    def _free_remove(self, m: int) -> None:
-        if not self._in_free[m]:
-            return
+    def _pool_remove(self, pool: Pool, m: int) -> None:
         s = int(self.shape[m])
         b = int(self._rack[m]) * self._n_shapes + s
         prv, nxt = int(self._prev[m]), int(self._next[m])
         if prv != NONE:
             self._next[prv] = nxt
         else:
-            self._head[b] = nxt
+            pool.head[b] = nxt
         if nxt != NONE:
             self._prev[nxt] = prv
         self._next[m] = self._prev[m] = NONE
+        for lvl, counts in pool.count.items():
+            counts[self.loc[lvl][m], s] -= 1
+
+    def _free_add(self, m: int) -> None:
+        if self._in_free[m]:
+            return
+        self._pool_add(self.free_pool, m)
+        self._in_free[m] = True
+
+    def _free_remove(self, m: int) -> None:
+        if not self._in_free[m]:
+            return
+        self._pool_remove(self.free_pool, m)
         self._in_free[m] = False
-        for counts, loc in self._count_loc:
-            counts[loc[m], s] -= 1
+
+    def _make_idle_pool(self, code: int) -> None:
+        """Split a large entitlement's members into its idle pool and busy set."""
+        pool = self.idle[code] = Pool(self._n_buckets, self._pool_shapes)
+        busy = self.busy[code] = MemberSet(self._busy_pos)
+        ids = self.members[code].ids
+        idle = (self.tasks[ids] == 0) & (self.hshape[ids] != self._n_shapes)
+        machines = np.sort(ids[idle]).astype(np.int64)
+        self._bulk_add(pool, machines)
+        self._in_idle[machines] = True
+        for m in ids[~idle].tolist():
+            busy.add(m, 0)
+
+    def _sync_idle(self, m: int) -> None:
+        """Move a member of a pooled entitlement between its idle pool and busy set as
+        its task count and availability say."""
+        code = int(self.ent[m])
+        pool = self.idle.get(code)
+        if pool is None:
+            return
+        idle = self.tasks[m] == 0 and self.hshape[m] != self._n_shapes
+        if idle and not self._in_idle[m]:
+            self.busy[code].remove(m, 0)
+            self._pool_add(pool, m)
+            self._in_idle[m] = True
+        elif not idle and self._in_idle[m]:
+            self._pool_remove(pool, m)
+            self._in_idle[m] = False
+            self.busy[code].add(m, 0)
+
+    def _leave(self, code: int, m: int) -> None:
+        """Machine ``m`` leaves entitlement ``code``."""
+        cpu = int(self.total_cpu[m])
+        self.members[code].remove(m, cpu)
+        pool = self.idle.get(code)
+        if pool is not None:
+            if self._in_idle[m]:
+                self._pool_remove(pool, m)
+                self._in_idle[m] = False
+            else:
+                self.busy[code].remove(m, 0)
+
+    def _join(self, code: int, m: int) -> None:
+        """Machine ``m`` joins entitlement ``code`` (as busy until ``_sync_idle``)."""
+        members = self._member(code)
+        members.add(m, int(self.total_cpu[m]))
+        if code in self.busy:
+            self.busy[code].add(m, 0)
+        elif members.size >= self.idle_pool_min:
+            self.ent[m] = code
+            self._make_idle_pool(code)
+
+    # -- task counts (the allocator's commits and loads go through these) ------------------
+    def add_tasks(self, machines: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> None:
+        """``counts[k]`` more tasks on ``machines[k]`` (distinct machines)."""
+        self.tasks[machines] += counts
+        if self.idle:
+            for m in machines[self._in_idle[machines]].tolist():
+                self._sync_idle(m)
+
+    def add_task(self, m: int) -> None:
+        self.tasks[m] += 1
+        if self._in_idle[m]:
+            self._sync_idle(m)
+
+    def remove_task(self, m: int) -> None:
+        self.tasks[m] -= 1
+        if self.idle and self.tasks[m] == 0:
+            self._sync_idle(m)
+
+    def is_idle(self, m: int) -> bool:
+        """Is ``m`` in its (large) entitlement's idle pool?"""
+        return bool(self._in_idle[m])
 
     def is_free(self, m: int) -> bool:
         return bool(self._in_free[m])
 
-    def first_free(self, buckets: I64, skip: set[int]) -> int | None:
-        """The first free machine not in ``skip``, walking the (rack, shape) buckets
-        (``rack * n_shapes + shape``) in the given order, each most recently freed
-        first."""
-        heads = self._head[buckets]
+    def first_free(self, buckets: I64, skip: set[int], pool: Pool | None = None) -> int | None:
+        """The first machine of ``pool`` (the free pool by default) not in ``skip``,
+        walking the (rack, shape) buckets (``rack * n_shapes + shape``) in the given
+        order, each most recently added first."""
+        heads = (self._head if pool is None else pool.head)[buckets]
         heads = heads[heads != NONE]
         for at in range(0, heads.size, 16):  # usually the first bucket will do
             for m in heads[at:at + 16].tolist():
@@ -253,11 +369,11 @@ class MachineIndex:
             change.entitlement)
         old = int(self.ent[m])
         if old != code:
-            cpu = int(self.total_cpu[m])
             if old != FREE:
-                self.members[old].remove(m, cpu)
+                self._leave(old, m)
+            self.ent[m] = FREE
             if code != FREE:
-                self._member(code).add(m, cpu)
+                self._join(code, m)
             self.ent[m] = code
         state = STATE_CODES[change.state]
         self.state[m] = state
@@ -270,6 +386,8 @@ class MachineIndex:
             self._free_add(m)
         else:
             self._free_remove(m)
+            if self.idle:
+                self._sync_idle(m)
 
     # -- reading ------------------------------------------------------------------------------
     def machines_of(self, ent_code: int) -> I32:
@@ -283,6 +401,7 @@ class MachineIndex:
             self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
             self.state, self.cordoned, self.profile, self.gen, self.shape, self.hshape,
             self._member_pos, self._head, self._next, self._prev, self._in_free,
+            self._busy_pos, self._in_idle,
             *self.free_count.values(), *self.racks_of.values(),
             *self.dc_of.values(), *self.interleave.values(),
         ]
@@ -290,7 +409,9 @@ class MachineIndex:
             self.total_cpu, self.total_mem, self.total_disk, *self.loc.values(),
         ]
         return (sum(int(a.nbytes) for a in own) + sum(int(a.nbytes) for a in read)
-                + sum(ms.nbytes() for ms in self.members.values()))
+                + sum(ms.nbytes() for ms in self.members.values())
+                + sum(ms.nbytes() for ms in self.busy.values())
+                + sum(pool.nbytes() for pool in self.idle.values()))
 
 
 def _shapes(fleet: Fleet) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int16],

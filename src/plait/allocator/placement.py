@@ -180,6 +180,8 @@ class _Placer:
         else:
             self.remaining = _EMPTY
         members = index.members.get(cp.ent_code)
+        #: a large entitlement's idle members, counted per cell (``MachineIndex.idle``)
+        self.idle = index.idle.get(cp.ent_code)
         gone = releasing(index, plan.frees, cp.ent_code)
         self.ent_machines = (members.size if members else 0) - len(gone)
         self.ent_rru = (members.machines_rru if members else 0) - sum(
@@ -228,10 +230,11 @@ class _Placer:
         self.cap: list[int] = []
         self.fc: list[int] = []
         self.fm: list[int] = []
-        members = ix.members.get(cp.ent_code)
+        members = ix.busy.get(cp.ent_code) if self.idle is not None else (
+            ix.members.get(cp.ent_code))
         if members is None or members.size == 0 or cp.shapes.size == 0:
             return _EMPTY, _EMPTY, _EMPTY
-        E = members.ids
+        E = members.ids  # a large entitlement's idle members are counted, not scanned
         nc, nm, nd = cp.need
         floor_c, floor_m, floor_d = cp.floor
         fc = ix.free_cpu[E]
@@ -321,6 +324,7 @@ class _Placer:
         self.end: list[int] = hi.tolist()
         self.used = [0] * len(self.m)
         #: machines claimed during this proposal, per bin: [machine, cap, used, fc, fm]
+        #: (a free machine claimed, or an idle machine of the entitlement taken)
         self.claimed: dict[int, list[int]] = {}
         # heads: a machine of the entitlement (kind 0) before a free-pool cell (kind 1)
         cell = lo == hi
@@ -330,6 +334,24 @@ class _Placer:
             first = lo[ent]
             lc[ent] = fc[first]
             lm[ent] = fm[first]
+        #: bins with idle machines of the entitlement (their heads are not inlined)
+        self.idle_bins: set[int] = set()
+        if self.idle is not None:
+            # a large entitlement's idle machines: per bin its best cell that has one,
+            # as good a head as a busy machine with the same room left
+            iavail = self.idle.count[L.level].take(L.cell_flat)
+            nz = iavail.nonzero()[0]
+            if nz.size:
+                iptr = np.append(nz, iavail.size)[nz.searchsorted(L.cell_lo)]
+                has = iptr < L.cell_hi
+                ic, im = L.cell_cpu_pad[iptr], L.cell_mem_pad[iptr]
+                better = has & (cell | (ic < lc) | ((ic == lc) & (im < lm)))
+                lc = np.where(better, ic, lc)
+                lm = np.where(better, im, lm)
+                cell = cell & ~has
+                self.idle_bins = set(has.nonzero()[0].tolist())
+                self.iavail: np.ndarray = iavail
+                self.iptr: list[int] = np.minimum(iptr, L.cell_hi).tolist()
         if sptr is L.cell_lo:
             bins: list[int] = L.bins  # all of them have a head
         else:
@@ -367,13 +389,18 @@ class _Placer:
         i, end = self.ptr[p], self.end[p]
         while i < end:
             if self.used[i] < self.cap[i]:
-                self.ptr[p] = i
-                u = self.used[i] + 1
-                return (0, self.fc[i] - u * nc, self.fm[i] - u * nm)
+                break
             i += 1
         self.ptr[p] = i
-        j, send = self.sptr[p], self.send[p]
         L = self.layout
+        j = self._idle_cell(p) if p in self.idle_bins else None
+        if j is not None and (i >= end or (L.cell_cpu[j], L.cell_mem[j]) < (
+                self.fc[i] - self.used[i] * nc, self.fm[i] - self.used[i] * nm)):
+            return (0, L.cell_cpu[j] - nc, L.cell_mem[j] - nm)
+        if i < end:
+            u = self.used[i] + 1
+            return (0, self.fc[i] - u * nc, self.fm[i] - u * nm)
+        j, send = self.sptr[p], self.send[p]
         while j < send:
             if self.cell_avail[j] > 0:
                 if self._can_claim(L.cell_shape[j]):
@@ -382,6 +409,17 @@ class _Placer:
                 self.quota_blocked = True
             j += 1
         self.sptr[p] = j
+        return None
+
+    def _idle_cell(self, p: int) -> int | None:
+        """Bin ``p``'s best cell that still has an idle machine of the entitlement."""
+        j, send, avail = self.iptr[p], self.send[p], self.iavail
+        while j < send and avail[j] <= 0:
+            j += 1
+        self.iptr[p] = j
+        if j < send:
+            return j
+        self.idle_bins.discard(p)
         return None
 
     def _can_claim(self, shape: int) -> bool:
@@ -412,29 +450,41 @@ class _Placer:
         """Put one task in bin ``p`` on its head machine; claim a free one if needed."""
         ix, cp = self.ix, self.cp
         claimed = self.claimed.get(p)
+        L = self.layout
+        i = self.ptr[p]
+        j = self._idle_cell(p) if claimed is None and p in self.idle_bins else None
+        if j is not None and i < self.end[p] and (L.cell_cpu[j], L.cell_mem[j]) >= (
+                self.fc[i] - self.used[i] * cp.need[0], self.fm[i] - self.used[i] * cp.need[1]):
+            j = None  # the busy machine is as good a fit
         if claimed is not None:
             claimed[2] += 1
             m = claimed[0]
-        elif self.ptr[p] < self.end[p]:
-            i = self.ptr[p]
+        elif j is None and i < self.end[p]:
             self.used[i] += 1
             m = self.m[i]
         else:
-            L = self.layout
-            j = self.sptr[p]
-            found = ix.first_free(L.buckets(j), self.taken)
-            if found is None:
-                self.cell_avail[j] = 0
-                return None
+            if j is not None:  # an idle machine of the entitlement: no claim
+                assert self.idle is not None
+                found = ix.first_free(L.buckets(j), self.taken, self.idle)
+                if found is None:
+                    self.iavail[j] = 0
+                    return None
+                self.iavail[j] -= 1
+            else:
+                j = self.sptr[p]
+                found = ix.first_free(L.buckets(j), self.taken)
+                if found is None:
+                    self.cell_avail[j] = 0
+                    return None
+                self.cell_avail[j] -= 1
+                self.plan.claims.append((found, int(ix.version[found])))
+                self.claimed_rru += L.cell_cpu[j]
+                if self.quota_machines is not None or self.quota_rru is not None:
+                    self.epoch += 1  # the quota may now stop other bins from claiming
             m = found
-            self.cell_avail[j] -= 1
             self.taken.add(m)
-            self.plan.claims.append((m, int(ix.version[m])))
-            # a free machine's totals are its shape's, which the cell has
+            # an idle or free machine's totals are its shape's, which the cell has
             total_cpu, total_mem = L.cell_cpu[j], L.cell_mem[j]
-            self.claimed_rru += total_cpu
-            if self.quota_machines is not None or self.quota_rru is not None:
-                self.epoch += 1  # the quota may now stop other bins from claiming
             cap = BIG
             for total, need, floor in zip((total_cpu, total_mem, L.cell_disk[j]), cp.need,
                                           cp.floor, strict=True):
@@ -478,11 +528,12 @@ class _Placer:
         every claim on the way). Returns how many tasks were placed: all of them
         unless a claim found no free machine."""
         assign, ptr, end, used, machines = self.plan.assign, self.ptr, self.end, self.used, self.m
-        count0, anc0 = self.counts[0], self.anc[0]
+        count0, anc0, idle_bins = self.counts[0], self.anc[0], self.idle_bins
         for k, t in enumerate(to_place):
             p = entries[k][-2]
             i = ptr[p]
-            if i < end[p]:  # a machine of the entitlement (_place, inlined)
+            if i < end[p] and p not in idle_bins:  # a busy machine of the entitlement
+                # (_place, inlined)
                 used[i] += 1
                 assign.append((t, machines[i]))
                 a = anc0[p]
@@ -500,7 +551,7 @@ class _Placer:
         claimed, ptr, end, used, cap = self.claimed, self.ptr, self.end, self.used, self.cap
         machines, fc, fm = self.m, self.fc, self.fm
         nc, nm, _ = self.cp.need
-        simple = self.simple
+        simple, idle_bins = self.simple, self.idle_bins
         if simple:
             count0, anc0 = self.counts[0], self.anc[0]
         for t in to_place:
@@ -516,7 +567,7 @@ class _Placer:
                         heapq.heapreplace(heap, cur)
                         continue
                 i = ptr[p]
-                if i < end[p] and p not in claimed:
+                if i < end[p] and p not in claimed and p not in idle_bins:
                     # the common case, inlined: the head is a machine of the entitlement
                     # (what _place then _key would do)
                     u = used[i] = used[i] + 1
