@@ -308,32 +308,49 @@ class _Placer:
         # free pool: the count of every cell of the layout; per bin, its first cell with
         # a free machine (the cells before it are empty: _head would skip them)
         avail = self.ix.free_count[L.level].take(L.cell_flat)
-        self.cell_avail: list[int] = avail.tolist()
+        # per-bin and per-cell state: lists when the bins are few, else dictionaries
+        # filled on first use (a request touches a few of the bins, not every rack)
+        many = L.n_bins > MANY_BINS
+        self.cell_avail: _Slots = _Lazy(avail) if many else avail.tolist()
         if avail.size and np.count_nonzero(avail.take(L.cell_lo)) == L.n_bins:
             sptr = L.cell_lo  # the usual case: every bin's best cell has a free machine
         else:
             nz = avail.nonzero()[0]
             sptr = np.minimum(np.append(nz, avail.size)[nz.searchsorted(L.cell_lo)],
                               L.cell_hi)
-        self.sptr: list[int] = sptr.tolist()
+        self.sptr: _Slots = _Lazy(sptr) if many else sptr.tolist()
         self.send = L.cell_end
         ent_bins, fc, fm = self._entitlement_candidates()
-        bounds = ent_bins.searchsorted(L.edges)
-        lo, hi = bounds[:-1], bounds[1:]
-        self.ptr: list[int] = lo.tolist()
-        self.end: list[int] = hi.tolist()
+        # each bin with candidates: its slice [ptr, end) of the candidate lists
+        self.ptr: _Slots
+        self.end: _Slots
+        if many:
+            starts = np.flatnonzero(np.concatenate(([True], ent_bins[1:] != ent_bins[:-1]))
+                                    ) if ent_bins.size else _EMPTY
+            present = ent_bins[starts]
+            ends = np.append(starts[1:], ent_bins.size)
+            keep = present >= 0
+            present, starts, ends = present[keep], starts[keep], ends[keep]
+            bins_with = present.tolist()
+            self.ptr = _Zero(zip(bins_with, starts.tolist(), strict=True))
+            self.end = _Zero(zip(bins_with, ends.tolist(), strict=True))
+            cell = np.ones(L.n_bins, np.bool_)
+            cell[present] = False
+        else:
+            bounds = ent_bins.searchsorted(L.edges)
+            lo, hi = bounds[:-1], bounds[1:]
+            self.ptr, self.end = lo.tolist(), hi.tolist()
+            cell = lo == hi
+            present = (~cell).nonzero()[0]
+            starts = lo[present]
         self.used = [0] * len(self.m)
         #: machines claimed during this proposal, per bin: [machine, cap, used, fc, fm]
         #: (a free machine claimed, or an idle machine of the entitlement taken)
         self.claimed: dict[int, list[int]] = {}
         # heads: a machine of the entitlement (kind 0) before a free-pool cell (kind 1)
-        cell = lo == hi
         lc, lm = L.cell_cpu_pad[sptr], L.cell_mem_pad[sptr]
-        if ent_bins.size:
-            ent = ~cell
-            first = lo[ent]
-            lc[ent] = fc[first]
-            lm[ent] = fm[first]
+        lc[present] = fc[starts]
+        lm[present] = fm[starts]
         #: bins with idle machines of the entitlement (their heads are not inlined)
         self.idle_bins: set[int] = set()
         if self.idle is not None:
@@ -351,30 +368,78 @@ class _Placer:
                 cell = cell & ~has
                 self.idle_bins = set(has.nonzero()[0].tolist())
                 self.iavail: np.ndarray = iavail
-                self.iptr: list[int] = np.minimum(iptr, L.cell_hi).tolist()
+                iptr = np.minimum(iptr, L.cell_hi)
+                self.iptr: _Slots = _Lazy(iptr) if many else iptr.tolist()
         if sptr is L.cell_lo:
             bins: list[int] = L.bins  # all of them have a head
+            live = L.edges[:-1]
         else:
             live = (~cell | (sptr < L.cell_hi)).nonzero()[0]
             bins = live.tolist()
             cell, lc, lm = cell[live], lc[live], lm[live]
-        kinds: list[int] = cell.view(np.int8).tolist()
-        lcs: list[int] = (lc - nc).tolist()
-        lms: list[int] = (lm - nm).tolist()
-        if self.quota_rru is not None or (
-                self.quota_machines is not None and self.ent_machines >= self.quota_machines):
-            # claims are limited: let _head check each free cell against the quota
-            heads = [(p, (kinds[k], lcs[k], lms[k]) if kinds[k] == 0 else self._head(p))
-                     for k, p in enumerate(bins)]
-            kept = [(p, head) for p, head in heads if head is not None]
-            bins = [p for p, _ in kept]
-            kinds, lcs, lms = ([head[x] for _, head in kept] for x in range(3))
-        columns: list[Iterable[int]] = [
-            itertools.repeat(0) if not c else [c.get(a[p], 0) for p in bins]
-            for c, a in zip(self.counts, self.anc, strict=True)
-        ]
-        columns[self.stack_at:self.stack_at] = [kinds, lcs, lms]
-        return list(zip(*columns, bins, itertools.repeat(0)))
+        self.reserve: list[tuple[int, ...]] = []
+        self.rows: np.ndarray = _NO_ROWS
+        limited = self.quota_rru is not None or (
+            self.quota_machines is not None and self.ent_machines >= self.quota_machines)
+        if limited or not many:
+            # every bin's key, a tuple each (few bins, or claims limited by the quota:
+            # then _head checks each free cell against it)
+            kinds: list[int] = cell.view(np.int8).tolist()
+            lcs: list[int] = (lc - nc).tolist()
+            lms: list[int] = (lm - nm).tolist()
+            if limited:
+                heads = [(p, (kinds[k], lcs[k], lms[k]) if kinds[k] == 0 else self._head(p))
+                         for k, p in enumerate(bins)]
+                kept = [(p, head) for p, head in heads if head is not None]
+                bins = [p for p, _ in kept]
+                kinds, lcs, lms = ([head[x] for _, head in kept] for x in range(3))
+            columns: list[Iterable[int]] = [
+                itertools.repeat(0) if not c else [c.get(a[p], 0) for p in bins]
+                for c, a in zip(self.counts, self.anc, strict=True)
+            ]
+            columns[self.stack_at:self.stack_at] = [kinds, lcs, lms]
+            entries = list(zip(*columns, bins, itertools.repeat(0)))
+            entries.sort()
+            return entries
+        # every live bin's key as a column of one matrix, sorted at once; only the
+        # ``n_place`` least become heap entries, the others wait in ``rows`` in key
+        # order (their keys only grow while they wait: ``_greedy`` takes them in
+        # when the heap's least key is above theirs). A policy that spreads over
+        # thousands of racks so never builds a Python tuple per rack.
+        p_col = live
+        cols = [self._count_column(c, k, p_col) for c, k in zip(self.counts, self.spread,
+                                                                 strict=True)]
+        cols[self.stack_at:self.stack_at] = [cell.astype(np.int64), lc - nc, lm - nm]
+        cols.append(p_col)
+        keys = np.stack(cols)
+        order = np.lexsort(keys[::-1])
+        k = min(self.n_place, order.size)
+        entries = [(*r, 0) for r in keys[:, order[:k]].T.tolist()]
+        self.rows = keys[:, order[k:]].T
+        return entries
+
+    def _count_column(self, counts: dict[int, int], key: str, p: np.ndarray) -> np.ndarray:
+        """The job's count in each bin's domain (or type) of one spread key."""
+        if not counts:
+            return np.zeros(p.size, np.int64)
+        anc = self.layout.anc_np[key].take(p)
+        dense = np.zeros(int(anc.max(initial=0)) + 1, np.int64)
+        codes = np.fromiter(counts, np.int64, len(counts))
+        ok = codes < dense.size
+        dense[codes[ok]] = np.fromiter(counts.values(), np.int64, len(counts))[ok]
+        column: np.ndarray = dense.take(anc)
+        return column
+
+    def _next_reserved(self) -> tuple[int, ...] | None:
+        """The least waiting bin's key as it was when the proposal started (a lower
+        bound of its key now), or ``None`` when none waits."""
+        if not self.reserve:
+            if self.rows.shape[0] == 0:
+                return None
+            # a chunk at a time, least last (popped from the end)
+            chunk, self.rows = self.rows[:64], self.rows[64:]
+            self.reserve = [tuple(r) for r in reversed(chunk.tolist())]
+        return self.reserve[-1]
 
     # -- stage 3: keys ------------------------------------------------------------------------
     def _head(self, p: int) -> tuple[int, int, int] | None:
@@ -504,10 +569,9 @@ class _Placer:
 
     def run(self, to_place: list[int]) -> None:
         self.n_place = len(to_place)
-        entries = self._start()
+        entries = self._start()  # sorted
         if (self.simple and not self.counts[0] and len(to_place) <= len(entries)
                 and self.quota_rru is None and self.quota_machines is not None):
-            entries.sort()
             claims = sum(map(itemgetter(1), entries[:len(to_place)]))  # kind 1: a free cell
             if self.ent_machines + claims <= self.quota_machines:
                 placed = self._one_per_bin(to_place, entries)
@@ -554,8 +618,20 @@ class _Placer:
         simple, idle_bins = self.simple, self.idle_bins
         if simple:
             count0, anc0 = self.counts[0], self.anc[0]
+        waiting = self._next_reserved()
         for t in to_place:
-            while heap:
+            while True:
+                if waiting is not None and (not heap or waiting < heap[0]):
+                    # a waiting bin's key may now be the least: take it in (re-keyed)
+                    self.reserve.pop()
+                    cur = self._key(waiting[-1])
+                    if cur is not None:
+                        heapq.heappush(heap, cur)
+                    waiting = self._next_reserved()
+                    continue
+                if not heap:
+                    self.plan.unplaced.append((t, self._reason()))
+                    break
                 entry = heap[0]
                 p = entry[-2]
                 if entry[-1] != self.epoch:
@@ -593,8 +669,6 @@ class _Placer:
                 if m is not None:
                     assign.append((t, m))
                     break
-            else:
-                self.plan.unplaced.append((t, self._reason()))
 
     def _reason(self) -> str:
         if self.quota_blocked:
@@ -604,6 +678,38 @@ class _Placer:
 
 
 _EMPTY = np.empty(0, np.int64)
+#: from this many bins on (a spread over racks), per-bin state is built lazily and only
+#: the least keys become tuples
+MANY_BINS = 256
+
+
+class _Lazy(dict[int, int]):
+    """An array's values as a dictionary, each read from the array on first use."""
+
+    __slots__ = ("_array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__()
+        self._array = array
+
+    def __missing__(self, key: int) -> int:
+        value = self[key] = int(self._array[key])
+        return value
+
+
+class _Zero(dict[int, int]):
+    """0 for a key not set."""
+
+    __slots__ = ()
+
+    def __missing__(self, key: int) -> int:
+        return 0
+
+
+#: per-bin or per-cell state, indexed by bin or cell number
+_Slots = list[int] | dict[int, int]
+
+_NO_ROWS = np.empty((0, 0), np.int64)
 
 
 def _room(free: np.ndarray, need: int, floor: int, cap: np.ndarray | None) -> np.ndarray | None:
