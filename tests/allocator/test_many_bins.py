@@ -1,0 +1,56 @@
+"""Placement over many bins (``MANY_BINS``: a spread over thousands of racks) builds
+keys in NumPy and heaps only the least of them; it decides exactly as the per-bin
+path does, whatever the policy and the job's history."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plait.allocator import AllocationRequest, placement
+from plait.model import Preference, Property, Resources, Strategy
+from plait.model.policy import AllocationPolicy
+from plait.testing import Cluster, check_invariants
+
+PREFS = {
+    "rack": (Preference(strategy=Strategy.SPREAD, property=Property.RACK),),
+    "msb-rack": (Preference(strategy=Strategy.SPREAD, property=Property.MSB),
+                 Preference(strategy=Strategy.SPREAD, property=Property.RACK)),
+    "stack-first": (Preference(strategy=Strategy.STACK),
+                    Preference(strategy=Strategy.SPREAD, property=Property.RACK)),
+    "type-rack": (Preference(strategy=Strategy.SPREAD, property=Property.TYPE),
+                  Preference(strategy=Strategy.SPREAD, property=Property.RACK)),
+    "default": None,
+}
+
+ops = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 30), st.integers(0, 8),
+              st.sampled_from([1, 2, 4, 8]), st.sampled_from(sorted(PREFS))),
+    min_size=1, max_size=12,
+)
+
+
+def _replay(ops, many_bins: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    monkeypatch.setattr(placement, "MANY_BINS", many_bins)
+    c = Cluster.generated(dcs=2, msbs_per_dc=2, rows_per_msb=2, racks_per_row=3,
+                          machines_per_rack=2)
+    c.entitlement("e", machines=30)
+    c.give("e", *c.fleet.names(range(0, 48, 3)))
+    out = []
+    for j, n, free, cpu, prefs in ops:
+        policy = AllocationPolicy(preferences=PREFS[prefs])
+        r = c.allocator.allocate(AllocationRequest.of(
+            f"j{j}", "e", Resources(cpu=cpu, memory_gb=cpu), allocate=range(free, free + n),
+            free=range(free), policy=policy))
+        out.append((*r.machines, -1, *(t for t, _ in r.unplaced)))
+        check_invariants(c)
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=ops)
+def test_many_bins_path_decides_as_the_per_bin_path(ops):
+    with pytest.MonkeyPatch.context() as mp:
+        per_bin = _replay(ops, 10**9, mp)
+    with pytest.MonkeyPatch.context() as mp:
+        many = _replay(ops, 0, mp)
+    assert many == per_bin
