@@ -98,6 +98,7 @@ def check_invariants(c: Cluster) -> None:
     """
     import numpy as np
 
+    from plait.allocator.index import cpu_class
     from plait.broker import FREE
 
     ix, alloc = c.index, c.allocator
@@ -147,6 +148,8 @@ def check_invariants(c: Cluster) -> None:
         assert (np.array([ix.is_idle(m) for m in range(n)]) & mine == idle).all(), (
             "idle pool out of step")
         assert set(ix.busy[code].ids.tolist()) == set(np.flatnonzero(mine & ~idle).tolist())
+        for m in np.flatnonzero(mine & ~idle).tolist():
+            assert ix.busy[code].klass[m] == cpu_class(int(ix.free_cpu[m])), "busy class"
         for lvl, counts in pool.count.items():
             recount = np.zeros_like(counts)
             np.add.at(recount, (ix.loc[lvl][idle], ix.shape[idle]), 1)

@@ -140,3 +140,22 @@ def _replay(ops: list[tuple[object, ...]], pooled: Cluster, scanned: Cluster,
             failed.discard(op[1])
         if compare:
             assert _quality(pooled) == _quality(scanned)
+
+
+def test_full_busy_members_are_not_read_for_a_task_that_needs_cpu():
+    c = cluster(idle_pool_min=4)
+    code = c.region.entitlements.code("big")
+    # one task of the whole machine (16 RRU) in each MSB: four full machines
+    r = c.allocator.allocate(AllocationRequest.of("full", "big", Resources(cpu=16),
+                                                  allocate=range(4)))
+    assert r.complete and r.claimed == ()
+    busy = c.index.busy[code]
+    full = set(r.machines)
+    assert set(busy.ids.tolist()) == full
+    assert not full & set(busy.with_room(1000).tolist())  # 1 RRU: none of them can take it
+    assert set(busy.with_room(0).tolist()) == full  # a task of no cpu might still fit
+    # a job of cpu-less tasks may still stack onto them
+    r = c.allocator.allocate(AllocationRequest.of("tiny", "big", Resources(cpu=0, memory_gb=1),
+                                                  allocate=range(4)))
+    assert set(r.machines) == full
+    check_invariants(c)

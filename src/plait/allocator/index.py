@@ -16,9 +16,10 @@ object per machine, and partitioned so that one allocation does not scan the reg
 
 A large entitlement (``IDLE_POOL_MIN`` machines or more) keeps its own pool of the
 same kind: its *idle* members (available, no task) bucketed by (rack, shape) with
-per-level counts, and the rest of its members (``busy``) in a dense set. Stacking
-reads the counts and scans only the busy members, not the whole entitlement; the
-pool is kept up to date on every binding, health and task-count change.
+per-level counts, and the rest of its members (``busy``) in dense sets by free CPU
+class (``BusySet``). Stacking reads the counts and scans only the busy members that
+can still have room for the task, not the whole entitlement; both are kept up to
+date on every binding, health and task change.
 
 Only healthy machines are in the free pool. Each machine carries a generation that
 changes whenever a property the allocator relies on changes (binding, health);
@@ -96,14 +97,71 @@ class Pool:
     ``_next`` / ``_prev`` arrays: a machine is in one pool at most) and, per
     fault-domain level, a (domains, shapes) count matrix."""
 
-    __slots__ = ("count", "head")
+    __slots__ = ("count", "count_loc", "head")
 
-    def __init__(self, n_buckets: int, shapes: dict[str, tuple[int, int]]) -> None:
+    def __init__(self, n_buckets: int, shapes: dict[str, tuple[int, int]],
+                 loc: dict[str, I32]) -> None:
         self.head = np.full(n_buckets, NONE, np.int32)
         self.count = {lvl: np.zeros(shape, np.int32) for lvl, shape in shapes.items()}
+        #: (counts, domain code per machine) per level: per-machine updates without
+        #: dictionary lookups
+        self.count_loc = [(self.count[lvl], loc[lvl]) for lvl in shapes]
 
     def nbytes(self) -> int:
         return int(self.head.nbytes) + sum(int(c.nbytes) for c in self.count.values())
+
+
+def cpu_class(free_cpu: int) -> int:
+    """A busy machine's class: its free cpu's bit length (class ``c`` holds free cpu
+    below ``2**c``), so the machines that may fit a task are whole classes."""
+    return min(int(free_cpu).bit_length(), BusySet.CLASSES - 1)
+
+
+class BusySet:
+    """The busy members of a large entitlement (not idle: a task, or unavailable), in
+    dense sets by ``cpu_class``; ``klass`` (the index's, shared) holds each machine's
+    class, -1 outside every busy set."""
+
+    CLASSES = 32
+
+    __slots__ = ("_pos", "_sets", "klass")
+
+    def __init__(self, pos: I32, klass: npt.NDArray[np.int8]) -> None:
+        self._pos = pos
+        self.klass = klass
+        self._sets: list[MemberSet | None] = [None] * self.CLASSES
+
+    def add(self, m: int, free_cpu: int) -> None:
+        c = cpu_class(free_cpu)
+        ms = self._sets[c]
+        if ms is None:
+            ms = self._sets[c] = MemberSet(self._pos)
+        ms.add(m, 0)
+        self.klass[m] = c
+
+    def remove(self, m: int) -> None:
+        ms = self._sets[int(self.klass[m])]
+        assert ms is not None
+        ms.remove(m, 0)
+        self.klass[m] = -1
+
+    def with_room(self, cpu: int) -> I32:
+        """The machines that may have ``cpu`` free (their class reaches it)."""
+        parts = [ms.ids for c, ms in enumerate(self._sets)
+                 if ms is not None and ms.size and (1 << c) > cpu]
+        if not parts:
+            return np.empty(0, np.int32)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    @property
+    def ids(self) -> I32:
+        return self.with_room(-1)
+
+    def __len__(self) -> int:
+        return sum(ms.size for ms in self._sets if ms is not None)
+
+    def nbytes(self) -> int:
+        return sum(ms.nbytes() for ms in self._sets if ms is not None)
 
 
 class MachineIndex:
@@ -152,7 +210,7 @@ class MachineIndex:
         self._pool_shapes = {lvl: (len(fleet.level_names[lvl]), n_shapes)
                              for lvl in DOMAIN_LEVELS}
         self._n_buckets = len(fleet.level_names["rack"]) * n_shapes
-        self.free_pool = Pool(self._n_buckets, self._pool_shapes)
+        self.free_pool = Pool(self._n_buckets, self._pool_shapes, self.loc)
         self.free_count = self.free_pool.count
         self._rack, self._n_shapes = self.loc["rack"], n_shapes
         self._head = self.free_pool.head
@@ -163,8 +221,9 @@ class MachineIndex:
         #: entitlement code -> the pool of its idle members (large entitlements only)
         self.idle: dict[int, Pool] = {}
         #: entitlement code -> its members that are not idle (same entitlements)
-        self.busy: dict[int, MemberSet] = {}
+        self.busy: dict[int, BusySet] = {}
         self._busy_pos = np.full(n, NONE, np.int32)
+        self._busy_class = np.full(n, -1, np.int8)
         self._in_idle = np.zeros(n, np.bool_)
         #: static bins/cells per policy shape, built on first use (``policy.layout_of``)
         self.layouts: dict[tuple[object, ...], object] = {}
@@ -235,8 +294,8 @@ class MachineIndex:
         if head != NONE:
             self._prev[head] = m
         pool.head[b] = m
-        for lvl, counts in pool.count.items():
-            counts[self.loc[lvl][m], s] += 1
+        for counts, loc in pool.count_loc:
+            counts[loc[m], s] += 1
 
     def _pool_remove(self, pool: Pool, m: int) -> None:
         s = int(self.shape[m])
@@ -249,8 +308,8 @@ class MachineIndex:
         if nxt != NONE:
             self._prev[nxt] = prv
         self._next[m] = self._prev[m] = NONE
-        for lvl, counts in pool.count.items():
-            counts[self.loc[lvl][m], s] -= 1
+        for counts, loc in pool.count_loc:
+            counts[loc[m], s] -= 1
 
     def _free_add(self, m: int) -> None:
         if self._in_free[m]:
@@ -266,15 +325,15 @@ class MachineIndex:
 
     def _make_idle_pool(self, code: int) -> None:
         """Split a large entitlement's members into its idle pool and busy set."""
-        pool = self.idle[code] = Pool(self._n_buckets, self._pool_shapes)
-        busy = self.busy[code] = MemberSet(self._busy_pos)
+        pool = self.idle[code] = Pool(self._n_buckets, self._pool_shapes, self.loc)
+        busy = self.busy[code] = BusySet(self._busy_pos, self._busy_class)
         ids = self.members[code].ids
         idle = (self.tasks[ids] == 0) & (self.hshape[ids] != self._n_shapes)
         machines = np.sort(ids[idle]).astype(np.int64)
         self._bulk_add(pool, machines)
         self._in_idle[machines] = True
         for m in ids[~idle].tolist():
-            busy.add(m, 0)
+            busy.add(m, int(self.free_cpu[m]))
 
     def _sync_idle(self, m: int) -> None:
         """Move a member of a pooled entitlement between its idle pool and busy set as
@@ -285,13 +344,17 @@ class MachineIndex:
             return
         idle = self.tasks[m] == 0 and self.hshape[m] != self._n_shapes
         if idle and not self._in_idle[m]:
-            self.busy[code].remove(m, 0)
+            self.busy[code].remove(m)
             self._pool_add(pool, m)
             self._in_idle[m] = True
         elif not idle and self._in_idle[m]:
             self._pool_remove(pool, m)
             self._in_idle[m] = False
-            self.busy[code].add(m, 0)
+            self.busy[code].add(m, int(self.free_cpu[m]))
+        elif not idle and self._busy_class[m] != cpu_class(int(self.free_cpu[m])):
+            busy = self.busy[code]
+            busy.remove(m)
+            busy.add(m, int(self.free_cpu[m]))
 
     def _leave(self, code: int, m: int) -> None:
         """Machine ``m`` leaves entitlement ``code``."""
@@ -303,34 +366,41 @@ class MachineIndex:
                 self._pool_remove(pool, m)
                 self._in_idle[m] = False
             else:
-                self.busy[code].remove(m, 0)
+                self.busy[code].remove(m)
 
     def _join(self, code: int, m: int) -> None:
         """Machine ``m`` joins entitlement ``code`` (as busy until ``_sync_idle``)."""
         members = self._member(code)
         members.add(m, int(self.total_cpu[m]))
         if code in self.busy:
-            self.busy[code].add(m, 0)
+            self.busy[code].add(m, int(self.free_cpu[m]))
         elif members.size >= self.idle_pool_min:
             self.ent[m] = code
             self._make_idle_pool(code)
 
     # -- task counts (the allocator's commits and loads go through these) ------------------
+    # A pooled entitlement's member moves when its task count or free cpu changes: the
+    # caller changes ``free_*`` first, then calls one of these.
     def add_tasks(self, machines: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> None:
         """``counts[k]`` more tasks on ``machines[k]`` (distinct machines)."""
         self.tasks[machines] += counts
         if self.idle:
-            for m in machines[self._in_idle[machines]].tolist():
+            klass = self._busy_class[machines]
+            fc = self.free_cpu[machines]
+            # the class each machine should be in now (bit length of its free cpu)
+            now = np.minimum(np.where(fc > 0, np.frexp(fc)[1], 0), BusySet.CLASSES - 1)
+            moving = self._in_idle[machines] | ((klass >= 0) & (klass != now))
+            for m in machines[moving].tolist():
                 self._sync_idle(m)
 
     def add_task(self, m: int) -> None:
         self.tasks[m] += 1
-        if self._in_idle[m]:
+        if self.idle:
             self._sync_idle(m)
 
     def remove_task(self, m: int) -> None:
         self.tasks[m] -= 1
-        if self.idle and self.tasks[m] == 0:
+        if self.idle:
             self._sync_idle(m)
 
     def is_idle(self, m: int) -> bool:
@@ -401,7 +471,7 @@ class MachineIndex:
             self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
             self.state, self.cordoned, self.profile, self.gen, self.shape, self.hshape,
             self._member_pos, self._head, self._next, self._prev, self._in_free,
-            self._busy_pos, self._in_idle,
+            self._busy_pos, self._busy_class, self._in_idle,
             *self.free_count.values(), *self.racks_of.values(),
             *self.dc_of.values(), *self.interleave.values(),
         ]

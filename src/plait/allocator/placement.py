@@ -230,13 +230,20 @@ class _Placer:
         self.cap: list[int] = []
         self.fc: list[int] = []
         self.fm: list[int] = []
-        members = ix.busy.get(cp.ent_code) if self.idle is not None else (
-            ix.members.get(cp.ent_code))
-        if members is None or members.size == 0 or cp.shapes.size == 0:
-            return _EMPTY, _EMPTY, _EMPTY
-        E = members.ids  # a large entitlement's idle members are counted, not scanned
         nc, nm, nd = cp.need
         floor_c, floor_m, floor_d = cp.floor
+        if cp.shapes.size == 0:
+            return _EMPTY, _EMPTY, _EMPTY
+        E: np.ndarray
+        if self.idle is not None:
+            # a large entitlement: its idle members are counted (``_start``), and of
+            # the busy ones only the classes that may have room are read
+            E = ix.busy[cp.ent_code].with_room(nc + floor_c)
+        else:
+            members = ix.members.get(cp.ent_code)
+            E = members.ids if members is not None else _EMPTY
+        if E.size == 0:
+            return _EMPTY, _EMPTY, _EMPTY
         fc = ix.free_cpu[E]
         fm = ix.free_mem[E]
         # room for how many more tasks; int32 arithmetic is safe as a policy with an
