@@ -206,7 +206,7 @@ class MachineIndex:
         self.dc_of = _dc_of(fleet)
         #: per level, a rank of each domain that alternates DCs (first domain of every
         #: DC, then the second of every DC, ...): placement's last tie-breaker
-        self.interleave = {lvl: _interleave(self.dc_of[lvl]) for lvl in DOMAIN_LEVELS}
+        self.interleave = {lvl: _interleave(fleet, lvl) for lvl in DOMAIN_LEVELS}
         self._pool_shapes = {lvl: (len(fleet.level_names[lvl]), n_shapes)
                              for lvl in DOMAIN_LEVELS}
         self._n_buckets = len(fleet.level_names["rack"]) * n_shapes
@@ -561,13 +561,36 @@ def _dc_of(fleet: Fleet) -> dict[str, I32]:
     return out
 
 
-def _interleave(dc_of: I32) -> I32:
-    order = np.argsort(dc_of, kind="stable")
-    counts = np.bincount(dc_of)
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    local = np.empty(dc_of.size, np.int64)
-    local[order] = np.arange(dc_of.size) - np.repeat(starts, counts)
-    key = local * (int(dc_of.max()) + 1) + dc_of
-    rank = np.empty(dc_of.size, np.int32)
-    rank[np.argsort(key, kind="stable")] = np.arange(dc_of.size, dtype=np.int32)
+def _interleave(fleet: Fleet, level: str) -> I32:
+    """A rank of each domain of ``level`` that alternates over every level above it:
+    the first domain of every DC, then of every other MSB of each DC, ... (sorted by
+    the domain's position under its parent, then its parent's under its own, ..., then
+    its DC). At the MSB level, the first MSB of every DC, then the second of every DC;
+    at the rack level, consecutive ranks are racks of different DCs, then MSBs, then
+    rows: a spread over racks whose ties go by rank touches every MSB before it takes
+    a second rack in one."""
+    levels = DOMAIN_LEVELS[: DOMAIN_LEVELS.index(level) + 1]
+    # per level down to ``level``: each domain's position among its parent's children
+    local: dict[str, I64] = {"dc": np.arange(len(fleet.level_names["dc"]), dtype=np.int64)}
+    for lvl in levels[1:]:
+        parent = fleet.parent[lvl]
+        order = np.argsort(parent, kind="stable")
+        above = DOMAIN_LEVELS[DOMAIN_LEVELS.index(lvl) - 1]
+        counts = np.bincount(parent, minlength=len(fleet.level_names[above]))
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        pos = np.empty(parent.size, np.int64)
+        pos[order] = np.arange(parent.size) - np.repeat(starts, counts)
+        local[lvl] = pos
+    # each domain of ``level``: its ancestors' positions, coarse to fine
+    keys: list[I64] = []
+    codes = np.arange(len(fleet.level_names[level]), dtype=np.int64)
+    for lvl in reversed(levels):
+        keys.append(local[lvl][codes])  # finest first: the primary key is the last
+        if lvl != "dc":
+            codes = fleet.parent[lvl][codes].astype(np.int64)
+    # np.lexsort's last key is its primary one: the finest level's position first, the
+    # DC last
+    order = np.lexsort(list(reversed(keys)))
+    rank = np.empty(codes.size, np.int32)
+    rank[order] = np.arange(codes.size, dtype=np.int32)
     return rank
