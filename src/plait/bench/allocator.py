@@ -19,7 +19,8 @@ Scenarios (``scenario``):
 
 ``seconds`` is the wall time of the allocation loop alone; building the region and
 the index are reported apart. ``machines_used`` (machines hosting a task) is the
-stacking figure: fewer is tighter.
+stacking figure: fewer is tighter; ``max_msb_loss_ratio`` and ``max_rack_loss_ratio``
+are the worst share of one job's tasks in one MSB or rack.
 """
 
 from __future__ import annotations
@@ -120,11 +121,13 @@ def run(
     gc.enable()
 
     # the worst share of one job's tasks in one MSB (what an MSB failure can take)
-    msb = index.loc["msb"]
-    worst = 0.0
+    msb, rack = index.loc["msb"], index.loc["rack"]
+    worst = worst_rack = 0.0
     for state in allocator.jobs.values():
-        codes = msb[np.fromiter(state.placement.values(), np.int64, len(state.placement))]
-        worst = max(worst, np.bincount(codes).max() / tasks_per_job)  # of the tasks asked
+        hosts = np.fromiter(state.placement.values(), np.int64, len(state.placement))
+        # of the tasks asked
+        worst = max(worst, np.bincount(msb[hosts]).max() / tasks_per_job)
+        worst_rack = max(worst_rack, np.bincount(rack[hosts]).max() / tasks_per_job)
     n_msb = dcs * msbs_per_dc
     used = int(np.count_nonzero(index.tasks))
     return {
@@ -139,6 +142,7 @@ def run(
         "index_bytes_per_machine": round(index.nbytes() / machines, 1),
         "max_msb_loss_ratio": round(worst, 4),
         "ideal_msb_loss_ratio": round(math.ceil(tasks_per_job / n_msb) / tasks_per_job, 4),
+        "max_rack_loss_ratio": round(worst_rack, 4),
         "region_build_s": round(t1 - t0, 3),
         "index_build_s": round(t2 - t1, 3),
         "entitlements_setup_s": round(t3 - t2, 3),
