@@ -443,6 +443,9 @@ class MachineIndex:
                 self._leave(old, m)
             self.ent[m] = FREE
             if code != FREE:
+                # out of the free pool before any other pool takes it (they share the
+                # per-machine list arrays)
+                self._free_remove(m)
                 self._join(code, m)
             self.ent[m] = code
         state = STATE_CODES[change.state]
