@@ -54,3 +54,17 @@ def test_many_bins_path_decides_as_the_per_bin_path(ops):
     with pytest.MonkeyPatch.context() as mp:
         many = _replay(ops, 0, mp)
     assert many == per_bin
+
+
+def test_many_bins_with_an_empty_entitlement_claims_one_machine_per_rack(monkeypatch):
+    monkeypatch.setattr(placement, "MANY_BINS", 0)
+    c = Cluster.generated(dcs=2, msbs_per_dc=2, rows_per_msb=2, racks_per_row=3,
+                          machines_per_rack=2)
+    c.entitlement("e", machines=30)
+    r = c.allocator.allocate(AllocationRequest.of(
+        "j", "e", Resources(cpu=1), allocate=range(5),
+        policy=AllocationPolicy(preferences=PREFS["rack"])))
+    assert r.complete and len(r.claimed) == 5
+    racks = c.index.loc["rack"][list(r.machines)]
+    assert len(set(racks.tolist())) == 5
+    check_invariants(c)

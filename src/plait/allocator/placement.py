@@ -332,10 +332,12 @@ class _Placer:
         self.ptr: _Slots
         self.end: _Slots
         if many:
-            starts = np.flatnonzero(np.concatenate(([True], ent_bins[1:] != ent_bins[:-1]))
-                                    ) if ent_bins.size else _EMPTY
+            if ent_bins.size:
+                starts = np.flatnonzero(np.concatenate(([True], ent_bins[1:] != ent_bins[:-1])))
+                ends = np.append(starts[1:], ent_bins.size)
+            else:
+                starts = ends = _EMPTY
             present = ent_bins[starts]
-            ends = np.append(starts[1:], ent_bins.size)
             keep = present >= 0
             present, starts, ends = present[keep], starts[keep], ends[keep]
             bins_with = present.tolist()
