@@ -29,30 +29,37 @@ ops = st.lists(
 )
 
 
-def _replay(ops, many_bins: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+QUOTAS = {"m30": {"machines": 30}, "m18": {"machines": 18}, "rru300": {"rru": 300.0},
+          "rru100": {"rru": 100.0}}
+
+
+def _replay(ops, many_bins: int, monkeypatch: pytest.MonkeyPatch,
+            quota: str = "m30") -> list[tuple[object, ...]]:
     monkeypatch.setattr(placement, "MANY_BINS", many_bins)
     c = Cluster.generated(dcs=2, msbs_per_dc=2, rows_per_msb=2, racks_per_row=3,
                           machines_per_rack=2)
-    c.entitlement("e", machines=30)
-    c.give("e", *c.fleet.names(range(0, 48, 3)))
+    c.entitlement("e", **QUOTAS[quota])
+    c.give("e", *c.fleet.names(range(0, 12 if quota == "rru100" else 48, 3)))
     out = []
     for j, n, free, cpu, prefs in ops:
         policy = AllocationPolicy(preferences=PREFS[prefs])
         r = c.allocator.allocate(AllocationRequest.of(
             f"j{j}", "e", Resources(cpu=cpu, memory_gb=cpu), allocate=range(free, free + n),
             free=range(free), policy=policy))
-        out.append((*r.machines, -1, *(t for t, _ in r.unplaced)))
+        out.append((*r.machines, -1, *r.unplaced))
         check_invariants(c)
     return out
 
 
-@settings(max_examples=80, deadline=None)
-@given(ops=ops)
-def test_many_bins_path_decides_as_the_per_bin_path(ops):
+@settings(max_examples=120, deadline=None)
+@given(ops=ops, quota=st.sampled_from(sorted(QUOTAS)))
+def test_many_bins_path_decides_as_the_per_bin_path(ops, quota):
+    """Same placements and same reasons for what is left unplaced (the quota's too),
+    whether the entitlement has room under its quota or not."""
     with pytest.MonkeyPatch.context() as mp:
-        per_bin = _replay(ops, 10**9, mp)
+        per_bin = _replay(ops, 10**9, mp, quota)
     with pytest.MonkeyPatch.context() as mp:
-        many = _replay(ops, 0, mp)
+        many = _replay(ops, 0, mp, quota)
     assert many == per_bin
 
 

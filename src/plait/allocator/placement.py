@@ -380,19 +380,21 @@ class _Placer:
                 iptr = np.minimum(iptr, L.cell_hi)
                 self.iptr: _Slots = _Lazy(iptr) if many else iptr.tolist()
         if sptr is L.cell_lo:
-            bins: list[int] = L.bins  # all of them have a head
-            live = L.edges[:-1]
+            live = L.edges[:-1]  # all of them have a head
         else:
             live = (~cell | (sptr < L.cell_hi)).nonzero()[0]
-            bins = live.tolist()
             cell, lc, lm = cell[live], lc[live], lm[live]
         self.reserve: list[tuple[int, ...]] = []
         self.rows: np.ndarray = _NO_ROWS
         limited = self.quota_rru is not None or (
             self.quota_machines is not None and self.ent_machines >= self.quota_machines)
+        if limited and many:
+            cell, lc, lm, live = self._limit_claims(avail, sptr, cell, lc, lm, live)
+            limited = False
         if limited or not many:
             # every bin's key, a tuple each (few bins, or claims limited by the quota:
             # then _head checks each free cell against it)
+            bins: list[int] = L.bins if sptr is L.cell_lo else live.tolist()
             kinds: list[int] = cell.view(np.int8).tolist()
             lcs: list[int] = (lc - nc).tolist()
             lms: list[int] = (lm - nm).tolist()
@@ -426,6 +428,36 @@ class _Placer:
         entries = [(*r, 0) for r in keys[:, order[:k]].T.tolist()]
         self.rows = keys[:, order[k:]].T
         return entries
+
+    def _limit_claims(self, avail: np.ndarray, sptr: np.ndarray, cell: np.ndarray,
+                      lc: np.ndarray, lm: np.ndarray, live: np.ndarray,
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The live bins' heads when the quota limits claims, as ``_head`` would find
+        them before any claim, for all bins at once: a free cell's head is the bin's
+        first cell with a free machine the quota allows; a bin with none is dropped.
+        Sets ``quota_blocked`` as ``_head`` would."""
+        L = self.layout
+        qm = self.quota_machines
+        if qm is not None:  # the machine quota decides (``_can_claim``)
+            if self.ent_machines < qm:
+                return cell, lc, lm, live
+            if cell.any():
+                self.quota_blocked = True
+            keep = ~cell
+            return cell[keep], lc[keep], lm[keep], live[keep]
+        assert self.quota_rru is not None
+        allowed = L.cell_cpu_pad[:-1] <= self.quota_rru - self.ent_rru - self.claimed_rru
+        free = avail > 0
+        nz = (free & allowed).nonzero()[0]
+        start, hi = sptr[live], L.cell_hi[live]
+        first = np.minimum(np.append(nz, avail.size)[nz.searchsorted(start)], hi)
+        blocked = np.concatenate(([0], np.cumsum(free & ~allowed)))
+        if np.any(cell & (blocked[first] > blocked[start])):
+            self.quota_blocked = True
+        lc = np.where(cell, L.cell_cpu_pad[first], lc)
+        lm = np.where(cell, L.cell_mem_pad[first], lm)
+        keep = ~cell | (first < hi)
+        return cell[keep], lc[keep], lm[keep], live[keep]
 
     def _count_column(self, counts: dict[int, int], key: str, p: np.ndarray) -> np.ndarray:
         """The job's count in each bin's domain (or type) of one spread key."""
