@@ -98,6 +98,7 @@ def check_invariants(c: Cluster) -> None:
     """
     import numpy as np
 
+    from plait.allocator.index import cpu_class
     from plait.broker import FREE
 
     ix, alloc = c.index, c.allocator
@@ -139,3 +140,31 @@ def check_invariants(c: Cluster) -> None:
         recount = np.zeros_like(counts)
         np.add.at(recount, (ix.loc[lvl][expected_free], ix.shape[expected_free]), 1)
         assert (recount == counts).all(), f"free counts at {lvl} out of step"
+    # the pools' lists hold exactly their machines, each once, in its (rack, shape) bucket
+    def listed(head: np.ndarray) -> list[int]:
+        out = []
+        for b in np.flatnonzero(head != -1).tolist():
+            m = int(head[b])
+            while m != -1:
+                assert int(ix.loc["rack"][m]) * ix.shape_type.size + int(ix.shape[m]) == b
+                out.append(m)
+                m = int(ix._next[m])
+        return out
+
+    in_list = listed(ix.free_pool.head)
+    assert sorted(in_list) == np.flatnonzero(expected_free).tolist(), "free pool lists"
+    # a large entitlement's members: idle (available, no task) in its pool, the rest busy
+    available = (ix.state == 0) & ~ix.cordoned
+    for code, pool in ix.idle.items():
+        mine = ix.ent == code
+        idle = mine & available & (ix.tasks == 0)
+        assert sorted(listed(pool.head)) == np.flatnonzero(idle).tolist(), "idle pool lists"
+        assert (np.array([ix.is_idle(m) for m in range(n)]) & mine == idle).all(), (
+            "idle pool out of step")
+        assert set(ix.busy[code].ids.tolist()) == set(np.flatnonzero(mine & ~idle).tolist())
+        for m in np.flatnonzero(mine & ~idle).tolist():
+            assert ix.busy[code].klass[m] == cpu_class(int(ix.free_cpu[m])), "busy class"
+        for lvl, counts in pool.count.items():
+            recount = np.zeros_like(counts)
+            np.add.at(recount, (ix.loc[lvl][idle], ix.shape[idle]), 1)
+            assert (recount == counts).all(), f"idle counts at {lvl} out of step"

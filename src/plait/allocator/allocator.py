@@ -212,13 +212,13 @@ class Allocator:
             ix.free_cpu[m] += c
             ix.free_mem[m] += mem
             ix.free_disk[m] += d
-            ix.tasks[m] -= 1
+            ix.remove_task(m)
             emptied.add(m)
         if plan.assign:
             for free, k in zip((ix.free_cpu, ix.free_mem, ix.free_disk), need, strict=True):
                 if k:
                     free[uniq] -= cnt * k
-            ix.tasks[uniq] += cnt
+            ix.add_tasks(uniq, cnt)
             job.placement.update(plan.assign)
             assigned = list(map(itemgetter(0), plan.assign))
             job.units.update(dict.fromkeys(assigned, need))

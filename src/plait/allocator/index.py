@@ -14,6 +14,13 @@ object per machine, and partitioned so that one allocation does not scan the reg
   whatever the size of the region. Buckets are intrusive linked lists over two
   per-machine arrays, so adding and removing a machine is O(1).
 
+A large entitlement (``IDLE_POOL_MIN`` machines or more) keeps its own pool of the
+same kind: its *idle* members (available, no task) bucketed by (rack, shape) with
+per-level counts, and the rest of its members (``busy``) in dense sets by free CPU
+class (``BusySet``). Stacking reads the counts and scans only the busy members that
+can still have room for the task, not the whole entitlement; both are kept up to
+date on every binding, health and task change.
+
 Only healthy machines are in the free pool. Each machine carries a generation that
 changes whenever a property the allocator relies on changes (binding, health);
 the job-level allocation cache compares generations to stay correct.
@@ -40,6 +47,8 @@ HEALTHY, FAILED, MAINTENANCE = 0, 1, 2
 STATE_CODES = {MachineState.HEALTHY: HEALTHY, MachineState.FAILED: FAILED,
                MachineState.MAINTENANCE: MAINTENANCE}
 NONE = -1
+#: an entitlement with at least this many machines keeps a pool of its idle members
+IDLE_POOL_MIN = 4096
 
 
 class MemberSet:
@@ -82,11 +91,86 @@ class MemberSet:
         return int(self._ids.nbytes)
 
 
+class Pool:
+    """Interchangeable machines by (rack, shape) bucket (``rack * n_shapes + shape``):
+    the head of each bucket's list (the lists themselves are the index's shared
+    ``_next`` / ``_prev`` arrays: a machine is in one pool at most) and, per
+    fault-domain level, a (domains, shapes) count matrix."""
+
+    __slots__ = ("count", "count_loc", "head")
+
+    def __init__(self, n_buckets: int, shapes: dict[str, tuple[int, int]],
+                 loc: dict[str, I32]) -> None:
+        self.head = np.full(n_buckets, NONE, np.int32)
+        self.count = {lvl: np.zeros(shape, np.int32) for lvl, shape in shapes.items()}
+        #: (counts, domain code per machine) per level: per-machine updates without
+        #: dictionary lookups
+        self.count_loc = [(self.count[lvl], loc[lvl]) for lvl in shapes]
+
+    def nbytes(self) -> int:
+        return int(self.head.nbytes) + sum(int(c.nbytes) for c in self.count.values())
+
+
+def cpu_class(free_cpu: int) -> int:
+    """A busy machine's class: its free cpu's bit length (class ``c`` holds free cpu
+    below ``2**c``), so the machines that may fit a task are whole classes."""
+    return min(int(free_cpu).bit_length(), BusySet.CLASSES - 1)
+
+
+class BusySet:
+    """The busy members of a large entitlement (not idle: a task, or unavailable), in
+    dense sets by ``cpu_class``; ``klass`` (the index's, shared) holds each machine's
+    class, -1 outside every busy set."""
+
+    CLASSES = 32
+
+    __slots__ = ("_pos", "_sets", "klass")
+
+    def __init__(self, pos: I32, klass: npt.NDArray[np.int8]) -> None:
+        self._pos = pos
+        self.klass = klass
+        self._sets: list[MemberSet | None] = [None] * self.CLASSES
+
+    def add(self, m: int, free_cpu: int) -> None:
+        c = cpu_class(free_cpu)
+        ms = self._sets[c]
+        if ms is None:
+            ms = self._sets[c] = MemberSet(self._pos)
+        ms.add(m, 0)
+        self.klass[m] = c
+
+    def remove(self, m: int) -> None:
+        ms = self._sets[int(self.klass[m])]
+        assert ms is not None
+        ms.remove(m, 0)
+        self.klass[m] = -1
+
+    def with_room(self, cpu: int) -> I32:
+        """The machines that may have ``cpu`` free (their class reaches it)."""
+        parts = [ms.ids for c, ms in enumerate(self._sets)
+                 if ms is not None and ms.size and (1 << c) > cpu]
+        if not parts:
+            return np.empty(0, np.int32)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    @property
+    def ids(self) -> I32:
+        return self.with_room(-1)
+
+    def __len__(self) -> int:
+        return sum(ms.size for ms in self._sets if ms is not None)
+
+    def nbytes(self) -> int:
+        return sum(ms.nbytes() for ms in self._sets if ms is not None)
+
+
 class MachineIndex:
     """Columnar index of a region's machines; see the module docstring."""
 
-    def __init__(self, fleet: Fleet, region: Region) -> None:
+    def __init__(self, fleet: Fleet, region: Region, idle_pool_min: int = IDLE_POOL_MIN) -> None:
         self.fleet = fleet
+        #: the size from which an entitlement keeps a pool of its idle members
+        self.idle_pool_min = idle_pool_min
         self.region = region
         n = len(fleet)
         # -- static columns (shared with the fleet table, not copied)
@@ -122,16 +206,25 @@ class MachineIndex:
         self.dc_of = _dc_of(fleet)
         #: per level, a rank of each domain that alternates DCs (first domain of every
         #: DC, then the second of every DC, ...): placement's last tie-breaker
-        self.interleave = {lvl: _interleave(self.dc_of[lvl]) for lvl in DOMAIN_LEVELS}
-        self.free_count = {lvl: np.zeros((len(fleet.level_names[lvl]), n_shapes), np.int32)
-                           for lvl in DOMAIN_LEVELS}
-        # the free pool's per-machine updates, without dictionary lookups
-        self._count_loc = [(self.free_count[lvl], self.loc[lvl]) for lvl in DOMAIN_LEVELS]
+        self.interleave = {lvl: _interleave(fleet, lvl) for lvl in DOMAIN_LEVELS}
+        self._pool_shapes = {lvl: (len(fleet.level_names[lvl]), n_shapes)
+                             for lvl in DOMAIN_LEVELS}
+        self._n_buckets = len(fleet.level_names["rack"]) * n_shapes
+        self.free_pool = Pool(self._n_buckets, self._pool_shapes, self.loc)
+        self.free_count = self.free_pool.count
         self._rack, self._n_shapes = self.loc["rack"], n_shapes
-        self._head = np.full(len(fleet.level_names["rack"]) * n_shapes, NONE, np.int32)
+        self._head = self.free_pool.head
         self._next = np.full(n, NONE, np.int32)
         self._prev = np.full(n, NONE, np.int32)
         self._in_free = np.zeros(n, np.bool_)
+        # -- large entitlements: idle members pooled, the others in a dense set
+        #: entitlement code -> the pool of its idle members (large entitlements only)
+        self.idle: dict[int, Pool] = {}
+        #: entitlement code -> its members that are not idle (same entitlements)
+        self.busy: dict[int, BusySet] = {}
+        self._busy_pos = np.full(n, NONE, np.int32)
+        self._busy_class = np.full(n, -1, np.int8)
+        self._in_idle = np.zeros(n, np.bool_)
         #: static bins/cells per policy shape, built on first use (``policy.layout_of``)
         self.layouts: dict[tuple[object, ...], object] = {}
         #: bumped by every change a plan's commit would have to verify (binding,
@@ -154,10 +247,14 @@ class MachineIndex:
         available = (self.state == HEALTHY) & ~self.cordoned
         self.hshape[:] = np.where(available, self.shape, self._n_shapes)
         free = np.flatnonzero((self.ent == FREE) & available)
-        self._bulk_free(free)
+        self._bulk_add(self.free_pool, free)
+        self._in_free[free] = True
+        for code, members in list(self.members.items()):
+            if members.size >= self.idle_pool_min:
+                self._make_idle_pool(code)
 
-    def _bulk_free(self, machines: I64) -> None:
-        """Put many machines in the free pool at once (vectorised build)."""
+    def _bulk_add(self, pool: Pool, machines: I64) -> None:
+        """Put many machines in an empty pool at once (vectorised build)."""
         if machines.size == 0:
             return
         if not (machines[1:] > machines[:-1]).all():
@@ -174,10 +271,9 @@ class MachineIndex:
         self._next[m_sorted] = np.where(same, np.roll(m_sorted, -1), NONE)
         first = np.concatenate(([True], b_sorted[1:] != b_sorted[:-1]))
         self._prev[m_sorted] = np.where(first, NONE, np.roll(m_sorted, 1))
-        self._head[b_sorted[first]] = m_sorted[first]
-        self._in_free[machines] = True
+        pool.head[b_sorted[first]] = m_sorted[first]
         for lvl in DOMAIN_LEVELS:  # np.bincount: np.add.at is slow on a million machines
-            counts = self.free_count[lvl]
+            counts = pool.count[lvl]
             cell = self.loc[lvl][machines].astype(np.int64) * n_shapes + s
             counts += np.bincount(cell, minlength=counts.size).reshape(counts.shape).astype(
                 np.int32)
@@ -188,47 +284,137 @@ class MachineIndex:
             members = self.members[code] = MemberSet(self._member_pos)
         return members
 
-    # -- the free pool ----------------------------------------------------------------------
-    def _free_add(self, m: int) -> None:
-        if self._in_free[m]:
-            return
+    # -- pools --------------------------------------------------------------------------------
+    def _pool_add(self, pool: Pool, m: int) -> None:
         s = int(self.shape[m])
         b = int(self._rack[m]) * self._n_shapes + s
-        head = int(self._head[b])
+        head = int(pool.head[b])
         self._next[m] = head
         self._prev[m] = NONE
         if head != NONE:
             self._prev[head] = m
-        self._head[b] = m
-        self._in_free[m] = True
-        for counts, loc in self._count_loc:
+        pool.head[b] = m
+        for counts, loc in pool.count_loc:
             counts[loc[m], s] += 1
 
-    def _free_remove(self, m: int) -> None:
-        if not self._in_free[m]:
-            return
+    def _pool_remove(self, pool: Pool, m: int) -> None:
         s = int(self.shape[m])
         b = int(self._rack[m]) * self._n_shapes + s
         prv, nxt = int(self._prev[m]), int(self._next[m])
         if prv != NONE:
             self._next[prv] = nxt
         else:
-            self._head[b] = nxt
+            pool.head[b] = nxt
         if nxt != NONE:
             self._prev[nxt] = prv
         self._next[m] = self._prev[m] = NONE
-        self._in_free[m] = False
-        for counts, loc in self._count_loc:
+        for counts, loc in pool.count_loc:
             counts[loc[m], s] -= 1
+
+    def _free_add(self, m: int) -> None:
+        if self._in_free[m]:
+            return
+        self._pool_add(self.free_pool, m)
+        self._in_free[m] = True
+
+    def _free_remove(self, m: int) -> None:
+        if not self._in_free[m]:
+            return
+        self._pool_remove(self.free_pool, m)
+        self._in_free[m] = False
+
+    def _make_idle_pool(self, code: int) -> None:
+        """Split a large entitlement's members into its idle pool and busy set."""
+        pool = self.idle[code] = Pool(self._n_buckets, self._pool_shapes, self.loc)
+        busy = self.busy[code] = BusySet(self._busy_pos, self._busy_class)
+        ids = self.members[code].ids
+        idle = (self.tasks[ids] == 0) & (self.hshape[ids] != self._n_shapes)
+        machines = np.sort(ids[idle]).astype(np.int64)
+        self._bulk_add(pool, machines)
+        self._in_idle[machines] = True
+        for m in ids[~idle].tolist():
+            busy.add(m, int(self.free_cpu[m]))
+
+    def _sync_idle(self, m: int) -> None:
+        """Move a member of a pooled entitlement between its idle pool and busy set as
+        its task count and availability say."""
+        code = int(self.ent[m])
+        pool = self.idle.get(code)
+        if pool is None:
+            return
+        idle = self.tasks[m] == 0 and self.hshape[m] != self._n_shapes
+        if idle and not self._in_idle[m]:
+            self.busy[code].remove(m)
+            self._pool_add(pool, m)
+            self._in_idle[m] = True
+        elif not idle and self._in_idle[m]:
+            self._pool_remove(pool, m)
+            self._in_idle[m] = False
+            self.busy[code].add(m, int(self.free_cpu[m]))
+        elif not idle and self._busy_class[m] != cpu_class(int(self.free_cpu[m])):
+            busy = self.busy[code]
+            busy.remove(m)
+            busy.add(m, int(self.free_cpu[m]))
+
+    def _leave(self, code: int, m: int) -> None:
+        """Machine ``m`` leaves entitlement ``code``."""
+        cpu = int(self.total_cpu[m])
+        self.members[code].remove(m, cpu)
+        pool = self.idle.get(code)
+        if pool is not None:
+            if self._in_idle[m]:
+                self._pool_remove(pool, m)
+                self._in_idle[m] = False
+            else:
+                self.busy[code].remove(m)
+
+    def _join(self, code: int, m: int) -> None:
+        """Machine ``m`` joins entitlement ``code`` (as busy until ``_sync_idle``)."""
+        members = self._member(code)
+        members.add(m, int(self.total_cpu[m]))
+        if code in self.busy:
+            self.busy[code].add(m, int(self.free_cpu[m]))
+        elif members.size >= self.idle_pool_min:
+            self.ent[m] = code
+            self._make_idle_pool(code)
+
+    # -- task counts (the allocator's commits and loads go through these) ------------------
+    # A pooled entitlement's member moves when its task count or free cpu changes: the
+    # caller changes ``free_*`` first, then calls one of these.
+    def add_tasks(self, machines: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> None:
+        """``counts[k]`` more tasks on ``machines[k]`` (distinct machines)."""
+        self.tasks[machines] += counts
+        if self.idle:
+            klass = self._busy_class[machines]
+            fc = self.free_cpu[machines]
+            # the class each machine should be in now (bit length of its free cpu)
+            now = np.minimum(np.where(fc > 0, np.frexp(fc)[1], 0), BusySet.CLASSES - 1)
+            moving = self._in_idle[machines] | ((klass >= 0) & (klass != now))
+            for m in machines[moving].tolist():
+                self._sync_idle(m)
+
+    def add_task(self, m: int) -> None:
+        self.tasks[m] += 1
+        if self.idle:
+            self._sync_idle(m)
+
+    def remove_task(self, m: int) -> None:
+        self.tasks[m] -= 1
+        if self.idle:
+            self._sync_idle(m)
+
+    def is_idle(self, m: int) -> bool:
+        """Is ``m`` in its (large) entitlement's idle pool?"""
+        return bool(self._in_idle[m])
 
     def is_free(self, m: int) -> bool:
         return bool(self._in_free[m])
 
-    def first_free(self, buckets: I64, skip: set[int]) -> int | None:
-        """The first free machine not in ``skip``, walking the (rack, shape) buckets
-        (``rack * n_shapes + shape``) in the given order, each most recently freed
-        first."""
-        heads = self._head[buckets]
+    def first_free(self, buckets: I64, skip: set[int], pool: Pool | None = None) -> int | None:
+        """The first machine of ``pool`` (the free pool by default) not in ``skip``,
+        walking the (rack, shape) buckets (``rack * n_shapes + shape``) in the given
+        order, each most recently added first."""
+        heads = (self._head if pool is None else pool.head)[buckets]
         heads = heads[heads != NONE]
         for at in range(0, heads.size, 16):  # usually the first bucket will do
             for m in heads[at:at + 16].tolist():
@@ -253,11 +439,14 @@ class MachineIndex:
             change.entitlement)
         old = int(self.ent[m])
         if old != code:
-            cpu = int(self.total_cpu[m])
             if old != FREE:
-                self.members[old].remove(m, cpu)
+                self._leave(old, m)
+            self.ent[m] = FREE
             if code != FREE:
-                self._member(code).add(m, cpu)
+                # out of the free pool before any other pool takes it (they share the
+                # per-machine list arrays)
+                self._free_remove(m)
+                self._join(code, m)
             self.ent[m] = code
         state = STATE_CODES[change.state]
         self.state[m] = state
@@ -270,6 +459,8 @@ class MachineIndex:
             self._free_add(m)
         else:
             self._free_remove(m)
+            if self.idle:
+                self._sync_idle(m)
 
     # -- reading ------------------------------------------------------------------------------
     def machines_of(self, ent_code: int) -> I32:
@@ -283,6 +474,7 @@ class MachineIndex:
             self.free_cpu, self.free_mem, self.free_disk, self.tasks, self.ent, self.version,
             self.state, self.cordoned, self.profile, self.gen, self.shape, self.hshape,
             self._member_pos, self._head, self._next, self._prev, self._in_free,
+            self._busy_pos, self._busy_class, self._in_idle,
             *self.free_count.values(), *self.racks_of.values(),
             *self.dc_of.values(), *self.interleave.values(),
         ]
@@ -290,7 +482,9 @@ class MachineIndex:
             self.total_cpu, self.total_mem, self.total_disk, *self.loc.values(),
         ]
         return (sum(int(a.nbytes) for a in own) + sum(int(a.nbytes) for a in read)
-                + sum(ms.nbytes() for ms in self.members.values()))
+                + sum(ms.nbytes() for ms in self.members.values())
+                + sum(ms.nbytes() for ms in self.busy.values())
+                + sum(pool.nbytes() for pool in self.idle.values()))
 
 
 def _shapes(fleet: Fleet) -> tuple[npt.NDArray[np.int16], npt.NDArray[np.int16],
@@ -370,13 +564,36 @@ def _dc_of(fleet: Fleet) -> dict[str, I32]:
     return out
 
 
-def _interleave(dc_of: I32) -> I32:
-    order = np.argsort(dc_of, kind="stable")
-    counts = np.bincount(dc_of)
-    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    local = np.empty(dc_of.size, np.int64)
-    local[order] = np.arange(dc_of.size) - np.repeat(starts, counts)
-    key = local * (int(dc_of.max()) + 1) + dc_of
-    rank = np.empty(dc_of.size, np.int32)
-    rank[np.argsort(key, kind="stable")] = np.arange(dc_of.size, dtype=np.int32)
+def _interleave(fleet: Fleet, level: str) -> I32:
+    """A rank of each domain of ``level`` that alternates over every level above it:
+    the first domain of every DC, then of every other MSB of each DC, ... (sorted by
+    the domain's position under its parent, then its parent's under its own, ..., then
+    its DC). At the MSB level, the first MSB of every DC, then the second of every DC;
+    at the rack level, consecutive ranks are racks of different DCs, then MSBs, then
+    rows: a spread over racks whose ties go by rank touches every MSB before it takes
+    a second rack in one."""
+    levels = DOMAIN_LEVELS[: DOMAIN_LEVELS.index(level) + 1]
+    # per level down to ``level``: each domain's position among its parent's children
+    local: dict[str, I64] = {"dc": np.arange(len(fleet.level_names["dc"]), dtype=np.int64)}
+    for lvl in levels[1:]:
+        parent = fleet.parent[lvl]
+        order = np.argsort(parent, kind="stable")
+        above = DOMAIN_LEVELS[DOMAIN_LEVELS.index(lvl) - 1]
+        counts = np.bincount(parent, minlength=len(fleet.level_names[above]))
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        pos = np.empty(parent.size, np.int64)
+        pos[order] = np.arange(parent.size) - np.repeat(starts, counts)
+        local[lvl] = pos
+    # each domain of ``level``: its ancestors' positions, coarse to fine
+    keys: list[I64] = []
+    codes = np.arange(len(fleet.level_names[level]), dtype=np.int64)
+    for lvl in reversed(levels):
+        keys.append(local[lvl][codes])  # finest first: the primary key is the last
+        if lvl != "dc":
+            codes = fleet.parent[lvl][codes].astype(np.int64)
+    # np.lexsort's last key is its primary one: the finest level's position first, the
+    # DC last
+    order = np.lexsort(list(reversed(keys)))
+    rank = np.empty(codes.size, np.int32)
+    rank[order] = np.arange(codes.size, dtype=np.int32)
     return rank

@@ -180,6 +180,8 @@ class _Placer:
         else:
             self.remaining = _EMPTY
         members = index.members.get(cp.ent_code)
+        #: a large entitlement's idle members, counted per cell (``MachineIndex.idle``)
+        self.idle = index.idle.get(cp.ent_code)
         gone = releasing(index, plan.frees, cp.ent_code)
         self.ent_machines = (members.size if members else 0) - len(gone)
         self.ent_rru = (members.machines_rru if members else 0) - sum(
@@ -228,12 +230,20 @@ class _Placer:
         self.cap: list[int] = []
         self.fc: list[int] = []
         self.fm: list[int] = []
-        members = ix.members.get(cp.ent_code)
-        if members is None or members.size == 0 or cp.shapes.size == 0:
-            return _EMPTY, _EMPTY, _EMPTY
-        E = members.ids
         nc, nm, nd = cp.need
         floor_c, floor_m, floor_d = cp.floor
+        if cp.shapes.size == 0:
+            return _EMPTY, _EMPTY, _EMPTY
+        E: np.ndarray
+        if self.idle is not None:
+            # a large entitlement: its idle members are counted (``_start``), and of
+            # the busy ones only the classes that may have room are read
+            E = ix.busy[cp.ent_code].with_room(nc + floor_c)
+        else:
+            members = ix.members.get(cp.ent_code)
+            E = members.ids if members is not None else _EMPTY
+        if E.size == 0:
+            return _EMPTY, _EMPTY, _EMPTY
         fc = ix.free_cpu[E]
         fm = ix.free_mem[E]
         # room for how many more tasks; int32 arithmetic is safe as a policy with an
@@ -305,54 +315,172 @@ class _Placer:
         # free pool: the count of every cell of the layout; per bin, its first cell with
         # a free machine (the cells before it are empty: _head would skip them)
         avail = self.ix.free_count[L.level].take(L.cell_flat)
-        self.cell_avail: list[int] = avail.tolist()
+        # per-bin and per-cell state: lists when the bins are few, else dictionaries
+        # filled on first use (a request touches a few of the bins, not every rack)
+        many = L.n_bins > MANY_BINS
+        self.cell_avail: _Slots = _Lazy(avail) if many else avail.tolist()
         if avail.size and np.count_nonzero(avail.take(L.cell_lo)) == L.n_bins:
             sptr = L.cell_lo  # the usual case: every bin's best cell has a free machine
         else:
             nz = avail.nonzero()[0]
             sptr = np.minimum(np.append(nz, avail.size)[nz.searchsorted(L.cell_lo)],
                               L.cell_hi)
-        self.sptr: list[int] = sptr.tolist()
+        self.sptr: _Slots = _Lazy(sptr) if many else sptr.tolist()
         self.send = L.cell_end
         ent_bins, fc, fm = self._entitlement_candidates()
-        bounds = ent_bins.searchsorted(L.edges)
-        lo, hi = bounds[:-1], bounds[1:]
-        self.ptr: list[int] = lo.tolist()
-        self.end: list[int] = hi.tolist()
+        # each bin with candidates: its slice [ptr, end) of the candidate lists
+        self.ptr: _Slots
+        self.end: _Slots
+        if many:
+            if ent_bins.size:
+                starts = np.flatnonzero(np.concatenate(([True], ent_bins[1:] != ent_bins[:-1])))
+                ends = np.append(starts[1:], ent_bins.size)
+            else:
+                starts = ends = _EMPTY
+            present = ent_bins[starts]
+            keep = present >= 0
+            present, starts, ends = present[keep], starts[keep], ends[keep]
+            bins_with = present.tolist()
+            self.ptr = _Zero(zip(bins_with, starts.tolist(), strict=True))
+            self.end = _Zero(zip(bins_with, ends.tolist(), strict=True))
+            cell = np.ones(L.n_bins, np.bool_)
+            cell[present] = False
+        else:
+            bounds = ent_bins.searchsorted(L.edges)
+            lo, hi = bounds[:-1], bounds[1:]
+            self.ptr, self.end = lo.tolist(), hi.tolist()
+            cell = lo == hi
+            present = (~cell).nonzero()[0]
+            starts = lo[present]
         self.used = [0] * len(self.m)
         #: machines claimed during this proposal, per bin: [machine, cap, used, fc, fm]
+        #: (a free machine claimed, or an idle machine of the entitlement taken)
         self.claimed: dict[int, list[int]] = {}
         # heads: a machine of the entitlement (kind 0) before a free-pool cell (kind 1)
-        cell = lo == hi
         lc, lm = L.cell_cpu_pad[sptr], L.cell_mem_pad[sptr]
-        if ent_bins.size:
-            ent = ~cell
-            first = lo[ent]
-            lc[ent] = fc[first]
-            lm[ent] = fm[first]
+        lc[present] = fc[starts]
+        lm[present] = fm[starts]
+        #: bins with idle machines of the entitlement (their heads are not inlined)
+        self.idle_bins: set[int] = set()
+        if self.idle is not None:
+            # a large entitlement's idle machines: per bin its best cell that has one,
+            # as good a head as a busy machine with the same room left
+            iavail = self.idle.count[L.level].take(L.cell_flat)
+            nz = iavail.nonzero()[0]
+            if nz.size:
+                iptr = np.append(nz, iavail.size)[nz.searchsorted(L.cell_lo)]
+                has = iptr < L.cell_hi
+                ic, im = L.cell_cpu_pad[iptr], L.cell_mem_pad[iptr]
+                better = has & (cell | (ic < lc) | ((ic == lc) & (im < lm)))
+                lc = np.where(better, ic, lc)
+                lm = np.where(better, im, lm)
+                cell = cell & ~has
+                self.idle_bins = set(has.nonzero()[0].tolist())
+                self.iavail: np.ndarray = iavail
+                iptr = np.minimum(iptr, L.cell_hi)
+                self.iptr: _Slots = _Lazy(iptr) if many else iptr.tolist()
         if sptr is L.cell_lo:
-            bins: list[int] = L.bins  # all of them have a head
+            live = L.edges[:-1]  # all of them have a head
         else:
             live = (~cell | (sptr < L.cell_hi)).nonzero()[0]
-            bins = live.tolist()
             cell, lc, lm = cell[live], lc[live], lm[live]
-        kinds: list[int] = cell.view(np.int8).tolist()
-        lcs: list[int] = (lc - nc).tolist()
-        lms: list[int] = (lm - nm).tolist()
-        if self.quota_rru is not None or (
-                self.quota_machines is not None and self.ent_machines >= self.quota_machines):
-            # claims are limited: let _head check each free cell against the quota
-            heads = [(p, (kinds[k], lcs[k], lms[k]) if kinds[k] == 0 else self._head(p))
-                     for k, p in enumerate(bins)]
-            kept = [(p, head) for p, head in heads if head is not None]
-            bins = [p for p, _ in kept]
-            kinds, lcs, lms = ([head[x] for _, head in kept] for x in range(3))
-        columns: list[Iterable[int]] = [
-            itertools.repeat(0) if not c else [c.get(a[p], 0) for p in bins]
-            for c, a in zip(self.counts, self.anc, strict=True)
-        ]
-        columns[self.stack_at:self.stack_at] = [kinds, lcs, lms]
-        return list(zip(*columns, bins, itertools.repeat(0)))
+        self.reserve: list[tuple[int, ...]] = []
+        self.rows: np.ndarray = _NO_ROWS
+        limited = self.quota_rru is not None or (
+            self.quota_machines is not None and self.ent_machines >= self.quota_machines)
+        if limited and many:
+            cell, lc, lm, live = self._limit_claims(avail, sptr, cell, lc, lm, live)
+            limited = False
+        if limited or not many:
+            # every bin's key, a tuple each (few bins, or claims limited by the quota:
+            # then _head checks each free cell against it)
+            bins: list[int] = L.bins if sptr is L.cell_lo else live.tolist()
+            kinds: list[int] = cell.view(np.int8).tolist()
+            lcs: list[int] = (lc - nc).tolist()
+            lms: list[int] = (lm - nm).tolist()
+            if limited:
+                heads = [(p, (kinds[k], lcs[k], lms[k]) if kinds[k] == 0 else self._head(p))
+                         for k, p in enumerate(bins)]
+                kept = [(p, head) for p, head in heads if head is not None]
+                bins = [p for p, _ in kept]
+                kinds, lcs, lms = ([head[x] for _, head in kept] for x in range(3))
+            columns: list[Iterable[int]] = [
+                itertools.repeat(0) if not c else [c.get(a[p], 0) for p in bins]
+                for c, a in zip(self.counts, self.anc, strict=True)
+            ]
+            columns[self.stack_at:self.stack_at] = [kinds, lcs, lms]
+            entries = list(zip(*columns, bins, itertools.repeat(0)))
+            entries.sort()
+            return entries
+        # every live bin's key as a column of one matrix, sorted at once; only the
+        # ``n_place`` least become heap entries, the others wait in ``rows`` in key
+        # order (their keys only grow while they wait: ``_greedy`` takes them in
+        # when the heap's least key is above theirs). A policy that spreads over
+        # thousands of racks so never builds a Python tuple per rack.
+        p_col = live
+        cols = [self._count_column(c, k, p_col) for c, k in zip(self.counts, self.spread,
+                                                                 strict=True)]
+        cols[self.stack_at:self.stack_at] = [cell.astype(np.int64), lc - nc, lm - nm]
+        cols.append(p_col)
+        keys = np.stack(cols)
+        order = np.lexsort(keys[::-1])
+        k = min(self.n_place, order.size)
+        entries = [(*r, 0) for r in keys[:, order[:k]].T.tolist()]
+        self.rows = keys[:, order[k:]].T
+        return entries
+
+    def _limit_claims(self, avail: np.ndarray, sptr: np.ndarray, cell: np.ndarray,
+                      lc: np.ndarray, lm: np.ndarray, live: np.ndarray,
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The live bins' heads when the quota limits claims, as ``_head`` would find
+        them before any claim, for all bins at once: a free cell's head is the bin's
+        first cell with a free machine the quota allows; a bin with none is dropped.
+        Sets ``quota_blocked`` as ``_head`` would."""
+        L = self.layout
+        qm = self.quota_machines
+        if qm is not None:  # the machine quota decides (``_can_claim``)
+            if self.ent_machines < qm:
+                return cell, lc, lm, live
+            if cell.any():
+                self.quota_blocked = True
+            keep = ~cell
+            return cell[keep], lc[keep], lm[keep], live[keep]
+        assert self.quota_rru is not None
+        allowed = L.cell_cpu_pad[:-1] <= self.quota_rru - self.ent_rru - self.claimed_rru
+        free = avail > 0
+        nz = (free & allowed).nonzero()[0]
+        start, hi = sptr[live], L.cell_hi[live]
+        first = np.minimum(np.append(nz, avail.size)[nz.searchsorted(start)], hi)
+        blocked = np.concatenate(([0], np.cumsum(free & ~allowed)))
+        if np.any(cell & (blocked[first] > blocked[start])):
+            self.quota_blocked = True
+        lc = np.where(cell, L.cell_cpu_pad[first], lc)
+        lm = np.where(cell, L.cell_mem_pad[first], lm)
+        keep = ~cell | (first < hi)
+        return cell[keep], lc[keep], lm[keep], live[keep]
+
+    def _count_column(self, counts: dict[int, int], key: str, p: np.ndarray) -> np.ndarray:
+        """The job's count in each bin's domain (or type) of one spread key."""
+        if not counts:
+            return np.zeros(p.size, np.int64)
+        anc = self.layout.anc_np[key].take(p)
+        dense = np.zeros(int(anc.max(initial=0)) + 1, np.int64)
+        codes = np.fromiter(counts, np.int64, len(counts))
+        ok = codes < dense.size
+        dense[codes[ok]] = np.fromiter(counts.values(), np.int64, len(counts))[ok]
+        column: np.ndarray = dense.take(anc)
+        return column
+
+    def _next_reserved(self) -> tuple[int, ...] | None:
+        """The least waiting bin's key as it was when the proposal started (a lower
+        bound of its key now), or ``None`` when none waits."""
+        if not self.reserve:
+            if self.rows.shape[0] == 0:
+                return None
+            # a chunk at a time, least last (popped from the end)
+            chunk, self.rows = self.rows[:64], self.rows[64:]
+            self.reserve = [tuple(r) for r in reversed(chunk.tolist())]
+        return self.reserve[-1]
 
     # -- stage 3: keys ------------------------------------------------------------------------
     def _head(self, p: int) -> tuple[int, int, int] | None:
@@ -367,13 +495,18 @@ class _Placer:
         i, end = self.ptr[p], self.end[p]
         while i < end:
             if self.used[i] < self.cap[i]:
-                self.ptr[p] = i
-                u = self.used[i] + 1
-                return (0, self.fc[i] - u * nc, self.fm[i] - u * nm)
+                break
             i += 1
         self.ptr[p] = i
-        j, send = self.sptr[p], self.send[p]
         L = self.layout
+        j = self._idle_cell(p) if p in self.idle_bins else None
+        if j is not None and (i >= end or (L.cell_cpu[j], L.cell_mem[j]) < (
+                self.fc[i] - self.used[i] * nc, self.fm[i] - self.used[i] * nm)):
+            return (0, L.cell_cpu[j] - nc, L.cell_mem[j] - nm)
+        if i < end:
+            u = self.used[i] + 1
+            return (0, self.fc[i] - u * nc, self.fm[i] - u * nm)
+        j, send = self.sptr[p], self.send[p]
         while j < send:
             if self.cell_avail[j] > 0:
                 if self._can_claim(L.cell_shape[j]):
@@ -382,6 +515,17 @@ class _Placer:
                 self.quota_blocked = True
             j += 1
         self.sptr[p] = j
+        return None
+
+    def _idle_cell(self, p: int) -> int | None:
+        """Bin ``p``'s best cell that still has an idle machine of the entitlement."""
+        j, send, avail = self.iptr[p], self.send[p], self.iavail
+        while j < send and avail[j] <= 0:
+            j += 1
+        self.iptr[p] = j
+        if j < send:
+            return j
+        self.idle_bins.discard(p)
         return None
 
     def _can_claim(self, shape: int) -> bool:
@@ -412,29 +556,41 @@ class _Placer:
         """Put one task in bin ``p`` on its head machine; claim a free one if needed."""
         ix, cp = self.ix, self.cp
         claimed = self.claimed.get(p)
+        L = self.layout
+        i = self.ptr[p]
+        j = self._idle_cell(p) if claimed is None and p in self.idle_bins else None
+        if j is not None and i < self.end[p] and (L.cell_cpu[j], L.cell_mem[j]) >= (
+                self.fc[i] - self.used[i] * cp.need[0], self.fm[i] - self.used[i] * cp.need[1]):
+            j = None  # the busy machine is as good a fit
         if claimed is not None:
             claimed[2] += 1
             m = claimed[0]
-        elif self.ptr[p] < self.end[p]:
-            i = self.ptr[p]
+        elif j is None and i < self.end[p]:
             self.used[i] += 1
             m = self.m[i]
         else:
-            L = self.layout
-            j = self.sptr[p]
-            found = ix.first_free(L.buckets(j), self.taken)
-            if found is None:
-                self.cell_avail[j] = 0
-                return None
+            if j is not None:  # an idle machine of the entitlement: no claim
+                assert self.idle is not None
+                found = ix.first_free(L.buckets(j), self.taken, self.idle)
+                if found is None:
+                    self.iavail[j] = 0
+                    return None
+                self.iavail[j] -= 1
+            else:
+                j = self.sptr[p]
+                found = ix.first_free(L.buckets(j), self.taken)
+                if found is None:
+                    self.cell_avail[j] = 0
+                    return None
+                self.cell_avail[j] -= 1
+                self.plan.claims.append((found, int(ix.version[found])))
+                self.claimed_rru += L.cell_cpu[j]
+                if self.quota_machines is not None or self.quota_rru is not None:
+                    self.epoch += 1  # the quota may now stop other bins from claiming
             m = found
-            self.cell_avail[j] -= 1
             self.taken.add(m)
-            self.plan.claims.append((m, int(ix.version[m])))
-            # a free machine's totals are its shape's, which the cell has
+            # an idle or free machine's totals are its shape's, which the cell has
             total_cpu, total_mem = L.cell_cpu[j], L.cell_mem[j]
-            self.claimed_rru += total_cpu
-            if self.quota_machines is not None or self.quota_rru is not None:
-                self.epoch += 1  # the quota may now stop other bins from claiming
             cap = BIG
             for total, need, floor in zip((total_cpu, total_mem, L.cell_disk[j]), cp.need,
                                           cp.floor, strict=True):
@@ -454,10 +610,9 @@ class _Placer:
 
     def run(self, to_place: list[int]) -> None:
         self.n_place = len(to_place)
-        entries = self._start()
+        entries = self._start()  # sorted
         if (self.simple and not self.counts[0] and len(to_place) <= len(entries)
                 and self.quota_rru is None and self.quota_machines is not None):
-            entries.sort()
             claims = sum(map(itemgetter(1), entries[:len(to_place)]))  # kind 1: a free cell
             if self.ent_machines + claims <= self.quota_machines:
                 placed = self._one_per_bin(to_place, entries)
@@ -478,11 +633,12 @@ class _Placer:
         every claim on the way). Returns how many tasks were placed: all of them
         unless a claim found no free machine."""
         assign, ptr, end, used, machines = self.plan.assign, self.ptr, self.end, self.used, self.m
-        count0, anc0 = self.counts[0], self.anc[0]
+        count0, anc0, idle_bins = self.counts[0], self.anc[0], self.idle_bins
         for k, t in enumerate(to_place):
             p = entries[k][-2]
             i = ptr[p]
-            if i < end[p]:  # a machine of the entitlement (_place, inlined)
+            if i < end[p] and p not in idle_bins:  # a busy machine of the entitlement
+                # (_place, inlined)
                 used[i] += 1
                 assign.append((t, machines[i]))
                 a = anc0[p]
@@ -500,11 +656,23 @@ class _Placer:
         claimed, ptr, end, used, cap = self.claimed, self.ptr, self.end, self.used, self.cap
         machines, fc, fm = self.m, self.fc, self.fm
         nc, nm, _ = self.cp.need
-        simple = self.simple
+        simple, idle_bins = self.simple, self.idle_bins
         if simple:
             count0, anc0 = self.counts[0], self.anc[0]
+        waiting = self._next_reserved()
         for t in to_place:
-            while heap:
+            while True:
+                if waiting is not None and (not heap or waiting < heap[0]):
+                    # a waiting bin's key may now be the least: take it in (re-keyed)
+                    self.reserve.pop()
+                    cur = self._key(waiting[-1])
+                    if cur is not None:
+                        heapq.heappush(heap, cur)
+                    waiting = self._next_reserved()
+                    continue
+                if not heap:
+                    self.plan.unplaced.append((t, self._reason()))
+                    break
                 entry = heap[0]
                 p = entry[-2]
                 if entry[-1] != self.epoch:
@@ -516,7 +684,7 @@ class _Placer:
                         heapq.heapreplace(heap, cur)
                         continue
                 i = ptr[p]
-                if i < end[p] and p not in claimed:
+                if i < end[p] and p not in claimed and p not in idle_bins:
                     # the common case, inlined: the head is a machine of the entitlement
                     # (what _place then _key would do)
                     u = used[i] = used[i] + 1
@@ -542,8 +710,6 @@ class _Placer:
                 if m is not None:
                     assign.append((t, m))
                     break
-            else:
-                self.plan.unplaced.append((t, self._reason()))
 
     def _reason(self) -> str:
         if self.quota_blocked:
@@ -553,6 +719,38 @@ class _Placer:
 
 
 _EMPTY = np.empty(0, np.int64)
+#: from this many bins on (a spread over racks), per-bin state is built lazily and only
+#: the least keys become tuples
+MANY_BINS = 256
+
+
+class _Lazy(dict[int, int]):
+    """An array's values as a dictionary, each read from the array on first use."""
+
+    __slots__ = ("_array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__()
+        self._array = array
+
+    def __missing__(self, key: int) -> int:
+        value = self[key] = int(self._array[key])
+        return value
+
+
+class _Zero(dict[int, int]):
+    """0 for a key not set."""
+
+    __slots__ = ()
+
+    def __missing__(self, key: int) -> int:
+        return 0
+
+
+#: per-bin or per-cell state, indexed by bin or cell number
+_Slots = list[int] | dict[int, int]
+
+_NO_ROWS = np.empty((0, 0), np.int64)
 
 
 def _room(free: np.ndarray, need: int, floor: int, cap: np.ndarray | None) -> np.ndarray | None:

@@ -55,6 +55,8 @@ class Layout:
     edges: I64
     #: per spread key (a level up to the finest, or "type"): its code for each bin
     anc: dict[str, list[int]]
+    #: the same as arrays
+    anc_np: dict[str, I64]
     #: per cell, in (bin, best fit) order: flat index into ``free_count[level]``
     cell_flat: I64
     #: each bin's cells are ``[cell_lo[p], cell_hi[p])``
@@ -146,6 +148,7 @@ def _build_layout(index: MachineIndex, finest: str | None, by_type: bool, dc: in
     bounds = np.searchsorted(cell_p, edges)
     return Layout(
         level=level, n_bins=n_bins, bins=list(range(n_bins)), pos=pos, edges=edges, anc=anc,
+        anc_np={k: np.asarray(v, np.int64) for k, v in anc.items()},
         cell_flat=cell_dom * index.shape_type.size + cell_shape,
         cell_lo=bounds[:-1], cell_hi=bounds[1:], cell_end=bounds[1:].tolist(),
         cell_dom=cell_dom.tolist(), cell_shape=cell_shape.tolist(),

@@ -8,8 +8,19 @@ the region fills as the run goes. A share ``repeat_ratio`` of the requests re-is
 an earlier job's identical request (a new but equal object, as a scheduler retry
 would send) and must get the same placement back.
 
+Scenarios (``scenario``):
+
+* ``default``: the workload above;
+* ``big-entitlement``: one entitlement already holding half the region (50,000
+  machines at the default size), every machine of it with room; every job goes
+  there under the default policy, so each request stacks into a large member set;
+* ``rack-spread``: the 20 entitlements of ``default``, every job spreading over
+  racks (thousands of bins) then stacking.
+
 ``seconds`` is the wall time of the allocation loop alone; building the region and
-the index are reported apart.
+the index are reported apart. ``machines_used`` (machines hosting a task) is the
+stacking figure: fewer is tighter; ``max_msb_loss_ratio`` and ``max_rack_loss_ratio``
+are the worst share of one job's tasks in one MSB or rack.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import numpy as np
 
 from plait.allocator import AllocationRequest, Allocator, MachineIndex
 from plait.broker import Region
+from plait.errors import ValidationError
 from plait.model import (
     AllocationPolicy,
     Entitlement,
@@ -32,14 +44,21 @@ from plait.model import (
     Resources,
     generate,
 )
+from plait.model.policy import Preference, Property, Strategy
 
 TASK = Resources(cpu=1, memory_gb=2)
+SCENARIOS = ("default", "big-entitlement", "rack-spread")
+RACK_SPREAD = (Preference(strategy=Strategy.SPREAD, property=Property.RACK),
+               Preference(strategy=Strategy.STACK))
 
 
 def run(
     machines: int = 100_000, jobs: int = 2_000, tasks_per_job: int = 36, dcs: int = 5,
     msbs_per_dc: int = 12, repeat_ratio: float = 0.0, entitlements: int = 20, seed: int = 0,
+    scenario: str = "default",
 ) -> dict[str, Any]:
+    if scenario not in SCENARIOS:
+        raise ValidationError("scenario", f"one of {', '.join(SCENARIOS)}")
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
     fleet = generate(RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc), seed=seed)
@@ -48,12 +67,25 @@ def run(
     index = MachineIndex(fleet, region)
     t2 = time.perf_counter()
     allocator = Allocator(index)
-    per_ent = math.ceil(machines / entitlements)
-    ent_names = [f"ent{k:02d}" for k in range(entitlements)]
-    for name in ent_names:
-        allocator.define(Entitlement(name=name, owner="bench", quota=Quota(machines=per_ent)))
-    typed = AllocationPolicy(requirements=Requirements(machine_types=(fleet.type_names[0],)))
-    default = AllocationPolicy()
+    if scenario == "big-entitlement":
+        # half the region, drawn at random, bound before the run: all of it has room
+        big = max(1, machines // 2)
+        ent_names = ["big"]
+        allocator.define(Entitlement(name="big", owner="bench", quota=Quota(machines=big)))
+        for m in np.sort(rng.choice(machines, big, replace=False)).tolist():
+            region.claim(m, "big", region.version(m))
+        entitlements = 1
+    else:
+        per_ent = math.ceil(machines / entitlements)
+        ent_names = [f"ent{k:02d}" for k in range(entitlements)]
+        for name in ent_names:
+            allocator.define(Entitlement(name=name, owner="bench",
+                                         quota=Quota(machines=per_ent)))
+    t3 = time.perf_counter()
+    prefs = RACK_SPREAD if scenario == "rack-spread" else None
+    typed = AllocationPolicy(requirements=Requirements(machine_types=(fleet.type_names[0],)),
+                             preferences=prefs)
+    default = AllocationPolicy(preferences=prefs)
 
     def request(k: int) -> AllocationRequest:
         return AllocationRequest.of(
@@ -89,13 +121,17 @@ def run(
     gc.enable()
 
     # the worst share of one job's tasks in one MSB (what an MSB failure can take)
-    msb = index.loc["msb"]
-    worst = 0.0
+    msb, rack = index.loc["msb"], index.loc["rack"]
+    worst = worst_rack = 0.0
     for state in allocator.jobs.values():
-        codes = msb[np.fromiter(state.placement.values(), np.int64, len(state.placement))]
-        worst = max(worst, np.bincount(codes).max() / tasks_per_job)  # of the tasks asked
+        hosts = np.fromiter(state.placement.values(), np.int64, len(state.placement))
+        # of the tasks asked
+        worst = max(worst, np.bincount(msb[hosts]).max() / tasks_per_job)
+        worst_rack = max(worst_rack, np.bincount(rack[hosts]).max() / tasks_per_job)
     n_msb = dcs * msbs_per_dc
+    used = int(np.count_nonzero(index.tasks))
     return {
+        "scenario": scenario,
         "machines": machines,
         "jobs": jobs,
         "tasks_per_job": tasks_per_job,
@@ -106,14 +142,18 @@ def run(
         "index_bytes_per_machine": round(index.nbytes() / machines, 1),
         "max_msb_loss_ratio": round(worst, 4),
         "ideal_msb_loss_ratio": round(math.ceil(tasks_per_job / n_msb) / tasks_per_job, 4),
+        "max_rack_loss_ratio": round(worst_rack, 4),
         "region_build_s": round(t1 - t0, 3),
         "index_build_s": round(t2 - t1, 3),
+        "entitlements_setup_s": round(t3 - t2, 3),
         "distinct_jobs": len(first),
         "repeats": int(jobs - len(first)),
         "repeat_placement_mismatches": int(mismatches),
         "placed_tasks": int(placed_new),
         "unplaced_tasks": int(unplaced),
         "claimed_machines": int(claimed),
+        "machines_used": used,
+        "tasks_per_machine_used": round(placed_new / used, 3) if used else 0.0,
         "commit_conflicts": allocator.conflicts,
         "p50_ms": round(float(np.percentile(latencies, 50)) * 1000, 3),
         "p99_ms": round(float(np.percentile(latencies, 99)) * 1000, 3),

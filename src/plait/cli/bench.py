@@ -27,6 +27,10 @@ def bench_allocator(
                                                      "earlier job's request")] = 0.0,
     entitlements: Annotated[int, typer.Option(min=1)] = 20,
     seed: int = 0,
+    scenario: Annotated[str, typer.Option(help="default (100K machines, 20 entitlements), "
+                                               "big-entitlement (one entitlement holding "
+                                               "half the region, all with room) or "
+                                               "rack-spread (jobs spread over racks)")] = "default",
 ) -> None:
     """Job allocations per second on a generated region (one JSON object on stdout)."""
     from plait.bench import allocator
@@ -34,7 +38,7 @@ def bench_allocator(
     try:
         result = allocator.run(machines=machines, jobs=jobs, tasks_per_job=tasks_per_job,
                                dcs=dcs, msbs_per_dc=msbs_per_dc, repeat_ratio=repeat_ratio,
-                               entitlements=entitlements, seed=seed)
+                               entitlements=entitlements, seed=seed, scenario=scenario)
     except PlaitError as exc:
         raise refuse(exc) from None
     print(json.dumps(result))

@@ -185,7 +185,7 @@ class PersistentAllocator(Allocator):
                 index.free_cpu[m] -= int(cpu)
                 index.free_mem[m] -= int(mem)
                 index.free_disk[m] -= int(disk)
-                index.tasks[m] += 1
+                index.add_task(m)
             allocator.jobs[job] = state
         index.changes += 1
         return allocator
