@@ -7,6 +7,7 @@ the scheduler's record of the job remembers it as its ``cause``."""
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from plait import logconfig
@@ -50,6 +51,14 @@ class JobCommands:
         if created:
             self.changed(doc)
         return doc, created
+
+    def submit_create(self, spec: JobSpec) -> Future[tuple[JobDoc, bool]]:
+        """``create_job`` by group commit (``creates.CreateCommitter``): the future is
+        answered once the batch holding it is stored. (A TaskController's URL is
+        checked here, before it is queued: resolving a name never holds a batch.)"""
+        if spec.task_controller is not None:
+            self.cp.controllers.check_controller_url(spec.task_controller)
+        return self.cp.creates.submit(spec)
 
     def changed(self, doc: JobDoc) -> JobDoc:
         # (the request's access line says which command; seq: its job's operation log)
