@@ -281,20 +281,27 @@ class JobStore:
         if the transaction fails because another writer stored one of the names
         meanwhile, each job is created by itself; any other failure is raised, with
         nothing of the batch stored."""
-        found = self.get_many(list(dict.fromkeys(doc.name for doc, _ in batch)))
-        results: list[tuple[JobDoc, bool] | Exception | None] = [None] * len(batch)
-        txn = Transaction()
-        fresh: dict[str, int] = {}
-        for i, (doc, value) in enumerate(batch):
-            if doc.name in found or doc.name in fresh:
-                continue  # answered once the batch is stored (or refused)
-            fresh[doc.name] = i
-            txn.create(f"/jobs/{doc.name}", value)
-        if txn.ops:
+        found: dict[str, JobDoc] = {}
+        for attempt in (0, 1):
+            results: list[tuple[JobDoc, bool] | Exception | None] = [None] * len(batch)
+            txn = Transaction()
+            fresh: dict[str, int] = {}
+            for i, (doc, value) in enumerate(batch):
+                if doc.name in found or doc.name in fresh:
+                    continue  # answered once the batch is stored (or refused)
+                fresh[doc.name] = i
+                txn.create(f"/jobs/{doc.name}", value)
+            if not txn.ops:
+                break
             try:
                 self.ns.commit(txn)
-            except Conflict:  # stored meanwhile by another writer: one at a time
-                return [self._one(doc, value) for doc, value in batch]
+                break
+            except Conflict:
+                if attempt:  # stored meanwhile by another writer: one at a time
+                    return [self._one(doc, value) for doc, value in batch]
+                # some are stored already (a retried create, most likely): read which,
+                # and write the others
+                found = self.get_many(list(fresh))
         for i in fresh.values():
             results[i] = (batch[i][0], True)
         for i, (doc, _) in enumerate(batch):

@@ -123,6 +123,14 @@ class SqliteStore:
                     os.chmod(path + suffix, 0o600)
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        # reads on a connection of their own (WAL: they see the last commit and never
+        # wait for a write's fsync, which holds the writing connection's lock); an
+        # in-memory database is one connection's alone, so it reads on that one
+        self._rdb, self._rlock = self._db, self._lock
+        if private:
+            self._rdb = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
+                                        check_same_thread=False)
+            self._rlock = threading.RLock()
         self._watches: list[tuple[str, WatchCallback]] = []
         self._parents: set[str] = set()
         self._new_parents: list[str] = []
@@ -154,8 +162,8 @@ class SqliteStore:
             self.poll()
 
     def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+        with self._rlock:
+            return self._rdb.execute(sql, args).fetchall()
 
     def _end_sessions(self, cur: sqlite3.Cursor, ids: list[str]) -> None:
         for sid in ids:
@@ -321,12 +329,12 @@ class SqliteStore:
         """Fire the watches of every change since the last poll (by any process);
         expired sessions count as changes of their ephemeral keys."""
         now = self.clock()
-        with self._lock:
-            expired = self._db.execute(
+        with self._rlock:  # (on the reading connection: never behind a write's fsync)
+            expired = self._rdb.execute(
                 "SELECT n.path FROM nodes n JOIN sessions s ON n.session = s.id "
                 "WHERE s.expires <= ?", (now,)).fetchall()
-            rows = self._db.execute("SELECT zxid, path FROM changes WHERE zxid > ? "
-                                    "ORDER BY zxid", (self._seen,)).fetchall()
+            rows = self._rdb.execute("SELECT zxid, path FROM changes WHERE zxid > ? "
+                                     "ORDER BY zxid", (self._seen,)).fetchall()
             if rows:
                 self._seen = int(rows[-1][0])
             watches = list(self._watches)
@@ -351,4 +359,6 @@ class SqliteStore:
         self._stop.set()
         if self._poller is not None:
             self._poller.join(timeout=5)
+        if self._rdb is not self._db:
+            self._rdb.close()
         self._db.close()
