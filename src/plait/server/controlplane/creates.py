@@ -19,7 +19,8 @@ once (no timer, no added wait). A batch is all or nothing: if its transaction fa
 every request in it gets the error and nothing of it is stored (a create of a name
 stored meanwhile by another writer is told apart first: the batch is then written one
 create at a time, each answered for itself). A scheduler shard checks and stores the
-batch under its lock (``JobCommands.create_job`` says why)."""
+batch under ``CreateCommitter.lock``, which a handoff of an entitlement holds too
+(``JobCommands.create_job`` says why), never under the lock a pass holds."""
 
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ class CreateCommitter:
         self._queue: list[Pending] = []
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
+        #: a scheduler shard checks and stores creates under this lock, and a handoff
+        #: of an entitlement holds it (``Membership.handoff``): a create either is
+        #: stored before the handoff reads the jobs it carries, or is checked after
+        #: the entitlement left (and refused). Not the control plane's lock, which a
+        #: pass holds: a create never waits for a pass
+        self.lock = threading.RLock()
         #: batches written, and the creates in them (what ``plait bench throughput``
         #: and the tests read)
         self.batches = 0
@@ -106,7 +113,7 @@ class CreateCommitter:
         """Check and store ``batch``, then answer each request and wake the pass once."""
         cp = self.cp
         ready: list[Pending] = []
-        with cp.lock if cp.config.shard is not None else contextlib.nullcontext():
+        with self.lock if cp.config.shard is not None else contextlib.nullcontext():
             for p in batch:
                 try:
                     cp.check_job(p.doc.spec)
