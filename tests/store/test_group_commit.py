@@ -96,7 +96,7 @@ def test_a_failing_batch_answers_every_request_with_the_error_and_stores_nothing
     assert JobStore(env.other()).get_many([f"f-{i}" for i in range(10)]) == {}
     # the committer lives on: the next creates are stored
     del store.commit
-    doc, created = cp.commands.submit_create(spec("after")).result(timeout=60)
+    _doc, created = cp.commands.submit_create(spec("after")).result(timeout=60)
     assert created and JobStore(env.other()).get("after").name == "after"
 
 
@@ -111,7 +111,7 @@ def test_each_create_of_a_batch_is_answered_for_itself(cp, env):
         error = p.answer.exception(timeout=0)
         if error is not None:
             return type(error)
-        doc, created = p.answer.result(timeout=0)
+        _doc, created = p.answer.result(timeout=0)
         return created
 
     assert [outcome(p) for p in batch] == [True, False, True, False, True, Conflict,

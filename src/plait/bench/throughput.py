@@ -28,7 +28,6 @@ time of the process over the whole window, divided by the creates.
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing
 import os
 import signal
@@ -209,12 +208,13 @@ def run(machines: int = 1000, jobs: int = 2000, clients: int = 8, frontend: bool
                        "PYTHONUNBUFFERED": "1"}
                 front = FrontEnd(server.dir / "data", server.dir / "frontend.log").start(env)
                 url = front.url
-            r = httpx.post(f"{url}/v1/entitlements", timeout=30.0,
-                           headers={"Authorization": f"Bearer {server.token}"},
-                           json={"name": "bench", "owner": "bench",
-                                 "quota": {"machines": machines}})
-            if r.status_code not in (200, 201):
-                raise RuntimeError(f"creating the entitlement: {r.status_code} {r.text}")
+            made = httpx.post(f"{url}/v1/entitlements", timeout=30.0,
+                              headers={"Authorization": f"Bearer {server.token}"},
+                              json={"name": "bench", "owner": "bench",
+                                    "quota": {"machines": machines}})
+            if made.status_code not in (200, 201):
+                raise RuntimeError(f"creating the entitlement: {made.status_code} "
+                                   f"{made.text}")
             names = [f"t{i:06d}" for i in range(jobs)]
             shares = [names[c::clients] for c in range(clients)]
             cpu0 = server.cpu_seconds()

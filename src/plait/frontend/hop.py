@@ -12,7 +12,6 @@ another ``httpx.HTTPError`` when the request may have reached it."""
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from typing import Any
 
@@ -55,7 +54,7 @@ class Hop:
                 return httpx.Response(r.status, headers=back, content=body)
         except aiohttp.ClientConnectorError as exc:
             raise httpx.ConnectError(f"{url}: {exc}") from exc
-        except (TimeoutError, asyncio.TimeoutError) as exc:
+        except TimeoutError as exc:
             raise httpx.ReadTimeout(f"{url}: no answer within {timeout:g}s") from exc
         except aiohttp.ClientError as exc:
             raise httpx.ReadError(f"{url}: {type(exc).__name__}: {exc}") from exc

@@ -41,6 +41,7 @@ from starlette.types import Receive, Scope, Send
 
 from plait import __version__, tracing
 from plait.errors import Conflict, NotFound, ValidationError
+from plait.frontend.hop import Hop
 from plait.frontend.proxy import (
     FORWARDED,
     MAX_BODY,
@@ -50,7 +51,6 @@ from plait.frontend.proxy import (
     forward_headers,
     read_body,
 )
-from plait.frontend.hop import Hop
 from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics, HttpOnly, api_route
