@@ -472,7 +472,7 @@ class PersistentScheduler:
         self.failed = set()
         if names is None and docs is None:
             docs = self.jobs.get_many(self.jobs.names())
-        elif docs is None and names:
+        elif docs is None and names and len(names) > 1:
             # the records of a batch of jobs in one read (a burst of creates is
             # hundreds of them; those no longer stored are left out)
             try:

@@ -10,24 +10,28 @@ request ── JobDoc + bytes (made in the request) ──> queue ──> commit
    │                                          JobStore.create_many: one transaction
    │                                          (one fsync on SQLite, one multi-op on
    │                                           ZooKeeper), then one wake of the pass
+   │                                           (each request's own context: its id
+   │                                           in the log line, the first one's trace
+   │                                           shows the transaction)
    └──── future: (doc, created) or the error ───────────────────┘
 ```
 
 While one batch is being written (an fsync takes milliseconds), the next requests
 queue up, so the batch grows with the load and a quiet server writes each create at
 once (no timer, no added wait). A batch is all or nothing: if its transaction fails,
-every request in it gets the error and nothing of it is stored (a create of a name
-stored meanwhile by another writer is told apart first: the batch is then written one
-create at a time, each answered for itself). A scheduler shard checks and stores the
+every request in it gets the error and nothing of it is stored. A create of a name
+that is stored already (a retried request, two requests for one name) is answered for
+itself, as a single create would be (``JobStore.create_many``). A scheduler shard checks and stores the
 batch under ``CreateCommitter.lock``, which a handoff of an entitlement holds too
 (``JobCommands.create_job`` says why), never under the lock a pass holds."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from plait import logconfig
@@ -52,6 +56,9 @@ class Pending:
     doc: JobDoc
     value: bytes
     answer: Future[tuple[JobDoc, bool]]
+    #: the request's context (its id, its caller, its trace): what is done for it on
+    #: the committer's thread is done in it
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
 
 class CreateCommitter:
@@ -121,7 +128,9 @@ class CreateCommitter:
                     p.answer.set_exception(exc)
                     continue
                 ready.append(p)
-            results = cp.jobs.create_many([(p.doc, p.value) for p in ready])
+            # (in the first request's context: its trace shows the batch's write)
+            context = ready[0].context if ready else contextvars.copy_context()
+            results = context.run(cp.jobs.create_many, [(p.doc, p.value) for p in ready])
         self.batches += 1
         self.written += sum(1 for r in results if not isinstance(r, BaseException) and r[1])
         created = []
@@ -132,8 +141,8 @@ class CreateCommitter:
             doc, new = result
             if new:
                 # (the request's access line says which command; seq: its job's log)
-                log.info("job command acknowledged", job=doc.name, seq=doc.seq,
-                         version=doc.version)
+                p.context.run(log.info, "job command acknowledged", job=doc.name,
+                              seq=doc.seq, version=doc.version)
                 created.append(doc.name)
         cp.notify_many(created)  # one wake of the pass for the whole batch
         for p, result in zip(ready, results, strict=True):
