@@ -21,9 +21,10 @@ queue up, so the batch grows with the load and a quiet server writes each create
 once (no timer, no added wait). A batch is all or nothing: if its transaction fails,
 every request in it gets the error and nothing of it is stored. A create of a name
 that is stored already (a retried request, two requests for one name) is answered for
-itself, as a single create would be (``JobStore.create_many``). A scheduler shard checks and stores the
-batch under ``CreateCommitter.lock``, which a handoff of an entitlement holds too
-(``JobCommands.create_job`` says why), never under the lock a pass holds."""
+itself, as a single create would be (``JobStore.create_many``). A scheduler shard
+checks and stores the batch under ``CreateCommitter.lock``, which a handoff of an
+entitlement holds too (``JobCommands.create_job`` says why), never under the lock a
+pass holds."""
 
 from __future__ import annotations
 
