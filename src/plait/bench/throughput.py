@@ -17,12 +17,14 @@ no answer within ``timeout`` seconds.
 
 Meanwhile this process watches the placements: it polls the serve's event log for
 ``task_placed`` events (``GET /v1/events?kind=task_placed&after=``, each poll only
-what is new) every ``poll_seconds``, until every job's task is placed (or
-``place_timeout``). ``placed_per_s`` is ``jobs`` over the time from the first request
-sent to the poll that saw the last placement (so up to one poll interval late: a
-conservative figure); ``acks_per_s`` is 201s over the time from the first request
-sent to the last answer. ``server_cpu_ms_per_create`` (and the front end's) is CPU
-time of the process over the whole window, divided by the creates.
+what is new) every ``poll_seconds`` once the clients are done (5 times less often
+while they send: the polls are requests the server answers too), until every job's
+task is placed (or ``place_timeout``). ``placed_per_s`` is ``jobs`` over the time
+from the first request sent to the poll that saw the last placement (so up to one
+poll interval late: a conservative figure); ``acks_per_s`` is 201s over the time
+from the first request sent to the last answer. ``server_cpu_ms_per_create`` (and
+the front end's) is CPU time of the process over the whole window, divided by the
+creates.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -156,14 +159,18 @@ async def _client(url: str, token: str, names: list[str], start_at: float,
 
 # -- the placements -----------------------------------------------------------------------------
 def watch_placements(url: str, token: str, jobs: int, deadline: float,
-                     poll_seconds: float) -> tuple[int, float | None, float | None]:
+                     poll_seconds: float, loaded: Callable[[], bool] = lambda: False
+                     ) -> tuple[int, float | None, float | None]:
     """Poll the event log for ``task_placed`` events of the bench's entitlement until
     ``jobs`` tasks are placed or ``deadline`` (monotonic); (tasks placed, wall time of
-    the poll that saw the last one, the last event's own time)."""
+    the poll that saw the last one, the last event's own time). While ``loaded()`` is
+    false (creates still being sent) it polls 5 times less often: the polls are
+    requests to the server measured too."""
     placed, after, seen_at, last_time = 0, 0, None, None
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=headers, timeout=10.0) as http:
         while placed < jobs and time.monotonic() < deadline:
+            pause = poll_seconds if loaded() else 5 * poll_seconds
             r = http.get("/v1/events", params={"kind": "task_placed", "after": after,
                                                "entitlement": "bench", "limit": 1000})
             now = time.time()
@@ -176,7 +183,7 @@ def watch_placements(url: str, token: str, jobs: int, deadline: float,
                     seen_at = now
                 if page["next"] is not None:
                     continue  # more already: read them now
-            time.sleep(poll_seconds)
+            time.sleep(pause)
     return placed, seen_at, last_time
 
 
@@ -224,7 +231,7 @@ def run(machines: int = 1000, jobs: int = 2000, clients: int = 8, frontend: bool
                        for share in shares if share]
             placed, seen_at, last_event = watch_placements(
                 server.url, server.token, jobs, time.monotonic() + place_timeout,
-                poll_seconds)
+                poll_seconds, loaded=lambda: all(f.done() for f in futures))
             raws = [f.result() for f in futures]
             cpu1 = server.cpu_seconds()
             fcpu1 = front.cpu_seconds() if front is not None else None
