@@ -464,10 +464,14 @@ class PersistentScheduler:
 
     # -- stored operations -> scheduler ----------------------------------------------------
     def sync(self, now: float, names: list[str] | None = None,
-             docs: dict[str, JobDoc] | None = None) -> list[str]:
+             docs: dict[str, JobDoc] | None = None,
+             known: dict[str, JobDoc] | None = None) -> list[str]:
         """Apply the operations of ``names`` (every stored job if None) not applied yet;
-        ``docs``: the records of every stored job, read already. Returns the errors met
-        (an operation that cannot apply is skipped and reported)."""
+        ``docs``: the records of every stored job, read already. ``known``: records
+        this process stored itself (a batch of creates): a record read that is still
+        the same one (same operations, same latest spec) takes its parsed specs from
+        there instead of parsing them again. Returns the errors met (an operation that
+        cannot apply is skipped and reported)."""
         errors: list[str] = []
         self.failed = set()
         if names is None and docs is None:
@@ -487,6 +491,10 @@ class PersistentScheduler:
                     doc = docs[name]
                 else:
                     doc = self.jobs.get(name)
+                mine = known.get(name) if known else None
+                if (mine is not None and mine.seq == doc.seq and mine.version == doc.version
+                        and mine.kept.get(doc.version) == doc.kept.get(doc.version)):
+                    doc._parsed.update(mine._parsed)
                 errors.extend(self._apply(doc, now))
             except NotFound:
                 continue

@@ -48,6 +48,8 @@ log = logconfig.get("plait.controlplane.commands")
 MAX_BATCH = 256
 #: bytes of records in one transaction at most (ZooKeeper takes about 1 MiB per request)
 MAX_BYTES = 512 * 1024
+#: records kept for the pass at most (beyond, the pass parses what it reads)
+STORED_KEPT = 10_000
 
 
 @dataclass
@@ -78,6 +80,9 @@ class CreateCommitter:
         #: and the tests read)
         self.batches = 0
         self.written = 0
+        #: the records stored since the pass last took them (``take_stored``): the
+        #: pass reads them back, and takes their parsed specs from here
+        self._stored: dict[str, JobDoc] = {}
 
     def submit(self, spec: JobSpec) -> Future[tuple[JobDoc, bool]]:
         """Queue a create; the future is answered once it is durably stored (or
@@ -92,6 +97,12 @@ class CreateCommitter:
             self._queue.append(pending)
             self._cond.notify()
         return pending.answer
+
+    def take_stored(self) -> dict[str, JobDoc]:
+        """The records this committer stored since the last call (for the pass)."""
+        with self._cond:
+            stored, self._stored = self._stored, {}
+        return stored
 
     def _take(self) -> list[Pending]:
         with self._cond:
@@ -145,6 +156,12 @@ class CreateCommitter:
                 p.context.run(log.info, "job command acknowledged", job=doc.name,
                               seq=doc.seq, version=doc.version)
                 created.append(doc.name)
+        with self._cond:
+            if len(self._stored) > STORED_KEPT:  # (no pass takes them: a follower)
+                self._stored.clear()
+            for p, result in zip(ready, results, strict=True):
+                if not isinstance(result, BaseException) and result[1]:
+                    self._stored[p.doc.name] = p.doc
         cp.notify_many(created)  # one wake of the pass for the whole batch
         for p, result in zip(ready, results, strict=True):
             if not isinstance(result, BaseException):
