@@ -149,8 +149,11 @@ class SqliteStore:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             self._new_parents = []
+            self._changes: list[tuple[str]] = []
             try:
                 yield cur
+                if self._changes:  # (the change log's rows of the write, in one call)
+                    cur.executemany("INSERT INTO changes(path) VALUES (?)", self._changes)
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
@@ -178,7 +181,7 @@ class SqliteStore:
         self._end_sessions(cur, expired)
 
     def _changed(self, cur: sqlite3.Cursor, key: str) -> None:
-        cur.execute("INSERT INTO changes(path) VALUES (?)", (key,))
+        self._changes.append((key,))  # (written before the commit: ``_write``)
 
     # -- reading ---------------------------------------------------------------------------
     def get(self, key: str) -> tuple[bytes, int]:
@@ -233,26 +236,10 @@ class SqliteStore:
     # -- writing -----------------------------------------------------------------------------
     def _apply(self, cur: sqlite3.Cursor, op: Op, session: SqliteSession | None) -> int:
         key = op.key
+        if op.kind == "create":
+            return self._create(cur, op, session)
         row = cur.execute(f"SELECT n.version FROM nodes n WHERE n.path = ? AND {LIVE}",
                           (key, self.clock())).fetchone()
-        if op.kind == "create":
-            if row is not None:
-                raise Conflict(f"key {key}", "absent", "exists")
-            if op.ephemeral and session is None:
-                raise Conflict(f"key {key}", "a session for an ephemeral key", None)
-            cur.execute("DELETE FROM nodes WHERE path = ?", (key,))  # an expired ephemeral
-            # missing parents are created empty (kazoo's makepath=True)
-            parent = _parent(key)
-            while parent != "/" and parent not in self._parents:
-                cur.execute("INSERT OR IGNORE INTO nodes VALUES (?, ?, x'', 0, NULL)",
-                            (parent, _parent(parent)))
-                self._new_parents.append(parent)
-                parent = _parent(parent)
-            cur.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, ?)",
-                        (key, _parent(key), op.value,
-                         session.id if op.ephemeral and session else None))
-            self._changed(cur, key)
-            return 0
         if row is None:
             raise NotFound("key", key)
         if op.version != -1 and row[0] != op.version:
@@ -268,6 +255,33 @@ class SqliteStore:
             self._changed(cur, key)
             return -1
         return int(row[0])  # check
+
+    def _create(self, cur: sqlite3.Cursor, op: Op, session: SqliteSession | None) -> int:
+        """A create: one insert when the key is free (the common case); a key that is
+        taken is a conflict, unless it is an expired session's ephemeral key, which
+        the new one replaces."""
+        key = op.key
+        if op.ephemeral and session is None:
+            raise Conflict(f"key {key}", "a session for an ephemeral key", None)
+        # missing parents are created empty (kazoo's makepath=True)
+        parent = _parent(key)
+        while parent != "/" and parent not in self._parents:
+            cur.execute("INSERT OR IGNORE INTO nodes VALUES (?, ?, x'', 0, NULL)",
+                        (parent, _parent(parent)))
+            self._new_parents.append(parent)
+            parent = _parent(parent)
+        row = (key, _parent(key), op.value, session.id if op.ephemeral and session else None)
+        try:
+            cur.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, ?)", row)
+        except sqlite3.IntegrityError:  # the key is taken: live, or an expired ephemeral
+            live = cur.execute(f"SELECT 1 FROM nodes n WHERE n.path = ? AND {LIVE}",
+                               (key, self.clock())).fetchone()
+            if live is not None:
+                raise Conflict(f"key {key}", "absent", "exists") from None
+            cur.execute("DELETE FROM nodes WHERE path = ?", (key,))
+            cur.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, ?)", row)
+        self._changed(cur, key)
+        return 0
 
     def create(self, key: str, value: bytes, session: SqliteSession | None = None) -> int:
         op = Op("create", check_key(key), check_value(key, value), ephemeral=session is not None)
