@@ -344,8 +344,10 @@ class SqliteStore:
         expired sessions count as changes of their ephemeral keys."""
         now = self.clock()
         with self._rlock:  # (on the reading connection: never behind a write's fsync)
+            # (sessions first, then their keys by the session index: SQLite's own plan
+            # scanned every key of the store, at every poll)
             expired = self._rdb.execute(
-                "SELECT n.path FROM nodes n JOIN sessions s ON n.session = s.id "
+                "SELECT n.path FROM sessions s CROSS JOIN nodes n ON n.session = s.id "
                 "WHERE s.expires <= ?", (now,)).fetchall()
             rows = self._rdb.execute("SELECT zxid, path FROM changes WHERE zxid > ? "
                                      "ORDER BY zxid", (self._seen,)).fetchall()
