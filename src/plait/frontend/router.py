@@ -274,6 +274,10 @@ class ShardRouter:
         self.identity = identity
         self.ca_file = ca_file
         self._client: Hop | None = None
+        #: the store's reads are quick and local (SQLite): the create path makes them
+        #: on the event loop instead of handing them to a thread (ZooKeeper's are
+        #: network round trips: handed to a thread)
+        self._inline_reads = bool(getattr(store, "local_reads", False))
         #: the web UI, reading the region through this front end
         self.ui = Ui(self)
         #: the front end's own metrics: every request by route template and status
@@ -377,8 +381,9 @@ class ShardRouter:
             if len(parts) == 2:  # a create names its entitlement
                 spec = self._body(body)
                 ent, name = str(spec.get("entitlement", "")), str(spec.get("name", ""))
-                # (one store read, one trip off the event loop)
-                found, have = await run_in_threadpool(m.create_target, ent, name)
+                # (one store read; off the event loop unless it is a local one)
+                found, have = (m.create_target(ent, name) if self._inline_reads
+                               else await run_in_threadpool(m.create_target, ent, name))
                 if found is None or not NAME_RE.match(name):
                     return await self.to_shard(0, scope, body)  # (its 422 names it)
                 self._writable(ent, found[0])

@@ -107,6 +107,11 @@ class SqliteElection:
 
 
 class SqliteStore:
+    #: reads are local (a file on this host, read on a connection of their own, WAL:
+    #: never behind a writer), so an event loop may make them itself rather than hand
+    #: them to a thread (the front end does)
+    local_reads = True
+
     def __init__(self, path: str, busy_timeout: float = 30.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.path, self.clock = path, clock
