@@ -75,8 +75,9 @@ def test_a_request_is_one_trace_from_the_front_end_to_the_shards_store(traced) -
     assert shard[0]["kind"] == "server"
     assert shard[0]["attributes"]["plait.request_id"] == "deploy-web-1"
     assert shard[0]["attributes"]["http.response.status_code"] == 201
-    # ... and its store write of the job: the acknowledgement of the request
-    writes = [s for s in children(spans, shard[0]) if s["name"] == "store.create"]
+    # ... and its store write of the job: the acknowledgement of the request (the
+    # transaction of its batch of creates: group commit, here a batch of one)
+    writes = [s for s in children(spans, shard[0]) if s["name"] == "store.commit"]
     assert [w["attributes"]["plait.store.key"] for w in writes] == [
         "/shards/0/scheduler/jobs/web"]
     trace = {s["trace_id"] for s in (front, *hops, *shard, *writes)}

@@ -122,6 +122,28 @@ def bench_api(
     print(json.dumps(result))
 
 
+@bench_app.command("throughput")
+def bench_throughput(
+    frontend: Annotated[bool, typer.Option(help="the clients call plait frontend, in front "
+                                                "of the serve as scheduler shard 0 (else "
+                                                "the serve directly)")] = False,
+    machines: Annotated[int, typer.Option(min=1, help="machines of the served region")] = 1000,
+    jobs: Annotated[int, typer.Option(min=1, help="one-task jobs (1 cpu) created")] = 2000,
+    clients: Annotated[int, typer.Option(min=1, help="client processes, one keep-alive "
+                                                     "connection each, closed loop")] = 8,
+) -> None:
+    """Single-job creates from many client processes: acknowledged per second, placed
+    per second, latency (one JSON object on stdout)."""
+    from plait.bench import throughput
+
+    try:
+        result = throughput.run(machines=machines, jobs=jobs, clients=clients,
+                                frontend=frontend)
+    except PlaitError as exc:
+        raise refuse(exc) from None
+    print(json.dumps(result))
+
+
 @bench_app.command("taskcontrol")
 def bench_taskcontrol(
     jobs: Annotated[int, typer.Option(min=2, help="jobs, each with an HTTP TaskController")]

@@ -544,18 +544,26 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     @app.post("/v1/jobs", response_model=t.JobAck | t.Plan, tags=["jobs"], status_code=201,
               responses={200: {"model": t.JobAck | t.Plan,
                                    "description": "The same spec again, or a dry run's plan"}})
-    def create_job(spec: JobSpec, who: User, request: Request, response: Response,
-                   dry_run: bool = False) -> dict[str, Any]:
+    async def create_job(spec: JobSpec, who: User, request: Request, response: Response,
+                         dry_run: bool = False) -> dict[str, Any]:
         """Create a job from a spec. Acknowledged once stored; tasks are placed
         asynchronously. The same spec again returns 200 and changes nothing; another
         spec under the same name is a 409. ``dry_run`` returns the plan only."""
         may_entitlement(request, who, spec.entitlement, named_in_body=True)
         if dry_run:
             response.status_code = 200
-            if spec.name in cp.jobs.names_cached():
-                may_job(request, who, spec.name)  # a plan diffs against that job's spec
-            return cp.views.plan(spec)
-        doc, created = cp.commands.create_job(spec)
+
+            def plan() -> dict[str, Any]:
+                if spec.name in cp.jobs.names_cached():
+                    may_job(request, who, spec.name)  # a plan diffs against its spec
+                return cp.views.plan(spec)
+            return await run_in_threadpool(plan)
+        # stored with the creates of other requests (group commit); the controller
+        # URL's name, if any, is resolved off the event loop
+        submit = cp.commands.submit_create
+        answer = (submit(spec) if spec.task_controller is None
+                  else await run_in_threadpool(submit, spec))
+        doc, created = await asyncio.wrap_future(answer)
         if not created:
             response.status_code = 200
         return ack(doc, created)

@@ -14,6 +14,7 @@ import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plait import tracing
+from plait.frontend.hop import Hop
 
 #: set on a forwarded request: a replica that is not the leader either answers 503
 #: instead of forwarding it again (no loops while an election settles)
@@ -77,7 +78,7 @@ def forward_headers(scope: Scope) -> list[tuple[str, str]]:
             if k.lower() not in _HOP]
 
 
-async def call(client: httpx.AsyncClient, target: str, scope: Scope, body: bytes,
+async def call(client: httpx.AsyncClient | Hop, target: str, scope: Scope, body: bytes,
                headers: list[tuple[str, str]], path: str | None = None) -> httpx.Response:
     """Send the request of ``scope`` to the API at ``target`` (a long-poll is given
     the client's wait, plus slack). Raises httpx.HTTPError if it does not answer."""

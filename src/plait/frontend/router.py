@@ -41,6 +41,7 @@ from starlette.types import Receive, Scope, Send
 
 from plait import __version__, paging, tracing
 from plait.errors import Conflict, NotFound, ValidationError
+from plait.frontend.hop import Hop
 from plait.frontend.proxy import (
     FORWARDED,
     MAX_BODY,
@@ -139,6 +140,14 @@ class ShardMap:
             self._leaders[shard] = (now, who)
         return who
 
+    def cached_leader(self, shard: int) -> tuple[bool, str | None]:
+        """(True, the leader) when it was read within ``LEADER_TTL`` (no store read:
+        the caller need not leave the event loop), else (False, None)."""
+        at, who = self._leaders.get(shard, (0.0, None))
+        if who is None or time.monotonic() - at > LEADER_TTL:
+            return False, None
+        return True, who
+
     def forget(self, shard: int) -> None:
         self._leaders.pop(shard, None)
 
@@ -202,6 +211,26 @@ class ShardMap:
         raise Refused(503, "unavailable", f"entitlement {entitlement!r}: could not be placed "
                                           "on a shard (contended): retry", retry=True)
 
+    def create_target(self, entitlement: str, job: str
+                      ) -> tuple[tuple[dict[str, Any], int] | None, tuple[int, str] | None]:
+        """A create's two questions in one read: ``entry(entitlement)`` and
+        ``job(job)``."""
+        if not NAME_RE.match(entitlement) or not NAME_RE.match(job):
+            return self.entry(entitlement), self.job(job)
+        shards = self.shards()
+        ent_key = f"/frontend/entitlements/{entitlement}"
+        job_keys = {s: f"{shard_prefix(s)}/scheduler/jobs/{job}" for s in shards}
+        found = self.store.get_many([ent_key, *job_keys.values()])
+        entry = None
+        if ent_key in found:
+            value, version = found[ent_key]
+            entry = json.loads(value), version
+        for s in shards:
+            got = found.get(job_keys[s])
+            if got is not None:
+                return entry, (s, str(json.loads(got[0])["entitlement"]))
+        return entry, None
+
     def job(self, name: str) -> tuple[int, str] | None:
         """(shard, entitlement) of the job's record, if it is stored."""
         if not NAME_RE.match(name):
@@ -244,7 +273,11 @@ class ShardRouter:
         self.tokens = TokenStore(store)
         self.identity = identity
         self.ca_file = ca_file
-        self._client: httpx.AsyncClient | None = None
+        self._client: Hop | None = None
+        #: the store's reads are quick and local (SQLite): the create path makes them
+        #: on the event loop instead of handing them to a thread (ZooKeeper's are
+        #: network round trips: handed to a thread)
+        self._inline_reads = bool(getattr(store, "local_reads", False))
         #: the web UI, reading the region through this front end
         self.ui = Ui(self)
         #: the front end's own metrics: every request by route template and status
@@ -255,10 +288,9 @@ class ShardRouter:
             api="frontend")
 
     @property
-    def client(self) -> httpx.AsyncClient:
+    def client(self) -> Hop:
         if self._client is None:
-            verify: Any = tls_verify(self.ca_file)
-            self._client = httpx.AsyncClient(verify=verify)
+            self._client = Hop(tls_verify(self.ca_file))
         return self._client
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -348,12 +380,13 @@ class ShardRouter:
                 return await self.to_shard(0, scope, body)
             if len(parts) == 2:  # a create names its entitlement
                 spec = self._body(body)
-                ent = str(spec.get("entitlement", ""))
-                found = await run_in_threadpool(m.entry, ent)
-                if found is None or not NAME_RE.match(str(spec.get("name", ""))):
+                ent, name = str(spec.get("entitlement", "")), str(spec.get("name", ""))
+                # (one store read; off the event loop unless it is a local one)
+                found, have = (m.create_target(ent, name) if self._inline_reads
+                               else await run_in_threadpool(m.create_target, ent, name))
+                if found is None or not NAME_RE.match(name):
                     return await self.to_shard(0, scope, body)  # (its 422 names it)
                 self._writable(ent, found[0])
-                have = await run_in_threadpool(m.job, str(spec["name"]))
                 if have is not None and have[0] != found[0]["shard"]:
                     raise Refused(409, "conflict", f"job {spec['name']}: expected absent or "
                                                    f"the same spec, found a job of entitlement "
@@ -445,7 +478,9 @@ class ShardRouter:
             scope = {**scope, "method": method, "query_string": b""}
         for attempt in range(RETRIES + 1):
             last = attempt == RETRIES
-            leader = await run_in_threadpool(self.map.leader, shard)
+            fresh, leader = self.map.cached_leader(shard)
+            if not fresh:
+                leader = await run_in_threadpool(self.map.leader, shard)
             if leader is None:
                 if last:
                     raise Refused(503, "unavailable", f"scheduler shard {shard} has no "

@@ -189,6 +189,14 @@ class JobDoc:
         return doc
 
 
+def new_job(spec: JobSpec, now: float) -> tuple[JobDoc, bytes]:
+    """A new job's record and its stored form (who asked, within an API request, is
+    recorded with its create)."""
+    doc = JobDoc.new(spec)
+    doc.record(now, "create", f"created with {spec.task_count} tasks", version=1)
+    return doc, _fits(doc)
+
+
 def _fits(doc: JobDoc, needed: Callable[[], set[int]] = set) -> bytes:
     """The job's record, trimmed to the versions it keeps; if it is still too large for
     the store, the oldest versions that nothing needs go first; else a 413 that says
@@ -247,19 +255,73 @@ class JobStore:
     def create(self, spec: JobSpec, now: float) -> tuple[JobDoc, bool]:
         """Store a new job; ``(doc, False)`` when the same job already exists (creates
         are idempotent); a job of that name with another spec is a conflict."""
-        doc = JobDoc.new(spec)
-        doc.record(now, "create", f"created with {spec.task_count} tasks", version=1)
+        doc, value = new_job(spec, now)
         try:
-            self.ns.create(f"/jobs/{spec.name}", _fits(doc))
+            self.ns.create(f"/jobs/{spec.name}", value)
             return doc, True
         except Conflict:
-            existing = self.get(spec.name)
-            if existing.deleting:
-                raise Conflict(f"job {spec.name}", "absent", "being deleted") from None
-            if existing.spec != spec:
-                raise Conflict(f"job {spec.name}", "absent or the same spec",
-                               "a job with another spec (use update)") from None
-            return existing, False
+            return self._existing(spec), False
+
+    def _existing(self, spec: JobSpec, doc: JobDoc | None = None) -> JobDoc:
+        """The stored job of ``spec``'s name, when a create finds it: the same spec
+        (an idempotent retry), else a conflict."""
+        existing = self.get(spec.name) if doc is None else doc
+        if existing.deleting:
+            raise Conflict(f"job {spec.name}", "absent", "being deleted")
+        if existing.spec != spec:
+            raise Conflict(f"job {spec.name}", "absent or the same spec",
+                           "a job with another spec (use update)")
+        return existing
+
+    def create_many(self, batch: list[tuple[JobDoc, bytes]]
+                    ) -> list[tuple[JobDoc, bool] | Exception]:
+        """Store new jobs (``new_job``'s records) in one transaction: per job what
+        ``create`` returns, or the error it raises. Names stored already (and a name
+        twice in the batch) are answered as ``create`` answers them, without a write;
+        if the transaction fails because another writer stored one of the names
+        meanwhile, each job is created by itself; any other failure is raised, with
+        nothing of the batch stored."""
+        found: dict[str, JobDoc] = {}
+        for attempt in (0, 1):
+            results: list[tuple[JobDoc, bool] | Exception | None] = [None] * len(batch)
+            txn = Transaction()
+            fresh: dict[str, int] = {}
+            for i, (doc, value) in enumerate(batch):
+                if doc.name in found or doc.name in fresh:
+                    continue  # answered once the batch is stored (or refused)
+                fresh[doc.name] = i
+                txn.create(f"/jobs/{doc.name}", value)
+            if not txn.ops:
+                break
+            try:
+                self.ns.commit(txn)
+                break
+            except Conflict:
+                if attempt:  # stored meanwhile by another writer: one at a time
+                    return [self._one(doc, value) for doc, value in batch]
+                # some are stored already (a retried create, most likely): read which,
+                # and write the others
+                found = self.get_many(list(fresh))
+        for i in fresh.values():
+            results[i] = (batch[i][0], True)
+        for i, (doc, _) in enumerate(batch):
+            if results[i] is None:
+                stored = found.get(doc.name) or batch[fresh[doc.name]][0]
+                try:
+                    results[i] = (self._existing(doc.spec, stored), False)
+                except Conflict as exc:
+                    results[i] = exc
+        return [r for r in results if r is not None]
+
+    def _one(self, doc: JobDoc, value: bytes) -> tuple[JobDoc, bool] | Exception:
+        try:
+            self.ns.create(f"/jobs/{doc.name}", value)
+            return doc, True
+        except Conflict:
+            try:
+                return self._existing(doc.spec), False
+            except (Conflict, NotFound) as exc:
+                return exc
 
     def change(self, name: str, now: float,
                edit: Callable[[JobDoc], dict[str, Any] | None]) -> JobDoc:
@@ -402,17 +464,37 @@ class PersistentScheduler:
 
     # -- stored operations -> scheduler ----------------------------------------------------
     def sync(self, now: float, names: list[str] | None = None,
-             docs: dict[str, JobDoc] | None = None) -> list[str]:
+             docs: dict[str, JobDoc] | None = None,
+             known: dict[str, JobDoc] | None = None) -> list[str]:
         """Apply the operations of ``names`` (every stored job if None) not applied yet;
-        ``docs``: the records of every stored job, read already. Returns the errors met
-        (an operation that cannot apply is skipped and reported)."""
+        ``docs``: the records of every stored job, read already. ``known``: records
+        this process stored itself (a batch of creates): a record read that is still
+        the same one (same operations, same latest spec) takes its parsed specs from
+        there instead of parsing them again. Returns the errors met (an operation that
+        cannot apply is skipped and reported)."""
         errors: list[str] = []
         self.failed = set()
         if names is None and docs is None:
             docs = self.jobs.get_many(self.jobs.names())
-        for name in (list(docs) if docs is not None else names) or []:
+        elif docs is None and names and len(names) > 1:
+            # the records of a batch of jobs in one read (a burst of creates is
+            # hundreds of them; those no longer stored are left out)
             try:
-                doc = docs[name] if docs is not None else self.jobs.get(name)
+                docs = self.jobs.get_many(list(names))
+            except Exception:  # one that cannot be read: each read by itself below
+                docs = None
+        for name in (names if names is not None else list(docs or ())) or []:
+            try:
+                if docs is not None:
+                    if name not in docs:
+                        continue  # no longer stored
+                    doc = docs[name]
+                else:
+                    doc = self.jobs.get(name)
+                mine = known.get(name) if known else None
+                if (mine is not None and mine.seq == doc.seq and mine.version == doc.version
+                        and mine.kept.get(doc.version) == doc.kept.get(doc.version)):
+                    doc._parsed.update(mine._parsed)
                 errors.extend(self._apply(doc, now))
             except NotFound:
                 continue

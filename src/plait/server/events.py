@@ -15,7 +15,7 @@ import contextlib
 import json
 import threading
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 from plait.errors import NotFound
 from plait.store.protocol import Namespace, Store, Transaction
@@ -66,9 +66,16 @@ def _decode(raw: bytes) -> Event:
     return Event(**{k: v for k, v in data.items() if k in _FIELDS})
 
 
+#: a new event's fields, and a stored one's, in their order (the stored JSON's keys)
+_NEW = tuple(f.name for f in fields(NewEvent))
+_ORDER = tuple(f.name for f in fields(Event))
+
+
 def _encode(event: Event) -> bytes:
-    # the fields left empty are not stored (most events have no task, op, decision)
-    return json.dumps({k: v for k, v in asdict(event).items() if v is not None}).encode()
+    # the fields left empty are not stored (most events have no task, op, decision);
+    # (every field is a plain value: read as it is, not copied as ``asdict`` would)
+    return json.dumps({k: v for k in _ORDER
+                       if (v := getattr(event, k)) is not None}).encode()
 
 
 #: the events stored in one transaction at most (a ZooKeeper multi-op must stay under
@@ -137,7 +144,7 @@ class EventLog:
             seq = self._seq
             for new in events:
                 seq += 1
-                made.append(Event(**asdict(new), seq=seq))
+                made.append(Event(**{k: getattr(new, k) for k in _NEW}, seq=seq))
             # a batch larger than the whole retention keeps only its newest events
             kept = made[-self.retention.max_count:]
             for event in kept:

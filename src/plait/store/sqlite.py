@@ -107,6 +107,11 @@ class SqliteElection:
 
 
 class SqliteStore:
+    #: reads are local (a file on this host, read on a connection of their own, WAL:
+    #: never behind a writer), so an event loop may make them itself rather than hand
+    #: them to a thread (the front end does)
+    local_reads = True
+
     def __init__(self, path: str, busy_timeout: float = 30.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.path, self.clock = path, clock
@@ -123,6 +128,14 @@ class SqliteStore:
                     os.chmod(path + suffix, 0o600)
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        # reads on a connection of their own (WAL: they see the last commit and never
+        # wait for a write's fsync, which holds the writing connection's lock); an
+        # in-memory database is one connection's alone, so it reads on that one
+        self._rdb, self._rlock = self._db, self._lock
+        if private:
+            self._rdb = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
+                                        check_same_thread=False)
+            self._rlock = threading.RLock()
         self._watches: list[tuple[str, WatchCallback]] = []
         self._parents: set[str] = set()
         self._new_parents: list[str] = []
@@ -141,8 +154,11 @@ class SqliteStore:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             self._new_parents = []
+            self._changes: list[tuple[str]] = []
             try:
                 yield cur
+                if self._changes:  # (the change log's rows of the write, in one call)
+                    cur.executemany("INSERT INTO changes(path) VALUES (?)", self._changes)
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
@@ -154,8 +170,8 @@ class SqliteStore:
             self.poll()
 
     def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._db.execute(sql, args).fetchall()
+        with self._rlock:
+            return self._rdb.execute(sql, args).fetchall()
 
     def _end_sessions(self, cur: sqlite3.Cursor, ids: list[str]) -> None:
         for sid in ids:
@@ -170,7 +186,7 @@ class SqliteStore:
         self._end_sessions(cur, expired)
 
     def _changed(self, cur: sqlite3.Cursor, key: str) -> None:
-        cur.execute("INSERT INTO changes(path) VALUES (?)", (key,))
+        self._changes.append((key,))  # (written before the commit: ``_write``)
 
     # -- reading ---------------------------------------------------------------------------
     def get(self, key: str) -> tuple[bytes, int]:
@@ -225,26 +241,10 @@ class SqliteStore:
     # -- writing -----------------------------------------------------------------------------
     def _apply(self, cur: sqlite3.Cursor, op: Op, session: SqliteSession | None) -> int:
         key = op.key
+        if op.kind == "create":
+            return self._create(cur, op, session)
         row = cur.execute(f"SELECT n.version FROM nodes n WHERE n.path = ? AND {LIVE}",
                           (key, self.clock())).fetchone()
-        if op.kind == "create":
-            if row is not None:
-                raise Conflict(f"key {key}", "absent", "exists")
-            if op.ephemeral and session is None:
-                raise Conflict(f"key {key}", "a session for an ephemeral key", None)
-            cur.execute("DELETE FROM nodes WHERE path = ?", (key,))  # an expired ephemeral
-            # missing parents are created empty (kazoo's makepath=True)
-            parent = _parent(key)
-            while parent != "/" and parent not in self._parents:
-                cur.execute("INSERT OR IGNORE INTO nodes VALUES (?, ?, x'', 0, NULL)",
-                            (parent, _parent(parent)))
-                self._new_parents.append(parent)
-                parent = _parent(parent)
-            cur.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, ?)",
-                        (key, _parent(key), op.value,
-                         session.id if op.ephemeral and session else None))
-            self._changed(cur, key)
-            return 0
         if row is None:
             raise NotFound("key", key)
         if op.version != -1 and row[0] != op.version:
@@ -260,6 +260,33 @@ class SqliteStore:
             self._changed(cur, key)
             return -1
         return int(row[0])  # check
+
+    def _create(self, cur: sqlite3.Cursor, op: Op, session: SqliteSession | None) -> int:
+        """A create: one insert when the key is free (the common case); a key that is
+        taken is a conflict, unless it is an expired session's ephemeral key, which
+        the new one replaces."""
+        key = op.key
+        if op.ephemeral and session is None:
+            raise Conflict(f"key {key}", "a session for an ephemeral key", None)
+        # missing parents are created empty (kazoo's makepath=True)
+        parent = _parent(key)
+        while parent != "/" and parent not in self._parents:
+            cur.execute("INSERT OR IGNORE INTO nodes VALUES (?, ?, x'', 0, NULL)",
+                        (parent, _parent(parent)))
+            self._new_parents.append(parent)
+            parent = _parent(parent)
+        row = (key, _parent(key), op.value, session.id if op.ephemeral and session else None)
+        try:
+            cur.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, ?)", row)
+        except sqlite3.IntegrityError:  # the key is taken: live, or an expired ephemeral
+            live = cur.execute(f"SELECT 1 FROM nodes n WHERE n.path = ? AND {LIVE}",
+                               (key, self.clock())).fetchone()
+            if live is not None:
+                raise Conflict(f"key {key}", "absent", "exists") from None
+            cur.execute("DELETE FROM nodes WHERE path = ?", (key,))
+            cur.execute("INSERT INTO nodes VALUES (?, ?, ?, 0, ?)", row)
+        self._changed(cur, key)
+        return 0
 
     def create(self, key: str, value: bytes, session: SqliteSession | None = None) -> int:
         op = Op("create", check_key(key), check_value(key, value), ephemeral=session is not None)
@@ -321,12 +348,14 @@ class SqliteStore:
         """Fire the watches of every change since the last poll (by any process);
         expired sessions count as changes of their ephemeral keys."""
         now = self.clock()
-        with self._lock:
-            expired = self._db.execute(
-                "SELECT n.path FROM nodes n JOIN sessions s ON n.session = s.id "
+        with self._rlock:  # (on the reading connection: never behind a write's fsync)
+            # (sessions first, then their keys by the session index: SQLite's own plan
+            # scanned every key of the store, at every poll)
+            expired = self._rdb.execute(
+                "SELECT n.path FROM sessions s CROSS JOIN nodes n ON n.session = s.id "
                 "WHERE s.expires <= ?", (now,)).fetchall()
-            rows = self._db.execute("SELECT zxid, path FROM changes WHERE zxid > ? "
-                                    "ORDER BY zxid", (self._seen,)).fetchall()
+            rows = self._rdb.execute("SELECT zxid, path FROM changes WHERE zxid > ? "
+                                     "ORDER BY zxid", (self._seen,)).fetchall()
             if rows:
                 self._seen = int(rows[-1][0])
             watches = list(self._watches)
@@ -351,4 +380,6 @@ class SqliteStore:
         self._stop.set()
         if self._poller is not None:
             self._poller.join(timeout=5)
+        if self._rdb is not self._db:
+            self._rdb.close()
         self._db.close()

@@ -233,13 +233,16 @@ class ZkStore:
         for op in txn.ops:
             check_value(op.key, op.value)
         created = {op.key for op in txn.ops if op.kind == "create"}
+        parents: dict[str, None] = {}
         for op in txn.ops:  # ZooKeeper wants parents in place; make the missing ones
             if op.kind == "create":
                 parent = op.key.rsplit("/", 1)[0]
                 while parent and parent in created:
                     parent = parent.rsplit("/", 1)[0]
                 if parent:
-                    client.ensure_path(parent)
+                    parents[parent] = None
+        for parent in parents:  # (once each: a batch of creates shares one parent)
+            client.ensure_path(parent)
         t = client.transaction()
         for op in txn.ops:
             if op.kind == "create":

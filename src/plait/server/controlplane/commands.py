@@ -1,12 +1,15 @@
 """Job and entitlement commands: each a durable write of the record, acknowledged
 once stored; the loop applies it at its next pass (``notify`` wakes it). Job writes do
-not take the lock (a shard's create does: a handoff must carry it or refuse it).
+not take the lock (a shard's create takes the creates' lock, which a handoff holds
+too: a handoff must carry it or refuse it). Concurrent creates are stored together
+(group commit, ``creates.CreateCommitter``).
 Each operation is stored with the API request that asked for it (``JobDoc.record``):
 the scheduler's record of the job remembers it as its ``cause``."""
 
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from plait import logconfig
@@ -40,16 +43,26 @@ class JobCommands:
         return old is None
 
     def create_job(self, spec: JobSpec) -> tuple[JobDoc, bool]:
-        # a shard checks and stores under its lock, so a handoff of the entitlement
-        # either carries the new record or comes first (and the check refuses it)
+        # a shard checks and stores under the creates' lock, which a handoff of the
+        # entitlement holds too: the handoff either carries the new record or comes
+        # first (and the check refuses it)
         if spec.task_controller is not None:  # (resolving a name: never under the lock)
             self.cp.controllers.check_controller_url(spec.task_controller)
-        with self.cp.lock if self.cp.config.shard is not None else contextlib.nullcontext():
+        shard = self.cp.config.shard is not None
+        with self.cp.creates.lock if shard else contextlib.nullcontext():
             self.cp.check_job(spec)
             doc, created = self.cp.jobs.create(spec, self.cp.clock())
         if created:
             self.changed(doc)
         return doc, created
+
+    def submit_create(self, spec: JobSpec) -> Future[tuple[JobDoc, bool]]:
+        """``create_job`` by group commit (``creates.CreateCommitter``): the future is
+        answered once the batch holding it is stored. (A TaskController's URL is
+        checked here, before it is queued: resolving a name never holds a batch.)"""
+        if spec.task_controller is not None:
+            self.cp.controllers.check_controller_url(spec.task_controller)
+        return self.cp.creates.submit(spec)
 
     def changed(self, doc: JobDoc) -> JobDoc:
         # (the request's access line says which command; seq: its job's operation log)

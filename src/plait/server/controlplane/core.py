@@ -50,6 +50,7 @@ from plait.server.auth import Role, TokenStore
 from plait.server.controlplane.commands import JobCommands
 from plait.server.controlplane.config import ControlPlaneConfig
 from plait.server.controlplane.controllers import Controllers
+from plait.server.controlplane.creates import CreateCommitter
 from plait.server.controlplane.gateway import AgentGateway
 from plait.server.controlplane.loop import Loop
 from plait.server.controlplane.machine_ops import MachineOps
@@ -146,6 +147,7 @@ class ControlPlane:
         self.last_step: float | None = None
         self.loop = Loop(self)
         self.commands = JobCommands(self)
+        self.creates = CreateCommitter(self)
         self.views = Views(self)
         self.gateway = AgentGateway(self)
         self.machine_ops = MachineOps(self)
@@ -284,6 +286,13 @@ class ControlPlane:
         with self.pending_lock:
             self.inbox.add(job)
         self.wake.set()
+
+    def notify_many(self, jobs: list[str]) -> None:
+        """Jobs' records changed (a batch of creates): one wake of the pass for all."""
+        if jobs:
+            with self.pending_lock:
+                self.inbox.update(jobs)
+            self.wake.set()
 
     def record(self, source: str, kind: str, message: str, job: str | None = None,
                entitlement: str | None = None, machine: str | None = None,

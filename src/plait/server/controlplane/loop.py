@@ -81,7 +81,7 @@ class Loop:
             phase("operations")
             names = self.take_inbox()
             try:
-                errors = self.cp.persist.sync(now, names)
+                errors = self.cp.persist.sync(now, names, known=self.cp.creates.take_stored())
             finally:  # what could not be read or applied is tried again next pass
                 with self.cp.pending_lock:
                     self.cp.inbox |= self.cp.persist.failed

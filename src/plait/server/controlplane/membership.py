@@ -99,7 +99,8 @@ class Membership:
         if to_shard == self.cp.config.shard:
             raise ValidationError("shard", f"entitlement {entitlement!r} is on shard "
                                   f"{to_shard} already")
-        with self.cp.lock:
+        # (the creates' lock too: no create of its jobs is stored meanwhile)
+        with self.cp.lock, self.cp.creates.lock:
             self.cp.entitlement(entitlement)
             view = self.cp.store
             assert isinstance(view, ShardStore)

@@ -1,0 +1,168 @@
+"""Group commit of job creates: concurrent creates are stored together, in one store
+transaction, by one committer thread, and each request is answered once the batch that
+holds it is durable.
+
+```
+request ── JobDoc + bytes (made in the request) ──> queue ──> committer thread
+   ^                                                            │ takes all that waited
+   │                                                            │ (up to MAX_BATCH, MAX_BYTES)
+   │                                                            v
+   │                                          JobStore.create_many: one transaction
+   │                                          (one fsync on SQLite, one multi-op on
+   │                                           ZooKeeper), then one wake of the pass
+   │                                           (each request's own context: its id
+   │                                           in the log line, the first one's trace
+   │                                           shows the transaction)
+   └──── future: (doc, created) or the error ───────────────────┘
+```
+
+While one batch is being written (an fsync takes milliseconds), the next requests
+queue up, so the batch grows with the load and a quiet server writes each create at
+once (no timer, no added wait). A batch is all or nothing: if its transaction fails,
+every request in it gets the error and nothing of it is stored. A create of a name
+that is stored already (a retried request, two requests for one name) is answered for
+itself, as a single create would be (``JobStore.create_many``). A scheduler shard
+checks and stores the batch under ``CreateCommitter.lock``, which a handoff of an
+entitlement holds too (``JobCommands.create_job`` says why), never under the lock a
+pass holds."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from plait import logconfig
+from plait.model import JobSpec
+from plait.persist.scheduler import JobDoc, new_job
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+log = logconfig.get("plait.controlplane.commands")
+
+#: creates stored in one transaction at most
+MAX_BATCH = 256
+#: bytes of records in one transaction at most (ZooKeeper takes about 1 MiB per request)
+MAX_BYTES = 512 * 1024
+#: records kept for the pass at most (beyond, the pass parses what it reads)
+STORED_KEPT = 10_000
+
+
+@dataclass
+class Pending:
+    """One create waiting for its batch: the record as the request made it."""
+
+    doc: JobDoc
+    value: bytes
+    answer: Future[tuple[JobDoc, bool]]
+    #: the request's context (its id, its caller, its trace): what is done for it on
+    #: the committer's thread is done in it
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
+
+
+class CreateCommitter:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self._queue: list[Pending] = []
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+        #: a scheduler shard checks and stores creates under this lock, and a handoff
+        #: of an entitlement holds it (``Membership.handoff``): a create either is
+        #: stored before the handoff reads the jobs it carries, or is checked after
+        #: the entitlement left (and refused). Not the control plane's lock, which a
+        #: pass holds: a create never waits for a pass
+        self.lock = threading.RLock()
+        #: batches written, and the creates in them (what ``plait bench throughput``
+        #: and the tests read)
+        self.batches = 0
+        self.written = 0
+        #: the records stored since the pass last took them (``take_stored``): the
+        #: pass reads them back, and takes their parsed specs from here
+        self._stored: dict[str, JobDoc] = {}
+
+    def submit(self, spec: JobSpec) -> Future[tuple[JobDoc, bool]]:
+        """Queue a create; the future is answered once it is durably stored (or
+        refused). The record is made here, in the request (who asked, its id)."""
+        doc, value = new_job(spec, self.cp.clock())
+        pending = Pending(doc, value, Future())
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="plait-creates",
+                                                daemon=True)
+                self._thread.start()
+            self._queue.append(pending)
+            self._cond.notify()
+        return pending.answer
+
+    def take_stored(self) -> dict[str, JobDoc]:
+        """The records this committer stored since the last call (for the pass)."""
+        with self._cond:
+            stored, self._stored = self._stored, {}
+        return stored
+
+    def _take(self) -> list[Pending]:
+        with self._cond:
+            while not self._queue:
+                self._cond.wait()
+            batch: list[Pending] = []
+            size = 0
+            for p in self._queue:
+                if batch and (len(batch) >= MAX_BATCH or size + len(p.value) > MAX_BYTES):
+                    break
+                batch.append(p)
+                size += len(p.value)
+            del self._queue[:len(batch)]
+            return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            try:
+                self.commit(batch)
+            except BaseException as exc:  # every request of the batch is answered
+                for p in batch:
+                    if not p.answer.done():
+                        p.answer.set_exception(exc)
+
+    def commit(self, batch: list[Pending]) -> None:
+        """Check and store ``batch``, then answer each request and wake the pass once."""
+        cp = self.cp
+        ready: list[Pending] = []
+        with self.lock if cp.config.shard is not None else contextlib.nullcontext():
+            for p in batch:
+                try:
+                    cp.check_job(p.doc.spec)
+                except Exception as exc:
+                    p.answer.set_exception(exc)
+                    continue
+                ready.append(p)
+            # (in the first request's context: its trace shows the batch's write)
+            context = ready[0].context if ready else contextvars.copy_context()
+            results = context.run(cp.jobs.create_many, [(p.doc, p.value) for p in ready])
+        self.batches += 1
+        self.written += sum(1 for r in results if not isinstance(r, BaseException) and r[1])
+        created = []
+        for p, result in zip(ready, results, strict=True):
+            if isinstance(result, BaseException):
+                p.answer.set_exception(result)
+                continue
+            doc, new = result
+            if new:
+                # (the request's access line says which command; seq: its job's log)
+                p.context.run(log.info, "job command acknowledged", job=doc.name,
+                              seq=doc.seq, version=doc.version)
+                created.append(doc.name)
+        with self._cond:
+            if len(self._stored) > STORED_KEPT:  # (no pass takes them: a follower)
+                self._stored.clear()
+            for p, result in zip(ready, results, strict=True):
+                if not isinstance(result, BaseException) and result[1]:
+                    self._stored[p.doc.name] = p.doc
+        cp.notify_many(created)  # one wake of the pass for the whole batch
+        for p, result in zip(ready, results, strict=True):
+            if not isinstance(result, BaseException):
+                p.answer.set_result(result)

@@ -1,0 +1,130 @@
+"""Group commit of job creates (``plait.server.controlplane.creates``), on either store:
+a batch is one transaction, every create in it is answered for itself, and a batch
+that fails answers each of its requests with the error and stores none of them."""
+
+import threading
+from concurrent.futures import Future
+
+import pytest
+
+from plait.errors import Conflict, ValidationError
+from plait.model import Entitlement, JobSpec, Quota, RegionSpec, parse
+from plait.persist.scheduler import JobStore, new_job
+from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.server.controlplane.creates import Pending
+
+REGION = RegionSpec.sized(24, dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2)
+
+
+def spec(name: str, entitlement: str = "web", cpu: float = 1) -> JobSpec:
+    return parse(JobSpec, {"name": name, "entitlement": entitlement, "task_count": 1,
+                           "resources": {"cpu": cpu, "memory_gb": 0.1}, "command": "serve"})
+
+
+def pending(s: JobSpec) -> Pending:
+    doc, value = new_job(s, 1000.0)
+    return Pending(doc, value, Future())
+
+
+@pytest.fixture
+def cp(env):
+    config = ControlPlaneConfig(region=REGION, sim_agents=True, sim_start_seconds=1.0)
+    plane = ControlPlane(env.store, config, clock=lambda: 1000.0)
+    plane.commands.define_entitlement(Entitlement(name="web", owner="o",
+                                                  quota=Quota(machines=24)))
+    return plane
+
+
+def test_concurrent_creates_are_all_stored_and_each_answered(cp, env):
+    names = [f"job-{i:03d}" for i in range(40)]
+    answers: dict[str, tuple] = {}
+    start = threading.Barrier(len(names))
+
+    def create(name: str) -> None:
+        start.wait()
+        answers[name] = cp.commands.submit_create(spec(name)).result(timeout=60)
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {n: (doc.name, created) for n, (doc, created) in answers.items()} == {
+        n: (n, True) for n in names}
+    assert 1 <= cp.creates.batches <= len(names)
+    assert cp.creates.written == len(names)
+    # durable: another client of the store reads every record
+    stored = JobStore(env.other()).get_many(names)
+    assert sorted(stored) == names
+    assert all(stored[n].spec == spec(n) for n in names)
+    # and the pass applies and places them all, reading them back in one batch
+    cp.loop.step()
+    assert all(cp.views.job_view(n)["task_count"] == 1 for n in names)
+    placed = [t for n in names for t in cp.views.tasks_view(n) if t["machine"] is not None]
+    assert len(placed) == len(names)
+
+
+def test_a_batch_is_one_transaction(cp, env):
+    commits = []
+    store = cp.jobs.ns.store
+    real = store.commit
+
+    def counted(txn, session=None):
+        commits.append(len(txn.ops))
+        return real(txn, session)
+
+    store.commit = counted
+    batch = [pending(spec(f"b-{i}")) for i in range(25)]
+    cp.creates.commit(batch)
+    assert commits == [25]
+    assert [p.answer.result(timeout=0)[1] for p in batch] == [True] * 25
+    assert sorted(JobStore(env.other()).get_many([f"b-{i}" for i in range(25)])) == sorted(
+        f"b-{i}" for i in range(25))
+
+
+def test_a_failing_batch_answers_every_request_with_the_error_and_stores_nothing(cp, env):
+    store = cp.jobs.ns.store
+
+    def broken(txn, session=None):
+        raise OSError("disk full")
+
+    store.commit = broken
+    futures = [cp.commands.submit_create(spec(f"f-{i}")) for i in range(10)]
+    for f in futures:
+        with pytest.raises(OSError, match="disk full"):
+            f.result(timeout=60)
+    assert JobStore(env.other()).get_many([f"f-{i}" for i in range(10)]) == {}
+    # the committer lives on: the next creates are stored
+    del store.commit
+    _doc, created = cp.commands.submit_create(spec("after")).result(timeout=60)
+    assert created and JobStore(env.other()).get("after").name == "after"
+
+
+def test_each_create_of_a_batch_is_answered_for_itself(cp, env):
+    cp.commands.create_job(spec("old"))  # stored before: a retried create
+    batch = [pending(spec("new-a")), pending(spec("old")), pending(spec("twice")),
+             pending(spec("twice")), pending(spec("clash")), pending(spec("clash", cpu=2)),
+             pending(spec("nowhere", entitlement="nope")), pending(spec("old", cpu=3))]
+    cp.creates.commit(batch)
+
+    def outcome(p: Pending) -> object:
+        error = p.answer.exception(timeout=0)
+        if error is not None:
+            return type(error)
+        _doc, created = p.answer.result(timeout=0)
+        return created
+
+    assert [outcome(p) for p in batch] == [True, False, True, False, True, Conflict,
+                                           ValidationError, Conflict]
+    stored = JobStore(env.other()).get_many(["new-a", "old", "twice", "clash", "nowhere"])
+    assert sorted(stored) == ["clash", "new-a", "old", "twice"]
+    assert stored["clash"].spec == spec("clash")  # the first of the batch, whole
+
+
+def test_a_name_stored_meanwhile_by_another_writer_is_answered_as_a_retry(cp, env):
+    other = JobStore(env.other())
+    batch = [pending(spec(f"r-{i}")) for i in range(5)]
+    other.create(spec("r-2"), 1000.0)  # between the request and its batch
+    cp.creates.commit(batch)
+    assert [p.answer.result(timeout=0)[1] for p in batch] == [True, True, False, True, True]
+    assert sorted(other.get_many([f"r-{i}" for i in range(5)])) == [f"r-{i}" for i in range(5)]
