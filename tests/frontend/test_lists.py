@@ -275,3 +275,14 @@ def test_plait_job_list_pages_and_filters(live, tmp_path, monkeypatch):
     assert [j["name"] for j in json.loads(res.stdout)["jobs"]] == ["c2", "c3"]
     res = CliRunner().invoke(app, [*base, "--state", "sleepy"])
     assert res.exit_code == 2 and "state" in res.output
+
+
+def test_a_job_created_is_in_the_very_next_list(live):
+    """Creates are stored in batches by the committer: each job it stores is read again
+    by the next list, not a second later when the store's names are compared."""
+    entitlement(live, "web")
+    create(live.admin, "first", "web")
+    assert names(live.admin, limit=100)[0] == ["first"]  # the index is filled now
+    for name in ("second", "third"):
+        create(live.admin, name, "web")
+        assert name in names(live.admin, limit=100)[0]

@@ -288,8 +288,11 @@ class ControlPlane:
         self.wake.set()
 
     def notify_many(self, jobs: list[str]) -> None:
-        """Jobs' records changed (a batch of creates): one wake of the pass for all."""
+        """Jobs' records changed (a batch of creates): one wake of the pass for all
+        (and each read again for the next list)."""
         if jobs:
+            for job in jobs:
+                self.views.index.touch(job)
             with self.pending_lock:
                 self.inbox.update(jobs)
             self.wake.set()
