@@ -363,3 +363,22 @@ def test_a_job_record_of_schema_1_is_read_with_its_revisions(tmp_path):
     doc = jobs.update(job_spec("web", 4, command="v3"), now=1)
     assert json.loads(jobs.ns.get("/jobs/web")[0])["schema"] == 2
     assert doc.version == 5 and jobs.get("web").spec_of(1) == specs[0]
+
+
+def test_an_update_never_trims_the_version_a_pass_just_took_as_target(tmp_path):
+    """The stored state lags the scheduler by up to a pass: a pass has taken version 2
+    as the job's target (its tasks move to it) but not stored its state yet. An update
+    made then, trimming to one kept version, keeps version 2 as well."""
+    p = Plane(str(tmp_path / "plait.db"))
+    p.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    jobs = p.persist.jobs  # the control plane's own job store, beside its scheduler
+    jobs.create(job_spec("web", 2, keep_versions=1), now=0)
+    p.run(10)
+    jobs.update(job_spec("web", 2, command="v2", keep_versions=1), now=p.sim.now)
+    p.persist.sync(p.sim.now)  # the pass takes version 2 ...
+    assert p.scheduler.job("web").target == 2
+    stored = json.loads(p.store.get("/scheduler/state/web")[0])
+    assert stored["target"] == 1  # ... and has not stored its state yet
+    doc = jobs.update(job_spec("web", 2, command="v3", keep_versions=1), now=p.sim.now)
+    assert {2, 3} <= set(doc.kept)
+    assert 2 in jobs.get("web").kept

@@ -226,6 +226,9 @@ class JobStore:
 
     def __init__(self, store: Store) -> None:
         self.ns = Namespace(store, "/scheduler")
+        #: the versions the scheduler in this process runs a job at now (its target
+        #: and its tasks'), when it has the job; set by ``PersistentScheduler``
+        self.live: Callable[[str], set[int]] = lambda name: set()
 
     def names(self) -> list[str]:
         return sorted(self.ns.children("/jobs"))
@@ -390,14 +393,16 @@ class JobStore:
 
     def running(self, name: str) -> set[int]:
         """The versions the scheduler last stored as run by the job's tasks, and its
-        target: kept whatever ``keep_versions`` says. Tasks only ever move to the
-        target, so a stale state record names older versions, never fewer."""
+        target, with those the scheduler in this process runs them at now (the stored
+        record lags it by up to a pass: a target the pass just took is not stored
+        yet): kept whatever ``keep_versions`` says."""
+        live = self.live(name)  # the stored state lags the scheduler by up to a pass
         try:
             value, _ = self.ns.get(f"/state/{name}")
         except NotFound:
-            return set()  # not applied yet: the scheduler starts at the latest version
+            return live  # not applied yet: the scheduler starts at the latest version
         data = json.loads(value)
-        return {int(data["target"])} | {int(row[0]) for row in data["tasks"].values()}
+        return live | {int(data["target"])} | {int(row[0]) for row in data["tasks"].values()}
 
     def restart(self, name: str, index: int | None, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
@@ -445,6 +450,7 @@ class PersistentScheduler:
                  controller_for: ControllerFor = lambda spec: None) -> None:
         self.scheduler = scheduler
         self.jobs = JobStore(store)
+        self.jobs.live = self._live_versions
         self.ns = self.jobs.ns
         self.controller_for = controller_for
         #: per job: the last logged operation applied
@@ -552,6 +558,17 @@ class PersistentScheduler:
             for v in range(len(current.versions) + 1, doc.version + 1):
                 sched.append_version(doc.standin(v), now, f"version {v}")
         self.applied[doc.name] = doc.seq
+
+    def _live_versions(self, name: str) -> set[int]:
+        """The versions the in-memory job runs now: its target and its tasks'. Read
+        without the pass's lock (an API write trimming versions): the copy of the
+        tasks is one step under the interpreter's lock, the pass may change them
+        right after, and only ever towards its target."""
+        job = self.scheduler.jobs.get(name)
+        if job is None:
+            return set()
+        target = job.target
+        return {target} | {task.spec_version for task in list(job.tasks.values())}
 
     def _caused(self, name: str, cause: str | None) -> None:
         """The job remembers the request of the operation being applied (the desired
