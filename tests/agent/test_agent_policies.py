@@ -238,6 +238,23 @@ def test_a_command_that_cannot_start_follows_the_restart_policy(box):
     assert [(t["state"], t["exit_code"]) for t in box.tasks("typo")] == [("dead", 127)]
 
 
+def test_an_agent_whose_long_poll_never_answers_gets_its_set_from_the_reports(
+        tmp_path, monkeypatch):
+    # the long-poll hangs (on a replica that stopped leading, say): the reports'
+    # answers name a newer generation, and the agent pulls the set itself
+    monkeypatch.setattr(Agent, "_poll", lambda self, *args: None)
+    box = Box(tmp_path)
+    try:
+        box.deploy("caught", "sleep infinity")
+        wait_for(lambda: [t["state"] for t in box.tasks("caught")] == ["running"] * 2,
+                 what="both tasks run")
+        ack = box.api.post("/v1/machines/m0000000/status", json={"tasks": []}).json()
+        desired = box.api.get("/v1/machines/m0000000/desired").json()
+        assert ack["generation"] == desired["generation"]
+    finally:
+        box.close()
+
+
 def test_the_loop_sleeps_until_the_next_report_probe_or_restart(tmp_path):
     # pure: no control plane is reached
     from plait.agent.daemon import PROBE_SLACK, Task

@@ -115,3 +115,23 @@ def test_the_long_poll_through_the_front_end(tmp_path):
         assert time.monotonic() - started >= 0.4
     finally:
         stop_live(live)
+
+
+def test_a_stopping_api_answers_its_waiting_polls_at_once(quiet):
+    admin = quiet.admin
+    url = "/v1/machines/m0000000/desired"
+    gen = admin.get(url).json()["generation"]
+    answers: list[int] = []
+    poller = threading.Thread(target=lambda: answers.append(
+        admin.get(url, params={"since": gen, "wait": 50}).status_code))
+    poller.start()
+    deadline = time.monotonic() + 10
+    while quiet.cp.gateway.waiters.count() < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    quiet.cp.gateway.waiters.close()  # (what stopping the API does first)
+    poller.join(30)
+    assert answers == [200]
+    # and a poll that comes later does not wait either
+    started = time.monotonic()
+    assert admin.get(url, params={"since": gen, "wait": 50}).json()["generation"] == gen
+    assert time.monotonic() - started < 25

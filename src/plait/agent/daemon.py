@@ -99,6 +99,12 @@ def lock_data_dir(data_dir: Path) -> int:
 #: probes of an agent's tasks fall into step, and its loop wakes once for them all
 PROBE_SLACK = 0.1
 
+#: how long the run loop's long-poll waits for a change of the desired set (the
+#: heartbeat is the report, sent every interval on its own; a report's answer names
+#: the set's generation, so a poll stuck on a replica that stopped leading is caught
+#: up at the next report)
+LONG_POLL_SECONDS = 10.0
+
 #: the kill timeout of a task whose spec names none
 DEFAULT_KILL_TIMEOUT = 10.0
 
@@ -198,6 +204,8 @@ class Agent:
         #: loop; guarded by ``_inbox_lock``
         self._inbox: dict[str, Any] | Exception | None = None
         self._inbox_lock = threading.Lock()
+        #: the last report's answer named a desired set newer than the agent has
+        self._newer = False
         #: output read from tasks that exited, not sent yet
         self._output: list[dict[str, Any]] = []
         self.reachable = False
@@ -547,8 +555,11 @@ class Agent:
                                {"chunks": batch})
                 except httpx.HTTPStatusError as exc:  # refused: dropped, never a retry loop
                     self.log.warning("output refused", chunks=len(batch), error=str(exc))
-            self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
-                       {"tasks": statuses})
+            ack = self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
+                             {"tasks": statuses})
+            generation = ack.get("generation") if isinstance(ack, dict) else None
+            # (a set newer than the long-poll brought: pulled at once by the run loop)
+            self._newer = generation is not None and generation != self.generation
             self.metrics.reports.labels("sent").inc()
             # the control plane took the finished tasks off this machine as it took the
             # report: forget them now, so a rerun it asks for is started, not reported
@@ -571,6 +582,7 @@ class Agent:
         changed a task's health, a stop finished. Whatever changed is reported at
         once."""
         stop = stop if stop is not None else threading.Event()
+        poll = max(interval, LONG_POLL_SECONDS)
         halt = threading.Event()  # (this run ended: its poller ends too)
         poller: threading.Thread | None = None
         next_report = 0.0
@@ -582,7 +594,8 @@ class Agent:
                         self.join()
                     if poller is None:
                         poller = threading.Thread(target=self._poll,
-                                                  args=(interval, stop, halt), daemon=True,
+                                                  args=(poll, interval, stop, halt),
+                                                  daemon=True,
                                                   name=f"plait-poll-{self.machine}")
                         poller.start()
                     if self._tick(now, now >= next_report):
@@ -627,6 +640,14 @@ class Agent:
             return False
         self.runtime.rotate_logs()  # (the agent keeps the whole logs, rotated)
         self._report(now)
+        if self._newer:
+            # the control plane has a newer set than the long-poll brought (it waits
+            # on a replica that stopped leading, say): pulled now, not after its wait
+            self._newer = False
+            desired = self._pull(0.0, None)
+            self._pulled(desired)
+            self._converge(desired, now)
+            self._report(now)
         self._save()
         return True
 
@@ -652,16 +673,17 @@ class Agent:
                 due = min(due, task.next_start)
         return max(0.0, due - now)
 
-    def _poll(self, interval: float, stop: threading.Event, halt: threading.Event) -> None:
+    def _poll(self, wait: float, interval: float, stop: threading.Event,
+              halt: threading.Event) -> None:
         """The desired set's long-poll, on a thread of its own: each answer (the set,
         or why there was none) is handed to the run loop, which is woken. It waits up
-        to ``interval`` seconds for a change of the set it has; after a failure it
-        asks again (without waiting for a change) after ``interval`` seconds."""
+        to ``wait`` seconds for a change of the set it has; after a failure it asks
+        again (without waiting for a change) after ``interval`` seconds."""
         since: int | None = None
         while not (stop.is_set() or halt.is_set()):
             got: dict[str, Any] | Exception
             try:
-                got = self._pull(interval, since)
+                got = self._pull(wait, since)
                 since = got.get("generation")
             except Exception as exc:  # (handed over: the loop logs it)
                 got, since = exc, None

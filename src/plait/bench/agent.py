@@ -190,7 +190,7 @@ def cp_idle_cpu(agents: int, seconds: float, settle_timeout: float) -> dict[str,
             if before is None or after is None:
                 raise RuntimeError("the control plane went away during the window")
             up = sum(1 for m in api.get("/v1/machines").json()["machines"]
-                     if m.get("state") == "up")
+                     if m.get("state") == "healthy")
         finally:
             stop.set()
             for t in threads:

@@ -905,8 +905,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             # is read: no change is missed), no timer while it waits
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait
-            with cp.gateway.waiters.waiting(machine) as changed:
-                while cp.gateway.desired_generation(machine) == since:
+            waiters = cp.gateway.waiters
+            with waiters.waiting(machine) as changed:
+                while not waiters.closed and cp.gateway.desired_generation(machine) == since:
                     left = deadline - loop.time()
                     if left <= 0:
                         break
@@ -941,6 +942,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                                                t.exit_code, t.final, t.killed)
                                     for t in body.tasks],
                           {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint})
-        return {"machine": machine, "accepted": len(body.tasks)}
+        return {"machine": machine, "accepted": len(body.tasks),
+                "generation": cp.gateway.desired_generation(machine)}
 
     return app

@@ -33,6 +33,8 @@ class Waiters:
         self._lock = threading.Lock()
         #: per machine, the events of the polls waiting for it (with their loops)
         self._waiting: dict[str, dict[asyncio.Event, asyncio.AbstractEventLoop]] = {}
+        #: the API is stopping: polls answer at once (a stop waits for none of them)
+        self.closed = False
 
     @contextlib.contextmanager
     def waiting(self, machine: str) -> Iterator[asyncio.Event]:
@@ -69,6 +71,12 @@ class Waiters:
             woken = [(event, loop) for polls in self._waiting.values()
                      for event, loop in polls.items()]
         return self._wake(woken)
+
+    def close(self) -> None:
+        """The API is stopping: every waiting poll is answered now, and later ones at
+        once (from any thread, but not from a signal handler: it takes a lock)."""
+        self.closed = True
+        self.notify_all()
 
     def count(self) -> int:
         """The polls waiting now."""
