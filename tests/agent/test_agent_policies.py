@@ -238,23 +238,44 @@ def test_a_command_that_cannot_start_follows_the_restart_policy(box):
     assert [(t["state"], t["exit_code"]) for t in box.tasks("typo")] == [("dead", 127)]
 
 
-def test_a_starting_task_shortens_the_long_poll_to_its_probe_interval(tmp_path):
+def test_an_agent_whose_long_poll_never_answers_gets_its_set_from_the_reports(
+        tmp_path, monkeypatch):
+    # the long-poll hangs (on a replica that stopped leading, say): the reports'
+    # answers name a newer generation, and the agent pulls the set itself
+    monkeypatch.setattr(Agent, "_poll", lambda self, *args: None)
+    box = Box(tmp_path)
+    try:
+        box.deploy("caught", "sleep infinity")
+        wait_for(lambda: [t["state"] for t in box.tasks("caught")] == ["running"] * 2,
+                 what="both tasks run")
+        ack = box.api.post("/v1/machines/m0000000/status", json={"tasks": []}).json()
+        desired = box.api.get("/v1/machines/m0000000/desired").json()
+        assert ack["generation"] == desired["generation"]
+    finally:
+        box.close()
+
+
+def test_the_loop_sleeps_until_the_next_report_probe_or_restart(tmp_path):
     # pure: no control plane is reached
+    from plait.agent.daemon import PROBE_SLACK, Task
     from plait.agent.probe import _State
 
     agent = Agent("m0000000", ["http://127.0.0.1:9"], None, tmp_path)
     try:
-        assert agent._wait(1.0) == 1.0  # nothing running
-        agent.handles["a.0"] = object()  # type: ignore[assignment]
-        agent.specs["a.0"] = {"health": {"http": "/", "interval_seconds": 0.2}}
-        agent.handles["b.0"] = object()  # type: ignore[assignment]
-        agent.specs["b.0"] = {}  # no probe: healthy while it runs
-        assert agent._wait(1.0) == 0.2  # awaiting its first passing probe
-        agent.prober.states["a.0"] = _State(healthy=True)
-        assert agent._wait(1.0) == 1.0  # healthy: back to the heartbeat interval
-        agent.specs["a.0"]["health"]["interval_seconds"] = 0.001
-        agent.prober.forget("a.0")  # restarted: starting again, with a floor
-        assert agent._wait(1.0) == 0.05
+        assert agent._sleep(10.0, 10.7, 1.0) == pytest.approx(0.7)  # the next report
+        assert agent._sleep(10.0, 30.0, 1.0) == pytest.approx(1.0)  # never past interval
+        agent.prober.states["a.0"] = _State(next_due=10.3)
+        assert agent._sleep(10.0, 10.7, 1.0) == pytest.approx(0.3 - PROBE_SLACK)
+        agent.prober.states["a.0"].running = object()  # type: ignore[assignment]
+        # a running probe's next time still counts, but not once it is past: its end
+        # wakes the loop then
+        assert agent._sleep(10.0, 10.7, 1.0) == pytest.approx(0.3 - PROBE_SLACK)
+        assert agent._sleep(10.5, 10.7, 1.0) == pytest.approx(0.2)
+        agent.tasks["b.0"] = Task("b", 0, 1, 1, exit_code=1, next_start=10.55)
+        assert agent._sleep(10.5, 10.7, 1.0) == pytest.approx(0.05)  # b restarts then
+        agent.tasks["b.0"].final = True  # never restarted: nothing to wake for
+        assert agent._sleep(10.5, 10.7, 1.0) == pytest.approx(0.2)
+        assert agent._sleep(11.0, 10.7, 1.0) == 0.0  # a report is overdue
     finally:
         agent.close()
 

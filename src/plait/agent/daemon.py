@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import tempfile
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -36,6 +37,7 @@ import httpx
 from plait import logconfig
 from plait.agent.probe import Prober
 from plait.agent.runtime import Handle, ProcessRuntime
+from plait.agent.wakeup import Wakeup
 from plait.metrics import AgentMetrics
 from plait.model.converge import converge
 from plait.model.job import restart_after
@@ -92,6 +94,16 @@ def lock_data_dir(data_dir: Path) -> int:
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
 
+
+#: a probe due within this many seconds is started with the others due now: the
+#: probes of an agent's tasks fall into step, and its loop wakes once for them all
+PROBE_SLACK = 0.1
+
+#: how long the run loop's long-poll waits for a change of the desired set (the
+#: heartbeat is the report, sent every interval on its own; a report's answer names
+#: the set's generation, so a poll stuck on a replica that stopped leading is caught
+#: up at the next report)
+LONG_POLL_SECONDS = 10.0
 
 #: the kill timeout of a task whose spec names none
 DEFAULT_KILL_TIMEOUT = 10.0
@@ -182,7 +194,18 @@ class Agent:
         self.handles: dict[str, Handle] = {}
         #: the last spec seen per task (for its health probe)
         self.specs: dict[str, dict[str, Any]] = {}
-        self.prober = Prober()
+        #: what the run loop sleeps on (woken by the long-poll, probes, stops, exits)
+        self.wakeup = Wakeup()
+        self.prober = Prober(on_change=self.wakeup.set)
+        #: something a report should tell happened since the last (a start, an exit,
+        #: a stop, a health change): the run loop reports at once
+        self._dirty = False
+        #: the desired-set long-poll's latest answer (or why it failed), for the run
+        #: loop; guarded by ``_inbox_lock``
+        self._inbox: dict[str, Any] | Exception | None = None
+        self._inbox_lock = threading.Lock()
+        #: the last report's answer named a desired set newer than the agent has
+        self._newer = False
         #: output read from tasks that exited, not sent yet
         self._output: list[dict[str, Any]] = []
         self.reachable = False
@@ -276,24 +299,50 @@ class Agent:
         has one already: it returns as soon as the set changes), converge, report."""
         self.join()
         self._stopped()
-        params = {"wait": wait, "since": self.generation} if (
-            wait and self.generation is not None) else None
+        desired: dict[str, Any] | None = None
         try:
-            desired = self._call("GET", f"/v1/machines/{self.machine}/desired", self.token,
-                                 params=params, wait=wait)
-            if not self.reachable:
-                self.log.info("control plane reachable", tasks=len(desired["tasks"]))
-            self.reachable = True
-            self.generation = desired.get("generation")
+            desired = self._pull(wait, self.generation)
         except (ConnectionError, httpx.HTTPStatusError) as exc:
+            self._pulled(exc)
+        else:
+            self._pulled(desired)
+        now = time.monotonic() if now is None else now
+        if desired is None:
+            self._supervise(now)
+            return
+        self._converge(desired, now)
+        self._supervise(now)
+        self.runtime.rotate_logs()  # (the agent keeps the whole logs, rotated)
+        self._report(now)
+        self._save()
+
+    def _pull(self, wait: float, since: int | None) -> dict[str, Any]:
+        """The machine's desired set: a long-poll of up to ``wait`` seconds when
+        ``since`` (the generation the agent has) is known."""
+        params = {"wait": wait, "since": since} if wait and since is not None else None
+        desired: dict[str, Any] = self._call(
+            "GET", f"/v1/machines/{self.machine}/desired", self.token, params=params,
+            wait=wait if params else 0.0)
+        return desired
+
+    def _pulled(self, desired: dict[str, Any] | Exception) -> None:
+        """What a pull of the desired set brought: the set, or the error that it could
+        not be had (then everything keeps running, as it is)."""
+        if isinstance(desired, Exception):
             if self.reachable:
                 self.log.warning("control plane unreachable; tasks keep running",
-                                 error=str(exc))
-            self.reachable = False  # keep everything running, as it is
+                                 error=str(desired))
+            self.reachable = False
             self.generation = None
-            self._supervise(time.monotonic() if now is None else now)
             return
-        now = time.monotonic() if now is None else now
+        if not self.reachable:
+            self.log.info("control plane reachable", tasks=len(desired["tasks"]))
+        self.reachable = True
+        self.generation = desired.get("generation")
+
+    def _converge(self, desired: dict[str, Any], now: float) -> None:
+        """Converge the tasks to the desired set (starts, restarts on a new revision,
+        stops of what left it)."""
         want = {f"{a['job']}.{a['index']}": a for a in desired["tasks"]}
         # (what left the set, and the request behind it: for the log)
         left = {f"{s['job']}.{s['index']}": s.get("request_id")
@@ -323,10 +372,6 @@ class Agent:
                     now >= task.next_start and task.exit_code is None):
                 # (once a stop of its key has finished)
                 self._start(task, a["spec"], a.get("request_id"))
-        self._supervise(now)
-        self.runtime.rotate_logs()  # (the agent keeps the whole logs, rotated)
-        self._report(now)
-        self._save()
 
     def _start(self, task: Task, spec: dict[str, Any], cause: str | None = None) -> None:
         """Start the task's process; ``cause``: the id of the request that assigned
@@ -355,6 +400,7 @@ class Agent:
                       restarts=task.restarts)
         self.handles[task.key] = handle
         task.handle = handle.to_dict()
+        self._dirty = True
         self.metrics.starts.inc()
         self.prober.forget(task.key)  # unhealthy until its probe passes
         task.healthy = False
@@ -398,9 +444,9 @@ class Agent:
             if task.exit_code is not None and not task.final and now >= task.next_start:
                 task.exit_code = None  # started again on the next step
 
-    @staticmethod
-    def _exit(task: Task, code: int, now: float) -> None:
+    def _exit(self, task: Task, code: int, now: float) -> None:
         """The restart policy, after an exit (or a start that failed)."""
+        self._dirty = True
         task.exit_code = code
         wait = restart_after(task.policy, task.max_retries, code, task.restarts)
         if wait is None:
@@ -437,7 +483,9 @@ class Agent:
             if stopping.remove:
                 self._clean(key)
         stopping.future = self._stops.submit(stop)
+        stopping.future.add_done_callback(lambda _: self.wakeup.set())
         self.stopping[key] = stopping
+        self._dirty = True
 
     def _stopped(self) -> None:
         """Forget the stops that have finished (the next report leaves them out: the
@@ -445,6 +493,7 @@ class Agent:
         for key, stopping in list(self.stopping.items()):
             if stopping.future is not None and stopping.future.done():
                 del self.stopping[key]
+                self._dirty = True
                 error = stopping.future.exception()
                 if error is not None:
                     self.log.error("task stop failed", job=stopping.job, index=stopping.index,
@@ -465,12 +514,14 @@ class Agent:
         probe = spec.get("health") if spec else None
         if not probe:
             return True  # no probe: healthy while the process runs
+        # (an HTTP probe needs no environment: not built for it)
         return self.prober.check(task.key, probe, self.advertise, task.port,
-                                 self._env(task, spec or {}),
-                                 self.data_dir / "tasks" / task.key, now)
+                                 self._env(task, spec or {}) if probe.get("command") else {},
+                                 self.data_dir / "tasks" / task.key, now + PROBE_SLACK)
 
     def _report(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
+        self._dirty = False  # (what changes from here on is told by the next report)
         statuses: list[dict[str, Any]] = []
         chunks, self._output = self._output, []
         for key, task in self.tasks.items():
@@ -504,8 +555,11 @@ class Agent:
                                {"chunks": batch})
                 except httpx.HTTPStatusError as exc:  # refused: dropped, never a retry loop
                     self.log.warning("output refused", chunks=len(batch), error=str(exc))
-            self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
-                       {"tasks": statuses})
+            ack = self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
+                             {"tasks": statuses})
+            generation = ack.get("generation") if isinstance(ack, dict) else None
+            # (a set newer than the long-poll brought: pulled at once by the run loop)
+            self._newer = generation is not None and generation != self.generation
             self.metrics.reports.labels("sent").inc()
             # the control plane took the finished tasks off this machine as it took the
             # report: forget them now, so a rerun it asks for is started, not reported
@@ -520,37 +574,125 @@ class Agent:
             self._output = (chunks + self._output)[-256:]
 
     def run(self, interval: float = 1.0, stop: Any = None) -> None:
-        """Step until ``stop`` (a threading.Event) is set: at least every ``interval``
-        seconds (the heartbeat, and noticing exits), and at once when the desired set
-        changes (the long-poll)."""
-        while stop is None or not stop.is_set():
-            started = time.monotonic()
-            try:
-                self.step(wait=self._wait(interval))
-            except (ConnectionError, httpx.HTTPError) as exc:
-                self.log.warning("step failed: control plane unreachable", error=str(exc))
-                self.reachable = False
-            except Exception:  # the agent keeps its tasks running, whatever broke
-                self.log.exception("step failed")
-                self.reachable = False
-            # the long-poll did the waiting; unreachable, wait out the interval
-            pause = 0.02 if self.reachable else max(
-                0.0, interval - (time.monotonic() - started))
-            if stop is None:
-                time.sleep(pause)
-            else:
-                stop.wait(pause)
+        """Run until ``stop`` (a threading.Event) is set. The desired set is
+        long-polled on a thread of its own (``_poll``); this loop sleeps until
+        something is due -- the next report (every ``interval`` seconds: the
+        heartbeat), the next probe, a restart after its backoff -- or until it is
+        woken: the long-poll answered, a task's process exited, a probe may have
+        changed a task's health, a stop finished. Whatever changed is reported at
+        once."""
+        stop = stop if stop is not None else threading.Event()
+        poll = max(interval, LONG_POLL_SECONDS)
+        halt = threading.Event()  # (this run ended: its poller ends too)
+        poller: threading.Thread | None = None
+        next_report = 0.0
+        try:
+            while not stop.is_set():
+                now = time.monotonic()
+                try:
+                    if self.token is None:
+                        self.join()
+                    if poller is None:
+                        poller = threading.Thread(target=self._poll,
+                                                  args=(poll, interval, stop, halt),
+                                                  daemon=True,
+                                                  name=f"plait-poll-{self.machine}")
+                        poller.start()
+                    if self._tick(now, now >= next_report):
+                        next_report = now + interval
+                except (ConnectionError, httpx.HTTPError) as exc:
+                    self.log.warning("step failed: control plane unreachable",
+                                     error=str(exc))
+                    self.reachable = False
+                    next_report = now + interval
+                except Exception:  # the agent keeps its tasks running, whatever broke
+                    self.log.exception("step failed")
+                    self.reachable = False
+                    next_report = now + interval
+                self.wakeup.keep({k: h.pid for k, h in self.handles.items()})
+                self.wakeup.wait(self._sleep(time.monotonic(), next_report, interval))
+        finally:
+            halt.set()
 
-    def _wait(self, interval: float) -> float:
-        """How long the next long-poll may wait: the interval, or, while a task awaits
-        its first passing probe, that probe's interval, so the control plane hears the
-        task is healthy (and enables it in discovery) without waiting a heartbeat."""
-        wait = interval
+    def _tick(self, now: float, report_due: bool) -> bool:
+        """One turn of the run loop: take the desired set if the long-poll brought
+        one, notice exits, restart what is due, start the probes that are due;
+        report if the heartbeat is due or anything changed. True if it reported."""
+        self._stopped()
+        with self._inbox_lock:
+            pulled, self._inbox = self._inbox, None
+        if pulled is not None:
+            same = (not isinstance(pulled, Exception) and self.generation is not None
+                    and pulled.get("generation") == self.generation)
+            self._pulled(pulled)
+            if not isinstance(pulled, Exception) and not same:
+                # (the same generation is the same set: a long-poll that timed out)
+                self._converge(pulled, now)
+        self._supervise(now)
+        self._restart(now)
         for key in self.handles:
-            probe = (self.specs.get(key) or {}).get("health")
-            if probe and self.prober.starting(key):
-                wait = min(wait, max(0.05, float(probe.get("interval_seconds", 1.0))))
-        return wait
+            task = self.tasks[key]
+            healthy = self._healthy(task, now)
+            if healthy != task.healthy:
+                task.healthy = healthy
+                self._dirty = True
+        if not (report_due or self._dirty):
+            return False
+        self.runtime.rotate_logs()  # (the agent keeps the whole logs, rotated)
+        self._report(now)
+        if self._newer:
+            # the control plane has a newer set than the long-poll brought (it waits
+            # on a replica that stopped leading, say): pulled now, not after its wait
+            self._newer = False
+            desired = self._pull(0.0, None)
+            self._pulled(desired)
+            self._converge(desired, now)
+            self._report(now)
+        self._save()
+        return True
+
+    def _restart(self, now: float) -> None:
+        """Start again the tasks whose restart backoff has passed (new tasks come with
+        a new desired set)."""
+        for key, task in self.tasks.items():
+            spec = self.specs.get(key)
+            if (spec is not None and task.exit_code is None and not task.final
+                    and key not in self.handles and key not in self.stopping
+                    and now >= task.next_start):
+                self._start(task, spec)
+
+    def _sleep(self, now: float, next_report: float, interval: float) -> float:
+        """How long the run loop may sleep: until the next report, probe or restart
+        is due (at most ``interval``: a stop is noticed within it)."""
+        due = min(next_report, now + interval)
+        probe = self.prober.next_due(now + PROBE_SLACK)
+        if probe is not None:
+            due = min(due, probe - PROBE_SLACK)
+        for task in self.tasks.values():
+            if task.exit_code is not None and not task.final:
+                due = min(due, task.next_start)
+        return max(0.0, due - now)
+
+    def _poll(self, wait: float, interval: float, stop: threading.Event,
+              halt: threading.Event) -> None:
+        """The desired set's long-poll, on a thread of its own: each answer (the set,
+        or why there was none) is handed to the run loop, which is woken. It waits up
+        to ``wait`` seconds for a change of the set it has; after a failure it asks
+        again (without waiting for a change) after ``interval`` seconds."""
+        since: int | None = None
+        while not (stop.is_set() or halt.is_set()):
+            got: dict[str, Any] | Exception
+            try:
+                got = self._pull(wait, since)
+                since = got.get("generation")
+            except Exception as exc:  # (handed over: the loop logs it)
+                got, since = exc, None
+            with self._inbox_lock:
+                if not (isinstance(got, Exception) and isinstance(self._inbox, dict)):
+                    self._inbox = got  # (a set not taken yet is not lost to an error)
+            self.wakeup.set()
+            if isinstance(got, Exception):
+                halt.wait(interval)
 
     def phases(self) -> dict[str, int]:
         """How many of its tasks are running, exited (waiting for a restart or
@@ -564,6 +706,7 @@ class Agent:
         """Let go of the data dir (another agent may take it) and of the prober; the
         tasks run on, for the next agent to adopt."""
         self.prober.close()
+        self.wakeup.close()
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None

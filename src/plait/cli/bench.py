@@ -330,3 +330,26 @@ def bench_lists(
 
     print(json.dumps(lists.run(jobs=jobs, machines=machines, clients=clients, repeat=repeat,
                                page=page)))
+
+
+@bench_app.command("agent")
+def bench_agent(
+    tasks: Annotated[int, typer.Option(min=1, help="tasks of the one real agent, each "
+                                                   "probed over HTTP")] = 10,
+    agents: Annotated[int, typer.Option(min=1, help="agents connected to the idle "
+                                                    "control plane")] = 20,
+    seconds: Annotated[float, typer.Option(min=1, help="each measured window")] = 60.0,
+    probe_interval: Annotated[float, typer.Option(min=0.1, help="seconds between a "
+                                                                "task's probes")] = 1.0,
+    settle_timeout: Annotated[float, typer.Option(min=1, help="seconds the tasks (the "
+                                                              "agents) may take to be "
+                                                              "healthy (connected)")] = 120.0,
+) -> None:
+    """What agents cost while nothing changes: one agent process's CPU with probed
+    tasks, and an idle control plane's CPU with connected agents (one JSON object on
+    stdout)."""
+    from plait.bench import agent
+
+    print(json.dumps(agent.run(tasks=tasks, agents=agents, seconds=seconds,
+                               probe_interval=probe_interval,
+                               settle_timeout=settle_timeout)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -83,6 +83,8 @@ def serve(
     at once. With --shard, it is one scheduler shard of the region: it manages the
     jobs of the entitlements the front end maps to it, and clients talk to the front
     end (plait frontend), which writes the client configuration."""
+    import threading
+
     import uvicorn
 
     from plait import logconfig, tracing
@@ -131,10 +133,22 @@ def serve(
                  context=context)
     # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
     # signal that stopped it, so nothing after run() would run)
-    uvicorn.run(create_app(cp, close_store=True, leadership=leadership), host=host, port=port,
-                log_level="warning", access_log=False, **uvicorn_options(),
-                ssl_certfile=str(tls_cert) if tls_cert else None,
-                ssl_keyfile=str(tls_key) if tls_key else None)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(cp, close_store=True, leadership=leadership), host=host, port=port,
+        log_level="warning", access_log=False, **uvicorn_options(),
+        ssl_certfile=str(tls_cert) if tls_cert else None,
+        ssl_keyfile=str(tls_key) if tls_key else None))
+    handle_exit = server.handle_exit
+
+    def stopping(sig: int, frame: Any) -> None:
+        # agents' long-polls are answered at once, so the stop waits for none of them
+        # (on a thread: the signal may have come while the main thread holds the lock)
+        threading.Thread(target=cp.gateway.waiters.close, daemon=True).start()
+        handle_exit(sig, frame)
+    server.handle_exit = stopping  # type: ignore[method-assign]
+    server.run()
+    if not server.started:
+        raise typer.Exit(3)  # (as uvicorn.run: it could not start, and said why)
 
 
 def frontend(

@@ -332,6 +332,9 @@ class OutputAck(TypedDict):
 class StatusAck(TypedDict):
     machine: str
     accepted: int
+    #: the generation of the machine's desired set now: an agent whose long-poll has
+    #: not brought it yet pulls the set at once
+    generation: NotRequired[int]
 
 
 for _view in list(globals().values()):

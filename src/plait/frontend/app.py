@@ -14,6 +14,7 @@ applies it asynchronously, and its progress shows in the job's status and events
 
 
 import asyncio
+import contextlib
 import functools
 import json
 from typing import Annotated, Any
@@ -900,10 +901,19 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         machine_only(request, who, machine)
         cp.machine_index(machine)
         if wait and since is not None:
+            # woken by the pass when the set changes (registered before the generation
+            # is read: no change is missed), no timer while it waits
             loop = asyncio.get_running_loop()
             deadline = loop.time() + wait
-            while cp.gateway.desired_generation(machine) == since and loop.time() < deadline:
-                await asyncio.sleep(0.02)
+            waiters = cp.gateway.waiters
+            with waiters.waiting(machine) as changed:
+                while not waiters.closed and cp.gateway.desired_generation(machine) == since:
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), left)
+                    changed.clear()
         # (the generation is read first: never newer than the tasks)
         generation = cp.gateway.desired_generation(machine)
         tasks = cp.gateway.desired_kept(machine)
@@ -932,6 +942,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                                                t.exit_code, t.final, t.killed)
                                     for t in body.tasks],
                           {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint})
-        return {"machine": machine, "accepted": len(body.tasks)}
+        return {"machine": machine, "accepted": len(body.tasks),
+                "generation": cp.gateway.desired_generation(machine)}
 
     return app

@@ -106,6 +106,10 @@ class ApiServer(AsgiServer):
             if replica else None
         self._serve(create_app(cp, leadership=self.leadership), log_level)
 
+    def stop(self) -> None:
+        self.cp.gateway.waiters.close()  # (agents' long-polls answered: none held up)
+        super().stop()
+
 
 def prepare(data_dir: str | Path, store_url: str | None = None,
             config: ControlPlaneConfig | None = None, host: str = "127.0.0.1", port: int = 7070,

@@ -191,6 +191,7 @@ class ControlPlane:
             self.generation.clear()
             self.gen_base = int(time.time() * 1000)
             self.steps = 0  # the first pass reads every stored job
+        self.gateway.waiters.notify_all()
 
     def keep_warm(self) -> None:
         """A follower's chore: catch up with the leader's event log and job records now

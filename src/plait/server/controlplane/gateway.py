@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assignment, Stops, TaskStatus
+from plait.server.controlplane.waiters import Waiters
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
@@ -25,6 +26,8 @@ class AgentGateway:
         #: heartbeats' times, read by the next pass
         self._reports: list[Report] = []
         self._beats: dict[str, float] = {}
+        #: the long-polls of desired sets, woken when their machine's set changes
+        self.waiters = Waiters()
 
     def take(self) -> tuple[list[Report], dict[str, float]]:
         """The reports and heartbeats taken since the last pass (the pass's input)."""

@@ -115,12 +115,13 @@ class Loop:
                 # a generation newer than the set
                 touched, self.cp.scheduler.touched = self.cp.scheduler.touched, set()
                 gen, name, view = self.cp.generation, self.cp.fleet.name, self.cp.desired_view
-                for m in touched:
-                    key = name(m)
+                keys = [name(m) for m in touched]
+                for key in keys:
                     g = gen.get(key, 0) + 1
                     view[key] = (self.cp.gen_base + g, self.cp.scheduler.desired_for(key),
                                  self.cp.scheduler.stops_for(key))
                     gen[key] = g
+                self.cp.gateway.waiters.notify(keys)  # (after the bumps: none is missed)
             calls = self.cp.scheduler.take_calls()
             phase("events")
             # events are attributed before the save drops the records of deleted jobs

@@ -52,6 +52,7 @@ class Membership:
         self.cp.liveness.grace.pop(name, None)
         self.cp.liveness.down.discard(name)
         self.cp.generation[name] = self.cp.generation.get(name, 0) + 1
+        self.cp.gateway.waiters.notify([name])
 
     def track_owned(self, now: float) -> None:
         """Machines that came to this shard (claimed from the free pool, an
@@ -205,4 +206,5 @@ class Membership:
             self.cp.gen_base = int(time.time() * 1000)
             self.cp.generation.clear()
             self.cp.steps = 0  # the next pass reads every stored job
+        self.cp.gateway.waiters.notify_all()
         self.cp.wake.set()

@@ -1,0 +1,128 @@
+"""What the agent's loop sleeps on (woken from another thread, or by a process's
+exit) and its HTTP probes. Waits are liveness bounds."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from plait.agent.probe import Prober, http_probe
+from plait.agent.wakeup import Wakeup
+
+
+@pytest.fixture
+def wakeup():
+    w = Wakeup()
+    yield w
+    w.close()
+
+
+def test_set_from_another_thread_wakes_the_sleeper(wakeup):
+    threading.Timer(0.2, wakeup.set).start()
+    started = time.monotonic()
+    assert wakeup.wait(30) == []
+    assert time.monotonic() - started < 25  # woken, not timed out
+    wakeup.set()  # a wake-up before the sleep is kept
+    assert wakeup.wait(30) == []
+
+
+def test_a_watched_process_exit_wakes_the_sleeper_once(wakeup):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    try:
+        wakeup.keep({"a.0": proc.pid})
+        started = time.monotonic()
+        assert wakeup.wait(30) == ["a.0"]
+        assert time.monotonic() - started < 25
+        # the same (exited, not yet reaped) process is not watched again: no busy loop
+        wakeup.keep({"a.0": proc.pid})
+        assert wakeup.wait(0.2) == []
+    finally:
+        proc.wait()
+
+
+def test_nothing_wakes_a_quiet_sleeper(wakeup):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        wakeup.keep({"a.0": proc.pid})
+        started = time.monotonic()
+        assert wakeup.wait(0.3) == []
+        assert time.monotonic() - started >= 0.25
+        wakeup.keep({})  # (no longer watched: its kill wakes nothing)
+        proc.kill()
+        proc.wait()
+        assert wakeup.wait(0.2) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+class _Server:
+    """An HTTP/1.1 server counting its connections; ``status`` is what it answers."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.status = 200
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                outer.connections += 1
+                super().setup()
+
+            def do_GET(self) -> None:
+                self.send_response(outer.status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_an_http_probe_judges_the_status_over_a_new_connection_each_time():
+    server = _Server()
+    try:
+        for _ in range(3):
+            assert http_probe("127.0.0.1", server.port, "/healthz", 5.0)
+        assert server.connections == 3  # as a new client sees the task
+        server.status = 301
+        assert http_probe("127.0.0.1", server.port, "/", 5.0)  # (3xx passes)
+        server.status = 500
+        assert not http_probe("127.0.0.1", server.port, "/", 5.0)
+    finally:
+        server.close()
+    # a task that accepts no new connections fails, whatever old ones still do
+    assert not http_probe("127.0.0.1", server.port, "/", 5.0)
+
+
+def test_a_probe_that_may_change_health_wakes_the_agent():
+    server = _Server()
+    woken = threading.Event()
+    prober = Prober(on_change=woken.set)
+    probe = {"http": "/", "interval_seconds": 0.1}
+    try:
+        assert not prober.check("a.0", probe, "127.0.0.1", server.port, {}, None, 0.0)
+        assert woken.wait(30)  # passed while unhealthy
+        deadline = time.monotonic() + 30
+        while not prober.check("a.0", probe, "127.0.0.1", server.port, {}, None, 1.0):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert prober.next_due(1.0) is not None
+    finally:
+        prober.close()
+        server.close()
