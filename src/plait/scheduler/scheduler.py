@@ -8,8 +8,11 @@ in-process TaskControllers (a remote controller's requests go to ``outbox`` for 
 shell, which hands the answers back with ``answer``).
 
 A pass records what happened to machines (``machines``: failures, maintenance), then
-reconciles each job that is not idle, top-down, in stages; each stage is a module
-that reads the job's records and returns a plan (``plans``), which ``apply`` commits:
+reconciles each job that changed since the last pass (the dirty set: every input
+marks the job it concerns), top-down, in stages; every job now and then (the periodic
+full pass). A job whose reconcile would change nothing is told apart in one look at
+its tasks (``settled``). Each stage is a module that reads the job's records and
+returns a plan (``plans``), which ``apply`` commits:
 
 1. ``wanted``: per task, what should happen (update to the target version, restart,
    move off a failed machine, stop for a resize, move or stop for announced
@@ -35,6 +38,7 @@ unless the shell sets it.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -52,6 +56,7 @@ from plait.scheduler import (
     placement,
     readiness,
     reports,
+    settled,
 )
 from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import LIVE, to_target, unavailable
@@ -101,6 +106,12 @@ class SchedulerConfig:
     failure_deadline: float = 300.0
     #: events kept
     event_limit: int = 10_000
+    #: the periodic full pass: every job is reconciled, changed or not, every this
+    #: many passes (0: never) and at least every this many seconds (0: never); a
+    #: safety net for an input that failed to mark its job (a settled job's
+    #: reconcile costs one look at each of its tasks: ``settled.no_op``)
+    full_pass_every: int = 0
+    full_pass_interval: float = 60.0
     #: record each task's operations (started, placed, ready, removed): the events a
     #: job's ops chart is drawn from; off, only job-level events are recorded
     task_events: bool = True
@@ -116,6 +127,10 @@ class Scheduler(SchedulerState):
         self.region.subscribe(self.machine_changes.append)
         #: called with a stage's name (``STAGES``) as a pass enters it
         self.stage: Callable[[str], None] = _untold
+        #: passes run, full passes among them, and when the last full pass ran
+        self.passes = 0
+        self.full_passes = 0
+        self.full_pass_at = now
 
     # -- job operations (what users ask for) -------------------------------------------------
     def create_job(self, spec: JobSpec, now: float,
@@ -408,7 +423,7 @@ class Scheduler(SchedulerState):
                 job.in_flight.sequence_number != answer.sequence_number):
             return
         self._answers[answer.job] = answer
-        self._idle.discard(answer.job)
+        self.mark(answer.job)
 
     def take_calls(self) -> list[ControllerCall]:
         """The remote controllers' requests planned since the last call (the shell
@@ -418,31 +433,58 @@ class Scheduler(SchedulerState):
 
     # -- the pass ----------------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        """One pass: machine changes and maintenance, then every job that is not idle."""
+        """One pass: machine changes and maintenance, then the jobs that changed since
+        the last pass (the dirty set), in name order; every job now and then (the
+        periodic full pass, ``full_pass_every`` / ``full_pass_interval``)."""
         self.now = now
         self.stage("machines")
         self.bucket.refill(now)
         machines.on_changes(self, now)
         notice = machines.maintenance(self, now)
         self.stage("jobs")
-        idle = self._idle
+        dirty = self._dirty
         if self._wake_at:
             for name in [n for n, at in self._wake_at.items() if at <= now]:
                 del self._wake_at[name]
-                idle.discard(name)
+                dirty.add(name)
         if self._for_tokens:
-            for name in itertools.islice(self._for_tokens, int(self.bucket.tokens)):
-                idle.discard(name)
-        for name in sorted(self.jobs):
-            job = self.jobs[name]
-            if name in idle and not (notice and any(
-                    r.machine in notice for r in job.tasks.values())):
-                continue  # nothing under way and nothing new: its reconcile is a no-op
-            self._pass_job(job, notice, now)
+            dirty.update(itertools.islice(self._for_tokens, int(self.bucket.tokens)))
+        if notice:  # jobs with a task on a machine under notice: looked at every pass
+            placed = self.placed
+            for m in notice:
+                dirty.update(ref.job for ref in placed.get(m, ()))
+        self.passes += 1
+        config = self.config
+        if (config.full_pass_every and self.passes % config.full_pass_every == 0) or (
+                config.full_pass_interval and now - self.full_pass_at
+                >= config.full_pass_interval):
+            self.full_pass_at = now
+            self.full_passes += 1
+            dirty.update(self.jobs)
+        queue = self._queue = sorted(dirty)  # (a sorted list is a heap)
+        jobs = self.jobs
+        try:
+            while queue:
+                name = heapq.heappop(queue)
+                self._current = name
+                job = jobs.get(name)
+                if job is None:
+                    dirty.discard(name)
+                    continue
+                self._pass_job(job, notice, now)
+        finally:
+            self._queue = None
+            self._current = ""
 
     def _pass_job(self, job: JobRecord, notice: Notice, now: float) -> None:
-        """Reconcile one job, then decide whether it is idle until an input comes."""
-        name, idle = job.name, self._idle
+        """Reconcile one job, then decide whether it waits for an input (it leaves
+        the dirty set) or the next pass must look at it again."""
+        name, dirty = job.name, self._dirty
+        if settled.no_op(job, notice):
+            # its reconcile would change nothing; it leaves the dirty set, as below
+            self._for_tokens.pop(name, None)
+            dirty.discard(name)
+            return
         quiet = self._quiet(job)
         # a job waiting for its controller's answer or for the rate limit, whose
         # reconcile changed nothing but a call's own bookkeeping, is not marked
@@ -473,21 +515,26 @@ class Scheduler(SchedulerState):
         elif name not in self._for_tokens or self.counters["ops_started"] > started:
             self._for_tokens.pop(name, None)  # its turn is over: to the back
             self._for_tokens[name] = None
+        waits = False
         if job.controller is None:
-            if quiet_now or self._waiting(job) or for_tokens:
-                idle.add(name)
+            waits = quiet_now or self._waiting(job) or for_tokens
         elif not job.dirty and (quiet_now or self._waiting(job) or for_tokens
                                 or self._waiting_for_controller(job)):
             # only an answer, an input or its timer can move it on
-            idle.add(name)
+            waits = True
             at = controller.timer(job, self.config.recheck_interval,
                                   self.config.controller_lost_after)
             if at < float("inf"):
                 self._wake_at[name] = at
             else:
                 self._wake_at.pop(name, None)
+        if waits:
+            dirty.discard(name)
+        else:
+            dirty.add(name)  # (still something to do: the next pass looks again)
         if job.deleting and not job.tasks:
             del self.jobs[name]
+            dirty.discard(name)
             self._wake_at.pop(name, None)
             self._for_tokens.pop(name, None)
             self.allocator.cache.drop(name)

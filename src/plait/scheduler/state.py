@@ -11,6 +11,8 @@ on it, a controller's completed list, the idle set) lives in one place.
 
 from __future__ import annotations
 
+import heapq
+
 from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange
 from plait.model.task import TaskRef, TaskState
@@ -56,9 +58,17 @@ class SchedulerState:
         #: when a set (the shell that persists the scheduler sets it): the jobs whose
         #: records may have changed since the shell last emptied it
         self.changed_jobs: set[str] | None = None
-        #: jobs left quiet by their last reconcile and untouched since: the pass skips
-        #: them (a region's settled jobs cost nothing per pass)
-        self._idle: set[str] = set()
+        #: the jobs the next pass reconciles: every input that may change what a job's
+        #: reconcile does puts it here (a job operation, an agent's report that changes
+        #: a task, a machine change, a controller's answer, a timer due, a token for an
+        #: operation waiting for the rate limit); a job whose reconcile leaves it with
+        #: nothing to do but wait for an input leaves it. The others cost nothing per
+        #: pass (``Scheduler.tick``; a periodic full pass reconciles them all anyway)
+        self._dirty: set[str] = set()
+        #: during a pass: the names still to reconcile in it (a heap) and the one being
+        #: reconciled; a job marked meanwhile that sorts after it joins this pass
+        self._queue: list[str] | None = None
+        self._current = ""
         #: idle jobs with a controller, and when they must be looked at again even
         #: if nothing happens (a re-check due, an answer given up for lost)
         self._wake_at: dict[str, float] = {}
@@ -79,7 +89,10 @@ class SchedulerState:
     def mark(self, job: str) -> None:
         """Something about the job changed: reconcile it on the next pass (and tell a
         shell that persists it)."""
-        self._idle.discard(job)
+        if job not in self._dirty:
+            self._dirty.add(job)
+            if self._queue is not None and job > self._current:
+                heapq.heappush(self._queue, job)
         if self.changed_jobs is not None:
             self.changed_jobs.add(job)
 
