@@ -376,6 +376,21 @@ class Scheduler(SchedulerState):
         return all(((r.state is running and r.serving) or r.state in finished)
                    and r.op is None for r in job.tasks.values())
 
+    def _quiet_only_ops(self, job: JobRecord) -> tuple[bool, bool]:
+        """``(_quiet(job), _only_ops(job))`` in one look at the tasks."""
+        if job.in_progress or job.lost or job.deleting or (
+                len(job.tasks) != job.spec.task_count):
+            return False, False
+        quiet = not (job.offers or job.acked)
+        running, finished, live = TaskState.RUNNING, FINISHED, LIVE
+        for r in job.tasks.values():
+            state = r.state
+            if r.op is not None or state not in live:
+                return False, False
+            if quiet and not ((state is running and r.serving) or state in finished):
+                quiet = False
+        return quiet, True
+
     def _waiting(self, job: JobRecord) -> bool:
         """Nothing for the scheduler to do until an input arrives (an agent's report, a
         machine change, a job operation): every task is placed at the target version
@@ -485,11 +500,14 @@ class Scheduler(SchedulerState):
             self._for_tokens.pop(name, None)
             dirty.discard(name)
             return
-        quiet = self._quiet(job)
-        # a job waiting for its controller's answer or for the rate limit, whose
-        # reconcile changed nothing but a call's own bookkeeping, is not marked
-        # changed (nothing to store or show)
-        before = self._unchanged(job) if self._only_ops(job) else None
+        # whether the reconcile changed the job matters only to a shell that persists
+        # it (``changed_jobs``): the pass keeps or drops the job from the dirty set
+        # below whatever the answer. A job waiting for its controller's answer or for
+        # the rate limit, whose reconcile changed nothing but a call's own
+        # bookkeeping, is not marked changed (nothing to store or show)
+        persisted = self.changed_jobs is not None
+        quiet, only_ops = self._quiet_only_ops(job) if persisted else (False, False)
+        before = self._unchanged(job) if only_ops else None
         started = self.counters["ops_started"]
         try:
             throttled = self.reconcile(job, notice, now)
@@ -505,7 +523,7 @@ class Scheduler(SchedulerState):
             self.stage("jobs")
         job.error = None
         quiet_now = self._quiet(job)
-        if not (quiet and quiet_now) and not (
+        if persisted and not (quiet and quiet_now) and not (
                 before is not None and self._only_ops(job)
                 and before == self._unchanged(job)):
             self.mark(name)

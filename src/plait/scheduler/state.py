@@ -319,7 +319,7 @@ class SchedulerState:
         self.op_started(now, job, rec, op)
         rec.op = op
         job.in_progress.add(rec.index)
-        ref = job.ref(rec.index)
+        ref = op.task  # (the task's TaskRef)
         if rec.state is TaskState.LOST:  # its machine is gone: place it elsewhere now
             assert rec.machine is not None
             job.lost.discard(rec.index)
