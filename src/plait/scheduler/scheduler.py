@@ -53,6 +53,7 @@ from plait.scheduler import (
     controller,
     execution,
     machines,
+    machinesets,
     placement,
     readiness,
     reports,
@@ -306,12 +307,12 @@ class Scheduler(SchedulerState):
             if rec.machine is None:
                 continue
             ref = job.ref(rec.index)
-            self.placed.setdefault(rec.machine, set()).add(ref)
+            machinesets.place(self.placed, rec.machine, ref)
             self.touched.add(rec.machine)
             if rec.index in wanted:
-                self.desired.setdefault(rec.machine, {})[ref] = Assignment(
+                machinesets.desire(self.desired, rec.machine, ref, Assignment(
                     job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
-                    job.versions[rec.spec_version - 1], job.cause)
+                    job.versions[rec.spec_version - 1], job.cause))
         job.dirty = True
 
     # -- reading -----------------------------------------------------------------------------
@@ -320,14 +321,14 @@ class Scheduler(SchedulerState):
 
     def desired_for(self, machine: str) -> list[Assignment]:
         m = self.fleet.index_of(machine)
-        return sorted(self.desired.get(m, {}).values(), key=lambda a: (a.job, a.index))
+        return sorted(self.desired.get(m, ()), key=lambda a: (a.job, a.index))
 
     def stops_for(self, machine: str) -> Stops:
         """The tasks whose records still name the machine but that left its desired
         set (its agent stops them), each with its job's ``cause``: the request that
         last changed the job (an update, a resize, a delete, ...)."""
         m = self.fleet.index_of(machine)
-        desired = self.desired.get(m, {})
+        desired = self.desired.get(m, machinesets.DesiredSet())
         stops: Stops = []
         for ref in self.placed.get(m, ()):
             if ref not in desired:

@@ -16,7 +16,9 @@ import heapq
 from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange
 from plait.model.task import TaskRef, TaskState
+from plait.scheduler import machinesets
 from plait.scheduler.lifecycle import Event, advance
+from plait.scheduler.machinesets import DesiredSet
 from plait.scheduler.plans import DELETE, FAILURE, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
 from plait.scheduler.records import (
@@ -44,9 +46,9 @@ class SchedulerState:
         self.now = now
         self.jobs: dict[str, JobRecord] = {}
         #: per machine: the tasks its agent must run
-        self.desired: dict[int, dict[TaskRef, Assignment]] = {}
+        self.desired: dict[int, DesiredSet] = {}
         #: per machine: the tasks whose record names it (desired or stopping)
-        self.placed: dict[int, set[TaskRef]] = {}
+        self.placed: dict[int, tuple[TaskRef, ...]] = {}
         self.events: list[SchedulerEvent] = []
         self.counters: dict[str, int] = {
             "ops_started": 0, "ops_completed": 0, "throttled": 0, "deadline_stops": 0,
@@ -344,15 +346,15 @@ class SchedulerState:
             self.unassign(ref, rec.machine)
         rec.machine = machine
         self.touched.add(machine)
-        self.placed.setdefault(machine, set()).add(ref)
-        self.desired.setdefault(machine, {})[ref] = Assignment(
+        machinesets.place(self.placed, machine, ref)
+        machinesets.desire(self.desired, machine, ref, Assignment(
             job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
-            job.versions[rec.spec_version - 1], job.cause)
+            job.versions[rec.spec_version - 1], job.cause))
 
     def unassign(self, ref: TaskRef, machine: int) -> None:
         self.touched.add(machine)
-        self.desired.get(machine, {}).pop(ref, None)
-        self.placed.get(machine, set()).discard(ref)
+        machinesets.undesire(self.desired, machine, ref)
+        machinesets.unplace(self.placed, machine, ref)
 
     def take_out(self, ref: TaskRef, rec: TaskRecord) -> None:
         """Leave the machine's desired set (its agent stops the task); the record
@@ -364,7 +366,7 @@ class SchedulerState:
         rec.endpoint = None
         if rec.machine is not None:
             self.touched.add(rec.machine)
-            self.desired.get(rec.machine, {}).pop(ref, None)
+            machinesets.undesire(self.desired, rec.machine, ref)
 
     def free(self, job: JobRecord, recs: list[TaskRecord]) -> None:
         """Tasks that are gone for good: their allocations go back; an index within
