@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from plait.allocator import AllocationRequest, Allocator
+from plait.broker import BrokerChange, ChangeKind
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.model.job import JobSpec
 from plait.model.task import TaskState
@@ -125,13 +126,22 @@ class Scheduler(SchedulerState):
         super().__init__(allocator, self.config.rate, self.config.burst,
                          self.config.event_limit, now)
         self.task_events = self.config.task_events
-        self.region.subscribe(self.machine_changes.append)
+        self.region.subscribe(self._machine_changed)
         #: called with a stage's name (``STAGES``) as a pass enters it
         self.stage: Callable[[str], None] = _untold
         #: passes run, full passes among them, and when the last full pass ran
         self.passes = 0
         self.full_passes = 0
         self.full_pass_at = now
+
+    def _machine_changed(self, change: BrokerChange) -> None:
+        """The region's change notification: a machine's state change is kept for the
+        next pass (``machines.on_changes``); the others (claims, releases, cordons)
+        ask nothing of the scheduler, and every shard hears of every machine, so
+        keeping them would hold each claim of the region once per shard until the
+        shard's next pass."""
+        if change.kind is ChangeKind.STATE:
+            self.machine_changes.append(change)
 
     # -- job operations (what users ask for) -------------------------------------------------
     def create_job(self, spec: JobSpec, now: float,
