@@ -65,7 +65,7 @@ def desire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef,
 def undesire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef) -> None:
     """Take the task out of the machine's set, if it is there."""
     have = desired.get(machine)
-    if not have or ref not in have:
+    if not have or have.get(ref) is None:
         return
     job, index = ref.job, ref.index
     left = DesiredSet(a for a in have if a.index != index or a.job != job)

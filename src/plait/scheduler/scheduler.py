@@ -341,7 +341,7 @@ class Scheduler(SchedulerState):
         desired = self.desired.get(m, machinesets.DesiredSet())
         stops: Stops = []
         for ref in self.placed.get(m, ()):
-            if ref not in desired:
+            if desired.get(ref) is None:
                 job = self.jobs.get(ref.job)
                 stops.append((ref, None if job is None else job.cause))
         return sorted(stops, key=lambda s: (s[0].job, s[0].index))
