@@ -65,14 +65,16 @@ def desire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef,
 def undesire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef) -> None:
     """Take the task out of the machine's set, if it is there."""
     have = desired.get(machine)
-    if not have or have.get(ref) is None:
+    if not have:
         return
     job, index = ref.job, ref.index
-    left = DesiredSet(a for a in have if a.index != index or a.job != job)
-    if left:
-        desired[machine] = left
-    else:
-        del desired[machine]
+    for k, a in enumerate(have):
+        if a.index == index and a.job == job:
+            if len(have) > 1:
+                desired[machine] = DesiredSet((*have[:k], *have[k + 1:]))
+            else:
+                del desired[machine]
+            return
 
 
 def place(placed: dict[int, tuple[TaskRef, ...]], machine: int, ref: TaskRef) -> None:
@@ -85,8 +87,8 @@ def unplace(placed: dict[int, tuple[TaskRef, ...]], machine: int, ref: TaskRef) 
     have = placed.get(machine)
     if not have or ref not in have:
         return
-    left = tuple(r for r in have if r != ref)
-    if left:
-        placed[machine] = left
+    if len(have) > 1:
+        k = have.index(ref)
+        placed[machine] = (*have[:k], *have[k + 1:])
     else:
         del placed[machine]
