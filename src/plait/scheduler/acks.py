@@ -44,7 +44,7 @@ def builtin_acks(job: JobRecord, now: float) -> list[int]:
     free_all = job.deleting
     acked: list[int] = []
     offered = sorted(job.offers)
-    for k, index in enumerate(offered):
+    for index in offered:
         if not (free_all or index >= count):
             if index not in down:
                 if budget <= 0:
@@ -61,7 +61,7 @@ def builtin_acks(job: JobRecord, now: float) -> list[int]:
     for i in sorted(i for i in down if index < i < count and i in offers):
         if not (budget < 0 and lapsed(tasks[i], now, grace)):
             acked.append(i)
-    acked.extend(offered[bisect.bisect_left(offered, count, lo=k):])
+    acked.extend(offered[bisect.bisect_left(offered, count):])
     return acked
 
 

@@ -1,65 +1,92 @@
 """Per machine: the tasks its agent must run, and the tasks whose records name it.
 
 A region holds one of each per machine with tasks (a million machines: about
-700,000 of each), each holding a few tasks. As a dict and a set they took 240 and
-232 bytes even for one task; as tuples they take 56 bytes and 8 more per task. A
-machine holds few tasks, so a look-up is a short scan, and a change builds a new
-tuple (the old one may still be read by an agent's long-poll: it never changes).
+500,000 of each), holding two million tasks. As a dict of ``TaskRef`` to
+``Assignment`` and a set of ``TaskRef`` they took 240 and 232 bytes per machine
+even for one task, plus 96 bytes of ``Assignment`` per task. Here:
 
-``DesiredSet`` reads like the ``dict[TaskRef, Assignment]`` it replaces (``in``,
-``get``, ``values``, ``items``, ``len``); ``placed`` sets are plain tuples of
-``TaskRef`` (``in``, iteration). A machine left with no task has no entry.
+* a ``DesiredSet`` is one flat tuple ``(assigned, index, assigned, index, ...)``:
+  ``Assigned`` is shared by a job's tasks at one version (``JobRecord.assigned``),
+  so a task costs 16 bytes of it; it reads like the dict it replaces (``in``,
+  ``get``, ``values``, ``items``, ``len``, iteration), making each ``Assignment``
+  as it is read (agents read their sets, the pass only writes them);
+* a placed set is a plain tuple of ``TaskRef`` (``in``, iteration).
+
+A machine holds few tasks, so a look-up is a short scan, and a change builds a new
+tuple (one handed out earlier, to an agent's long-poll, never changes). A machine
+left with no task has no entry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from plait.model.task import TaskRef
-from plait.scheduler.records import Assignment
+from plait.scheduler.records import Assigned, Assignment
 
 
-class DesiredSet(tuple[Assignment, ...]):
-    """A machine's desired set: its assignments, in the order they were made, read
-    like a dict keyed by ``TaskRef``."""
+class DesiredSet(tuple[object, ...]):
+    """A machine's desired set: ``(assigned, index, ...)``, in the order the tasks
+    were assigned, read like a dict of ``TaskRef`` to ``Assignment``."""
 
     __slots__ = ()
 
+    def _find(self, job: str, index: int) -> int:
+        """The position of the task's pair, or -1."""
+        get = tuple.__getitem__
+        for k in range(0, tuple.__len__(self), 2):
+            if get(self, k + 1) == index and cast(Assigned, get(self, k)).job == job:
+                return k
+        return -1
+
     def get(self, ref: TaskRef, default: Assignment | None = None) -> Assignment | None:
-        job, index = ref.job, ref.index
-        for a in self:
-            if a.index == index and a.job == job:
-                return a
-        return default
+        k = self._find(ref.job, ref.index)
+        if k < 0:
+            return default
+        return cast(Assigned, tuple.__getitem__(self, k)).at(ref.index)
 
     def __contains__(self, ref: object) -> bool:
-        if not isinstance(ref, TaskRef):
-            return False
-        return self.get(ref) is not None
+        return isinstance(ref, TaskRef) and self._find(ref.job, ref.index) >= 0
 
-    def values(self) -> tuple[Assignment, ...]:
-        return tuple(self)
+    def __len__(self) -> int:
+        return tuple.__len__(self) // 2
+
+    def assignments(self) -> Iterator[Assignment]:
+        raw = tuple.__iter__(self)
+        for assigned in raw:
+            yield cast(Assigned, assigned).at(cast(int, next(raw)))
+
+    def __iter__(self) -> Iterator[Assignment]:
+        return self.assignments()
+
+    def values(self) -> list[Assignment]:
+        return list(self.assignments())
 
     def keys(self) -> list[TaskRef]:
-        return [TaskRef(a.job, a.index) for a in self]
+        return [TaskRef(a.job, a.index) for a in self.assignments()]
 
-    def items(self) -> Iterator[tuple[TaskRef, Assignment]]:
-        return ((TaskRef(a.job, a.index), a) for a in self)
+    def items(self) -> list[tuple[TaskRef, Assignment]]:
+        return [(TaskRef(a.job, a.index), a) for a in self.assignments()]
+
+    def __repr__(self) -> str:
+        return f"DesiredSet({self.values()!r})"
 
 
 def desire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef,
-           assignment: Assignment) -> None:
+           assigned: Assigned) -> None:
     """Put (or replace, where it was) the task's assignment in the machine's set."""
     have = desired.get(machine)
+    index = ref.index
     if not have:
-        desired[machine] = DesiredSet((assignment,))
+        desired[machine] = DesiredSet((assigned, index))
         return
-    job, index = ref.job, ref.index
-    for k, a in enumerate(have):
-        if a.index == index and a.job == job:
-            desired[machine] = DesiredSet((*have[:k], assignment, *have[k + 1:]))
-            return
-    desired[machine] = DesiredSet((*have, assignment))
+    k = have._find(ref.job, index)
+    raw = tuple(tuple.__iter__(have))
+    if k < 0:
+        desired[machine] = DesiredSet((*raw, assigned, index))
+    else:
+        desired[machine] = DesiredSet((*raw[:k], assigned, index, *raw[k + 2:]))
 
 
 def undesire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef) -> None:
@@ -67,14 +94,14 @@ def undesire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef) -> None
     have = desired.get(machine)
     if not have:
         return
-    job, index = ref.job, ref.index
-    for k, a in enumerate(have):
-        if a.index == index and a.job == job:
-            if len(have) > 1:
-                desired[machine] = DesiredSet((*have[:k], *have[k + 1:]))
-            else:
-                del desired[machine]
-            return
+    k = have._find(ref.job, ref.index)
+    if k < 0:
+        return
+    if len(have) > 1:
+        raw = tuple(tuple.__iter__(have))
+        desired[machine] = DesiredSet((*raw[:k], *raw[k + 2:]))
+    else:
+        del desired[machine]
 
 
 def place(placed: dict[int, tuple[TaskRef, ...]], machine: int, ref: TaskRef) -> None:

@@ -320,9 +320,8 @@ class Scheduler(SchedulerState):
             machinesets.place(self.placed, rec.machine, ref)
             self.touched.add(rec.machine)
             if rec.index in wanted:
-                machinesets.desire(self.desired, rec.machine, ref, Assignment(
-                    job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
-                    job.versions[rec.spec_version - 1], job.cause))
+                machinesets.desire(self.desired, rec.machine, ref,
+                                    job.assigned(rec.spec_version))
         job.dirty = True
 
     # -- reading -----------------------------------------------------------------------------
@@ -331,7 +330,9 @@ class Scheduler(SchedulerState):
 
     def desired_for(self, machine: str) -> list[Assignment]:
         m = self.fleet.index_of(machine)
-        return sorted(self.desired.get(m, ()), key=lambda a: (a.job, a.index))
+        desired = self.desired.get(m)
+        return [] if desired is None else sorted(desired.values(),
+                                                 key=lambda a: (a.job, a.index))
 
     def stops_for(self, machine: str) -> Stops:
         """The tasks whose records still name the machine but that left its desired

@@ -22,7 +22,6 @@ from plait.scheduler.machinesets import DesiredSet
 from plait.scheduler.plans import DELETE, FAILURE, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
 from plait.scheduler.records import (
-    Assignment,
     JobRecord,
     SchedulerEvent,
     TaskRecord,
@@ -347,9 +346,8 @@ class SchedulerState:
         rec.machine = machine
         self.touched.add(machine)
         machinesets.place(self.placed, machine, ref)
-        machinesets.desire(self.desired, machine, ref, Assignment(
-            job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
-            job.versions[rec.spec_version - 1], job.cause))
+        machinesets.desire(self.desired, machine, ref,
+                            job.assigned(rec.spec_version))
 
     def unassign(self, ref: TaskRef, machine: int) -> None:
         self.touched.add(machine)
