@@ -25,6 +25,8 @@ from typing import cast
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assigned, Assignment
 
+_ALL = slice(None)
+
 
 class DesiredSet(tuple[object, ...]):
     """A machine's desired set: ``(assigned, index, ...)``, in the order the tasks
@@ -82,11 +84,12 @@ def desire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef,
         desired[machine] = DesiredSet((assigned, index))
         return
     k = have._find(ref.job, index)
-    raw = tuple(tuple.__iter__(have))
+    cut = tuple.__getitem__  # (slices of the raw pairs, as plain tuples)
     if k < 0:
-        desired[machine] = DesiredSet((*raw, assigned, index))
+        desired[machine] = DesiredSet((*cut(have, _ALL), assigned, index))
     else:
-        desired[machine] = DesiredSet((*raw[:k], assigned, index, *raw[k + 2:]))
+        desired[machine] = DesiredSet((*cut(have, slice(None, k)), assigned, index,
+                                       *cut(have, slice(k + 2, None))))
 
 
 def undesire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef) -> None:
@@ -97,9 +100,10 @@ def undesire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef) -> None
     k = have._find(ref.job, ref.index)
     if k < 0:
         return
-    if len(have) > 1:
-        raw = tuple(tuple.__iter__(have))
-        desired[machine] = DesiredSet((*raw[:k], *raw[k + 2:]))
+    if tuple.__len__(have) > 2:
+        cut = tuple.__getitem__
+        desired[machine] = DesiredSet(cut(have, slice(None, k))
+                                      + cut(have, slice(k + 2, None)))
     else:
         del desired[machine]
 
