@@ -85,7 +85,7 @@ def run(big_tasks: int = 15_000, machines: int = 10_000, jobs: int = 200,
         elif k == 40:  # machine failures, repaired a minute later
             for event_id in failures:
                 sim.repair(event_id)
-            busy = [m for m, tasks in s.desired.items() if tasks]
+            busy = sorted(m for m, tasks in s.desired.items() if tasks)  # (not dict order)
             victims = rng.choice(busy, size=min(len(busy), machines // 500), replace=False)
             failures = [sim.fail([sim.fleet.name(int(m))]) for m in victims]
         sim.step()

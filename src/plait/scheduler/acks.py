@@ -14,6 +14,8 @@ and changes nothing (``apply`` acks them):
 
 from __future__ import annotations
 
+import bisect
+
 from plait.model.task import TaskState
 from plait.model.topology import Fleet
 from plait.scheduler.lifecycle import FINISHED
@@ -41,15 +43,25 @@ def builtin_acks(job: JobRecord, now: float) -> list[int]:
         1 for op in job.acked.values() if op.task.index not in down)
     free_all = job.deleting
     acked: list[int] = []
-    for index in sorted(job.offers):
+    offered = sorted(job.offers)
+    for index in offered:
         if not (free_all or index >= count):
             if index not in down:
                 if budget <= 0:
-                    continue
+                    break  # spent: the rest below
                 budget -= 1
             elif budget < 0 and lapsed(tasks[index], now, grace):
                 continue  # the job is past its cap already: not another serving task
         acked.append(index)
+    else:
+        return acked
+    # the budget is spent (and never grows again): of the offers after ``index``,
+    # only tasks down already (unless lapsed past the cap) or beyond the count
+    offers = job.offers
+    for i in sorted(i for i in down if index < i < count and i in offers):
+        if not (budget < 0 and lapsed(tasks[i], now, grace)):
+            acked.append(i)
+    acked.extend(offered[bisect.bisect_left(offered, count):])
     return acked
 
 

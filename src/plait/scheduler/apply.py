@@ -10,10 +10,11 @@ the allocator, which commits with optimistic concurrency).
 from __future__ import annotations
 
 import heapq
+from operator import itemgetter
 
 from plait.scheduler import acks as acking
 from plait.scheduler.lifecycle import Event
-from plait.scheduler.plans import ExecutionPlan, PlacementPlan, WantedPlan, offered_ops
+from plait.scheduler.plans import ExecutionPlan, PlacementPlan, WantedPlan, first_offered_op
 from plait.scheduler.records import JobRecord
 from plait.scheduler.state import SchedulerState
 from plait.taskcontrol.protocol import (
@@ -32,16 +33,21 @@ def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> N
         return
     tasks, offers, serials, target = job.tasks, job.offers, job.serials, job.target
     serial = job.op_counter
-    dirty = False
-    for index, want in plan.offers:
-        if want:
-            serial += 1
-            offers[index] = want
-            serials[index] = serial
-        else:
-            del offers[index]
-            del serials[index]
-        dirty = True
+    dirty = bool(plan.offers)
+    if all(want for _, want in plan.offers):  # (new offers only: in bulk)
+        offers.update(plan.offers)
+        serials.update(zip(map(itemgetter(0), plan.offers),
+                           range(serial + 1, serial + 1 + len(plan.offers)), strict=True))
+        serial += len(plan.offers)
+    else:
+        for index, want in plan.offers:
+            if want:
+                serial += 1
+                offers[index] = want
+                serials[index] = serial
+            else:
+                del offers[index]
+                del serials[index]
     job.op_counter = serial
     for index in plan.settle:
         tasks[index].spec_version = target
@@ -84,13 +90,13 @@ def acks(s: SchedulerState, job: JobRecord, indices: list[int]) -> None:
     maintenance pair)."""
     fleet = s.fleet
     for index in indices:
-        s.ack(job, offered_ops(job, index, fleet)[0])
+        s.ack(job, first_offered_op(job, index, fleet))
 
 
 def failure_deadline(s: SchedulerState, job: JobRecord, indices: list[int], deadline: float,
                      now: float) -> None:
     for index in indices:
-        s.ack(job, offered_ops(job, index, s.fleet)[0])
+        s.ack(job, first_offered_op(job, index, s.fleet))
         s.counters["failure_deadline_moves"] += 1
         s.event(now, job.name, "failure_deadline",
                 f"task {index} moved without an ack after {deadline:g}s down")

@@ -12,6 +12,7 @@ machine's desired set).
 from __future__ import annotations
 
 from plait.model.task import TaskState
+from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import (
     DELETE,
     FAILURE,
@@ -51,8 +52,14 @@ def plan_execution(job: JobRecord, tokens: int, now: float) -> ExecutionPlan:
     grace = job.spec.update.serving_grace_seconds
     if cap is None and job.controller is None:
         cap = 1
-    down = sum(1 for r in job.tasks.values() if r.index < count and is_down(r)) \
-        if cap is not None else 0
+    down = 0
+    if cap is not None:  # (``is_down``, inlined: this loop reads every task of the job)
+        running, finished = TaskState.RUNNING, FINISHED
+        for r in job.tasks.values():
+            state = r.state
+            if r.index < count and state not in finished and (
+                    state is not running or not r.healthy or not r.serving):
+                down += 1
     for op in sorted(job.acked.values(), key=lambda o: o.task.index):
         rec = job.tasks.get(op.task.index)
         if rec is None or rec.op is not None or not still_applies(job, rec, op):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from plait.allocator import AllocationRequest
 from plait.model.job import JobSpec
-from plait.model.task import TaskState
+from plait.model.task import TaskRef, TaskState
 from plait.model.topology import Fleet
 from plait.scheduler.lifecycle import DOWN, FINISHED
 from plait.scheduler.records import JobRecord, TaskRecord, Wanted
@@ -76,6 +76,16 @@ def offered_ops(job: JobRecord, index: int, fleet: Fleet) -> list[TaskOp]:
     ref = job.ref(index)
     return [TaskOp(f"{job.name}/{index}/{KIND[kind]}/{serial}", ref, kind, reason, machine)
             for kind, reason in wanted]
+
+
+def first_offered_op(job: JobRecord, index: int, fleet: Fleet) -> TaskOp:
+    """``offered_ops(job, index, fleet)[0]``, the one an ack takes (a move before a
+    stop, of a maintenance pair), made alone."""
+    kind, reason = job.offers[index][0]
+    machine = job.tasks[index].machine
+    return TaskOp(f"{job.name}/{index}/{KIND[kind]}/{job.serials[index]}",
+                  TaskRef(job.name, index), kind, reason,
+                  None if machine is None else fleet.name(machine))
 
 
 # -- the stages' results -------------------------------------------------------------------

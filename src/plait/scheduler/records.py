@@ -41,6 +41,24 @@ class Assignment:
     cause: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Assigned:
+    """An ``Assignment`` without its task's index: what a machine's desired set holds
+    per task, shared by every task of a job assigned at one version under one
+    ``cause`` (a region's desired sets hold two million assignments, a few thousand
+    distinct ones)."""
+
+    job: str
+    spec_version: int
+    revision: int
+    spec: JobSpec
+    cause: str | None = None
+
+    def at(self, index: int) -> Assignment:
+        return Assignment(self.job, index, self.spec_version, self.revision, self.spec,
+                          self.cause)
+
+
 #: tasks being stopped on a machine (they left its desired set), each with the id of
 #: the request that last changed its job (``Scheduler.stops_for``)
 Stops = list[tuple[TaskRef, str | None]]
@@ -185,6 +203,8 @@ class JobRecord:
     _revisions: dict[int, int] = field(default_factory=dict)
     #: (target, {version: runs the same way as the target}), kept across reconciles
     _same: tuple[int, dict[int, bool]] = (0, {})
+    #: per version, the ``Assigned`` its tasks' assignments share (``assigned``)
+    _assigned: dict[int, Assigned] = field(default_factory=dict)
 
     def revision(self, version: int) -> int:
         """The first version that runs the same way as ``version``."""
@@ -195,6 +215,18 @@ class JobRecord:
                           if same_runtime(self.versions[v - 1], spec)), version)
             self._revisions[version] = found
         return found
+
+    def assigned(self, version: int) -> Assigned:
+        """What a task of ``version`` assigned now gets (shared while the job's cause,
+        the version's spec and its revision stay the same)."""
+        spec, cause = self.versions[version - 1], self.cause
+        have = self._assigned.get(version)
+        if have is not None and have.spec is spec and have.cause == cause and (
+                have.revision == self.revision(version)):
+            return have
+        have = self._assigned[version] = Assigned(self.name, version, self.revision(version),
+                                                  spec, cause)
+        return have
 
     def pin_revision(self, version: int, revision: int) -> None:
         """Take ``version``'s revision from the job's record (which keeps it when the

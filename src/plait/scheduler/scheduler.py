@@ -8,8 +8,11 @@ in-process TaskControllers (a remote controller's requests go to ``outbox`` for 
 shell, which hands the answers back with ``answer``).
 
 A pass records what happened to machines (``machines``: failures, maintenance), then
-reconciles each job that is not idle, top-down, in stages; each stage is a module
-that reads the job's records and returns a plan (``plans``), which ``apply`` commits:
+reconciles each job that changed since the last pass (the dirty set: every input
+marks the job it concerns), top-down, in stages; every job now and then (the periodic
+full pass). A job whose reconcile would change nothing is told apart in one look at
+its tasks (``settled``). Each stage is a module that reads the job's records and
+returns a plan (``plans``), which ``apply`` commits:
 
 1. ``wanted``: per task, what should happen (update to the target version, restart,
    move off a failed machine, stop for a resize, move or stop for announced
@@ -35,11 +38,13 @@ unless the shell sets it.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from plait.allocator import AllocationRequest, Allocator
+from plait.broker import BrokerChange, ChangeKind
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.model.job import JobSpec
 from plait.model.task import TaskState
@@ -49,9 +54,11 @@ from plait.scheduler import (
     controller,
     execution,
     machines,
+    machinesets,
     placement,
     readiness,
     reports,
+    settled,
 )
 from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import LIVE, to_target, unavailable
@@ -101,6 +108,12 @@ class SchedulerConfig:
     failure_deadline: float = 300.0
     #: events kept
     event_limit: int = 10_000
+    #: the periodic full pass: every job is reconciled, changed or not, every this
+    #: many passes (0: never) and at least every this many seconds (0: never); a
+    #: safety net for an input that failed to mark its job (a settled job's
+    #: reconcile costs one look at each of its tasks: ``settled.no_op``)
+    full_pass_every: int = 0
+    full_pass_interval: float = 60.0
     #: record each task's operations (started, placed, ready, removed): the events a
     #: job's ops chart is drawn from; off, only job-level events are recorded
     task_events: bool = True
@@ -113,9 +126,22 @@ class Scheduler(SchedulerState):
         super().__init__(allocator, self.config.rate, self.config.burst,
                          self.config.event_limit, now)
         self.task_events = self.config.task_events
-        self.region.subscribe(self.machine_changes.append)
+        self.region.subscribe(self._machine_changed)
         #: called with a stage's name (``STAGES``) as a pass enters it
         self.stage: Callable[[str], None] = _untold
+        #: passes run, full passes among them, and when the last full pass ran
+        self.passes = 0
+        self.full_passes = 0
+        self.full_pass_at = now
+
+    def _machine_changed(self, change: BrokerChange) -> None:
+        """The region's change notification: a machine's state change is kept for the
+        next pass (``machines.on_changes``); the others (claims, releases, cordons)
+        ask nothing of the scheduler, and every shard hears of every machine, so
+        keeping them would hold each claim of the region once per shard until the
+        shard's next pass."""
+        if change.kind is ChangeKind.STATE:
+            self.machine_changes.append(change)
 
     # -- job operations (what users ask for) -------------------------------------------------
     def create_job(self, spec: JobSpec, now: float,
@@ -291,12 +317,11 @@ class Scheduler(SchedulerState):
             if rec.machine is None:
                 continue
             ref = job.ref(rec.index)
-            self.placed.setdefault(rec.machine, set()).add(ref)
+            machinesets.place(self.placed, rec.machine, ref)
             self.touched.add(rec.machine)
             if rec.index in wanted:
-                self.desired.setdefault(rec.machine, {})[ref] = Assignment(
-                    job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
-                    job.versions[rec.spec_version - 1], job.cause)
+                machinesets.desire(self.desired, rec.machine, ref,
+                                    job.assigned(rec.spec_version))
         job.dirty = True
 
     # -- reading -----------------------------------------------------------------------------
@@ -305,17 +330,19 @@ class Scheduler(SchedulerState):
 
     def desired_for(self, machine: str) -> list[Assignment]:
         m = self.fleet.index_of(machine)
-        return sorted(self.desired.get(m, {}).values(), key=lambda a: (a.job, a.index))
+        desired = self.desired.get(m)
+        return [] if desired is None else sorted(desired.values(),
+                                                 key=lambda a: (a.job, a.index))
 
     def stops_for(self, machine: str) -> Stops:
         """The tasks whose records still name the machine but that left its desired
         set (its agent stops them), each with its job's ``cause``: the request that
         last changed the job (an update, a resize, a delete, ...)."""
         m = self.fleet.index_of(machine)
-        desired = self.desired.get(m, {})
+        desired = self.desired.get(m, machinesets.DesiredSet())
         stops: Stops = []
         for ref in self.placed.get(m, ()):
-            if ref not in desired:
+            if desired.get(ref) is None:
                 job = self.jobs.get(ref.job)
                 stops.append((ref, None if job is None else job.cause))
         return sorted(stops, key=lambda s: (s[0].job, s[0].index))
@@ -360,6 +387,21 @@ class Scheduler(SchedulerState):
         running, finished = TaskState.RUNNING, FINISHED
         return all(((r.state is running and r.serving) or r.state in finished)
                    and r.op is None for r in job.tasks.values())
+
+    def _quiet_only_ops(self, job: JobRecord) -> tuple[bool, bool]:
+        """``(_quiet(job), _only_ops(job))`` in one look at the tasks."""
+        if job.in_progress or job.lost or job.deleting or (
+                len(job.tasks) != job.spec.task_count):
+            return False, False
+        quiet = not (job.offers or job.acked)
+        running, finished, live = TaskState.RUNNING, FINISHED, LIVE
+        for r in job.tasks.values():
+            state = r.state
+            if r.op is not None or state not in live:
+                return False, False
+            if quiet and not ((state is running and r.serving) or state in finished):
+                quiet = False
+        return quiet, True
 
     def _waiting(self, job: JobRecord) -> bool:
         """Nothing for the scheduler to do until an input arrives (an agent's report, a
@@ -408,7 +450,7 @@ class Scheduler(SchedulerState):
                 job.in_flight.sequence_number != answer.sequence_number):
             return
         self._answers[answer.job] = answer
-        self._idle.discard(answer.job)
+        self.mark(answer.job)
 
     def take_calls(self) -> list[ControllerCall]:
         """The remote controllers' requests planned since the last call (the shell
@@ -418,36 +460,66 @@ class Scheduler(SchedulerState):
 
     # -- the pass ----------------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        """One pass: machine changes and maintenance, then every job that is not idle."""
+        """One pass: machine changes and maintenance, then the jobs that changed since
+        the last pass (the dirty set), in name order; every job now and then (the
+        periodic full pass, ``full_pass_every`` / ``full_pass_interval``)."""
         self.now = now
         self.stage("machines")
         self.bucket.refill(now)
         machines.on_changes(self, now)
         notice = machines.maintenance(self, now)
         self.stage("jobs")
-        idle = self._idle
+        dirty = self._dirty
         if self._wake_at:
             for name in [n for n, at in self._wake_at.items() if at <= now]:
                 del self._wake_at[name]
-                idle.discard(name)
+                dirty.add(name)
         if self._for_tokens:
-            for name in itertools.islice(self._for_tokens, int(self.bucket.tokens)):
-                idle.discard(name)
-        for name in sorted(self.jobs):
-            job = self.jobs[name]
-            if name in idle and not (notice and any(
-                    r.machine in notice for r in job.tasks.values())):
-                continue  # nothing under way and nothing new: its reconcile is a no-op
-            self._pass_job(job, notice, now)
+            dirty.update(itertools.islice(self._for_tokens, int(self.bucket.tokens)))
+        if notice:  # jobs with a task on a machine under notice: looked at every pass
+            placed = self.placed
+            for m in notice:
+                dirty.update(ref.job for ref in placed.get(m, ()))
+        self.passes += 1
+        config = self.config
+        if (config.full_pass_every and self.passes % config.full_pass_every == 0) or (
+                config.full_pass_interval and now - self.full_pass_at
+                >= config.full_pass_interval):
+            self.full_pass_at = now
+            self.full_passes += 1
+            dirty.update(self.jobs)
+        queue = self._queue = sorted(dirty)  # (a sorted list is a heap)
+        jobs = self.jobs
+        try:
+            while queue:
+                name = heapq.heappop(queue)
+                self._current = name
+                job = jobs.get(name)
+                if job is None:
+                    dirty.discard(name)
+                    continue
+                self._pass_job(job, notice, now)
+        finally:
+            self._queue = None
+            self._current = ""
 
     def _pass_job(self, job: JobRecord, notice: Notice, now: float) -> None:
-        """Reconcile one job, then decide whether it is idle until an input comes."""
-        name, idle = job.name, self._idle
-        quiet = self._quiet(job)
-        # a job waiting for its controller's answer or for the rate limit, whose
-        # reconcile changed nothing but a call's own bookkeeping, is not marked
-        # changed (nothing to store or show)
-        before = self._unchanged(job) if self._only_ops(job) else None
+        """Reconcile one job, then decide whether it waits for an input (it leaves
+        the dirty set) or the next pass must look at it again."""
+        name, dirty = job.name, self._dirty
+        if settled.no_op(job, notice):
+            # its reconcile would change nothing; it leaves the dirty set, as below
+            self._for_tokens.pop(name, None)
+            dirty.discard(name)
+            return
+        # whether the reconcile changed the job matters only to a shell that persists
+        # it (``changed_jobs``): the pass keeps or drops the job from the dirty set
+        # below whatever the answer. A job waiting for its controller's answer or for
+        # the rate limit, whose reconcile changed nothing but a call's own
+        # bookkeeping, is not marked changed (nothing to store or show)
+        persisted = self.changed_jobs is not None
+        quiet, only_ops = self._quiet_only_ops(job) if persisted else (False, False)
+        before = self._unchanged(job) if only_ops else None
         started = self.counters["ops_started"]
         try:
             throttled = self.reconcile(job, notice, now)
@@ -463,7 +535,7 @@ class Scheduler(SchedulerState):
             self.stage("jobs")
         job.error = None
         quiet_now = self._quiet(job)
-        if not (quiet and quiet_now) and not (
+        if persisted and not (quiet and quiet_now) and not (
                 before is not None and self._only_ops(job)
                 and before == self._unchanged(job)):
             self.mark(name)
@@ -473,21 +545,26 @@ class Scheduler(SchedulerState):
         elif name not in self._for_tokens or self.counters["ops_started"] > started:
             self._for_tokens.pop(name, None)  # its turn is over: to the back
             self._for_tokens[name] = None
+        waits = False
         if job.controller is None:
-            if quiet_now or self._waiting(job) or for_tokens:
-                idle.add(name)
+            waits = quiet_now or self._waiting(job) or for_tokens
         elif not job.dirty and (quiet_now or self._waiting(job) or for_tokens
                                 or self._waiting_for_controller(job)):
             # only an answer, an input or its timer can move it on
-            idle.add(name)
+            waits = True
             at = controller.timer(job, self.config.recheck_interval,
                                   self.config.controller_lost_after)
             if at < float("inf"):
                 self._wake_at[name] = at
             else:
                 self._wake_at.pop(name, None)
+        if waits:
+            dirty.discard(name)
+        else:
+            dirty.add(name)  # (still something to do: the next pass looks again)
         if job.deleting and not job.tasks:
             del self.jobs[name]
+            dirty.discard(name)
             self._wake_at.pop(name, None)
             self._for_tokens.pop(name, None)
             self.allocator.cache.drop(name)

@@ -11,14 +11,17 @@ on it, a controller's completed list, the idle set) lives in one place.
 
 from __future__ import annotations
 
+import heapq
+
 from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange
 from plait.model.task import TaskRef, TaskState
+from plait.scheduler import machinesets
 from plait.scheduler.lifecycle import Event, advance
+from plait.scheduler.machinesets import DesiredSet
 from plait.scheduler.plans import DELETE, FAILURE, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
 from plait.scheduler.records import (
-    Assignment,
     JobRecord,
     SchedulerEvent,
     TaskRecord,
@@ -42,9 +45,9 @@ class SchedulerState:
         self.now = now
         self.jobs: dict[str, JobRecord] = {}
         #: per machine: the tasks its agent must run
-        self.desired: dict[int, dict[TaskRef, Assignment]] = {}
+        self.desired: dict[int, DesiredSet] = {}
         #: per machine: the tasks whose record names it (desired or stopping)
-        self.placed: dict[int, set[TaskRef]] = {}
+        self.placed: dict[int, tuple[TaskRef, ...]] = {}
         self.events: list[SchedulerEvent] = []
         self.counters: dict[str, int] = {
             "ops_started": 0, "ops_completed": 0, "throttled": 0, "deadline_stops": 0,
@@ -56,9 +59,17 @@ class SchedulerState:
         #: when a set (the shell that persists the scheduler sets it): the jobs whose
         #: records may have changed since the shell last emptied it
         self.changed_jobs: set[str] | None = None
-        #: jobs left quiet by their last reconcile and untouched since: the pass skips
-        #: them (a region's settled jobs cost nothing per pass)
-        self._idle: set[str] = set()
+        #: the jobs the next pass reconciles: every input that may change what a job's
+        #: reconcile does puts it here (a job operation, an agent's report that changes
+        #: a task, a machine change, a controller's answer, a timer due, a token for an
+        #: operation waiting for the rate limit); a job whose reconcile leaves it with
+        #: nothing to do but wait for an input leaves it. The others cost nothing per
+        #: pass (``Scheduler.tick``; a periodic full pass reconciles them all anyway)
+        self._dirty: set[str] = set()
+        #: during a pass: the names still to reconcile in it (a heap) and the one being
+        #: reconciled; a job marked meanwhile that sorts after it joins this pass
+        self._queue: list[str] | None = None
+        self._current = ""
         #: idle jobs with a controller, and when they must be looked at again even
         #: if nothing happens (a re-check due, an answer given up for lost)
         self._wake_at: dict[str, float] = {}
@@ -79,7 +90,10 @@ class SchedulerState:
     def mark(self, job: str) -> None:
         """Something about the job changed: reconcile it on the next pass (and tell a
         shell that persists it)."""
-        self._idle.discard(job)
+        if job not in self._dirty:
+            self._dirty.add(job)
+            if self._queue is not None and job > self._current:
+                heapq.heappush(self._queue, job)
         if self.changed_jobs is not None:
             self.changed_jobs.add(job)
 
@@ -306,7 +320,7 @@ class SchedulerState:
         self.op_started(now, job, rec, op)
         rec.op = op
         job.in_progress.add(rec.index)
-        ref = job.ref(rec.index)
+        ref = op.task  # (the task's TaskRef)
         if rec.state is TaskState.LOST:  # its machine is gone: place it elsewhere now
             assert rec.machine is not None
             job.lost.discard(rec.index)
@@ -331,15 +345,14 @@ class SchedulerState:
             self.unassign(ref, rec.machine)
         rec.machine = machine
         self.touched.add(machine)
-        self.placed.setdefault(machine, set()).add(ref)
-        self.desired.setdefault(machine, {})[ref] = Assignment(
-            job.name, rec.index, rec.spec_version, job.revision(rec.spec_version),
-            job.versions[rec.spec_version - 1], job.cause)
+        machinesets.place(self.placed, machine, ref)
+        machinesets.desire(self.desired, machine, ref,
+                            job.assigned(rec.spec_version))
 
     def unassign(self, ref: TaskRef, machine: int) -> None:
         self.touched.add(machine)
-        self.desired.get(machine, {}).pop(ref, None)
-        self.placed.get(machine, set()).discard(ref)
+        machinesets.undesire(self.desired, machine, ref)
+        machinesets.unplace(self.placed, machine, ref)
 
     def take_out(self, ref: TaskRef, rec: TaskRecord) -> None:
         """Leave the machine's desired set (its agent stops the task); the record
@@ -351,7 +364,7 @@ class SchedulerState:
         rec.endpoint = None
         if rec.machine is not None:
             self.touched.add(rec.machine)
-            self.desired.get(rec.machine, {}).pop(ref, None)
+            machinesets.undesire(self.desired, rec.machine, ref)
 
     def free(self, job: JobRecord, recs: list[TaskRecord]) -> None:
         """Tasks that are gone for good: their allocations go back; an index within

@@ -78,7 +78,7 @@ class AgentGateway:
         does not hold (any more) is refused. Returns the chunks taken."""
         with self.cp.lock:
             m = self.cp.membership.check_owned(machine)
-            placed = self.cp.scheduler.placed.get(m, set())
+            placed = self.cp.scheduler.placed.get(m, ())
             taken = [(job, index, text) for job, index, text in chunks
                      if TaskRef(job, index) in placed]
         for job, index, text in taken:

@@ -1,0 +1,205 @@
+"""A pass reconciles the jobs that changed since the last one (the dirty set), and
+every job on the periodic full pass.
+
+Each kind of input (a job operation, an agent's report, a machine event, a timer or
+deadline due, a TaskControl answer) puts its job in the dirty set, so the next pass
+looks at it although no full pass runs (here the full pass is off unless a test
+turns it on); a settled job nobody touched is not looked at. The full pass runs
+every ``full_pass_every`` passes or ``full_pass_interval`` seconds, and catches a
+change no input reported.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from plait.model import UpdatePolicy
+from plait.model.task import TaskState
+from plait.scheduler import Phase, SchedulerConfig, TaskStatus, settled
+from plait.sim.scenarios import job_spec, world
+from plait.taskcontrol import RemoteController, TaskControlResponse
+from plait.taskcontrol.protocol import ControllerAnswer
+
+NO_FULL_PASS = {"full_pass_every": 0, "full_pass_interval": 0.0}
+
+
+@pytest.fixture
+def looked_at(monkeypatch):
+    """The jobs each pass looked at (every job a pass takes goes through
+    ``settled.no_op`` first), as a list the test clears."""
+    seen: list[str] = []
+    real = settled.no_op
+
+    def spy(job, notice):
+        seen.append(job.name)
+        return real(job, notice)
+
+    monkeypatch.setattr(settled, "no_op", spy)
+    return seen
+
+
+def settled_world(looked_at, controller=None, **config):
+    """A world with jobs ``web`` (3 tasks) and ``db`` (2), both settled: running,
+    serving, nothing left to do, out of the dirty set."""
+    sim = world(machines=12, config=SchedulerConfig(**{**NO_FULL_PASS, **config}))
+    s = sim.scheduler
+    s.create_job(job_spec("web", 3, update=UpdatePolicy(max_unavailable=1)), sim.now,
+                 controller=controller)
+    s.create_job(job_spec("db", 2), sim.now)
+    assert sim.run_until(lambda: len(s.discovery("web")) == 3 and len(s.discovery("db"))
+                         == 2, 300)
+    assert sim.run_until(lambda: not s._dirty, 120)
+    sim.step()
+    looked_at.clear()
+    return sim, s
+
+
+def test_settled_jobs_are_not_looked_at_without_an_input(looked_at):
+    sim, s = settled_world(looked_at)
+    sim.run(30)
+    assert looked_at == []
+    assert s.full_passes == 0
+
+
+@pytest.mark.parametrize("operation", ["update", "resize", "restart", "delete"])
+def test_a_job_operation_is_seen_by_the_next_pass(looked_at, operation):
+    sim, s = settled_world(looked_at)
+    spec = s.job("web").spec
+    if operation == "update":
+        s.update_job(spec.model_copy(update={"args": ("--v2",)}), sim.now)
+    elif operation == "resize":
+        s.resize("web", 5, sim.now)
+    elif operation == "restart":
+        s.restart("web", sim.now, index=1)
+    else:
+        s.delete_job("web", sim.now)
+    assert "web" in s._dirty and "db" not in s._dirty
+    s.tick(sim.now + 1)
+    assert looked_at == ["web"]
+    job = s.jobs.get("web")
+    if operation == "resize":
+        assert job is not None and sum(r.machine is not None for r in job.tasks.values()) == 5
+    elif operation == "delete":
+        assert job is not None and all(r.state is TaskState.STOPPING
+                                       for r in job.tasks.values())
+    else:
+        assert job is not None and len(job.in_progress) == 1  # the first one under way
+
+
+def test_an_agent_report_that_changes_a_task_is_seen_and_one_that_does_not_is_not(looked_at):
+    sim, s = settled_world(looked_at)
+    rec = s.job("web").tasks[0]
+    revision = s.job("web").revision(rec.spec_version)
+    machine = s.fleet.name(rec.machine)
+    s.report(machine, [TaskStatus("web", 0, revision, Phase.RUNNING)], sim.now)
+    assert "web" not in s._dirty  # a heartbeat that changes nothing
+    s.report(machine, [TaskStatus("web", 0, revision, Phase.RUNNING, healthy=False)],
+             sim.now)
+    assert "web" in s._dirty
+    s.tick(sim.now + 1)
+    assert looked_at == ["web"]
+    assert not rec.serving
+
+
+def test_a_machine_failure_is_seen_by_the_next_pass(looked_at):
+    sim, s = settled_world(looked_at)
+    victim = s.job("db").tasks[0].machine
+    sim.fail([s.fleet.name(victim)])
+    sim.step()
+    assert "db" in looked_at
+    assert s.job("db").tasks[0].state in (TaskState.LOST, TaskState.PENDING,
+                                          TaskState.ALLOCATED)
+    assert s.counters["tasks_lost"] >= 1
+
+
+def test_a_maintenance_notice_and_its_deadline_are_seen(looked_at):
+    sim, s = settled_world(looked_at)
+    machine = s.job("db").tasks[1].machine
+    sim.maintenance([s.fleet.name(machine)], sim.now + 5, sim.now + 60)
+    sim.step()
+    assert "db" in looked_at  # under notice: offered a move or a stop
+    assert s.job("db").offers or s.job("db").acked or s.job("db").in_progress
+
+
+class AckNothing:
+    """A controller that acks nothing (the job's operations wait, offered)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def process(self, request):
+        self.calls += 1
+        return TaskControlResponse(())
+
+
+def test_a_controller_recheck_timer_due_is_seen_by_the_pass(looked_at):
+    sim, s = settled_world(looked_at, controller=RemoteController("http://never"),
+                           recheck_interval=10)
+    ctl = sim.remotes["http://never"] = (AckNothing(), 0.0)
+    spec = s.job("web").spec
+    s.update_job(spec.model_copy(update={"args": ("--v2",)}), sim.now)
+    sim.run(3)  # offered, asked, acked nothing: waiting for the re-check
+    assert s.job("web").offers and "web" not in s._dirty and "web" in s._wake_at
+    calls = ctl[0].calls
+    looked_at.clear()
+    sim.run(5)
+    assert "web" not in looked_at  # not due yet
+    sim.run(6)  # the re-check is due 10 s after the last call
+    assert "web" in looked_at
+    assert ctl[0].calls == calls + 1
+
+
+def test_a_taskcontrol_answer_is_seen_by_the_next_pass(looked_at):
+    sim, s = settled_world(looked_at, controller=RemoteController("http://c"))
+    sim.carry_calls = False
+    s.take_calls()
+    s.job("web").in_flight = None
+    spec = s.job("web").spec
+    s.update_job(spec.model_copy(update={"args": ("--v2",)}), sim.now)
+    sim.step()
+    [call] = s.take_calls()
+    sim.step()
+    looked_at.clear()
+    s._dirty.discard("web")  # (only the answer may bring it back)
+    s.answer(ControllerAnswer("web", call.request.sequence_number,
+                              TaskControlResponse((call.request.request[0].op_id,))))
+    assert "web" in s._dirty
+    s.tick(sim.now + 1)
+    assert "web" in looked_at
+    assert len(s.job("web").in_progress) == 1
+
+
+def test_the_full_pass_runs_every_n_passes_and_catches_an_unreported_change(looked_at):
+    sim, s = settled_world(looked_at, full_pass_every=5)
+    full = s.full_passes
+    seen_at = []
+    for _ in range(10):
+        looked_at.clear()
+        s.tick(sim.now)
+        if looked_at:
+            seen_at.append((s.passes, sorted(looked_at)))
+    # only the full passes look at the settled jobs: each of them once
+    assert seen_at == [(p, ["db", "web"]) for p in range(s.passes - 9, s.passes + 1)
+                       if p % 5 == 0]
+    # a change no input reported (as if an input forgot to mark its job)
+    s.job("web").tasks[2].restart = True
+    while s.passes % 5 != 4:
+        s.tick(sim.now)
+        assert s.job("web").tasks[2].op is None  # not seen before the full pass
+    s.tick(sim.now)
+    assert s.job("web").tasks[2].op is not None  # the restart it caught is under way
+    assert s.full_passes == full + 3
+
+
+def test_the_full_pass_runs_every_interval_seconds(looked_at):
+    _sim, s = settled_world(looked_at, full_pass_interval=30.0)
+    full = s.full_passes
+    start = s.full_pass_at
+    times = []
+    for k in range(1, 91):
+        looked_at.clear()
+        s.tick(start + k)
+        if looked_at:
+            times.append(k)
+    assert times == [30, 60, 90]
+    assert s.full_passes == full + 3

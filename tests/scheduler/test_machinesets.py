@@ -1,0 +1,58 @@
+"""Machines' desired and placed sets as tuples read like the dict and set they
+replaced, and a machine with no task left has no entry."""
+
+from __future__ import annotations
+
+from plait.model.task import TaskRef
+from plait.scheduler import Assignment
+from plait.scheduler.machinesets import DesiredSet, desire, place, undesire, unplace
+from plait.scheduler.records import Assigned
+from plait.sim.scenarios import job_spec
+
+SPECS = {"web": job_spec("web", 3), "db": job_spec("db", 3)}
+
+
+def _a(job: str, index: int, version: int = 1) -> Assignment:
+    return Assignment(job, index, version, version, SPECS[job])
+
+
+def _s(job: str, version: int = 1) -> Assigned:
+    return Assigned(job, version, version, SPECS[job])
+
+
+def test_a_desired_set_reads_like_a_dict_keyed_by_task_ref():
+    desired: dict[int, DesiredSet] = {}
+    desire(desired, 7, TaskRef("web", 0), _s("web"))
+    desire(desired, 7, TaskRef("db", 0), _s("db"))
+    desire(desired, 7, TaskRef("web", 1), _s("web"))
+    got = desired[7]
+    assert TaskRef("web", 1) in got and TaskRef("web", 2) not in got and "web" not in got
+    assert got.get(TaskRef("db", 0)) == _a("db", 0) and got.get(TaskRef("db", 1)) is None
+    assert [(r.job, r.index) for r, _ in got.items()] == [("web", 0), ("db", 0), ("web", 1)]
+    assert got.keys() == [TaskRef("web", 0), TaskRef("db", 0), TaskRef("web", 1)]
+    assert len(got) == 3 and list(got.values()) == [_a("web", 0), _a("db", 0), _a("web", 1)]
+    # a new assignment of a task replaces its old one where it was (as a dict does)
+    desire(desired, 7, TaskRef("db", 0), _s("db", 2))
+    assert [a.spec_version for a in desired[7]] == [1, 2, 1]
+    before = desired[7]
+    undesire(desired, 7, TaskRef("db", 0))
+    assert [(a.job, a.index) for a in desired[7]] == [("web", 0), ("web", 1)]
+    assert len(before) == 3  # a set handed out earlier never changes
+    assert desired[7] == DesiredSet((_s("web"), 0, _s("web"), 1))
+    undesire(desired, 7, TaskRef("db", 0))  # (not there: nothing happens)
+    undesire(desired, 7, TaskRef("web", 0))
+    undesire(desired, 7, TaskRef("web", 1))
+    assert 7 not in desired
+
+
+def test_a_placed_set_holds_each_task_once_and_empties_away():
+    placed: dict[int, tuple[TaskRef, ...]] = {}
+    place(placed, 3, TaskRef("web", 0))
+    place(placed, 3, TaskRef("web", 0))
+    place(placed, 3, TaskRef("web", 1))
+    assert placed[3] == (TaskRef("web", 0), TaskRef("web", 1))
+    unplace(placed, 3, TaskRef("web", 0))
+    unplace(placed, 3, TaskRef("web", 5))
+    assert placed[3] == (TaskRef("web", 1),)
+    unplace(placed, 3, TaskRef("web", 1))
+    assert placed == {}
