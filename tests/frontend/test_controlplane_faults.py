@@ -112,3 +112,34 @@ def test_a_dry_run_does_not_show_another_owners_job(live):
     assert r.status_code == 404 and "hunter2" not in r.text  # as if there were no job web
     r = bob.put("/v1/jobs/web", params={"dry_run": "true"}, json=probe)
     assert r.status_code == 404 and "hunter2" not in r.text
+
+
+def test_a_save_that_finds_the_store_ahead_of_memory_reads_the_store_again(tmp_path):
+    """A takeover from a follower's copy that missed the old leader's last writes holds
+    records older than the store's: its save is refused (nothing written), and the next
+    pass reads everything from the store and goes on, instead of failing for ever."""
+    import time
+
+    import pytest
+
+    from plait.errors import Conflict
+
+    cp = plane(tmp_path)
+
+    def passes_until(done, seconds=30.0):
+        end = time.monotonic() + seconds  # (a liveness bound: simulated agents start late)
+        while not done() and time.monotonic() < end:
+            cp.loop.step()
+            time.sleep(0.02)
+        return done()
+
+    cp.commands.create_job(SPEC)
+    assert passes_until(lambda: cp.views.job_view("web")["settled"])
+    value, version = cp.store.get("/scheduler/state/web")
+    cp.store.set("/scheduler/state/web", value, version)  # written by another leader
+    cp.commands.resize_job("web", 3)
+    with pytest.raises(Conflict):
+        cp.loop.step()  # the save meets the newer record: nothing of this pass is kept
+    assert passes_until(lambda: len(cp.scheduler.job("web").tasks) == 3
+                        and cp.views.job_view("web")["settled"])
+    cp.store.close()

@@ -38,6 +38,12 @@ class WarmRecords:
         #: keys read by the last refresh
         self.last_read = 0
 
+    def forget(self) -> None:
+        """Read every record at the next refresh (the copy was found behind the store:
+        a change whose watch never fired)."""
+        with self._lock:
+            self._all = True
+
     def _changed(self, path: str) -> None:
         with self._lock:
             self._dirty.add(path)

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from plait import logconfig, tracing
-from plait.errors import NotFound, TransientError
+from plait.errors import Conflict, NotFound, TransientError
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.scheduler.scheduler import STAGES
 
@@ -69,7 +69,8 @@ class Loop:
         with self.cp.lock, self.timer as stage:
             now = self.cp.clock()
             phase("membership")
-            if self.cp.membership.stale:  # a handoff's rebuild failed: read everything again
+            if self.cp.membership.stale:  # a handoff's rebuild failed, or a save found the
+                # stored records other than this memory of them: read everything again
                 self.cp.build(now)
                 self.cp.membership.stale = False
                 self.cp.steps = 0
@@ -137,7 +138,17 @@ class Loop:
             changed = None if changed is None else set(changed)
             tracing.idle(not events and changed == set())
             phase("save", changed_jobs=-1 if changed is None else len(changed))
-            self.cp.persist.save(self.cp.allocator)
+            try:
+                self.cp.persist.save(self.cp.allocator)
+            except Conflict:
+                # the stored records are not the versions this control plane holds (a
+                # takeover from a follower's copy that missed the old leader's last
+                # writes): its memory is stale, so nothing of it is written; the next
+                # pass reads everything from the store again and goes on from that
+                self.cp.membership.stale = True
+                if self.cp.warm is not None:
+                    self.cp.warm.forget()
+                raise
             phase("publish")
             self.cp.views.publish(changed)
             if self.cp.steps % self.cp.config.resync_passes == 0 and self.cp.steps:

@@ -201,7 +201,8 @@ class Membership:
                     f"/allocator/entitlements/{entitlement}"):
                 raise TransientError(f"entitlement {entitlement!r} has not reached scheduler "
                                      f"shard {self.cp.config.shard} yet: retry")
-            self.cp.persist.save(self.cp.allocator)
+            with contextlib.suppress(Conflict):  # (this memory is stale: the store's
+                self.cp.persist.save(self.cp.allocator)  # records are read below)
             self.cp.build(now)
             self.cp.gen_base = int(time.time() * 1000)
             self.cp.generation.clear()
