@@ -55,6 +55,15 @@ def lapsed(rec: TaskRecord, now: float, grace: float) -> bool:
             and rec.state is TaskState.RUNNING and now - rec.unhealthy_since < grace)
 
 
+def down_tasks(job: JobRecord) -> set[int]:
+    """The indices of the job's tasks that are down (``is_down``, inlined: a loop over
+    every task of the job), within its count or beyond it."""
+    running, finished = TaskState.RUNNING, FINISHED
+    return {r.index for r in job.tasks.values()
+            if not (r.serving and r.healthy and r.state is running)
+            and r.state not in finished}
+
+
 def unavailable(job: JobRecord) -> int:
     """The job's tasks within its count that are down."""
     count = job.spec.task_count
