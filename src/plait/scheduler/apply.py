@@ -10,7 +10,6 @@ the allocator, which commits with optimistic concurrency).
 from __future__ import annotations
 
 import heapq
-from operator import itemgetter
 
 from plait.model.task import TaskRef
 from plait.scheduler import acks as acking
@@ -40,14 +39,15 @@ def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> N
         return
     tasks, offers, serials, target = job.tasks, job.offers, job.serials, job.target
     serial = job.op_counter
-    dirty = bool(plan.offers)
-    if all(map(itemgetter(1), plan.offers)):  # (new offers only: in bulk)
-        offers.update(plan.offers)
-        serials.update(zip(map(itemgetter(0), plan.offers),
-                           range(serial + 1, serial + 1 + len(plan.offers)), strict=True))
-        serial += len(plan.offers)
+    offered, wants = plan.offered, plan.wants
+    dirty = bool(offered)
+    if all(wants):  # (new offers only: in bulk)
+        offers.update(zip(offered, wants, strict=True))
+        serials.update(zip(offered, range(serial + 1, serial + 1 + len(offered)),
+                           strict=True))
+        serial += len(offered)
     else:
-        for index, want in plan.offers:
+        for index, want in zip(offered, wants, strict=True):
             if want:
                 serial += 1
                 offers[index] = want

@@ -3,7 +3,8 @@
 A pass can raise thousands of events (a 15,000-task update starts 1,500 operations,
 each with its ``op_started`` event); a frozen ``SchedulerEvent`` of eleven fields
 costs more to make than the rest of starting its operation. The pass appends a
-tuple of the event's fields instead (the machine as its index), and each row becomes
+tuple of the event's fields instead (the machine as its index, an operation's
+message left to be made), and each row becomes
 a ``SchedulerEvent`` the first time it is read: by the shell that drains them after
 the pass, a test, the simulator's summary. Reading is the list's (iteration,
 indexing, slicing, ``len``); so is emptying it (``events[:] = []``, ``del
@@ -18,8 +19,10 @@ from typing import overload
 from plait.scheduler.records import SchedulerEvent
 
 #: a ``SchedulerEvent``'s fields in order, the machine as its region-wide index:
-#: (time, job, kind, message, task, machine, op, reason, decision, actor, request)
-Row = tuple[float, str, str, str, int | None, int | None, str | None, str | None,
+#: (time, job, kind, message, task, machine, op, reason, decision, actor, request);
+#: a task's event may leave its message to be made when read (None): "task {task}:
+#: {op} ({reason})", as an operation's start reads
+Row = tuple[float, str, str, str | None, int | None, int | None, str | None, str | None,
             str | None, str | None, str | None]
 
 
@@ -44,6 +47,8 @@ class EventRows(MutableSequence[SchedulerEvent]):
             return entry  # type: ignore[return-value]
         (at, job, kind, message, task, machine, op, reason, decision, actor,
          request) = entry
+        if message is None:
+            message = f"task {task}: {op} ({reason})"
         event = SchedulerEvent(at, job, kind, message, task,
                                None if machine is None else self._name(machine), op,
                                reason, decision, actor, request)

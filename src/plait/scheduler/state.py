@@ -117,32 +117,6 @@ class SchedulerState:
                        machine=rec.machine, op=op, reason=reason, decision=decision,
                        cause=cause)
 
-    def op_started(self, now: float, job: JobRecord, rec: TaskRecord, op: TaskOp,
-                   forced: str | None = None) -> None:
-        """A task-level event (``task_event``): the operation started."""
-        if not self.task_events:
-            return
-        chart = chart_op(op)
-        if forced is not None:
-            decision = forced
-        elif job.controller is not None:
-            decision = "acked by the job's TaskController"
-        else:
-            decision = "approved by the scheduler (no TaskController), within max_unavailable"
-        # an operation that carries out a user's change names its request (not one
-        # forced by a machine's failure or a maintenance)
-        caused = chart not in ("failure", "maintenance")
-        # (``event``, inlined: a 15,000-task update starts 1,500 operations a pass)
-        index, name, reason = rec.index, job.name, op.reason
-        self.mark(name)
-        actor, request = self.acting
-        rows = self.events.rows
-        rows.append((now, name, "op_started", f"task {index}: {chart} ({reason})", index,
-                     rec.machine, chart, reason, decision, actor,
-                     request or (job.cause if caused else None)))
-        if len(rows) > 2 * self.event_limit:
-            del rows[: len(rows) - self.event_limit]
-
     # -- the task lifecycle ------------------------------------------------------------------
     def transition(self, rec: TaskRecord, event: Event) -> bool:
         nxt = advance(rec.state, event)
@@ -325,7 +299,26 @@ class SchedulerState:
         """Carry out an acked operation: the task leaves discovery and its machine's
         desired set (a lost one is placed elsewhere at once)."""
         self.counters["ops_started"] += 1
-        self.op_started(now, job, rec, op)
+        if self.task_events:  # (a task-level event, ``task_event``, inlined)
+            chart = chart_op(op)
+            if job.controller is not None:
+                decision = "acked by the job's TaskController"
+            else:
+                decision = ("approved by the scheduler (no TaskController), within "
+                            "max_unavailable")
+            # an operation that carries out a user's change names its request (not one
+            # forced by a machine's failure or a maintenance)
+            caused = chart not in ("failure", "maintenance")
+            name = job.name
+            self.mark(name)
+            actor, request = self.acting
+            rows = self.events.rows
+            # (the message, "task {index}: {chart} ({reason})", is made when it is read)
+            rows.append((now, name, "op_started", None, rec.index, rec.machine, chart,
+                         op.reason, decision, actor,
+                         request or (job.cause if caused else None)))
+            if len(rows) > 2 * self.event_limit:
+                del rows[: len(rows) - self.event_limit]
         rec.op = op
         job.in_progress.add(rec.index)
         ref = op.task  # (the task's TaskRef)

@@ -45,7 +45,7 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
     maintenance: dict[str, Wanted] = {}
     none: Wanted = ()
     offers, versions = job.offers, job.versions
-    changed = plan.offers
+    offered, wants = plan.offered.append, plan.wants.append
     # one pass over the tasks, with everything it touches in locals: this loop is
     # most of the cost of planning a 15,000-task update
     pending, lost, finished = TaskState.PENDING, TaskState.LOST, FINISHED
@@ -111,7 +111,9 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
         have = offers.get(i) if offers else None
         if have is None:
             if wanted:
-                changed.append((i, wanted))
+                offered(i)
+                wants(wanted)
         elif have is not wanted and have != wanted:
-            changed.append((i, wanted))
+            offered(i)
+            wants(wanted)
     return plan
