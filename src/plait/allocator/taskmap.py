@@ -147,12 +147,13 @@ class MachineMap(_Slots[int]):
 class CodedMap(_Slots[V]):
     """Task index -> one of a few distinct values (hashable), 2 bytes a task."""
 
-    __slots__ = ("_codes", "_table")
+    __slots__ = ("_table",)
 
     def __init__(self, items: Iterable[tuple[int, V]] = ()) -> None:
         super().__init__("h")
+        #: the distinct values, a code's at its position (a job's few: looked up by
+        #: a scan, not a dict per job)
         self._table: list[V] = []
-        self._codes: dict[V, int] = {}
         if items:
             self.update(items)
 
@@ -160,11 +161,12 @@ class CodedMap(_Slots[V]):
         return self._table[code]
 
     def _encode(self, value: V) -> int:
-        code = self._codes.get(value)
-        if code is None:
-            code = self._codes[value] = len(self._table)
-            self._table.append(value)
-        return code
+        table = self._table
+        for code, have in enumerate(table):
+            if have == value:
+                return code
+        table.append(value)
+        return len(table) - 1
 
     def values(self) -> list[V]:  # type: ignore[override]
         table = self._table

@@ -19,7 +19,7 @@ from plait.model.task import TaskRef, TaskState
 from plait.scheduler import machinesets
 from plait.scheduler.eventrows import EventRows
 from plait.scheduler.lifecycle import Event, advance
-from plait.scheduler.machinesets import DesiredSet
+from plait.scheduler.machinesets import DesiredSet, PlacedSet
 from plait.scheduler.plans import DELETE, FAILURE, KIND, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
 from plait.scheduler.records import JobRecord, TaskRecord
@@ -44,7 +44,7 @@ class SchedulerState:
         #: per machine: the tasks its agent must run
         self.desired: dict[int, DesiredSet] = {}
         #: per machine: the tasks whose record names it (desired or stopping)
-        self.placed: dict[int, tuple[TaskRef, ...]] = {}
+        self.placed: dict[int, PlacedSet] = {}
         #: what happened, oldest first (each kept as a row until it is read)
         self.events = EventRows(lambda machine: self.fleet.name(machine))
         self.counters: dict[str, int] = {
