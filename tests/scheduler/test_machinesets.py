@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from plait.model.task import TaskRef
 from plait.scheduler import Assignment
-from plait.scheduler.machinesets import DesiredSet, desire, place, undesire, unplace
+from plait.scheduler.machinesets import DesiredSet, PlacedSet, desire, place, undesire, unplace
 from plait.scheduler.records import Assigned
 from plait.sim.scenarios import job_spec
 
@@ -46,11 +46,15 @@ def test_a_desired_set_reads_like_a_dict_keyed_by_task_ref():
 
 
 def test_a_placed_set_holds_each_task_once_and_empties_away():
-    placed: dict[int, tuple[TaskRef, ...]] = {}
+    placed: dict[int, PlacedSet] = {}
     place(placed, 3, TaskRef("web", 0))
     place(placed, 3, TaskRef("web", 0))
     place(placed, 3, TaskRef("web", 1))
     assert placed[3] == (TaskRef("web", 0), TaskRef("web", 1))
+    assert list(placed[3]) == [TaskRef("web", 0), TaskRef("web", 1)] == placed[3].refs()
+    assert TaskRef("web", 1) in placed[3] and TaskRef("web", 2) not in placed[3]
+    assert len(placed[3]) == 2
+    assert tuple.__len__(placed[3]) == 4  # flat (job, index) pairs, no TaskRef kept
     unplace(placed, 3, TaskRef("web", 0))
     unplace(placed, 3, TaskRef("web", 5))
     assert placed[3] == (TaskRef("web", 1),)

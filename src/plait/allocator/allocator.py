@@ -221,8 +221,8 @@ class Allocator:
             ix.add_tasks(uniq, cnt)
             job.placement.update(plan.assign)
             assigned = list(map(itemgetter(0), plan.assign))
-            job.units.update(dict.fromkeys(assigned, need))
-            job.ents.update(dict.fromkeys(assigned, plan.ent_code))
+            job.units.fill(assigned, need)
+            job.ents.fill(assigned, plan.ent_code)
         released: list[int] = []
         for m in sorted(emptied):
             if ix.tasks[m] == 0 and ix.ent[m] != FREE:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -36,6 +36,7 @@ import numpy as np
 from plait.allocator.index import MachineIndex
 from plait.allocator.policy import STACK_KEY, TYPE_KEY, CompiledPolicy
 from plait.allocator.request import AllocationRequest, TaskOp
+from plait.allocator.taskmap import CodedMap, MachineMap
 from plait.model.entitlement import Quota
 
 NO_MACHINE = "no machine satisfies the hard requirements with room for the task"
@@ -49,10 +50,11 @@ class JobState:
     #: the entitlement of the latest request (a job moving between entitlements
     #: has tasks in both until every task has moved)
     entitlement: int
-    placement: dict[int, int] = field(default_factory=dict)
-    units: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-    #: the entitlement each task's machine was taken in
-    ents: dict[int, int] = field(default_factory=dict)
+    #: per task (arrays indexed by task: ``taskmap``): its machine, the units it
+    #: holds there, and the entitlement its machine was taken in
+    placement: MachineMap = field(default_factory=MachineMap)
+    units: CodedMap[tuple[int, int, int]] = field(default_factory=CodedMap)
+    ents: CodedMap[int] = field(default_factory=CodedMap)
 
 
 @dataclass(slots=True)
@@ -86,7 +88,7 @@ def propose(
 ) -> Plan:
     """Decide a placement for ``request``. Pure: reads the index, writes nothing."""
     plan = Plan(request, cp, cp.ent_code, snapshot=(index, index.changes))
-    placement: dict[int, int] = {}
+    placement: Mapping[int, int] = {}
     to_place: list[int] = []
     if job is None:  # a new job: nothing to keep, free or move
         allocate = TaskOp.ALLOCATE
@@ -117,7 +119,7 @@ def propose(
     return plan
 
 
-def _enforce_max_per_machine(cap: int, placement: dict[int, int], plan: Plan,
+def _enforce_max_per_machine(cap: int, placement: Mapping[int, int], plan: Plan,
                              to_place: list[int]) -> None:
     """Tasks kept on a machine that holds more of the job than the policy's cap
     (the policy changed) are moved, the highest indices first."""
@@ -170,7 +172,7 @@ class _Placer:
     """
 
     def __init__(self, index: MachineIndex, cp: CompiledPolicy, quota: Quota,
-                 placement: dict[int, int], plan: Plan) -> None:
+                 placement: Mapping[int, int], plan: Plan) -> None:
         self.ix, self.cp, self.plan = index, cp, plan
         self.layout = cp.layout
         if placement:

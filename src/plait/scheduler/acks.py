@@ -16,29 +16,27 @@ from __future__ import annotations
 
 import bisect
 
-from plait.model.task import TaskState
 from plait.model.topology import Fleet
-from plait.scheduler.lifecycle import FINISHED
-from plait.scheduler.plans import FAILURE, lapsed, offered_ops
+from plait.scheduler.plans import FAILURE, down_tasks, lapsed, offered_ops
 from plait.scheduler.records import JobRecord
 from plait.taskcontrol.protocol import OpKind, TaskControlRequest, TaskControlResponse, TaskOp
 
 
-def builtin_acks(job: JobRecord, now: float) -> list[int]:
+def builtin_acks(job: JobRecord, now: float, down: set[int] | None = None) -> list[int]:
     """The tasks whose (first) offered operation the built-in policy acks now, in
     task order. Taking down a task that serves costs one of max_unavailable; so does
     one that was serving and has failed its probe for less than
     ``serving_grace_seconds`` (it is down already, so only while the job is within
-    its cap); tasks long unhealthy, exited, lost or beyond the count are free."""
+    its cap); tasks long unhealthy, exited, lost or beyond the count are free.
+    ``down``: ``plans.down_tasks(job)``, when the caller has it."""
     if not job.offers:
         return []
     count = job.spec.task_count
     cap = job.spec.update.resolve(count)
     grace = job.spec.update.serving_grace_seconds
     tasks = job.tasks
-    running, finished = TaskState.RUNNING, FINISHED
-    down = {i for i, r in tasks.items() if r.state not in finished and (
-        r.state is not running or not r.healthy or not r.serving)}
+    if down is None:
+        down = down_tasks(job)
     budget = (1 if cap is None else cap) - sum(1 for i in down if i < count) - sum(
         1 for op in job.acked.values() if op.task.index not in down)
     free_all = job.deleting

@@ -10,11 +10,17 @@ the allocator, which commits with optimistic concurrency).
 from __future__ import annotations
 
 import heapq
-from operator import itemgetter
 
+from plait.model.task import TaskRef
 from plait.scheduler import acks as acking
 from plait.scheduler.lifecycle import Event
-from plait.scheduler.plans import ExecutionPlan, PlacementPlan, WantedPlan, first_offered_op
+from plait.scheduler.plans import (
+    KIND,
+    ExecutionPlan,
+    PlacementPlan,
+    WantedPlan,
+    first_offered_op,
+)
 from plait.scheduler.records import JobRecord
 from plait.scheduler.state import SchedulerState
 from plait.taskcontrol.protocol import (
@@ -33,14 +39,15 @@ def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> N
         return
     tasks, offers, serials, target = job.tasks, job.offers, job.serials, job.target
     serial = job.op_counter
-    dirty = bool(plan.offers)
-    if all(want for _, want in plan.offers):  # (new offers only: in bulk)
-        offers.update(plan.offers)
-        serials.update(zip(map(itemgetter(0), plan.offers),
-                           range(serial + 1, serial + 1 + len(plan.offers)), strict=True))
-        serial += len(plan.offers)
+    offered, wants = plan.offered, plan.wants
+    dirty = bool(offered)
+    if all(wants):  # (new offers only: in bulk)
+        offers.update(zip(offered, wants, strict=True))
+        serials.update(zip(offered, range(serial + 1, serial + 1 + len(offered)),
+                           strict=True))
+        serial += len(offered)
     else:
-        for index, want in plan.offers:
+        for index, want in zip(offered, wants, strict=True):
             if want:
                 serial += 1
                 offers[index] = want
@@ -88,9 +95,16 @@ def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> N
 def acks(s: SchedulerState, job: JobRecord, indices: list[int]) -> None:
     """Ack the first offered operation of each task (a move before a stop, of a
     maintenance pair)."""
-    fleet = s.fleet
+    # (``first_offered_op`` and ``s.ack``, inlined: a 15,000-task update acks 1,500)
+    name, machine_name = job.name, s.fleet.name
+    offers, serials, acked, tasks = job.offers, job.serials, job.acked, job.tasks
     for index in indices:
-        s.ack(job, first_offered_op(job, index, fleet))
+        kind, reason = offers.pop(index)[0]
+        machine = tasks[index].machine
+        op = TaskOp(f"{name}/{index}/{KIND[kind]}/{serials.pop(index)}",
+                    TaskRef(name, index), kind, reason,
+                    None if machine is None else machine_name(machine))
+        acked[op.op_id] = op
 
 
 def failure_deadline(s: SchedulerState, job: JobRecord, indices: list[int], deadline: float,
@@ -151,20 +165,25 @@ def execution(s: SchedulerState, job: JobRecord, plan: ExecutionPlan, now: float
     """Start the planned operations (each takes a token) and drop the obsolete ones,
     in task order; report a wait for the rate limit once, when it begins."""
     controller = job.controller is not None
-    steps: list[tuple[TaskOp, bool | None]] = list(heapq.merge(
-        ((op, None) for op in plan.obsolete), plan.start, key=lambda step: step[0].task.index))
+    steps: list[tuple[TaskOp, bool | None]]
+    if plan.obsolete:
+        steps = list(heapq.merge(((op, None) for op in plan.obsolete), plan.start,
+                                 key=lambda step: step[0].task.index))
+    else:
+        steps = plan.start  # type: ignore[assignment]
+    taken = s.bucket.take_many(len(plan.start), now)  # (each start takes one)
+    assert taken, "the execution plan started more operations than there were tokens"
+    acked, tasks, start_op = job.acked, job.tasks, s.start_op
     for op, costs in steps:
-        del job.acked[op.op_id]
+        del acked[op.op_id]
         if costs is None:
             if controller:
                 job.completed.append(op)  # over without being carried out
                 job.dirty = True
             continue
-        taken = s.bucket.take(now)
-        assert taken, "the execution plan started more operations than there were tokens"
-        rec = job.tasks[op.task.index]
+        rec = tasks[op.task.index]
         rec.op_costly = costs
-        s.start_op(job, rec, op, now)
+        start_op(job, rec, op, now)
     if plan.throttled:
         s.counters["throttled"] += 1
         if not job.throttled:  # once when it starts waiting, not on every pass

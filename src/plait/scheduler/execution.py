@@ -11,6 +11,8 @@ machine's desired set).
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from plait.model.task import TaskState
 from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import (
@@ -24,6 +26,9 @@ from plait.scheduler.plans import (
 )
 from plait.scheduler.records import JobRecord, TaskRecord
 from plait.taskcontrol.protocol import OpKind, TaskOp
+
+#: an operation's task index (the sort key of acked operations)
+_task_index = attrgetter("task.index")
 
 
 def still_applies(job: JobRecord, rec: TaskRecord, op: TaskOp) -> bool:
@@ -39,11 +44,13 @@ def still_applies(job: JobRecord, rec: TaskRecord, op: TaskOp) -> bool:
     return True
 
 
-def plan_execution(job: JobRecord, tokens: int, now: float) -> ExecutionPlan:
+def plan_execution(job: JobRecord, tokens: int, now: float,
+                   down_now: set[int] | None = None) -> ExecutionPlan:
     """The job's acked operations to start with at most ``tokens`` starts, in task
     order, and those that no longer apply. An operation on a task that serves waits
     while the job is at its cap; one on a task that was serving and fails its probe
-    (``plans.lapsed``) waits while the job is past it."""
+    (``plans.lapsed``) waits while the job is past it. ``down_now``:
+    ``plans.down_tasks(job)``, when the caller has it."""
     plan = ExecutionPlan()
     if not job.acked:
         return plan
@@ -53,14 +60,16 @@ def plan_execution(job: JobRecord, tokens: int, now: float) -> ExecutionPlan:
     if cap is None and job.controller is None:
         cap = 1
     down = 0
-    if cap is not None:  # (``is_down``, inlined: this loop reads every task of the job)
+    if cap is not None and down_now is not None:
+        down = sum(1 for i in down_now if i < count)
+    elif cap is not None:  # (``is_down``, inlined: this loop reads every task of the job)
         running, finished = TaskState.RUNNING, FINISHED
         for r in job.tasks.values():
             state = r.state
             if r.index < count and state not in finished and (
                     state is not running or not r.healthy or not r.serving):
                 down += 1
-    for op in sorted(job.acked.values(), key=lambda o: o.task.index):
+    for op in sorted(job.acked.values(), key=_task_index):
         rec = job.tasks.get(op.task.index)
         if rec is None or rec.op is not None or not still_applies(job, rec, op):
             plan.obsolete.append(op)

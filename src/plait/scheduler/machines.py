@@ -16,6 +16,7 @@ from plait.model.events import EventKind
 from plait.model.machine import MachineState
 from plait.model.task import TaskRef, TaskState
 from plait.scheduler.lifecycle import Event
+from plait.scheduler.machinesets import NOTHING_PLACED
 from plait.scheduler.plans import DELETE, RESIZE
 from plait.scheduler.state import SchedulerState
 from plait.scheduler.wanted import Notice
@@ -29,7 +30,7 @@ def on_changes(s: SchedulerState, now: float) -> None:
         if change.kind is not ChangeKind.STATE:
             continue
         m = change.machine
-        refs = list(s.placed.get(m, ()))
+        refs = s.placed.get(m, NOTHING_PLACED).refs()
         if change.state is MachineState.FAILED:
             for ref in refs:
                 lose(s, ref, now)
@@ -107,7 +108,7 @@ def maintenance(s: SchedulerState, now: float) -> Notice:
                 notice.setdefault(m, (ev.id, ev.start, ev.end))
             continue
         for m in machines:  # deadline reached: stop what still runs
-            for ref in list(s.placed.get(m, ())):
+            for ref in s.placed.get(m, NOTHING_PLACED).refs():
                 deadline_stop(s, ref, ev.id, now)
     for event_id in [e for e in s.parked if e not in live]:
         for ref in s.parked.pop(event_id):

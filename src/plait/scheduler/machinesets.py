@@ -10,7 +10,9 @@ even for one task, plus 96 bytes of ``Assignment`` per task. Here:
   so a task costs 16 bytes of it; it reads like the dict it replaces (``in``,
   ``get``, ``values``, ``items``, ``len``, iteration), making each ``Assignment``
   as it is read (agents read their sets, the pass only writes them);
-* a placed set is a plain tuple of ``TaskRef`` (``in``, iteration).
+* a ``PlacedSet`` is one flat tuple ``(job, index, job, index, ...)`` (16 bytes a
+  task, not a 48-byte ``TaskRef``), read like a tuple of ``TaskRef`` (``in``,
+  iteration, ``len``).
 
 A machine holds few tasks, so a look-up is a short scan, and a change builds a new
 tuple (one handed out earlier, to an agent's long-poll, never changes). A machine
@@ -108,18 +110,68 @@ def undesire(desired: dict[int, DesiredSet], machine: int, ref: TaskRef) -> None
         del desired[machine]
 
 
-def place(placed: dict[int, tuple[TaskRef, ...]], machine: int, ref: TaskRef) -> None:
-    have = placed.get(machine, ())
-    if ref not in have:
-        placed[machine] = (*have, ref)
+class PlacedSet(tuple[object, ...]):
+    """A machine's placed set: ``(job, index, ...)``, in the order the tasks were
+    placed, read like a tuple of ``TaskRef`` (each made as it is read)."""
+
+    __slots__ = ()
+
+    def _find(self, job: str, index: int) -> int:
+        """The position of the task's pair, or -1."""
+        get = tuple.__getitem__
+        for k in range(0, tuple.__len__(self), 2):
+            if get(self, k + 1) == index and get(self, k) == job:
+                return k
+        return -1
+
+    def __contains__(self, ref: object) -> bool:
+        return isinstance(ref, TaskRef) and self._find(ref.job, ref.index) >= 0
+
+    def __len__(self) -> int:
+        return tuple.__len__(self) // 2
+
+    def __iter__(self) -> Iterator[TaskRef]:
+        raw = tuple.__iter__(self)
+        for job in raw:
+            yield TaskRef(cast(str, job), cast(int, next(raw)))
+
+    def refs(self) -> list[TaskRef]:
+        """The tasks, as a list (a copy: safe to change the set while going through)."""
+        return list(self.__iter__())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, tuple):
+            return tuple(iter(self)) == tuple(iter(other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(iter(self)))
+
+    def __repr__(self) -> str:
+        return f"PlacedSet({list(self)!r})"
 
 
-def unplace(placed: dict[int, tuple[TaskRef, ...]], machine: int, ref: TaskRef) -> None:
+#: a machine with nothing placed (the default of ``placed.get``)
+NOTHING_PLACED = PlacedSet()
+
+
+def place(placed: dict[int, PlacedSet], machine: int, ref: TaskRef) -> None:
     have = placed.get(machine)
-    if not have or ref not in have:
+    if not have:
+        placed[machine] = PlacedSet((ref.job, ref.index))
+    elif have._find(ref.job, ref.index) < 0:
+        placed[machine] = PlacedSet((*tuple.__iter__(have), ref.job, ref.index))
+
+
+def unplace(placed: dict[int, PlacedSet], machine: int, ref: TaskRef) -> None:
+    have = placed.get(machine)
+    if not have:
         return
-    if len(have) > 1:
-        k = have.index(ref)
-        placed[machine] = (*have[:k], *have[k + 1:])
+    k = have._find(ref.job, ref.index)
+    if k < 0:
+        return
+    if tuple.__len__(have) > 2:
+        cut = tuple.__getitem__
+        placed[machine] = PlacedSet(cut(have, slice(None, k)) + cut(have, slice(k + 2, None)))
     else:
         del placed[machine]

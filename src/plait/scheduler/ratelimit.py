@@ -26,3 +26,15 @@ class TokenBucket:
             self.taken += 1
             return True
         return False
+
+    def take_many(self, count: int, now: float) -> bool:
+        """Take ``count`` tokens at once, or none if there are fewer (the same tokens
+        left as ``count`` single takes: whole tokens come off a float exactly)."""
+        if not count:
+            return True
+        self.refill(now)
+        if self.tokens < count:
+            return False
+        self.tokens -= count
+        self.taken += count
+        return True

@@ -20,7 +20,7 @@ def not_ready(job: JobRecord, now: float) -> list[int]:
         return []
     timeout = job.spec.update.ready_timeout_seconds
     target, running = job.target, TaskState.RUNNING
-    return sorted([i for i, r in job.tasks.items()
-                   if r.state is running and not r.healthy and r.spec_version == target
+    return sorted([r.index for r in job.tasks.values()
+                   if not r.healthy and r.state is running and r.spec_version == target
                    and r.unhealthy_since is not None and now - r.unhealthy_since >= timeout
-                   and i not in job.failed_tasks])
+                   and r.index not in job.failed_tasks])

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from plait.model.task import TaskRef, TaskState
 from plait.scheduler.lifecycle import Event
+from plait.scheduler.machinesets import NOTHING_PLACED
 from plait.scheduler.records import Phase, TaskStatus
 from plait.scheduler.state import SchedulerState
 
@@ -56,7 +57,7 @@ def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now:
         elif phase is Phase.EXITED:
             s.exited(job, rec, now, st.killed)
     # a task this machine was stopping and no longer has is stopped
-    for ref in list(s.placed.get(machine, ())):
+    for ref in s.placed.get(machine, NOTHING_PLACED).refs():
         if ref in seen:
             continue
         job = jobs.get(ref.job)

@@ -61,7 +61,7 @@ from plait.scheduler import (
     settled,
 )
 from plait.scheduler.lifecycle import FINISHED
-from plait.scheduler.plans import LIVE, to_target, unavailable
+from plait.scheduler.plans import LIVE, down_tasks, to_target, unavailable
 from plait.scheduler.records import (
     SEQUENCE_BLOCK,
     Assignment,
@@ -585,15 +585,19 @@ class Scheduler(SchedulerState):
                                  f"{job.spec.update.ready_timeout_seconds:g}s", now)
         apply.wanted(self, job, plan_wanted(job, notice, now), now)
         self.stage("acks")
+        # the tasks down: acks and the failure deadline change no task's state, so
+        # the built-in policy's count holds for execution too (one loop, not two)
+        down: set[int] | None = None
         if job.controller is not None and not job.deleting:
             self._ask_controller(job, job.controller, notice, now)
-        else:
-            apply.acks(self, job, acks.builtin_acks(job, now))
+        elif job.offers:
+            down = down_tasks(job)
+            apply.acks(self, job, acks.builtin_acks(job, now, down))
         deadline = self.config.failure_deadline
         apply.failure_deadline(self, job, acks.failure_deadline_acks(job, now, deadline),
                                deadline, now)
         self.stage("execution")
-        plan = execution.plan_execution(job, int(self.bucket.tokens), now)
+        plan = execution.plan_execution(job, int(self.bucket.tokens), now, down)
         apply.execution(self, job, plan, now)
         self.stage("placement")
         apply.placement(self, job, placement.plan_placement(job), now)

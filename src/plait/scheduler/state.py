@@ -17,15 +17,12 @@ from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange
 from plait.model.task import TaskRef, TaskState
 from plait.scheduler import machinesets
+from plait.scheduler.eventrows import EventRows
 from plait.scheduler.lifecycle import Event, advance
-from plait.scheduler.machinesets import DesiredSet
-from plait.scheduler.plans import DELETE, FAILURE, RESIZE, to_target
+from plait.scheduler.machinesets import DesiredSet, PlacedSet
+from plait.scheduler.plans import DELETE, FAILURE, KIND, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
-from plait.scheduler.records import (
-    JobRecord,
-    SchedulerEvent,
-    TaskRecord,
-)
+from plait.scheduler.records import JobRecord, TaskRecord
 from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall, OpKind, TaskOp
 
 
@@ -47,8 +44,9 @@ class SchedulerState:
         #: per machine: the tasks its agent must run
         self.desired: dict[int, DesiredSet] = {}
         #: per machine: the tasks whose record names it (desired or stopping)
-        self.placed: dict[int, tuple[TaskRef, ...]] = {}
-        self.events: list[SchedulerEvent] = []
+        self.placed: dict[int, PlacedSet] = {}
+        #: what happened, oldest first (each kept as a row until it is read)
+        self.events = EventRows(lambda machine: self.fleet.name(machine))
         self.counters: dict[str, int] = {
             "ops_started": 0, "ops_completed": 0, "throttled": 0, "deadline_stops": 0,
             "failure_deadline_moves": 0, "controller_errors": 0, "controller_calls": 0,
@@ -103,12 +101,12 @@ class SchedulerState:
               cause: str | None = None) -> None:
         """``cause``: the request that caused it, when not the one being applied."""
         self.mark(job)
-        where = None if machine is None else self.fleet.name(machine)
         actor, request = self.acting
-        self.events.append(SchedulerEvent(now, job, kind, message, task, where, op, reason,
-                                          decision, actor, request or cause))
-        if len(self.events) > 2 * self.event_limit:  # (trimmed now and then, not per event)
-            del self.events[: len(self.events) - self.event_limit]
+        rows = self.events.rows
+        rows.append((now, job, kind, message, task, machine, op, reason, decision, actor,
+                     request or cause))
+        if len(rows) > 2 * self.event_limit:  # (trimmed now and then, not per event)
+            del rows[: len(rows) - self.event_limit]
 
     def task_event(self, now: float, job: JobRecord, rec: TaskRecord, kind: str,
                    message: str, op: str | None = None, reason: str | None = None,
@@ -118,22 +116,6 @@ class SchedulerState:
             self.event(now, job.name, kind, f"task {rec.index}: {message}", task=rec.index,
                        machine=rec.machine, op=op, reason=reason, decision=decision,
                        cause=cause)
-
-    def op_started(self, now: float, job: JobRecord, rec: TaskRecord, op: TaskOp,
-                   forced: str | None = None) -> None:
-        chart = chart_op(op)
-        if forced is not None:
-            decision = forced
-        elif job.controller is not None:
-            decision = "acked by the job's TaskController"
-        else:
-            decision = "approved by the scheduler (no TaskController), within max_unavailable"
-        # an operation that carries out a user's change names its request (not one
-        # forced by a machine's failure or a maintenance)
-        caused = chart not in ("failure", "maintenance")
-        self.task_event(now, job, rec, "op_started", f"{chart} ({op.reason})", op=chart,
-                        reason=op.reason, decision=decision,
-                        cause=job.cause if caused else None)
 
     # -- the task lifecycle ------------------------------------------------------------------
     def transition(self, rec: TaskRecord, event: Event) -> bool:
@@ -317,7 +299,26 @@ class SchedulerState:
         """Carry out an acked operation: the task leaves discovery and its machine's
         desired set (a lost one is placed elsewhere at once)."""
         self.counters["ops_started"] += 1
-        self.op_started(now, job, rec, op)
+        if self.task_events:  # (a task-level event, ``task_event``, inlined)
+            chart = chart_op(op)
+            if job.controller is not None:
+                decision = "acked by the job's TaskController"
+            else:
+                decision = ("approved by the scheduler (no TaskController), within "
+                            "max_unavailable")
+            # an operation that carries out a user's change names its request (not one
+            # forced by a machine's failure or a maintenance)
+            caused = chart not in ("failure", "maintenance")
+            name = job.name
+            self.mark(name)
+            actor, request = self.acting
+            rows = self.events.rows
+            # (the message, "task {index}: {chart} ({reason})", is made when it is read)
+            rows.append((now, name, "op_started", None, rec.index, rec.machine, chart,
+                         op.reason, decision, actor,
+                         request or (job.cause if caused else None)))
+            if len(rows) > 2 * self.event_limit:
+                del rows[: len(rows) - self.event_limit]
         rec.op = op
         job.in_progress.add(rec.index)
         ref = op.task  # (the task's TaskRef)
@@ -336,7 +337,9 @@ class SchedulerState:
             self.stopped(job, rec, now)
             return
         self.take_out(ref, rec)
-        self.transition(rec, Event.STOP)
+        stopping = advance(rec.state, Event.STOP)  # (``transition``, inlined)
+        if stopping is not None:
+            rec.state = stopping
 
     # -- machines' desired sets --------------------------------------------------------------
     def assign(self, job: JobRecord, rec: TaskRecord, machine: int) -> None:
@@ -397,4 +400,4 @@ def chart_op(op: TaskOp) -> str:
         return "stop" if op.reason in (RESIZE, DELETE) else "maintenance"
     if op.kind is OpKind.MOVE and op.reason == FAILURE:
         return "failure"
-    return op.kind.value
+    return KIND[op.kind]  # (its value: a dict look-up, not the enum's property)

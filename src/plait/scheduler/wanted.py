@@ -37,13 +37,15 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
     restart: Wanted = ((OpKind.RESTART, RESTART),)
     update: Wanted = ((OpKind.UPDATE, f"update to version {target}"),)
     relocate: Wanted = ((OpKind.MOVE, f"{RELOCATE}{job.entitlement}"),)
-    #: per version: the operation that brings a task of it to the target (an update,
-    #: or a move for a version of another entitlement); finished tasks need none
+    #: per version: the operation that brings a running task of it to the target (an
+    #: update, or a move for a version of another entitlement; none while the rollout
+    #: is halted), or ``retag`` when the two run the same way (a resize only)
     to_target: dict[int, Wanted] = {}
+    retag: Wanted = ((OpKind.UPDATE, "retag"),)  # (a marker, never offered)
     maintenance: dict[str, Wanted] = {}
     none: Wanted = ()
     offers, versions = job.offers, job.versions
-    changed = plan.offers
+    offered, wants = plan.offered.append, plan.wants.append
     # one pass over the tasks, with everything it touches in locals: this loop is
     # most of the cost of planning a 15,000-task update
     pending, lost, finished = TaskState.PENDING, TaskState.LOST, FINISHED
@@ -89,25 +91,29 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
                 now - rec.unhealthy_since >= live_after):
             plan.liveness.append(i)  # restarted from the next pass, like a restart
         elif rec.spec_version != target:
-            same = runtime_same.get(rec.spec_version)
-            if same is None:
-                same = runtime_same[rec.spec_version] = same_runtime(
-                    versions[rec.spec_version - 1], spec)
-            if same:
+            version = rec.spec_version
+            wanted = to_target.get(version)  # type: ignore[assignment]
+            if wanted is None:
+                same = runtime_same.get(version)
+                if same is None:
+                    same = runtime_same[version] = same_runtime(versions[version - 1], spec)
+                wanted = to_target[version] = (
+                    retag if same else none if halted else relocate
+                    if versions[version - 1].entitlement != spec.entitlement else update)
+            if wanted is retag:
                 plan.retag.append(i)  # a resize only: nothing to restart
-            elif not halted:
-                wanted = to_target.get(rec.spec_version) or to_target.setdefault(
-                    rec.spec_version, relocate if versions[
-                        rec.spec_version - 1].entitlement != spec.entitlement else update)
+                wanted = none
         if notice and not wanted and rec.machine is not None and rec.machine in notice:
             event_id = notice[rec.machine][0]
             wanted = maintenance.get(event_id) or maintenance.setdefault(
                 event_id, ((OpKind.MOVE, f"maintenance {event_id}"),
                            (OpKind.STOP, f"maintenance {event_id}")))
-        have = offers.get(i)
+        have = offers.get(i) if offers else None
         if have is None:
             if wanted:
-                changed.append((i, wanted))
+                offered(i)
+                wants(wanted)
         elif have is not wanted and have != wanted:
-            changed.append((i, wanted))
+            offered(i)
+            wants(wanted)
     return plan
