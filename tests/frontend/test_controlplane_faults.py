@@ -60,8 +60,9 @@ def test_a_stalled_loop_makes_healthz_fail(tmp_path):
     with ApiServer(cp) as server:
         anon = httpx.Client(base_url=server.url)
         wait_for(lambda: anon.get("/healthz").json()["ok"])
-        cp.last_step = -1e9  # as if no pass had ended for ages
-        r = anon.get("/healthz")
+        with cp.lock:  # the loop is stalled: no pass can end while this is held
+            cp.last_step = -1e9  # as if no pass had ended for ages
+            r = anon.get("/healthz")
         assert r.status_code == 503 and "no pass finished" in r.json()["status"]
         assert token
     cp.store.close()
