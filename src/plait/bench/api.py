@@ -91,6 +91,25 @@ def _host_busy_seconds() -> float | None:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, what: str,
+                 log_tail: Callable[[], str]) -> None:
+    """Wait until the process started at ``url`` answers /healthz with a 200; an error
+    with its log's tail if it exits first or does not answer within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} at start:\n{log_tail()}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not answer /healthz on {url} within "
+                               f"{timeout:g}s:\n{log_tail()}")
+        time.sleep(0.05)
+
+
 def _worth(line: str) -> bool:
     """A line of the server's log that is more than information: a warning or an
     error, or text that is not a log line (a traceback)."""
@@ -149,20 +168,7 @@ class Server:
         with open(self.dir / "server.log", "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"plait serve exited with {self.proc.returncode} at start:\n"
-                                   f"{self._log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"plait serve did not answer /healthz on {self.url} within "
-                                   f"{self.start_timeout:g}s:\n{self._log_tail()}")
-            time.sleep(0.05)
+        wait_healthy(self.proc, self.url, self.start_timeout, "plait serve", self._log_tail)
         self.token = (data / "admin-token").read_text().strip()
         return self
 

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from plait.bench.api import Connection, HttpError, Server, _cpu_seconds, _ready
+from plait.bench.api import Connection, HttpError, Server, _cpu_seconds, _ready, wait_healthy
 from plait.errors import ValidationError
 
 #: the job every request creates (the name is filled in per request): one task of 1 cpu
@@ -75,20 +75,9 @@ class FrontEnd:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"plait frontend exited with {self.proc.returncode}:\n"
-                                   f"{self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"plait frontend not healthy on {self.url} within "
-                                   f"{self.start_timeout:g}s")
-            time.sleep(0.05)
+        wait_healthy(self.proc, self.url, self.start_timeout, "plait frontend",
+                     lambda: self.log_path.read_text()[-2000:])
+        return self
 
     def cpu_seconds(self) -> float | None:
         return None if self.proc is None else _cpu_seconds(self.proc.pid)
