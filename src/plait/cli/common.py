@@ -17,7 +17,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -151,6 +151,30 @@ class Columns:
     def end(self) -> None:
         if not self.started:
             self.add([])
+
+
+Pages = Iterable[tuple[list[Any], str | None]]
+
+
+def gathered(pages: Pages) -> tuple[list[Any], str | None]:
+    """Every item of ``pages`` and the last page's continue token."""
+    found: list[Any] = []
+    token = None
+    for items, nxt in pages:
+        found.extend(items)
+        token = nxt
+    return found, token
+
+
+def tabulated(pages: Pages, columns: list[str], row: Callable[[Any], list[Any]]) -> str | None:
+    """Print ``pages`` as one table, each page as it comes; the last page's token."""
+    table = Columns(columns)
+    token = None
+    for items, nxt in pages:
+        table.add([row(item) for item in items])
+        token = nxt
+    table.end()
+    return token
 
 
 def load_documents(path: Path) -> list[dict[str, Any]]:

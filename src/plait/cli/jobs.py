@@ -11,7 +11,6 @@ import typer
 
 from plait.cli.client import EXIT_FAILED, EXIT_INVALID, Api, CliError, q
 from plait.cli.common import (
-    Columns,
     Output,
     Timeout,
     Wait,
@@ -19,6 +18,7 @@ from plait.cli.common import (
     api,
     emit,
     err,
+    gathered,
     guarded,
     job_spec_from,
     kv_table,
@@ -26,6 +26,7 @@ from plait.cli.common import (
     out,
     rows,
     say,
+    tabulated,
 )
 from plait.client.client import PAGE
 from plait.client.status import JOB_STATES, job_status
@@ -198,19 +199,11 @@ def job_list(entitlement: Annotated[str | None, typer.Option()] = None,
     pages = api().pages("/v1/jobs", "jobs", limit or PAGE, continue_, one=limit is not None,
                         entitlement=entitlement, state=state)
     if output == "json":
-        found: list[Any] = []
-        token = None
-        for jobs, nxt in pages:
-            found, token = found + jobs, nxt
+        found, token = gathered(pages)
         print(json.dumps({"jobs": found, **({"continue": token} if limit else {})},
                          indent=2, sort_keys=True))
         return
-    table = Columns(JOB_COLUMNS)
-    token = None
-    for jobs, nxt in pages:
-        table.add([_job_row(j) for j in jobs])
-        token = nxt
-    table.end()
+    token = tabulated(pages, JOB_COLUMNS, _job_row)
     if limit is not None and token:
         say(f"more: plait job list --limit {limit} --continue {token}")
 

@@ -9,17 +9,18 @@ import typer
 
 from plait.cli.client import q
 from plait.cli.common import (
-    Columns,
     Output,
     api,
     emit,
     err,
+    gathered,
     guarded,
     kv_table,
     out,
     parse_duration,
     rows,
     say,
+    tabulated,
 )
 
 # -- machines ------------------------------------------------------------------------------
@@ -56,18 +57,10 @@ def machine_list(state: Annotated[str | None, typer.Option()] = None,
         pages = a.pages("/v1/machines", "machines", limit, continue_, one=not all_,
                         state=state, entitlement=entitlement)
         if output == "json":
-            found: list[Any] = []
-            token = None
-            for ms, nxt in pages:
-                found, token = found + ms, nxt
+            found, token = gathered(pages)
             emit({"machines": found, "continue": token}, output, lambda d: None)
             return
-        table = Columns(MACHINE_COLUMNS)
-        token = None
-        for ms, nxt in pages:
-            table.add([_machine_row(m) for m in ms])
-            token = nxt
-        table.end()
+        token = tabulated(pages, MACHINE_COLUMNS, _machine_row)
         if token:
             say(f"more: plait machine list --continue {token}")
         return
