@@ -110,6 +110,19 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, what: 
         time.sleep(0.05)
 
 
+def terminate(proc: subprocess.Popen[bytes], grace: float) -> str:
+    """Stop a running process: SIGTERM, then SIGKILL after ``grace`` seconds; which
+    one stopped it ("sigterm" or "kill")."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+        return "sigterm"
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return "kill"
+
+
 def _worth(line: str) -> bool:
     """A line of the server's log that is more than information: a warning or an
     error, or text that is not a log line (a traceback)."""
@@ -186,14 +199,7 @@ class Server:
     def stop(self) -> None:
         proc = self.proc
         if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            self.stopped_by = "sigterm"
-            try:
-                proc.wait(self.grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                self.stopped_by = "kill"
+            self.stopped_by = terminate(proc, self.grace)
         if proc is not None:
             self.exit_code = proc.returncode
         # what the server said beyond its info lines (warnings, tracebacks)

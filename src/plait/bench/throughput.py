@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -45,7 +44,15 @@ from typing import Any
 import httpx
 import numpy as np
 
-from plait.bench.api import Connection, HttpError, Server, _cpu_seconds, _ready, wait_healthy
+from plait.bench.api import (
+    Connection,
+    HttpError,
+    Server,
+    _cpu_seconds,
+    _ready,
+    terminate,
+    wait_healthy,
+)
 from plait.errors import ValidationError
 
 #: the job every request creates (the name is filled in per request): one task of 1 cpu
@@ -85,12 +92,7 @@ class FrontEnd:
     def stop(self) -> None:
         proc = self.proc
         if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(self.grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            terminate(proc, self.grace)
 
 
 # -- a client process ---------------------------------------------------------------------------
