@@ -126,3 +126,39 @@ def test_a_probe_that_may_change_health_wakes_the_agent():
     finally:
         prober.close()
         server.close()
+
+
+def test_an_http_probe_judges_the_status_line_and_never_reads_an_endless_body():
+    """A task answering 200 and then a body that never ends passes at once: the agent
+    reads no body (its size and its time are the task's, not the agent's)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+        while not stop.is_set():
+            try:
+                conn.sendall(b"x")  # a byte now and then, for ever
+            except OSError:
+                break
+            stop.wait(0.5)
+        conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        verdict = []
+        probe = threading.Thread(target=lambda: verdict.append(
+            http_probe("127.0.0.1", listener.getsockname()[1], "/", 2.0)), daemon=True)
+        probe.start()
+        probe.join(30)  # a liveness bound
+        assert verdict == [True]
+    finally:
+        stop.set()
+        listener.close()

@@ -43,18 +43,18 @@ def http_probe(host: str, port: int, path: str, timeout: float) -> bool:
     ``timeout`` (per connect, send and read). A new connection each time, as a new
     client's (a kept one could pass while the task accepts no new ones), and no
     client set up per probe: no TLS context, no proxy lookup, no redirect followed
-    (a 3xx passes, as a 2xx)."""
+    (a 3xx passes, as a 2xx). The verdict is the status line: the body is not read
+    (a task's answer of any size, or one that never ends, costs the agent nothing)."""
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", path, headers={"Connection": "close",
                                            "User-Agent": "plait-agent-probe"})
-        r = conn.getresponse()
-        r.read()
+        status = conn.getresponse().status
     except Exception:  # any failure (refused, timed out, not HTTP) fails it
         return False
     finally:
         conn.close()
-    return 200 <= r.status < 400
+    return 200 <= status < 400
 
 
 def command_probe(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> bool:
