@@ -68,7 +68,7 @@ def lose(s: SchedulerState, ref: TaskRef, now: float) -> None:
         rec.state = TaskState.LOST
         rec.parked = None
         rec.lost_since = now
-        job.lost.add(rec.index)
+        job.add_lost(rec.index)
         s.drop_acked(job, rec.index)
         s.cancel_pending(job, rec.index)
         s.counters["tasks_lost"] += 1
@@ -77,7 +77,7 @@ def lose(s: SchedulerState, ref: TaskRef, now: float) -> None:
         s.complete(job, rec)  # whatever was under way is over: it is down now
     s.drop_acked(job, rec.index)
     if s.transition(rec, Event.LOST):
-        job.lost.add(rec.index)
+        job.add_lost(rec.index)
         rec.serving = False
         rec.healthy = False
         rec.unhealthy_since, rec.served = None, False

@@ -309,9 +309,9 @@ class Scheduler(SchedulerState):
         wanted = set(desired)
         for rec in job.tasks.values():
             if rec.op is not None:
-                job.in_progress.add(rec.index)
+                job.add_in_progress(rec.index)
             if rec.state is TaskState.LOST:
-                job.lost.add(rec.index)
+                job.add_lost(rec.index)
             if rec.parked is not None:
                 self.parked.setdefault(rec.parked, set()).add(job.ref(rec.index))
             if rec.machine is None:

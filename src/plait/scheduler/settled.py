@@ -44,7 +44,8 @@ def no_op(job: JobRecord, notice: Notice) -> bool:
     for r in tasks.values():
         state = r.state
         if (r.op is not None or r.spec_version != target or r.restart
-                or r.unhealthy_since is not None or r.index >= count
+                or (r.apart is not None and r.apart.unhealthy_since is not None)
+                or r.index >= count
                 or state not in live or (state is running and not r.healthy)):
             return False
     if notice:

@@ -188,7 +188,7 @@ class SchedulerState:
         halt the rollout."""
         if index in job.failed_tasks:
             return
-        job.failed_tasks.add(index)
+        job.add_failed(index)
         job.rollout_failures = len(job.failed_tasks)
         job.dirty = True
         self.event(now, job.name, "task_not_ready",
@@ -320,7 +320,7 @@ class SchedulerState:
             if len(rows) > 2 * self.event_limit:
                 del rows[: len(rows) - self.event_limit]
         rec.op = op
-        job.in_progress.add(rec.index)
+        job.add_in_progress(rec.index)
         ref = op.task  # (the task's TaskRef)
         if rec.state is TaskState.LOST:  # its machine is gone: place it elsewhere now
             assert rec.machine is not None

@@ -83,7 +83,7 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
             continue
         elif state is lost:
             wanted = move
-        elif rec.parked is not None or state is pending:
+        elif (rec.apart is not None and rec.apart.parked is not None) or state is pending:
             pass
         elif rec.restart:
             wanted = restart
