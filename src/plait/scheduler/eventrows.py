@@ -18,10 +18,21 @@ from typing import overload
 
 from plait.scheduler.records import SchedulerEvent
 
+class TaskMessage(str):
+    """A task event's message without its "task {task}: " prefix, added when its row
+    is read: a region's shards hold hundreds of thousands of task events between
+    drains, a few distinct messages among them, so a row shares its message (one per
+    distinct text, ``SchedulerState.task_event``) rather than holding a string of its
+    own."""
+
+    __slots__ = ()
+
+
 #: a ``SchedulerEvent``'s fields in order, the machine as its region-wide index:
 #: (time, job, kind, message, task, machine, op, reason, decision, actor, request);
-#: a task's event may leave its message to be made when read (None): "task {task}:
-#: {op} ({reason})", as an operation's start reads
+#: a task's event may leave its message to be made when read: None for "task {task}:
+#: {op} ({reason})", as an operation's start reads, or a ``TaskMessage`` for "task
+#: {task}: {message}"
 Row = tuple[float, str, str, str | None, int | None, int | None, str | None, str | None,
             str | None, str | None, str | None]
 
@@ -49,6 +60,8 @@ class EventRows(MutableSequence[SchedulerEvent]):
          request) = entry
         if message is None:
             message = f"task {task}: {op} ({reason})"
+        elif type(message) is TaskMessage:
+            message = f"task {task}: {message}"
         event = SchedulerEvent(at, job, kind, message, task,
                                None if machine is None else self._name(machine), op,
                                reason, decision, actor, request)

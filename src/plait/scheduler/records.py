@@ -319,14 +319,18 @@ class JobRecord:
     cause: str | None = None
     #: indices of tasks with an operation in progress
     in_progress: set[int] = field(default_factory=_no_tasks)
-    _revisions: dict[int, int] = field(default_factory=dict)
-    #: (target, {version: runs the same way as the target}), kept across reconciles
-    _same: tuple[int, dict[int, bool]] = (0, {})
+    #: per version, its revision (``revision``; None while none is kept: an empty
+    #: dict costs 64 bytes a job)
+    _revisions: dict[int, int] | None = None
+    #: the target ``_same`` is for, and {version: runs the same way as it}, kept across
+    #: reconciles
+    _same_target: int = 0
+    _same: dict[int, bool] | None = None
     #: per version, the ``Assigned`` its tasks' assignments share (``assigned``): the
     #: first version asked for in ``_assigned_first``, any other in ``_assigned`` (a
     #: one-entry dict costs 232 bytes, and most jobs have one version)
     _assigned_first: Assigned | None = None
-    _assigned: dict[int, Assigned] = field(default_factory=dict)
+    _assigned: dict[int, Assigned] | None = None
 
     def add_lost(self, index: int) -> None:
         if self.lost is NO_TASKS:
@@ -345,14 +349,17 @@ class JobRecord:
 
     def revision(self, version: int) -> int:
         """The first version that runs the same way as ``version``."""
-        found = self._revisions.get(version)
+        kept = self._revisions
+        found = None if kept is None else kept.get(version)
         if found is None:
             if version == 1:  # (always its own: not kept, most jobs have no other)
                 return 1
             spec = self.versions[version - 1]
             found = next((v for v in range(1, version)
                           if same_runtime(self.versions[v - 1], spec)), version)
-            self._revisions[version] = found
+            if kept is None:
+                kept = self._revisions = {}
+            kept[version] = found
         return found
 
     def assigned(self, version: int) -> Assigned:
@@ -361,7 +368,7 @@ class JobRecord:
         spec, cause = self.versions[version - 1], self.cause
         first = self._assigned_first
         mine = first is None or first.spec_version == version
-        have = first if mine else self._assigned.get(version)
+        have = first if mine else (self._assigned or {}).get(version)
         if have is not None and have.spec is spec and have.cause == cause and (
                 have.revision == self.revision(version)):
             return have
@@ -369,20 +376,26 @@ class JobRecord:
         if mine:
             self._assigned_first = have
         else:
+            if self._assigned is None:
+                self._assigned = {}
             self._assigned[version] = have
         return have
 
     def pin_revision(self, version: int, revision: int) -> None:
         """Take ``version``'s revision from the job's record (which keeps it when the
         versions it was computed from are trimmed) rather than computing it."""
+        if self._revisions is None:
+            self._revisions = {}
         self._revisions[version] = revision
 
     def same_as(self, target: int) -> dict[int, bool]:
         """Per version, whether it runs the same way as ``target`` (filled in by the
         caller; versions never change, so it holds until the target does)."""
-        if self._same[0] != target:
-            self._same = (target, {})
-        return self._same[1]
+        same = self._same
+        if same is None or self._same_target != target:
+            self._same_target, same = target, {}
+            self._same = same
+        return same
 
     @property
     def spec(self) -> JobSpec:

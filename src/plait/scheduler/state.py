@@ -17,13 +17,17 @@ from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange
 from plait.model.task import TaskRef, TaskState
 from plait.scheduler import machinesets
-from plait.scheduler.eventrows import EventRows
+from plait.scheduler.eventrows import EventRows, TaskMessage
 from plait.scheduler.lifecycle import Event, advance
 from plait.scheduler.machinesets import DesiredSet, PlacedSet
 from plait.scheduler.plans import DELETE, FAILURE, KIND, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
 from plait.scheduler.records import JobRecord, TaskRecord
 from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall, OpKind, TaskOp
+
+#: distinct task-event messages kept at most (``task_event``; a message naming
+#: something unbounded starts the table afresh now and then)
+TASK_MESSAGES = 4096
 
 
 class SchedulerState:
@@ -83,6 +87,8 @@ class SchedulerState:
         #: the answers it handed back, applied by the next pass
         self.outbox: list[ControllerCall] = []
         self._answers: dict[str, ControllerAnswer] = {}
+        #: the distinct messages of task events, each once (``task_event``)
+        self._task_messages: dict[str, TaskMessage] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def mark(self, job: str) -> None:
@@ -113,7 +119,14 @@ class SchedulerState:
                    decision: str | None = None, cause: str | None = None) -> None:
         """A task-level event (what a job's ops chart draws), when they are on."""
         if self.task_events:
-            self.event(now, job.name, kind, f"task {rec.index}: {message}", task=rec.index,
+            # (the row shares its message, "task {index}: " prepended when it is read)
+            texts = self._task_messages
+            text = texts.get(message)
+            if text is None:
+                if len(texts) >= TASK_MESSAGES:
+                    texts.clear()
+                text = texts[message] = TaskMessage(message)
+            self.event(now, job.name, kind, text, task=rec.index,
                        machine=rec.machine, op=op, reason=reason, decision=decision,
                        cause=cause)
 
