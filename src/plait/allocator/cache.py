@@ -8,55 +8,74 @@ job's tasks changed since (each machine's generation in the index), so a hit is
 always a placement the allocator would keep anyway.
 
 The cache holds a request per job: in a full region that is every task of every
-job, two million (task, operation) pairs. The copy it keeps shares its pairs with
-the other entries' (one tuple per distinct pair), so a kept task costs a reference
-rather than a tuple of its own. The result is kept as one array of 32-bit rows
-(tasks, machines, and each machine's generation when stored: 12 bytes a task, one
-object per entry) and made into an ``AllocationResult`` again on a hit; keeping the
-result object, its two tuples and two arrays cost about 16 bytes a task more and a
-few hundred bytes a job (a region holds seventy thousand entries).
+job, two million (task, operation) pairs, and a result per job. An entry keeps
+both in one array of 32-bit numbers: the result's tasks, their machines and the
+machines' generations when it was stored, then the request's tasks, each as ``2 *
+index`` (allocate) or ``2 * index + 1`` (free); 16 bytes a task and one object
+per entry (with the request's other fields, shared with the job's other requests).
+A request is compared with it in that form, and a hit's ``AllocationResult`` made
+from it. Keeping the request and result objects themselves, their tuples and two
+arrays cost about 20 bytes a task and 500 a job more (a region holds seventy
+thousand entries).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 import numpy.typing as npt
 
 from plait.allocator.request import AllocationRequest, AllocationResult, TaskOp
+from plait.model.policy import AllocationPolicy
+from plait.model.resources import Resources
 from plait.model.topology import Fleet
 
-#: distinct (task, operation) pairs shared at most (task indices are below a job's
-#: task count, so a region's jobs seldom need more than a few tens of thousands)
-SHARED_PAIRS = 1 << 18
+_is_free = TaskOp.FREE.__eq__
+
+
+def _asked(tasks: tuple[tuple[int, TaskOp], ...]) -> npt.NDArray[np.uint32]:
+    """A request's (index, operation) pairs as an entry keeps them."""
+    n = len(tasks)
+    index = np.fromiter(map(itemgetter(0), tasks), np.uint32, n)
+    free = np.fromiter(map(_is_free, map(itemgetter(1), tasks)), np.uint32, n)
+    return index * np.uint32(2) + free
 
 
 @dataclass(slots=True)
 class _Entry:
-    request: AllocationRequest
-    #: rows: the result's tasks, their machines, the machines' generations when stored
-    rows: npt.NDArray[np.uint32]
+    entitlement: str
+    resources: Resources
+    policy: AllocationPolicy
     fleet: Fleet | None
+    #: how many tasks the result placed (the first three runs of ``data``)
+    placed: int
+    #: the result's tasks, their machines, the machines' generations when stored,
+    #: then the request's tasks (``_asked``)
+    data: npt.NDArray[np.uint32]
 
 
 class AllocationCache:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
-        self._pairs: dict[tuple[int, TaskOp], tuple[int, TaskOp]] = {}
         self.hits = 0
         self.misses = 0
 
     def lookup(self, request: AllocationRequest,
                gen: npt.NDArray[np.uint32]) -> AllocationResult | None:
         entry = self._entries.get(request.job)
-        if entry is not None and entry.request == request:
-            tasks, machines, gens = entry.rows
-            if np.array_equal(gen[machines], gens):
+        if (entry is not None and entry.entitlement == request.entitlement
+                and entry.resources == request.resources and entry.policy == request.policy
+                and entry.data.size - 3 * entry.placed == len(request.tasks)):
+            n, data = entry.placed, entry.data
+            machines = data[n:2 * n]
+            if (np.array_equal(gen[machines], data[2 * n:3 * n])
+                    and np.array_equal(data[3 * n:], _asked(request.tasks))):
                 self.hits += 1
                 # a repeat does nothing new: it reports the placement, not the claims
                 return AllocationResult(request.job, request.entitlement,
-                                        tuple(tasks.tolist()), tuple(machines.tolist()),
+                                        tuple(data[:n].tolist()), tuple(machines.tolist()),
                                         cached=True, attempts=0, fleet=entry.fleet)
         self.misses += 1
         return None
@@ -64,16 +83,13 @@ class AllocationCache:
     def store(self, request: AllocationRequest, result: AllocationResult,
               gen: npt.NDArray[np.uint32]) -> None:
         n = len(result.machines)
-        rows = np.empty((3, n), np.uint32)
-        rows[0] = np.fromiter(result.tasks, np.uint32, n)
-        rows[1] = np.fromiter(result.machines, np.uint32, n)
-        rows[2] = gen[rows[1]]
-        pairs = self._pairs
-        if len(pairs) + len(request.tasks) <= SHARED_PAIRS:
-            tasks = tuple(map(pairs.setdefault, request.tasks, request.tasks))
-            request = AllocationRequest(request.job, request.entitlement, request.resources,
-                                        tasks, request.policy)
-        self._entries[request.job] = _Entry(request, rows, result.fleet)
+        data = np.empty(3 * n + len(request.tasks), np.uint32)
+        data[:n] = np.fromiter(result.tasks, np.uint32, n)
+        data[n:2 * n] = np.fromiter(result.machines, np.uint32, n)
+        data[2 * n:3 * n] = gen[data[n:2 * n]]
+        data[3 * n:] = _asked(request.tasks)
+        self._entries[request.job] = _Entry(request.entitlement, request.resources,
+                                            request.policy, result.fleet, n, data)
 
     def drop(self, job: str) -> None:
         self._entries.pop(job, None)
