@@ -45,3 +45,14 @@ def test_draining_and_trimming_work_like_a_list():
     del events[:2]
     assert [e.kind for e in events] == ["deleting"]
     assert events == [SchedulerEvent(3.0, "web", "deleting", "stopping 2 tasks")]
+
+
+def test_a_task_message_is_prefixed_with_its_task_when_read():
+    from plait.scheduler.eventrows import TaskMessage
+    events = EventRows(lambda machine: f"m{machine}")
+    shared = TaskMessage("serving version 1")
+    for task in (3, 4):
+        events.add((1.0, "web", "task_ready", shared, task, 2, None, None, None, None, None))
+    assert [e.message for e in events] == ["task 3: serving version 1",
+                                           "task 4: serving version 1"]
+    assert all(type(e.message) is str for e in events)

@@ -18,6 +18,7 @@ from typing import overload
 
 from plait.scheduler.records import SchedulerEvent
 
+
 class TaskMessage(str):
     """A task event's message without its "task {task}: " prefix, added when its row
     is read: a region's shards hold hundreds of thousands of task events between

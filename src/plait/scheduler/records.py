@@ -99,7 +99,7 @@ class _Apart:
     """The fields of a ``TaskRecord`` that are seldom anything but their default,
     kept apart: a record holds one of these only while one of them is set."""
 
-    __slots__ = ("parked", "lost_since", "exit_code", "unhealthy_since", "served")
+    __slots__ = ("exit_code", "lost_since", "parked", "served", "unhealthy_since")
 
     def __init__(self) -> None:
         self.parked: str | None = None
@@ -147,21 +147,48 @@ class TaskRecord:
     Passes over every task test ``apart is None`` first where they read them.
     """
 
-    __slots__ = ("index", "spec_version", "state", "machine", "serving", "healthy", "op",
-                 "op_costly", "restart", "healthy_since", "endpoint", "apart")
+    __slots__ = (
+        "apart",
+        "endpoint",
+        "healthy",
+        "healthy_since",
+        "index",
+        "machine",
+        "op",
+        "op_costly",
+        "restart",
+        "serving",
+        "spec_version",
+        "state",
+    )
 
     if TYPE_CHECKING:
         #: id of the maintenance event it is parked for (stopped, restarts after)
-        parked: str | None
-        lost_since: float | None
+        @property
+        def parked(self) -> str | None: ...
+        @parked.setter
+        def parked(self, value: str | None) -> None: ...
+        @property
+        def lost_since(self) -> float | None: ...
+        @lost_since.setter
+        def lost_since(self, value: float | None) -> None: ...
         #: the exit code of a finished batch task
-        exit_code: int | None
+        @property
+        def exit_code(self) -> int | None: ...
+        @exit_code.setter
+        def exit_code(self, value: int | None) -> None: ...
         #: running and failing its health probe since then (or never passed it since
         #: it started running)
-        unhealthy_since: float | None
+        @property
+        def unhealthy_since(self) -> float | None: ...
+        @unhealthy_since.setter
+        def unhealthy_since(self, value: float | None) -> None: ...
         #: it was serving when it began failing its probe (so it still counts as
         #: serving, for max_unavailable, for ``serving_grace_seconds``)
-        served: bool
+        @property
+        def served(self) -> bool: ...
+        @served.setter
+        def served(self, value: bool) -> None: ...
     else:
         parked = _kept_apart("parked", None)
         lost_since = _kept_apart("lost_since", None)
@@ -254,7 +281,7 @@ class _NoTasks(set[int]):
     def _shared(self, *args: object) -> NoReturn:
         raise TypeError("the shared empty task set is never changed: use JobRecord.add_*")
 
-    add = update = __ior__ = __ixor__ = _shared  # type: ignore[assignment]
+    add = update = __ior__ = __ixor__ = _shared
 
 
 #: the shared empty task set (``_NoTasks``)
