@@ -51,8 +51,9 @@ def lapsed(rec: TaskRecord, now: float, grace: float) -> bool:
     """Serving until it began failing its probe less than ``grace`` seconds ago: down
     now, yet max_unavailable still counts it as serving (it may recover by itself: a
     leader election), so a planned operation takes it down only within the cap."""
-    return (rec.served and rec.unhealthy_since is not None
-            and rec.state is TaskState.RUNNING and now - rec.unhealthy_since < grace)
+    apart = rec.apart  # (both fields are kept apart: None while neither is set)
+    return (apart is not None and apart.served and apart.unhealthy_since is not None
+            and rec.state is TaskState.RUNNING and now - apart.unhealthy_since < grace)
 
 
 def down_tasks(job: JobRecord) -> set[int]:

@@ -22,7 +22,7 @@ from plait.scheduler.lifecycle import Event, advance
 from plait.scheduler.machinesets import DesiredSet, PlacedSet
 from plait.scheduler.plans import DELETE, FAILURE, KIND, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
-from plait.scheduler.records import JobRecord, TaskRecord
+from plait.scheduler.records import NO_TASKS, JobRecord, TaskRecord
 from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall, OpKind, TaskOp
 
 #: distinct task-event messages kept at most (``task_event``; a message naming
@@ -333,7 +333,9 @@ class SchedulerState:
             if len(rows) > 2 * self.event_limit:
                 del rows[: len(rows) - self.event_limit]
         rec.op = op
-        job.add_in_progress(rec.index)
+        if job.in_progress is NO_TASKS:  # (``JobRecord.add_in_progress``, inlined)
+            job.in_progress = set()
+        job.in_progress.add(rec.index)
         ref = op.task  # (the task's TaskRef)
         if rec.state is TaskState.LOST:  # its machine is gone: place it elsewhere now
             assert rec.machine is not None
@@ -376,7 +378,8 @@ class SchedulerState:
         rec.serving = False
         rec.healthy = False
         rec.healthy_since = None
-        rec.unhealthy_since, rec.served = None, False
+        if rec.apart is not None:  # (both are kept apart: unset while it has none)
+            rec.unhealthy_since, rec.served = None, False
         rec.endpoint = None
         if rec.machine is not None:
             self.touched.add(rec.machine)
