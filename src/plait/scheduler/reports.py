@@ -46,7 +46,8 @@ def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now:
             if st.healthy and not rec.healthy:
                 rec.healthy_since = now
             if st.healthy:
-                rec.unhealthy_since, rec.served = None, False
+                if rec.apart is not None:  # (both are kept apart: unset while it has none)
+                    rec.unhealthy_since, rec.served = None, False
             elif rec.unhealthy_since is None and rec.state is TaskState.RUNNING:
                 rec.unhealthy_since = now  # failing its probe (or not passed it yet)
                 rec.served = rec.serving
