@@ -29,7 +29,7 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
     spec = job.spec
     count = 0 if job.deleting else spec.task_count
     target = job.target
-    runtime_same = job.same_as(target)
+    runtime_same: dict[int, bool] | None = None  # (``job.same_as``, when first needed)
     acked_tasks = {op.task.index for op in job.acked.values()}
     # the wanted tuples are shared, so "unchanged" is a cheap comparison
     stop: Wanted = ((OpKind.STOP, DELETE if job.deleting else RESIZE),)
@@ -94,6 +94,8 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
             version = rec.spec_version
             wanted = to_target.get(version)  # type: ignore[assignment]
             if wanted is None:
+                if runtime_same is None:
+                    runtime_same = job.same_as(target)
                 same = runtime_same.get(version)
                 if same is None:
                     same = runtime_same[version] = same_runtime(versions[version - 1], spec)
