@@ -5,6 +5,7 @@ anyone's body in."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from plait.frontend.proxy import MAX_BODY
 from plait.harness.shards import ShardedBox
-from plait.server.limits import MAX_HEADER_BYTES, LimitedHttpProtocol
+from plait.server.limits import MAX_HEADER_BYTES, Corked, LimitedHttpProtocol
 
 
 def connect(url: str) -> socket.socket:
@@ -136,3 +137,44 @@ def test_the_front_end_reads_no_body_over_the_limit_nor_from_anyone(tmp_path):
         r = box.api.post("/v1/jobs", content=chunks(MAX_BODY // 65536 + 2))
         assert r.status_code == 413, r.text
         anon.close()
+
+
+class Transport:
+    """What a transport was asked to do."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after close"
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"info {name}"
+
+
+def test_writes_in_one_turn_of_the_loop_leave_as_one_and_close_sends_them_first():
+    async def scenario() -> Transport:
+        raw = Transport()
+        corked = Corked(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
+        corked.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        corked.write(b"ok")
+        assert raw.writes == []  # not yet: the turn goes on
+        await asyncio.sleep(0)
+        assert raw.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"]
+        corked.write(b"last")
+        corked.close()  # what is pending goes out before the close
+        assert raw.writes[-1] == b"last" and raw.closed
+        await asyncio.sleep(0)  # (the turn's flush finds nothing left)
+        assert len(raw.writes) == 2
+        assert corked.get_extra_info("peername") == "info peername"  # the rest: as is
+        return raw
+
+    asyncio.run(scenario())

@@ -73,6 +73,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._heading, self._head = False, 0
         super().on_headers_complete()
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and cycle.transport is self.transport:
+            cycle.transport = Corked(self.transport, self.loop)
 
     def on_message_complete(self) -> None:
         self._partial, self._heading, self._head = False, True, 0
@@ -102,6 +105,38 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._receiving = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+class Corked:
+    """A transport whose writes within one turn of the event loop leave as one write:
+    uvicorn writes a response's head and its body apart, two system calls (and two
+    wake-ups of the reader) where one does. What is written is sent at the end of the
+    turn, or at once when the transport is closed."""
+
+    __slots__ = ("_loop", "_pending", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport, self._loop = transport, loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending = []
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def uvicorn_options() -> dict[str, Any]:
