@@ -164,26 +164,21 @@ def answered(s: SchedulerState, job: JobRecord, request: TaskControlRequest,
 def execution(s: SchedulerState, job: JobRecord, plan: ExecutionPlan, now: float) -> None:
     """Start the planned operations (each takes a token) and drop the obsolete ones,
     in task order; report a wait for the rate limit once, when it begins."""
-    controller = job.controller is not None
-    steps: list[tuple[TaskOp, bool | None]]
-    if plan.obsolete:
-        steps = list(heapq.merge(((op, None) for op in plan.obsolete), plan.start,
-                                 key=lambda step: step[0].task.index))
-    else:
-        steps = plan.start  # type: ignore[assignment]
     taken = s.bucket.take_many(len(plan.start), now)  # (each start takes one)
     assert taken, "the execution plan started more operations than there were tokens"
-    acked, tasks, start_op = job.acked, job.tasks, s.start_op
-    for op, costs in steps:
-        del acked[op.op_id]
-        if costs is None:
-            if controller:
-                job.completed.append(op)  # over without being carried out
-                job.dirty = True
-            continue
-        rec = tasks[op.task.index]
-        rec.op_costly = costs
-        start_op(job, rec, op, now)
+    if not plan.obsolete:
+        s.start_ops(job, plan.start, now)
+    else:
+        controller, acked = job.controller is not None, job.acked
+        for op, costs in heapq.merge(((op, None) for op in plan.obsolete), plan.start,
+                                     key=lambda step: step[0].task.index):
+            if costs is None:
+                del acked[op.op_id]
+                if controller:
+                    job.completed.append(op)  # over without being carried out
+                    job.dirty = True
+            else:
+                s.start_ops(job, [(op, costs)], now)
     if plan.throttled:
         s.counters["throttled"] += 1
         if not job.throttled:  # once when it starts waiting, not on every pass
