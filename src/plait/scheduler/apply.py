@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 
-from plait.model.task import TaskRef
 from plait.scheduler import acks as acking
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.plans import (
@@ -28,7 +27,7 @@ from plait.taskcontrol.protocol import (
     TaskController,
     TaskControlRequest,
     TaskControlResponse,
-    TaskOp,
+    new_op,
 )
 
 
@@ -42,9 +41,14 @@ def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> N
     offered, wants = plan.offered, plan.wants
     dirty = bool(offered)
     if all(wants):  # (new offers only: in bulk)
-        offers.update(zip(offered, wants, strict=True))
-        serials.update(zip(offered, range(serial + 1, serial + 1 + len(offered)),
-                           strict=True))
+        numbers = range(serial + 1, serial + 1 + len(offered))
+        if offers or serials:
+            offers.update(zip(offered, wants, strict=True))
+            serials.update(zip(offered, numbers, strict=True))
+        else:  # (nothing offered yet: a dict built from pairs takes half the time of
+            # one grown by ``update``, 15,000 offers of an update)
+            offers = job.offers = dict(zip(offered, wants, strict=True))
+            serials = job.serials = dict(zip(offered, numbers, strict=True))
         serial += len(offered)
     else:
         for index, want in zip(offered, wants, strict=True):
@@ -101,10 +105,9 @@ def acks(s: SchedulerState, job: JobRecord, indices: list[int]) -> None:
     for index in indices:
         kind, reason = offers.pop(index)[0]
         machine = tasks[index].machine
-        op = TaskOp(f"{name}/{index}/{KIND[kind]}/{serials.pop(index)}",
-                    TaskRef(name, index), kind, reason,
-                    None if machine is None else machine_name(machine))
-        acked[op.op_id] = op
+        op_id = f"{name}/{index}/{KIND[kind]}/{serials.pop(index)}"
+        acked[op_id] = new_op(op_id, name, index, kind, reason,
+                              None if machine is None else machine_name(machine))
 
 
 def failure_deadline(s: SchedulerState, job: JobRecord, indices: list[int], deadline: float,
