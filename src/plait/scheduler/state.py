@@ -348,7 +348,10 @@ class SchedulerState:
                 counters["ops_started"] += 1
                 if events:
                     kind, reason = op.kind, op.reason
-                    if kind is op_stop:  # (``chart_op``, inlined)
+                    # the bar it draws on the job's ops chart: a stop for maintenance
+                    # is ``maintenance``, a move off a failed machine ``failure``,
+                    # else the operation's kind
+                    if kind is op_stop:
                         chart = "stop" if reason in (RESIZE, DELETE) else "maintenance"
                     elif kind is op_move and reason == FAILURE:
                         chart = "failure"
@@ -448,12 +451,3 @@ class SchedulerState:
             if rec.index < spec.task_count and not job.deleting:
                 job.tasks[rec.index] = TaskRecord(rec.index, job.target)  # resized back up
 
-
-def chart_op(op: TaskOp) -> str:
-    """The bar an operation draws on a job's ops chart: a stop for maintenance is
-    ``maintenance``, a move off a failed machine ``failure``, else the op's kind."""
-    if op.kind is OpKind.STOP:
-        return "stop" if op.reason in (RESIZE, DELETE) else "maintenance"
-    if op.kind is OpKind.MOVE and op.reason == FAILURE:
-        return "failure"
-    return KIND[op.kind]  # (its value: a dict look-up, not the enum's property)
