@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from plait.model.task import TaskRef
 from plait.scheduler import Assignment
-from plait.scheduler.machinesets import DesiredSet, PlacedSet, desire, place, undesire, unplace
+from plait.scheduler.machinesets import (
+    DesiredSet,
+    PlacedSet,
+    desire,
+    place,
+    undesire,
+    undesire_all,
+    unplace,
+)
 from plait.scheduler.records import Assigned
 from plait.sim.scenarios import job_spec
 
@@ -60,3 +68,29 @@ def test_a_placed_set_holds_each_task_once_and_empties_away():
     assert placed[3] == (TaskRef("web", 1),)
     unplace(placed, 3, TaskRef("web", 1))
     assert placed == {}
+
+
+def test_several_tasks_of_a_job_leave_a_machine_as_one_at_a_time_would():
+    def filled() -> dict[int, DesiredSet]:
+        desired: dict[int, DesiredSet] = {}
+        for job, index in [("web", 0), ("db", 1), ("web", 1), ("web", 2), ("db", 2)]:
+            desire(desired, 7, TaskRef(job, index), _s(job))
+        return desired
+
+    one, many = filled(), filled()
+    for index in (1, 2, 5):  # (web/5 is not there)
+        undesire(one, 7, TaskRef("web", index))
+    before = many[7]
+    undesire_all(many, 7, "web", {1, 2, 5})
+    assert many == one and list(many[7].items()) == [
+        (TaskRef("web", 0), _a("web", 0)), (TaskRef("db", 1), _a("db", 1)),
+        (TaskRef("db", 2), _a("db", 2))]
+    assert len(before) == 5  # a set handed out earlier never changes
+    kept = many[7]
+    undesire_all(many, 7, "web", {7})  # none there: the set is left as it was
+    assert many[7] is kept
+    undesire_all(many, 7, "web", {0})
+    undesire_all(many, 7, "db", {1, 2})
+    assert 7 not in many  # a machine left with no task has no entry
+    undesire_all(many, 7, "db", {1})  # (no entry: nothing to do)
+    assert many == {}

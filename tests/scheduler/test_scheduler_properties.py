@@ -35,21 +35,23 @@ def watch_starts(sim, starts):
     """Independently of the scheduler's own bookkeeping: when an operation starts on
     a task that is available, the job must be below its cap at that moment."""
     s = sim.scheduler
-    original = s.start_op
+    original = s.start_ops
 
-    def start(job, rec, op, now):
-        count = job.spec.task_count
-        available = rec.state.value == "running" and rec.healthy and rec.serving
-        if available and rec.index < count and not job.deleting:
-            cap = job.spec.update.resolve(count)
-            if cap is None and job.controller is None:
-                cap = 1
-            if cap is not None:
-                starts.append((job.name, s.unavailable(job), cap))
-                assert s.unavailable(job) < cap, f"{job.name}: started at the cap"
-        return original(job, rec, op, now)
+    def start(job, steps, now):
+        for op, costly in steps:  # one at a time: each is checked as it starts
+            rec = job.tasks[op.task.index]
+            count = job.spec.task_count
+            available = rec.state.value == "running" and rec.healthy and rec.serving
+            if available and rec.index < count and not job.deleting:
+                cap = job.spec.update.resolve(count)
+                if cap is None and job.controller is None:
+                    cap = 1
+                if cap is not None:
+                    starts.append((job.name, s.unavailable(job), cap))
+                    assert s.unavailable(job) < cap, f"{job.name}: started at the cap"
+            original(job, [(op, costly)], now)
 
-    s.start_op = start
+    s.start_ops = start
 
 
 def check(sim, started_log):

@@ -86,3 +86,22 @@ def test_replica_aware_never_takes_two_replicas_of_a_shard():
     c = ReplicaAware({"A": {1, 3}, "C": {1, 4, 7}})
     acked = c.process(req([op(1), op(3), op(7), op(5)], unhealthy=[4])).ack
     assert acked == ("j/3/update/1", "j/5/update/1")  # 1 and 7 share C with 4
+
+
+def test_new_op_is_the_op_the_constructor_makes():
+    from dataclasses import FrozenInstanceError, fields
+
+    from plait.taskcontrol.protocol import new_op
+
+    # every field is written: a field added to TaskOp or TaskRef must be added there
+    assert [f.name for f in fields(TaskOp)] == ["op_id", "task", "kind", "reason", "machine"]
+    assert [f.name for f in fields(TaskRef)] == ["job", "index"]
+    for machine in ("m7", None):
+        made = new_op("j/7/move/3", "j", 7, OpKind.MOVE, "machine failed", machine)
+        plain = TaskOp("j/7/move/3", TaskRef("j", 7), OpKind.MOVE, "machine failed", machine)
+        assert made == plain and hash(made) == hash(plain) and repr(made) == repr(plain)
+        assert made.task == TaskRef("j", 7) and str(made.task) == "j/7"
+        assert to_wire(req([made])) == to_wire(req([plain]))
+        assert made != new_op("j/7/move/4", "j", 7, OpKind.MOVE, "machine failed", machine)
+        with pytest.raises(FrozenInstanceError):
+            made.reason = "other"  # type: ignore[misc]

@@ -89,9 +89,9 @@ async def call(client: httpx.AsyncClient | Hop, target: str, scope: Scope, body:
     raw_query = scope.get("query_string", b"")
     url = httpx.URL(target.rstrip("/") + quote_from_bytes(raw, safe=_PATH_SAFE),
                     query=raw_query)
-    query = raw_query.decode("latin-1")
-    try:
-        wait = float(dict(httpx.QueryParams(query)).get("wait", 0) or 0)
+    try:  # (most requests have no query: nothing to parse)
+        wait = float(dict(httpx.QueryParams(raw_query.decode("latin-1"))).get("wait", 0)
+                     or 0) if b"wait" in raw_query or b"%" in raw_query else 0.0
     except ValueError:
         wait = 0.0
     # (a wait the API refuses, negative or not a number, still gets the base timeout)

@@ -20,7 +20,6 @@ from plait.scheduler.plans import (
     FAILURE,
     RESIZE,
     ExecutionPlan,
-    is_down,
     lapsed,
     to_target,
 )
@@ -69,13 +68,27 @@ def plan_execution(job: JobRecord, tokens: int, now: float,
             if r.index < count and state not in finished and (
                     state is not running or not r.healthy or not r.serving):
                 down += 1
+    # (``still_applies`` and ``is_down`` inlined for an update, the common case: a
+    # wave of a 15,000-task update checks 1,500 operations)
+    tasks, deleting, target, halted = job.tasks, job.deleting, job.target, job.halted
+    update, lost, running, finished = OpKind.UPDATE, TaskState.LOST, TaskState.RUNNING, FINISHED
+    start, obsolete = plan.start.append, plan.obsolete.append
     for op in sorted(job.acked.values(), key=_task_index):
-        rec = job.tasks.get(op.task.index)
-        if rec is None or rec.op is not None or not still_applies(job, rec, op):
-            plan.obsolete.append(op)
+        rec = tasks.get(op.task.index)
+        if rec is None or rec.op is not None:
+            obsolete(op)
             continue
-        counted = rec.index < count and not job.deleting
-        available = counted and not is_down(rec)
+        state = rec.state
+        if op.kind is update and state is not lost:
+            applies = rec.spec_version != target and halted is None
+        else:
+            applies = still_applies(job, rec, op)
+        if not applies:
+            obsolete(op)
+            continue
+        counted = rec.index < count and not deleting
+        available = counted and ((state is running and rec.healthy and rec.serving)
+                                 or state in finished)  # (not down)
         recent = counted and not available and lapsed(rec, now, grace)
         if cap is not None and ((available and down >= cap) or (recent and down > cap)):
             continue  # waits, acked, until the job is back within its cap
@@ -83,7 +96,7 @@ def plan_execution(job: JobRecord, tokens: int, now: float,
             plan.throttled = True
             break
         tokens -= 1
-        plan.start.append((op, available or recent))
+        start((op, available or recent))
         if available:
             down += 1
     return plan

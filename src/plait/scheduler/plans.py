@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from plait.allocator import AllocationRequest
 from plait.model.job import JobSpec
-from plait.model.task import TaskRef, TaskState
+from plait.model.task import TaskState
 from plait.model.topology import Fleet
 from plait.scheduler.lifecycle import DOWN, FINISHED
 from plait.scheduler.records import JobRecord, TaskRecord, Wanted
-from plait.taskcontrol.protocol import OpKind, TaskControlRequest, TaskOp
+from plait.taskcontrol.protocol import OpKind, TaskControlRequest, TaskOp, new_op
 
 # -- reasons (operations are told apart by kind and reason) --------------------------------
 RESIZE = "resize"
@@ -83,8 +83,8 @@ def offered_ops(job: JobRecord, index: int, fleet: Fleet) -> list[TaskOp]:
     wanted, serial = job.offers[index], job.serials[index]
     rec = job.tasks[index]
     machine = fleet.name(rec.machine) if rec.machine is not None else None
-    ref = job.ref(index)
-    return [TaskOp(f"{job.name}/{index}/{KIND[kind]}/{serial}", ref, kind, reason, machine)
+    name = job.name
+    return [new_op(f"{name}/{index}/{KIND[kind]}/{serial}", name, index, kind, reason, machine)
             for kind, reason in wanted]
 
 
@@ -93,9 +93,8 @@ def first_offered_op(job: JobRecord, index: int, fleet: Fleet) -> TaskOp:
     stop, of a maintenance pair), made alone."""
     kind, reason = job.offers[index][0]
     machine = job.tasks[index].machine
-    return TaskOp(f"{job.name}/{index}/{KIND[kind]}/{job.serials[index]}",
-                  TaskRef(job.name, index), kind, reason,
-                  None if machine is None else fleet.name(machine))
+    return new_op(f"{job.name}/{index}/{KIND[kind]}/{job.serials[index]}", job.name,
+                  index, kind, reason, None if machine is None else fleet.name(machine))
 
 
 # -- the stages' results -------------------------------------------------------------------

@@ -56,6 +56,32 @@ class TaskOp:
     machine: str | None = None
 
 
+# ``new_op``: the slots of TaskRef and TaskOp written through their descriptors (the
+# generated ``__init__`` of a frozen dataclass looks ``object.__setattr__`` up and
+# calls it for each field: about twice the cost)
+_new = object.__new__
+_ref_job, _ref_index = (TaskRef.__dict__[f].__set__ for f in ("job", "index"))
+_op_id, _op_task, _op_kind, _op_reason, _op_machine = (
+    TaskOp.__dict__[f].__set__ for f in ("op_id", "task", "kind", "reason", "machine"))
+
+
+def new_op(op_id: str, job: str, index: int, kind: OpKind, reason: str,
+           machine: str | None) -> TaskOp:
+    """``TaskOp(op_id, TaskRef(job, index), kind, reason, machine)``, the same
+    objects made faster: the scheduler makes 1,500 in one pass of a 15,000-task
+    update (the fields are not checked by either)."""
+    ref = _new(TaskRef)
+    _ref_job(ref, job)
+    _ref_index(ref, index)
+    op = _new(TaskOp)
+    _op_id(op, op_id)
+    _op_task(op, ref)
+    _op_kind(op, kind)
+    _op_reason(op, reason)
+    _op_machine(op, machine)
+    return op
+
+
 @dataclass(frozen=True, slots=True)
 class AdvanceNotice:
     notice_id: str
