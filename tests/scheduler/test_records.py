@@ -2,6 +2,9 @@
 job's task sets share one empty set until something is added; per-version values
 of a job kept without containers while it has one version."""
 
+import copy
+import pickle
+
 import pytest
 
 from plait.model.job import JobSpec
@@ -68,6 +71,8 @@ def test_task_sets_share_one_empty_set_until_added_to():
     a.add_failed(5)
     assert (a.lost, a.in_progress, a.failed_tasks) == ({3}, {4}, {5})
     assert b.lost is b.in_progress is b.failed_tasks is NO_TASKS and not NO_TASKS
+    assert copy.copy(NO_TASKS) is copy.deepcopy(NO_TASKS) is NO_TASKS
+    assert pickle.loads(pickle.dumps(NO_TASKS)) is NO_TASKS
 
 
 def test_per_version_values_of_a_one_version_job_and_of_a_second_version():

@@ -283,6 +283,9 @@ class _NoTasks(set[int]):
 
     add = update = __ior__ = __ixor__ = _shared
 
+    def __reduce__(self) -> str:
+        return "NO_TASKS"  # (a copy or a pickle of it is the shared set itself)
+
 
 #: the shared empty task set (``_NoTasks``)
 NO_TASKS: set[int] = _NoTasks()
