@@ -74,3 +74,41 @@ def test_a_failed_machine_loses_its_processes_and_starts_afresh_after_repair():
     sim.run(10)
     ref = s.job("web").ref(index)
     assert len(sim.running_copies(ref)) == 1  # never two copies
+
+
+def test_next_due_is_the_earliest_transition_in_flight():
+    agent = SimAgent("m1", lambda a: Behaviour(start_seconds=2, stop_seconds=3))
+    assert agent.next_due() is None  # nothing there
+    agent.step(0, [assign(0)])
+    assert agent.next_due() == 2  # its start completes
+    agent.step(2, [assign(0), assign(1)])
+    assert agent.next_due() == 4  # task 0 runs for good; task 1 starts until 4
+    agent.step(4, [assign(1)])
+    assert agent.next_due() == 7  # task 0 stops within its 3 seconds
+    agent.step(7, [assign(1)])
+    assert agent.next_due() is None  # one task running, nothing in flight
+
+
+def test_an_agent_is_stepped_when_something_is_due_not_on_every_tick():
+    """As a real agent reports a change, not every pass: a task that takes 2 s to
+    start on a 0.1 s tick has its machine stepped when it is placed and when its
+    start is due, and it runs from the same tick as it would if stepped every tick."""
+    sim = world(machines=4, behaviour=lambda a: Behaviour(start_seconds=2.0))
+    sim.tick = 0.1
+    steps: list[float] = []
+    sim.scheduler.create_job(job_spec("web", 1), sim.now)
+    sim.step()  # placed (the agent hears of it on the next tick)
+    agent = sim.agent(sim.scheduler.jobs["web"].tasks[0].machine)
+    real = agent.step
+
+    def counted(now, desired):
+        steps.append(now)
+        return real(now, desired)
+    agent.step = counted  # type: ignore[method-assign]
+    running_at = None
+    while running_at is None and sim.now < 10:
+        sim.step()
+        if sim.scheduler.jobs["web"].tasks[0].state.value == "running":
+            running_at = sim.now
+    assert running_at is not None and steps[0] + 2.0 <= running_at < steps[0] + 2.0 + 0.1 + 1e-9
+    assert len(steps) <= 3, steps  # placed, started; not the 20 ticks between

@@ -81,6 +81,24 @@ class SimAgent:
             p.phase is not Phase.RUNNING or p.stopping or p.backoff_until is not None
             or self._exits(self.behaviour(p.assignment))) for p in self.processes.values())
 
+    def next_due(self) -> float | None:
+        """When the next step could change something (a start, a stop, an exit, a
+        restart after a crash): the earliest, or None when nothing is in flight."""
+        due: float | None = None
+        for p in self.processes.values():
+            if p.final is not None:
+                continue
+            if p.backoff_until is not None:
+                at = p.backoff_until
+            elif p.stopping or p.phase is not Phase.RUNNING or self._exits(
+                    p.behaviour if p.behaviour is not None else self.behaviour(p.assignment)):
+                at = p.until
+            else:
+                continue
+            if due is None or at < due:
+                due = at
+        return due
+
     @staticmethod
     def _exits(b: Behaviour) -> bool:
         return b.crash or b.finish_after is not None

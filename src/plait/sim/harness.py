@@ -41,7 +41,12 @@ class Simulation:
         self.tick = tick
         self.now = now
         self.agents: dict[int, SimAgent] = {}
-        self._busy: set[int] = set()
+        #: machines whose agents have something due, by when: (time, machine), the
+        #: earliest first; ``_due`` the earliest time each machine is queued for (an
+        #: agent is stepped when its next transition is due or its desired set changed,
+        #: as a real agent reports on a change, not on every pass)
+        self._queue: list[tuple[float, int]] = []
+        self._due: dict[int, float] = {}
         self.observers: list[Observer] = []
         #: when a list, the simulated processes' output lands here: (task, time, line)
         self.output: list[tuple[TaskRef, float, str]] | None = None
@@ -70,9 +75,14 @@ class Simulation:
         now = self.now
         self.region.tick(now)
         sched = self.scheduler
-        active = self._busy | sched.touched
+        active = sched.touched
         sched.touched = set()
-        self._busy = set()
+        queue, due = self._queue, self._due
+        while queue and queue[0][0] <= now:
+            at, m = heapq.heappop(queue)
+            if due.get(m) == at:
+                del due[m]
+                active.add(m)
         for m in sorted(active):
             agent = self.agent(m)
             if not agent.up:
@@ -80,8 +90,7 @@ class Simulation:
             desired = list(sched.desired.get(m, {}).values())
             statuses = agent.step(now, desired)
             sched.report(agent.machine, statuses, now)
-            if agent.busy() or len(agent.processes) != len(desired):
-                self._busy.add(m)
+            self.wake(m, now if len(agent.processes) != len(desired) else agent.next_due())
         self._answer_calls(now)
         sched.tick(now)
         for call in sched.take_calls() if self.carry_calls else ():
@@ -90,6 +99,15 @@ class Simulation:
             self._event_seq += 1
         for observe in self.observers:
             observe(self)
+
+    def wake(self, machine: int, at: float | None = 0.0) -> None:
+        """Step ``machine``'s agent at the first tick at or after ``at`` (the next
+        one by default; None: nothing due)."""
+        if at is None:
+            return
+        if at < self._due.get(machine, float("inf")):
+            self._due[machine] = at
+            heapq.heappush(self._queue, (at, machine))
 
     def _answer_calls(self, now: float) -> None:
         """Deliver the remote controllers' answers that are due."""
@@ -142,7 +160,7 @@ class Simulation:
         for name in event.machines:
             m = self.fleet.index_of(name)
             self.agent(m).repair()
-            self._busy.add(m)
+            self.wake(m)
         self.region.end_event(event_id, self.now)
 
     def maintenance(self, machines: list[str], start: float, end: float) -> str:

@@ -107,7 +107,7 @@ class MachineOps:
                 self.cp.region.end_event(event_id, now)
             if self.cp.sim is not None:
                 self.cp.sim.agent(m).repair()
-                self.cp.sim._busy.add(m)
+                self.cp.sim.wake(m)
         if not ended:
             raise Conflict(f"machine {machine}", "failed", "not failed")
         self.cp.record("broker", "machine_repaired", machine, machine=machine)
