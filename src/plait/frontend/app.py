@@ -28,13 +28,14 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
 from plait import __version__, paging, requestid, tracing
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
-from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body
+from plait.frontend.fastcreate import FastCreate
+from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body, replaying
 from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics
@@ -239,16 +240,7 @@ class BodyLimit:
         if body is None:
             await too_large(scope, receive, send)
             return
-        given = False
-
-        async def replay() -> Message:
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # (a disconnect, if the client goes)
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 def _event(e: Event) -> dict[str, Any]:
@@ -373,6 +365,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             first.get("msg", "invalid request"))
         return _error(422, "invalid", message, field)
 
+    # innermost: a follower forwards creates, and bodies over the limit never get here
+    app.add_middleware(FastCreate, create=lambda scope, body: create_plain(scope, body))
     if leadership is not None:
         app.add_middleware(FollowerProxy, leadership=leadership)
     app.add_middleware(BodyLimit)
@@ -541,6 +535,41 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         if created is not None:
             body["created"] = created
         return body
+
+    async def create_plain(scope: Scope, body: bytes) -> tuple[int, bytes] | None:
+        """``create_job`` for a plain create (``FastCreate``): the status and JSON body
+        of its answer, or None for anything else, which the route answers: a token not
+        in the cache or not an owner's or admin's, a body that is not a JSON spec,
+        another owner's entitlement or an unknown one, a TaskController (its URL is
+        checked off the event loop), a create refused (stored nothing; the route tries
+        it once more and answers the error)."""
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not headers.get(
+                b"content-type", b"").startswith(b"application/json"):
+            return None
+        try:
+            who = cp.tokens.verify_cached(token.strip())
+            spec = JobSpec.model_validate(json.loads(body))
+        except Exception:  # (any refusal is the route's to make, with its answer)
+            return None
+        if who is None or who.role not in (Role.ADMIN, Role.OWNER) or (
+                spec.task_controller is not None):
+            return None
+        if who.role is not Role.ADMIN:
+            ent = cp.entitlement(spec.entitlement) if (
+                spec.entitlement in cp.allocator.entitlements) else None
+            if ent is None or ent.owner != who.name:
+                return None
+        scope.setdefault("state", {})["principal"] = who  # (as the route's ``principal``)
+        requestid.actor.set(str(who))
+        try:
+            doc, created = await asyncio.wrap_future(cp.commands.submit_create(spec))
+        except PlaitError:
+            return None
+        return (201 if created else 200), json.dumps(
+            ack(doc, created), ensure_ascii=False, allow_nan=False, separators=(",", ":")
+        ).encode()
 
     @app.post("/v1/jobs", response_model=t.JobAck | t.Plan, tags=["jobs"], status_code=201,
               responses={200: {"model": t.JobAck | t.Plan,

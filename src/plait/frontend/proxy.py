@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import quote_from_bytes
 
 import httpx
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from plait import tracing
 from plait.frontend.hop import Hop
@@ -70,6 +70,20 @@ async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives ``body`` (read already) as the request's whole body,
+    then what ``receive`` gives (a disconnect, if the client goes)."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replay
 
 
 def forward_headers(scope: Scope) -> list[tuple[str, str]]:

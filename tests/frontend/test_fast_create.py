@@ -1,0 +1,119 @@
+"""A plain ``POST /v1/jobs`` is answered by ``FastCreate`` without FastAPI's routing;
+its answers are the route's, word for word, and everything but a plain create goes to
+the route with its body given again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+from livecp import Live
+
+from plait.frontend import fastcreate
+from plait.frontend.fastcreate import FastCreate
+from plait.frontend.proxy import replaying as fastcreate_replaying
+
+
+def spec(name: str, entitlement: str = "web", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "entitlement": entitlement, "task_count": 1,
+            "resources": {"cpu": 1, "memory_gb": 1}, "command": "serve", **extra}
+
+
+def owner_client(live: Live, name: str) -> httpx.Client:
+    r = live.admin.post("/v1/tokens", json={"role": "owner", "name": name})
+    assert r.status_code == 201, r.text
+    return httpx.Client(base_url=live.url, timeout=30,
+                        headers={"Authorization": f"Bearer {r.json()['token']}"})
+
+
+def test_a_plain_create_is_answered_as_the_route_answers_it(live: Live, monkeypatch) -> None:
+    handed: list[bytes] = []  # bodies FastCreate read and handed to the route
+
+    def replaying(body, receive):
+        handed.append(body)
+        return fastcreate_replaying(body, receive)
+    monkeypatch.setattr(fastcreate, "replaying", replaying)
+    r = live.admin.post("/v1/entitlements", json={"name": "web", "owner": "alice",
+                                                  "quota": {"machines": 12}})
+    assert r.status_code in (200, 201), r.text
+    alice = owner_client(live, "alice")
+    with alice:
+        alice.get("/v1/jobs")  # (her token's record cached, as after any first call)
+        plain = alice.post("/v1/jobs", json=spec("fast"))
+        # a query (even one that changes nothing) takes the route
+        routed = alice.post("/v1/jobs", params={"dry_run": "false"}, json=spec("slow"))
+        assert (plain.status_code, routed.status_code) == (201, 201)
+        assert plain.headers["content-type"] == routed.headers["content-type"]
+        assert plain.content == routed.content.replace(b'"slow"', b'"fast"')
+        again, again_routed = (alice.post("/v1/jobs", json=spec("fast")),
+                               alice.post("/v1/jobs", params={"dry_run": "false"},
+                                          json=spec("slow")))
+        assert (again.status_code, again_routed.status_code) == (200, 200)
+        assert again.content == again_routed.content.replace(b'"slow"', b'"fast"')
+        assert json.loads(again.content)["created"] is False
+        assert handed == []  # the plain creates never reached the route
+        # refusals are the route's own: a changed spec under the name, another
+        # owner's entitlement, a spec that does not validate, a bad token
+        conflict = alice.post("/v1/jobs", json=spec("fast", args=["--other"]))
+        assert conflict.status_code == 409, conflict.text
+        live.admin.post("/v1/entitlements", json={"name": "db", "owner": "bob",
+                                                  "quota": {"machines": 2}})
+        theirs = alice.post("/v1/jobs", json=spec("x", entitlement="db"))
+        unknown = alice.post("/v1/jobs", json=spec("x", entitlement="nowhere"))
+        assert theirs.status_code == unknown.status_code
+        assert theirs.content == unknown.content.replace(b"'nowhere'", b"'db'")
+        assert theirs.status_code == 422 and "does not exist" in theirs.json()["message"]
+        bad = alice.post("/v1/jobs", json={**spec("y"), "task_count": -1})
+        assert bad.status_code == 422 and bad.json()["field"] == "task_count", bad.text
+        anon = httpx.post(f"{live.url}/v1/jobs", json=spec("z"),
+                          headers={"Authorization": "Bearer plait_nope_nope"})
+        assert anon.status_code == 401 and anon.json()["message"] == "invalid token"
+        assert len(handed) == 5  # each refusal was the route's (the 409's: a second try)
+    # the stored job names who created it, as the route's does
+    created = [e for e in live.admin.get("/v1/events", params={"kind": "created"}
+                                         ).json()["events"] if e["job"] in ("fast", "slow")]
+    assert {e["job"]: e["actor"] for e in created} == {"fast": "owner:alice",
+                                                      "slow": "owner:alice"}
+
+
+def test_only_a_plain_create_is_answered_without_the_route() -> None:
+    """FastCreate against a stand-in route: what reaches the route, with which body."""
+    routed: list[tuple[str, str, bytes]] = []
+
+    async def route(scope, receive, send) -> None:
+        message = await receive()
+        routed.append((scope["method"], scope["path"], message.get("body", b"")))
+        await send({"type": "http.response.start", "status": 418, "headers": []})
+        await send({"type": "http.response.body", "body": b"route"})
+
+    async def create(scope, body: bytes):
+        return None if b"refuse" in body else (201, b'{"made":' + body + b"}")
+
+    async def call(method: str, path: str, body: bytes, query: bytes = b""):
+        sent: list[dict[str, Any]] = []
+        parts = [body[:3], body[3:]]
+
+        async def receive():
+            chunk = parts.pop(0)
+            return {"type": "http.request", "body": chunk, "more_body": bool(parts)}
+
+        async def send(message):
+            sent.append(message)
+        scope = {"type": "http", "method": method, "path": path, "query_string": query,
+                 "headers": []}
+        await FastCreate(route, create)(scope, receive, send)
+        return sent[0]["status"], sent[1]["body"]
+
+    async def scenario() -> None:
+        assert await call("POST", "/v1/jobs", b'"ok"') == (201, b'{"made":"ok"}')
+        assert await call("POST", "/v1/jobs", b"refuse me") == (418, b"route")
+        assert await call("POST", "/v1/jobs", b"x", b"dry_run=true") == (418, b"route")
+        assert await call("GET", "/v1/jobs", b"") == (418, b"route")
+        assert await call("POST", "/v1/jobs/web", b"abcdef") == (418, b"route")
+
+    asyncio.run(scenario())
+    # the route got each body whole: read whole and given again, or never read
+    assert routed == [("POST", "/v1/jobs", b"refuse me"), ("POST", "/v1/jobs", b"x"),
+                      ("GET", "/v1/jobs", b""), ("POST", "/v1/jobs/web", b"abc")]
