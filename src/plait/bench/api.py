@@ -63,6 +63,7 @@ import httpx
 import numpy as np
 
 from plait.errors import ValidationError
+from plait.harness.region import cpu_seconds, wait_healthy
 
 #: the job every request creates (the name is filled in per request)
 JOB_BODY = ('{{"name": "{name}", "entitlement": "bench", "task_count": 1, '
@@ -72,15 +73,6 @@ RUN_OVERHEAD_S = 4.0
 
 
 # -- the server ---------------------------------------------------------------------------------
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process (all its threads), or None off Linux."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _host_busy_seconds() -> float | None:
     """CPU seconds all processes of the host have spent busy so far, or None off Linux."""
     try:
@@ -89,25 +81,6 @@ def _host_busy_seconds() -> float | None:
         return None
     user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, what: str,
-                 log_tail: Callable[[], str]) -> None:
-    """Wait until the process started at ``url`` answers /healthz with a 200; an error
-    with its log's tail if it exits first or does not answer within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} at start:\n{log_tail()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not answer /healthz on {url} within "
-                               f"{timeout:g}s:\n{log_tail()}")
-        time.sleep(0.05)
 
 
 def terminate(proc: subprocess.Popen[bytes], grace: float) -> str:
@@ -194,7 +167,7 @@ class Server:
             raise RuntimeError(f"creating the entitlement: {r.status_code} {r.text}")
 
     def cpu_seconds(self) -> float | None:
-        return None if self.proc is None else _cpu_seconds(self.proc.pid)
+        return None if self.proc is None else cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
         proc = self.proc

@@ -322,9 +322,9 @@ def _api_rounds(machines: int, requests: int, rounds: int, tick: float,
 
 def _cpu(server: Any) -> float:
     """CPU seconds a server's process has used (all its threads, living or not)."""
-    from plait.bench.api import _cpu_seconds
+    from plait.harness.region import cpu_seconds
 
-    used = _cpu_seconds(server.proc.pid)
+    used = cpu_seconds(server.proc.pid)
     if used is None:
         raise RuntimeError("no /proc: the API figure needs the server's CPU time (Linux)")
     return used

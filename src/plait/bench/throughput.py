@@ -48,12 +48,11 @@ from plait.bench.api import (
     Connection,
     HttpError,
     Server,
-    _cpu_seconds,
     _ready,
     terminate,
-    wait_healthy,
 )
 from plait.errors import ValidationError
+from plait.harness.region import cpu_seconds, wait_healthy
 
 #: the job every request creates (the name is filled in per request): one task of 1 cpu
 JOB_BODY = ('{{"name": "{name}", "entitlement": "bench", "task_count": 1, '
@@ -87,7 +86,7 @@ class FrontEnd:
         return self
 
     def cpu_seconds(self) -> float | None:
-        return None if self.proc is None else _cpu_seconds(self.proc.pid)
+        return None if self.proc is None else cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
         proc = self.proc

@@ -50,6 +50,25 @@ def started_at(pid: int) -> float | None:
     return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, what: str,
+                 log_tail: Callable[[], str]) -> None:
+    """Wait until the process started at ``url`` answers /healthz with a 200; an error
+    with its log's tail if it exits first or does not answer within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode} at start:\n{log_tail()}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not answer /healthz on {url} within "
+                               f"{timeout:g}s:\n{log_tail()}")
+        time.sleep(POLL_S)
+
+
 class LocalRegion:
     """``plait up`` in a child process (its own session) over a fresh data dir."""
 
@@ -102,19 +121,8 @@ class LocalRegion:
             self.launched_at = time.time()
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.start_timeout
-        while True:
-            self._check_running()
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
-                    self.api_at = time.time()
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"plait up did not answer /healthz on {self.url} within "
-                                   f"{self.start_timeout:g}s:\n{self._log_tail()}")
-            time.sleep(POLL_S)
+        wait_healthy(self.proc, self.url, self.start_timeout, "plait up", self._log_tail)
+        self.api_at = time.time()
         self.token = (self.data / "admin-token").read_text().strip()
         self.api = httpx.Client(base_url=self.url, timeout=30.0,
                                 headers={"Authorization": f"Bearer {self.token}"})
