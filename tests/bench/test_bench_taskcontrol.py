@@ -22,6 +22,7 @@ def test_cli_prints_one_json_object_with_consistent_figures():
     assert figures["controller_calls_per_s"] > 0  # the healthy controllers were asked
     assert figures["tarpit_calls"] >= 3  # each tarpit asked (and cut off at its deadline)
     assert figures["false_machine_failures"] == 0
-    assert figures["heartbeat_errors"] == 0 and figures["other_jobs_api_errors"] == 0
+    assert figures["heartbeat_errors"] == 0 and figures["other_jobs_api_errors"] == 0, \
+        figures["error_kinds"]
     assert 0 < figures["heartbeat_p50_ms"] <= figures["heartbeat_p99_ms"]
     assert 0 < figures["other_jobs_api_p50_ms"] <= figures["other_jobs_api_p99_ms"]

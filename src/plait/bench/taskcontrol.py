@@ -85,6 +85,11 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
     stop = asyncio.Event()
     beats: list[float] = []
     beat_errors = 0
+    error_kinds: dict[str, int] = {}  # what each error was: a status, or an exception
+
+    def kind_of(kind: str) -> None:
+        error_kinds[kind] = error_kinds.get(kind, 0) + 1
+
     measuring = False
 
     async def agent(machine: str, offset: float) -> None:
@@ -103,8 +108,10 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
                     beats.append(time.perf_counter() - started)
                 if status != 200:
                     beat_errors += 1
-            except (OSError, ValueError, KeyError, TypeError):
+                    kind_of(f"heartbeat {status}")
+            except (OSError, ValueError, KeyError, TypeError) as e:
                 beat_errors += 1
+                kind_of(f"heartbeat {type(e).__name__}: {e}"[:200])
                 api.conn.close()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), agent_interval)
@@ -217,6 +224,7 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
             (reads if k % 2 else writes).append(other_latency[-1])
             if status != 200:
                 other_errors += 1
+                kind_of(f"{'GET' if k % 2 else 'PUT'} /v1/jobs {status}")
             await asyncio.sleep(max(0.0, 1 / (2 * other_rate)
                                     - (time.perf_counter() - started)))
 
@@ -256,6 +264,7 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, tarpits: int,
         "heartbeat_max_ms": _p(beats, 100),
         "heartbeats": len(beats),
         "heartbeat_errors": beat_errors,
+        "error_kinds": error_kinds,
         "false_machine_failures": len(failed["events"]),
         "controller_error_events": len(errors["events"]),
         "generator_lag_p99_ms": _p(lags, 99),
