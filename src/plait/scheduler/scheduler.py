@@ -38,6 +38,7 @@ unless the shell sets it.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 from collections.abc import Callable, Iterable
@@ -46,6 +47,8 @@ from dataclasses import dataclass
 from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange, ChangeKind
 from plait.errors import Conflict, NotFound, ValidationError
+from plait.model.events import EventKind, UnavailabilityEvent
+from plait.model.hostprofile import HostProfile
 from plait.model.job import JobSpec
 from plait.model.task import TaskState
 from plait.scheduler import (
@@ -73,6 +76,7 @@ from plait.scheduler.records import (
 )
 from plait.scheduler.state import SchedulerState
 from plait.scheduler.wanted import Notice, plan_wanted
+from plait.sidekick.book import Applied, ProfileBook, Transition
 from plait.taskcontrol.protocol import (
     ControllerAnswer,
     ControllerCall,
@@ -126,6 +130,10 @@ class Scheduler(SchedulerState):
         super().__init__(allocator, self.config.rate, self.config.burst,
                          self.config.event_limit, now)
         self.task_events = self.config.task_events
+        #: host profiles: each machine's target and what its agent applied (Sidekick)
+        self.profiles = ProfileBook()
+        #: what the profile reports changed (the shell records them as events)
+        self.profile_transitions: list[Transition] = []
         self.region.subscribe(self._machine_changed)
         #: called with a stage's name (``STAGES``) as a pass enters it
         self.stage: Callable[[str], None] = _untold
@@ -142,6 +150,13 @@ class Scheduler(SchedulerState):
         shard's next pass."""
         if change.kind is ChangeKind.STATE:
             self.machine_changes.append(change)
+        elif change.kind is ChangeKind.CLAIMED:
+            if change.entitlement in self.allocator.entitlements:
+                # it must carry the entitlement's profile before a task starts there
+                self.profiles.joined(change.machine, self.profile_target(change.machine))
+                self.touched.add(change.machine)
+        elif change.kind is ChangeKind.RELEASED and change.machine in self.profiles.applied:
+            self.touched.add(change.machine)  # back to ``default``
 
     # -- job operations (what users ask for) -------------------------------------------------
     def create_job(self, spec: JobSpec, now: float,
@@ -329,10 +344,66 @@ class Scheduler(SchedulerState):
         return self._job(name)
 
     def desired_for(self, machine: str) -> list[Assignment]:
-        m = self.fleet.index_of(machine)
+        return sorted(self.desired_of(self.fleet.index_of(machine)),
+                      key=lambda a: (a.job, a.index))
+
+    def desired_of(self, m: int) -> list[Assignment]:
+        """What machine ``m``'s agent is given to run: its desired set, less the tasks
+        not started yet while the machine does not carry its entitlement's host profile
+        (they start once its agent reports the profile applied)."""
         desired = self.desired.get(m)
-        return [] if desired is None else sorted(desired.values(),
-                                                 key=lambda a: (a.job, a.index))
+        if desired is None:
+            return []
+        if m not in self.profiles.applied or self.profile_ready(m):
+            return list(desired.values())
+        jobs, allocated = self.jobs, TaskState.ALLOCATED
+        return [a for a in desired.values()
+                if jobs[a.job].tasks[a.index].state is not allocated]
+
+    # -- host profiles (Sidekick) -------------------------------------------------------------
+    def profile_target(self, m: int) -> HostProfile | None:
+        """The profile machine ``m`` must carry: its entitlement's (``default`` while
+        free, or bound to an entitlement another shard manages); None if the profile
+        its entitlement names is not known here."""
+        ent = self.region.broker_of(m).entitlement_of(m)
+        found = None if ent is None else self.allocator.entitlements.get(ent)
+        return self.profiles.target(None if found is None else found.host_profile)
+
+    def profile_ready(self, m: int) -> bool:
+        return self.profiles.ready(m, self.profile_target(m))
+
+    def define_profile(self, profile: HostProfile) -> None:
+        """A profile's new version: the machines that must carry it are told (their
+        agents switch once nothing runs there)."""
+        if not self.profiles.define(profile):
+            return
+        for m in list(self.profiles.applied):
+            self.touched.add(m)
+        for name, ent in self.allocator.entitlements.items():
+            if ent.host_profile == profile.name:
+                self.touched.update(int(m) for m in self.region.machines_of(name))
+
+    def report_profile(self, machine: str, applied: Applied, now: float) -> None:
+        """An agent's report of the profile it applied (or why its switch fails). A
+        failing switch takes the machine out of service (a failure event in its broker,
+        ``sidekick-{machine}``: its tasks are replaced as on any failure) until a switch
+        succeeds; the agent retries with backoff."""
+        m = self.fleet.index_of(machine)
+        target = self.profile_target(m)
+        was = self.profiles.ready(m, target)
+        change = self.profiles.report(m, applied, target)
+        if self.profiles.ready(m, target) != was:
+            self.touched.add(m)
+        if change is None:
+            return
+        self.profile_transitions.append(change)
+        if change.kind == "profile_switch_failed":
+            self.region.add_event(UnavailabilityEvent(
+                f"sidekick-{machine}", EventKind.FAILURE, (machine,), now, None,
+                f"host profile {change.profile} v{change.version}: {change.reason}"), now)
+        elif change.kind == "profile_switch_retried":
+            with contextlib.suppress(NotFound):
+                self.region.end_event(f"sidekick-{machine}", now)
 
     def stops_for(self, machine: str) -> Stops:
         """The tasks whose records still name the machine but that left its desired

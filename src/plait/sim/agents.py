@@ -12,8 +12,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from plait.model.converge import converge
+from plait.model.hostprofile import DEFAULT_PROFILE, HostProfile, HostProfileSpec, kinds_changed
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assignment, Phase, TaskStatus
+from plait.sidekick.book import Applied
+
+#: seconds a simulated switch takes per kind of setting it changes (the slowest
+#: counts): the paper's Figure 17 P90s for turbo (3.0 s) and hugepages (244 s)
+SWITCH_SECONDS = {"turbo": 3.0, "hugepages": 244.0, "sysctls": 1.0, "cgroup_controllers": 1.0,
+                  "fs_label": 30.0, "nic": 5.0, "user": 1.0}
+#: a failed switch is tried again after this long, doubled each time up to the cap
+SWITCH_RETRY, SWITCH_RETRY_MAX = 10.0, 300.0
+
+
+def switch_seconds(old: HostProfileSpec | None, new: HostProfileSpec) -> float:
+    """How long a simulated switch from ``old`` to ``new`` takes (at least 1 s)."""
+    return max([1.0, *(SWITCH_SECONDS.get(k, 1.0) for k in kinds_changed(old, new))])
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,24 @@ class SimAgent:
         self.processes: dict[TaskRef, Process] = {}
         #: when a list: what the simulated processes print, as (task, time, line)
         self.output: list[tuple[TaskRef, float, str]] | None = None
+        #: the host profile applied (a machine starts with ``default``) and its spec
+        self.profile: tuple[str, int] = (DEFAULT_PROFILE, 1)
+        self.profile_spec: HostProfileSpec | None = None
+        #: a switch in flight: its target and when it is done
+        self.switching: tuple[HostProfile, float] | None = None
+        #: why switches to a profile fail (None: they succeed), and the failures in a row
+        self.switch_error: Callable[[HostProfile], str | None] = lambda profile: None
+        self.switch_failures = 0
+        self.profile_error: str | None = None
+        #: a report of the profile is due (it changed, or a switch failed)
+        self.profile_changed = False
+        #: tasks started on a profile other than the target (the invariant: none)
+        self.mismatched_starts = 0
+        #: switches completed
+        self.switches = 0
+        #: the agent's own guard: no start until the machine carries its target (off
+        #: in tests of the scheduler's gate alone)
+        self.guard = True
 
     def _say(self, ref: TaskRef, now: float, line: str) -> None:
         if self.output is not None:
@@ -84,7 +116,7 @@ class SimAgent:
     def next_due(self) -> float | None:
         """When the next step could change something (a start, a stop, an exit, a
         restart after a crash): the earliest, or None when nothing is in flight."""
-        due: float | None = None
+        due: float | None = None if self.switching is None else self.switching[1]
         for p in self.processes.values():
             if p.final is not None:
                 continue
@@ -110,8 +142,43 @@ class SimAgent:
     def repair(self) -> None:
         self.up = True
 
-    def step(self, now: float, desired: list[Assignment]) -> list[TaskStatus]:
-        """Converge to ``desired`` and return the statuses to report."""
+    def applied(self) -> Applied:
+        """The profile report: what is applied, and why the last switch failed."""
+        return Applied(self.profile[0], self.profile[1], self.profile_error)
+
+    def _switch(self, now: float, target: HostProfile | None) -> bool:
+        """Move towards ``target`` (None: no profile asked for); True when the machine
+        carries it, so tasks may start. A switch begins only when no task runs here."""
+        if target is None:
+            return True
+        if self.switching is not None:
+            goal, until = self.switching
+            if goal.name != target.name or goal.version != target.version:
+                self.switching = None  # the target moved: begin again
+            elif now >= until:
+                self.switching = None
+                error = self.switch_error(goal)
+                self.profile_changed = True
+                if error is None:
+                    self.profile, self.profile_spec = (goal.name, goal.version), goal.spec
+                    self.profile_error, self.switch_failures = None, 0
+                    self.switches += 1
+                else:
+                    self.profile_error = error
+                    self.switch_failures += 1
+                    wait = min(SWITCH_RETRY_MAX, SWITCH_RETRY * 2 ** (self.switch_failures - 1))
+                    self.switching = (goal, now + wait)  # tried again after a backoff
+                    return False
+        if self.profile == (target.name, target.version):
+            return True
+        if self.switching is None and not self.processes:
+            self.switching = (target, now + switch_seconds(self.profile_spec, target.spec))
+        return False
+
+    def step(self, now: float, desired: list[Assignment],
+             target: HostProfile | None = None) -> list[TaskStatus]:
+        """Converge to ``desired`` and return the statuses to report. ``target``: the
+        host profile the machine must carry; no task starts until it does."""
         want = {TaskRef(a.job, a.index): a for a in desired}
         revisions = {ref: a.revision for ref, a in want.items()}
         # fence: stop whatever is not assigned here (or an older version of it)
@@ -174,11 +241,16 @@ class SimAgent:
                 continue
             statuses.append(TaskStatus(a.job, a.index, a.revision, p.phase,
                                        p.phase is Phase.RUNNING))
-        # start what is assigned and not held (a replaced copy once it has stopped)
+        # start what is assigned and not held (a replaced copy once it has stopped), on
+        # the machine's host profile only
         held = {ref: p.assignment.revision for ref, p in self.processes.items()}
+        if not self._switch(now, target) and self.guard:
+            return statuses
         for ref in converge(held, revisions).add:
             a = want[ref]
             if ref not in self.processes:
+                if target is not None and self.profile != (target.name, target.version):
+                    self.mismatched_starts += 1
                 b = self.behaviour(a)
                 self.processes[ref] = Process(a, Phase.STARTING, now + b.start_seconds, now,
                                               behaviour=b)

@@ -87,10 +87,17 @@ class Simulation:
             agent = self.agent(m)
             if not agent.up:
                 continue
-            desired = list(sched.desired.get(m, {}).values())
-            statuses = agent.step(now, desired)
+            desired = sched.desired_of(m)
+            statuses = agent.step(now, desired, sched.profile_target(m))
             sched.report(agent.machine, statuses, now)
-            self.wake(m, now if len(agent.processes) != len(desired) else agent.next_due())
+            if agent.profile_changed:
+                agent.profile_changed = False
+                sched.report_profile(agent.machine, agent.applied(), now)
+            if agent.switching is not None:  # (a switch in flight: stepped when done)
+                self.wake(m, agent.next_due())
+            else:
+                self.wake(m, now if len(agent.processes) != len(desired)
+                          else agent.next_due())
         self._answer_calls(now)
         sched.tick(now)
         for call in sched.take_calls() if self.carry_calls else ():

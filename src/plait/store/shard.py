@@ -8,7 +8,7 @@ allocator and event log) lives below ``/shards/S``. ``ShardStore`` makes that sp
 for every component at once, so a shard runs the same control-plane code as a
 control plane that is not sharded:
 
-    /region, /broker, /auth, /frontend, /_elections    shared by every shard
+    /region, /broker, /auth, /frontend, /_elections, /hostprofiles    shared by every shard
     /scheduler/...  ->  /shards/S/scheduler/...         the shard's own
     /allocator/...  ->  /shards/S/allocator/...
     /events/...     ->  /shards/S/events/...
@@ -25,7 +25,7 @@ from typing import Any
 from plait.store.protocol import Election, Session, Store, Transaction, WatchCallback, check_key
 
 #: top-level keys every shard shares
-SHARED = ("/region", "/broker", "/auth", "/frontend", "/_elections")
+SHARED = ("/region", "/broker", "/auth", "/frontend", "/_elections", "/hostprofiles")
 
 
 def shard_prefix(shard: int) -> str:
