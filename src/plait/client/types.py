@@ -337,6 +337,52 @@ class StatusAck(TypedDict):
     generation: NotRequired[int]
 
 
+
+class HostProfileView(TypedDict, total=False):
+    """One version of a host profile (paper section 2.6)."""
+
+    name: str
+    version: int
+    created: float
+    description: str
+    sysctls: dict[str, str]
+    cgroup_controllers: list[str]
+    turbo: bool | None
+    hugepages_2m: int
+    hugepages_1g: int
+    fs_label: str | None
+    nic: dict[str, str]
+    user: dict[str, Any]
+    #: the entitlements that name it (on reads of one profile)
+    entitlements: list[str]
+    #: machines carrying it / switching to it (on reads of one profile)
+    machines: int
+
+
+class HostProfileList(TypedDict):
+    profiles: list[HostProfileView]
+
+
+class HostProfileVersions(TypedDict):
+    name: str
+    versions: list[HostProfileView]
+
+
+class HostProfileChange(TypedDict):
+    setting: str
+    old: Any
+    new: Any
+
+
+class HostProfileDeleted(TypedDict):
+    name: str
+    deleted: bool
+
+
+HostProfileDiff = TypedDict("HostProfileDiff", {"from": dict[str, Any], "to": dict[str, Any],
+                                                "changes": list[HostProfileChange]})
+
+
 for _view in list(globals().values()):
     if isinstance(_view, type) and issubclass(_view, dict) and _view is not dict:
         _view.__pydantic_config__ = {"extra": "allow"}  # type: ignore[attr-defined]

@@ -34,6 +34,7 @@ from swagger_ui_bundle import swagger_ui_path
 from plait import __version__, paging, requestid, tracing
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
+from plait.frontend import hostprofiles
 from plait.frontend.fastcreate import FastCreate
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body, replaying
 from plait.frontend.requestlog import RequestLog
@@ -49,6 +50,7 @@ from plait.server.controlplane import ControlPlane
 from plait.server.controlplane.listing import JOB_STATES, parse_states
 from plait.server.events import Event
 from plait.server.leader import Leadership
+from plait.sidekick.book import Applied
 from plait.ui.app import Ui, WithUi
 
 #: the largest request body accepted (a job spec is a few KB)
@@ -172,9 +174,20 @@ class Output(pydantic.BaseModel):
     chunks: list[OutputChunk] = pydantic.Field(max_length=10_000)
 
 
+class ProfileIn(pydantic.BaseModel):
+    """The host profile an agent has applied (name None: none yet), and why its last
+    switch failed."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    name: str | None = pydantic.Field(default=None, max_length=64)
+    version: int = pydantic.Field(default=0, ge=0, le=2**31)
+    error: str | None = pydantic.Field(default=None, max_length=1000)
+
+
 class Report(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     tasks: list[StatusIn] = pydantic.Field(default_factory=list, max_length=10_000)
+    profile: ProfileIn | None = None
 
 
 class ErrorBody(pydantic.BaseModel):
@@ -527,6 +540,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         cp.entitlement(name)
         may_entitlement(request, who, name)
         return cp.views.entitlement_view(name)
+
+    hostprofiles.add_routes(app, cp, Admin, User)
 
     # -- jobs ------------------------------------------------------------------------------
     def ack(doc: Any, created: bool | None = None) -> dict[str, Any]:
@@ -948,11 +963,13 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         tasks = cp.gateway.desired_kept(machine)
         if tasks is None:  # not kept yet: read under the control plane's lock
             tasks = await run_in_threadpool(cp.gateway.desired, machine)
+        profile = cp.gateway.profile_kept(machine)
         return {"machine": machine, "generation": generation, "tasks": [
             {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
              "spec": spec_wire(a.spec), "request_id": a.cause} for a in tasks],
             "stopping": [{"job": ref.job, "index": ref.index, "request_id": cause}
-                         for ref, cause in cp.gateway.stops_kept(machine)]}
+                         for ref, cause in cp.gateway.stops_kept(machine)],
+            "profile": None if profile is None else profile.wire()}
 
     @app.post("/v1/machines/{machine}/output", response_model=t.OutputAck, tags=["agents"])
     def output(machine: str, body: Output, who: Who, request: Request) -> dict[str, Any]:
@@ -970,7 +987,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         cp.gateway.report(machine, [TaskStatus(t.job, t.index, t.revision, t.phase, t.healthy,
                                                t.exit_code, t.final, t.killed)
                                     for t in body.tasks],
-                          {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint})
+                          {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint},
+                          None if body.profile is None else Applied(
+                              body.profile.name, body.profile.version, body.profile.error))
         return {"machine": machine, "accepted": len(body.tasks),
                 "generation": cp.gateway.desired_generation(machine)}
 

@@ -30,6 +30,7 @@ class JobCommands:
     def define_entitlement(self, ent: Entitlement) -> bool:
         """Create an entitlement, or change its quota and settings. True if new."""
         self.cp.check_dc("pin_dc", ent.pin_dc)
+        self.cp.profiles.check_entitlement(ent)
         with self.cp.lock:
             old = self.cp.allocator.entitlements.get(ent.name)
             if old == ent:

@@ -38,6 +38,7 @@ from plait.errors import Conflict, NotFound, ValidationError
 from plait.health import HealthCheck
 from plait.metrics import ControlPlaneCollector, metrics_for
 from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
+from plait.model.hostprofile import HostProfile
 from plait.model.machine import FaultDomain, Machine
 from plait.persist import PersistentAllocator, PersistentRegion
 from plait.persist.follow import SharedRecords
@@ -55,6 +56,7 @@ from plait.server.controlplane.gateway import AgentGateway
 from plait.server.controlplane.loop import Loop
 from plait.server.controlplane.machine_ops import MachineOps
 from plait.server.controlplane.membership import Membership
+from plait.server.controlplane.profiles import HostProfiles
 from plait.server.controlplane.views import Views
 from plait.server.events import CHUNK, EventLog, NewEvent
 from plait.server.logs import TaskLogs
@@ -129,9 +131,10 @@ class ControlPlane:
         self.generation: dict[str, int] = {}
         self.gen_base = 0
         #: per machine: (generation, desired set, tasks being stopped there with the
-        #: request behind it) as the last pass left it; an agent's long-poll reads it
-        #: without the lock
-        self.desired_view: dict[str, tuple[int, list[Assignment], Stops]] = {}
+        #: request behind it, the host profile it must carry) as the last pass left
+        #: it; an agent's long-poll reads it without the lock
+        self.desired_view: dict[str, tuple[int, list[Assignment], Stops,
+                                           HostProfile | None]] = {}
         self._created = time.monotonic()
         #: a follower's copy of the job records (``keep_warm``), for a fast takeover
         self.warm: WarmRecords | None = None
@@ -153,6 +156,7 @@ class ControlPlane:
         self.machine_ops = MachineOps(self)
         self.membership = Membership(self)
         self.controllers = Controllers(self)
+        self.profiles = HostProfiles(self)
         self.build(now)
 
     def _fleet(self) -> Fleet:
@@ -228,6 +232,7 @@ class ControlPlane:
         self.persist.fence = fence
         self.persist.only_held = config.shard is not None
         self.views.publish(None)
+        self.profiles.load()
         self.jobs = self.persist.jobs
         start = config.sim_start_seconds
 

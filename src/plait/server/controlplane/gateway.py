@@ -8,15 +8,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from plait.model.hostprofile import HostProfile
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assignment, Stops, TaskStatus
 from plait.server.controlplane.waiters import Waiters
+from plait.sidekick.book import Applied
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
 
-#: (machine, its tasks' statuses, their endpoints, when it reported)
-Report = tuple[str, list[TaskStatus], dict[tuple[str, int], str], float]
+#: (machine, its tasks' statuses, their endpoints, when it reported, the host profile
+#: it applied: None from an agent that does not say)
+Report = tuple[str, list[TaskStatus], dict[tuple[str, int], str], float, Applied | None]
 
 
 class AgentGateway:
@@ -47,8 +50,9 @@ class AgentGateway:
             found = self.cp.scheduler.desired_for(machine)
             # kept for the next reads (the pass changes sets and generations under
             # the lock, so the two read here go together)
-            self.cp.desired_view[machine] = (self.desired_generation(machine), found,
-                                             self.cp.scheduler.stops_for(machine))
+            self.cp.desired_view[machine] = (
+                self.desired_generation(machine), found, self.cp.scheduler.stops_for(machine),
+                self.cp.scheduler.profile_target(self.cp.fleet.index_of(machine)))
             return found
 
     def desired_kept(self, machine: str) -> list[Assignment] | None:
@@ -67,6 +71,14 @@ class AgentGateway:
         if kept is not None and kept[0] == self.desired_generation(machine):
             return kept[2]
         return []
+
+    def profile_kept(self, machine: str) -> HostProfile | None:
+        """The host profile the machine must carry, as kept with its desired set (a
+        read that never blocks: the set read just before kept it)."""
+        kept = self.cp.desired_view.get(machine)
+        if kept is not None:
+            return kept[3]
+        return self.cp.scheduler.profile_target(self.cp.fleet.index_of(machine))
 
     def desired_generation(self, machine: str) -> int:
         """Changes whenever the machine's desired set may have changed (a plain read:
@@ -91,7 +103,8 @@ class AgentGateway:
         return self.cp.logs.read(job, index, after, limit)
 
     def report(self, machine: str, statuses: list[TaskStatus],
-               endpoints: dict[tuple[str, int], str] | None = None) -> None:
+               endpoints: dict[tuple[str, int], str] | None = None,
+               profile: Applied | None = None) -> None:
         """An agent's heartbeat: its tasks' statuses and where they listen. Taken at
         once, without waiting for a pass (decision 45): the heartbeat counts from now,
         the statuses are applied by the next pass."""
@@ -99,7 +112,7 @@ class AgentGateway:
         now = self.cp.clock()
         with self.cp.pending_lock:
             self._beats[machine] = now
-            self._reports.append((machine, statuses, dict(endpoints or {}), now))
+            self._reports.append((machine, statuses, dict(endpoints or {}), now, profile))
         self.cp.wake.set()
 
     def wait_for_agents(self, machines: list[str], timeout: float) -> int:

@@ -79,6 +79,7 @@ class Loop:
                 self.cp.membership.follow(now)
             phase("reports")
             self.take_reports(now)
+            self.cp.profiles.sync(now)
             phase("operations")
             names = self.take_inbox()
             try:
@@ -117,10 +118,11 @@ class Loop:
                 touched, self.cp.scheduler.touched = self.cp.scheduler.touched, set()
                 gen, name, view = self.cp.generation, self.cp.fleet.name, self.cp.desired_view
                 keys = [name(m) for m in touched]
-                for key in keys:
+                for m, key in zip(touched, keys, strict=True):
                     g = gen.get(key, 0) + 1
                     view[key] = (self.cp.gen_base + g, self.cp.scheduler.desired_for(key),
-                                 self.cp.scheduler.stops_for(key))
+                                 self.cp.scheduler.stops_for(key),
+                                 self.cp.scheduler.profile_target(m))
                     gen[key] = g
                 self.cp.gateway.waiters.notify(keys)  # (after the bumps: none is missed)
             calls = self.cp.scheduler.take_calls()
@@ -172,12 +174,15 @@ class Loop:
             if self.cp.known(machine):
                 self.cp.liveness.beat(machine, at)
         jobs = self.cp.scheduler.jobs
-        for machine, statuses, endpoints, at in reports:
+        for machine, statuses, endpoints, at, profile in reports:
             try:
                 m = self.cp.membership.check_owned(machine)
             except (NotFound, TransientError):
                 continue  # (the machine left this shard since it reported)
-            self.cp.scheduler.report(machine, statuses, max(at, self.cp.scheduler.now))
+            when = max(at, self.cp.scheduler.now)
+            self.cp.scheduler.report(machine, statuses, when)
+            if profile is not None:
+                self.cp.scheduler.report_profile(machine, profile, when)
             for (job, index), endpoint in endpoints.items():
                 found = jobs.get(job)
                 rec = found.tasks.get(index) if found is not None else None

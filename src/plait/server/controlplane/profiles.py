@@ -1,0 +1,155 @@
+"""Host profiles on the control plane: their API (admins write, owners read), the
+scheduler's book kept in step with the store, and Sidekick's events.
+
+Profiles are region-wide (``/hostprofiles``, shared by every scheduler shard). A
+write is stored first and reaches the scheduler at the next pass; every pass
+re-reads the store at most every ``REFRESH`` seconds too, so a profile another
+replica or shard wrote is seen here.
+
+A machine switches profile only while no task runs on it (a join, a leave, an idle
+machine). A change that would switch machines with tasks running (a new version of
+a profile in use there, an entitlement naming another profile) is refused: rolling
+a new profile over busy machines needs the drain-switch-resume roll, which plait
+does not do.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from plait import logconfig
+from plait.errors import Conflict, NotFound, ValidationError
+from plait.model.entitlement import Entitlement
+from plait.model.hostprofile import HostProfile, HostProfileSpec, diff
+from plait.sidekick.store import ProfileStore
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+log = logconfig.get("plait.controlplane.profiles")
+
+#: seconds between re-reads of the store's profiles by the pass
+REFRESH = 5.0
+
+
+class HostProfiles:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.store = ProfileStore(cp.store)
+        self._read_at: float | None = None
+        self._dirty = threading.Event()
+
+    # -- reads ---------------------------------------------------------------------------
+    def current(self) -> list[HostProfile]:
+        return self.store.current()
+
+    def get(self, name: str, version: int | None = None) -> HostProfile:
+        return self.store.get(name, version)
+
+    def versions(self, name: str) -> list[HostProfile]:
+        return self.store.versions(name)
+
+    def diff(self, name: str, other: str, version: int | None = None,
+             other_version: int | None = None) -> dict[str, Any]:
+        a, b = self.get(name, version), self.get(other, other_version)
+        return {"from": {"name": a.name, "version": a.version},
+                "to": {"name": b.name, "version": b.version},
+                "changes": [c.model_dump(mode="json") for c in diff(a.spec, b.spec)]}
+
+    # -- writes --------------------------------------------------------------------------
+    def put(self, spec: HostProfileSpec) -> tuple[HostProfile, bool]:
+        """Store a profile's next version (the same settings again: no new version).
+        Refused while machines that carry it have tasks running."""
+        try:
+            current = self.store.get(spec.name)
+        except NotFound:
+            current = None
+        if current is not None and current.spec != spec:
+            self._check_idle(lambda ent: ent.host_profile == spec.name,
+                             f"host profile {spec.name}")
+        made, new = self.store.put(spec, self.cp.clock())
+        if new:
+            self.cp.record("api", "host_profile_changed" if made.version > 1
+                           else "host_profile_created",
+                           f"{made.name}: version {made.version}")
+            self._dirty.set()
+            self.cp.wake.set()
+        return made, new
+
+    def delete(self, name: str) -> None:
+        with self.cp.lock:
+            users = sorted(e.name for e in self.cp.allocator.entitlements.values()
+                           if e.host_profile == name)
+        if users:
+            raise Conflict(f"host profile {name}", "named by no entitlement",
+                           f"named by {', '.join(users[:5])}")
+        self.store.delete(name)
+        self.cp.record("api", "host_profile_deleted", f"{name}")
+        self._dirty.set()
+
+    def check_entitlement(self, ent: Entitlement) -> None:
+        """An entitlement names a profile that exists; changing the profile of one
+        with tasks running is refused (its machines would switch under them)."""
+        try:
+            self.store.get(ent.host_profile)
+        except NotFound:
+            raise ValidationError("host_profile", f"host profile {ent.host_profile!r} "
+                                  "does not exist") from None
+        with self.cp.lock:
+            old = self.cp.allocator.entitlements.get(ent.name)
+        if old is not None and old.host_profile != ent.host_profile:
+            self._check_idle(lambda e: e.name == ent.name, f"entitlement {ent.name}")
+
+    def _check_idle(self, names: Any, what: str) -> None:
+        with self.cp.lock:
+            index = self.cp.allocator.index
+            busy = 0
+            for ent in self.cp.allocator.entitlements.values():
+                if names(ent):
+                    busy += sum(1 for m in self.cp.region.machines_of(ent.name)
+                                if index.tasks[int(m)] > 0)
+        if busy:
+            raise Conflict(what, "no machine carrying it running tasks",
+                           f"{busy} machines running tasks would switch host profile "
+                           "under them (empty them first: a machine switches while "
+                           "no task runs there)")
+
+    # -- the pass ------------------------------------------------------------------------
+    def sync(self, now: float) -> None:
+        """Under the lock, in the pass: the store's profiles into the scheduler's book
+        (after a write here, or every ``REFRESH`` seconds); Sidekick's transitions
+        into events."""
+        if self._dirty.is_set() or self._read_at is None or now - self._read_at >= REFRESH:
+            self._dirty.clear()
+            self._read_at = now
+            try:
+                for profile in self.store.current():
+                    self.cp.scheduler.define_profile(profile)
+            except (OSError, NotFound, ValueError) as exc:
+                log.warning("host profiles not read", error=str(exc))
+        self.record_transitions()
+
+    def load(self) -> None:
+        """At a build: every profile's current version into the new scheduler."""
+        self._read_at = None
+        for profile in self.store.current():
+            self.cp.scheduler.define_profile(profile)
+
+    def record_transitions(self) -> None:
+        sched = self.cp.scheduler
+        moved, sched.profile_transitions = sched.profile_transitions, []
+        name = self.cp.fleet.name
+        for t in moved:
+            machine = name(t.machine)
+            ent = self.cp.region.broker_of(t.machine).entitlement_of(t.machine)
+            if t.kind == "profile_switched":
+                text = f"{machine}: host profile {t.profile} v{t.version} applied"
+            elif t.kind == "profile_switch_retried":
+                text = (f"{machine}: host profile {t.profile} v{t.version} applied after "
+                        "failing; back in service")
+            else:
+                text = (f"{machine}: switching to host profile {t.profile} v{t.version} "
+                        f"failed: {t.reason}; out of service until a retry succeeds")
+            self.cp.record("sidekick", t.kind, text, machine=machine, entitlement=ent,
+                           reason=t.reason)
