@@ -63,6 +63,8 @@ def test_make_builds_each_kind_and_refuses_what_it_cannot_build(tmp_path: Path) 
         appliers.make("script", tmp_path)
     with pytest.raises(ValueError, match="needs a command"):
         appliers.make("script", tmp_path, script="   ")
+    with pytest.raises(ValueError, match="timeout is positive"):
+        appliers.make("script", tmp_path, script="/bin/true", timeout=0)
 
 
 # -- record --------------------------------------------------------------------------------
