@@ -36,11 +36,14 @@ import httpx
 
 from plait import logconfig
 from plait.agent.probe import Prober
+from plait.agent.profile import ProfileSwitcher
 from plait.agent.runtime import Handle, ProcessRuntime
 from plait.agent.wakeup import Wakeup
 from plait.metrics import AgentMetrics
 from plait.model.converge import converge
 from plait.model.job import restart_after
+from plait.sidekick.appliers import Applier
+from plait.sidekick.appliers import make as make_applier
 from plait.tls import verify as tls_verify
 
 log = logconfig.get("plait.agent")
@@ -71,6 +74,8 @@ class Task:
     healthy: bool = False
     #: its last exit was a SIGKILL from outside (not this agent, not out of memory)
     killed: bool = False
+    #: the request that assigned it, while its start waits (for the start's log line)
+    cause: str | None = None
 
     @property
     def key(self) -> str:
@@ -164,10 +169,12 @@ class Agent:
     def __init__(self, machine: str, urls: list[str], join_token: str | None, data_dir: Path,
                  advertise: str = "127.0.0.1", timeout: float = 5.0,
                  runtime: ProcessRuntime | None = None,
-                 describe: dict[str, Any] | None = None, ca_file: str | None = None) -> None:
+                 describe: dict[str, Any] | None = None, ca_file: str | None = None,
+                 applier: Applier | None = None) -> None:
         """``describe``: this machine as it registers when it joins (fault_domain,
         cpu, memory_gb, type and optionally disk_gb); without it, the machine must be
-        one the region has already."""
+        one the region has already. ``applier``: what switches the machine's host
+        profile (``record`` by default: on record only)."""
         self.machine = machine
         self.log = log.bind(machine=machine)
         self.urls = [u.rstrip("/") for u in urls]
@@ -216,6 +223,10 @@ class Agent:
         #: kill timeout): a task that ignores SIGTERM never holds up a heartbeat
         self.stopping: dict[str, Stopping] = {}
         self._stops = ThreadPoolExecutor(max_workers=8, thread_name_prefix="plait-stop")
+        #: the machine's host profile: switched before any task starts (Sidekick)
+        self.profile = ProfileSwitcher(
+            applier or make_applier("record", self.data_dir / "sidekick"), self.wakeup.set,
+            machine)
         self._load()
 
     # -- local state -----------------------------------------------------------------------
@@ -226,6 +237,7 @@ class Agent:
         if data.get("machine") != self.machine:
             raise ValueError(f"{self.state_path} belongs to machine {data.get('machine')}")
         self.token = data.get("token")
+        self.profile.load(data.get("profile"))
         for key, raw in data.get("stopping", {}).items():  # (stops the last run left)
             handle = self.runtime.adopt(raw["handle"])
             self._stop_later(key, Stopping(raw["job"], raw["index"], raw["revision"],
@@ -244,6 +256,7 @@ class Agent:
 
     def _save(self) -> None:
         data = {"machine": self.machine, "token": self.token,
+                "profile": self.profile.applied,
                 "tasks": {k: asdict(t) for k, t in self.tasks.items()},
                 "stopping": {k: s.record() for k, s in self.stopping.items()}}
         if data == self._saved:
@@ -310,6 +323,7 @@ class Agent:
         if desired is None:
             self._supervise(now)
             return
+        self.profile.tick(now, idle=not self.handles and not self.stopping)
         self._converge(desired, now)
         self._supervise(now)
         self.runtime.rotate_logs()  # (the agent keeps the whole logs, rotated)
@@ -338,6 +352,7 @@ class Agent:
         if not self.reachable:
             self.log.info("control plane reachable", tasks=len(desired["tasks"]))
         self.reachable = True
+        self.profile.want(desired.get("profile"))
         self.generation = desired.get("generation")
 
     def _converge(self, desired: dict[str, Any], now: float) -> None:
@@ -375,7 +390,12 @@ class Agent:
 
     def _start(self, task: Task, spec: dict[str, Any], cause: str | None = None) -> None:
         """Start the task's process; ``cause``: the id of the request that assigned
-        it (for the log)."""
+        it (for the log). Nothing starts before the machine carries the host profile
+        its desired set names (started by a later turn, once it does)."""
+        if not self.profile.may_start():
+            task.cause = cause or task.cause  # (started once the machine carries it)
+            return
+        cause, task.cause = cause or task.cause, None
         home = self.data_dir / "tasks" / task.key
         home.mkdir(parents=True, exist_ok=True)
         if not _port_free(self.advertise, task.port):
@@ -555,8 +575,11 @@ class Agent:
                                {"chunks": batch})
                 except httpx.HTTPStatusError as exc:  # refused: dropped, never a retry loop
                     self.log.warning("output refused", chunks=len(batch), error=str(exc))
-            ack = self._call("POST", f"/v1/machines/{self.machine}/status", self.token,
-                             {"tasks": statuses})
+            body: dict[str, Any] = {"tasks": statuses}
+            profile = self.profile.report()
+            if profile is not None:
+                body["profile"] = profile
+            ack = self._call("POST", f"/v1/machines/{self.machine}/status", self.token, body)
             generation = ack.get("generation") if isinstance(ack, dict) else None
             # (a set newer than the long-poll brought: pulled at once by the run loop)
             self._newer = generation is not None and generation != self.generation
@@ -629,6 +652,8 @@ class Agent:
                 # (the same generation is the same set: a long-poll that timed out)
                 self._converge(pulled, now)
         self._supervise(now)
+        if self.profile.tick(now, idle=not self.handles and not self.stopping):
+            self._dirty = True
         self._restart(now)
         for key in self.handles:
             task = self.tasks[key]
@@ -671,6 +696,9 @@ class Agent:
         for task in self.tasks.values():
             if task.exit_code is not None and not task.final:
                 due = min(due, task.next_start)
+        retry = self.profile.next_due()
+        if retry is not None:
+            due = min(due, retry)
         return max(0.0, due - now)
 
     def _poll(self, wait: float, interval: float, stop: threading.Event,
@@ -706,6 +734,7 @@ class Agent:
         """Let go of the data dir (another agent may take it) and of the prober; the
         tasks run on, for the next agent to adopt."""
         self.prober.close()
+        self.profile.close()
         self.wakeup.close()
         if self._lock is not None:
             os.close(self._lock)

@@ -264,6 +264,14 @@ def agent(
     metrics_host: Annotated[str, typer.Option(
         help="the address the metrics are served on (loopback by default: they name "
              "the jobs on this machine)")] = "127.0.0.1",
+    profile_applier: Annotated[str, typer.Option(
+        help="what switches the machine's host profile: record (on record only), sysctl "
+             "(writes /proc/sys, restores on leave) or script (--profile-script)")]
+    = "record",
+    profile_script: Annotated[str | None, typer.Option(
+        help="the script applier's command: run as CMD apply PROFILE.json")] = None,
+    profile_timeout: Annotated[float, typer.Option(
+        min=0.1, help="seconds a profile script may run before it is killed")] = 300.0,
 ) -> None:
     """Run the agent of one machine: join, pull the desired task set, run the tasks as
     processes, report their statuses and output. Tasks keep running if the control
@@ -296,11 +304,15 @@ def agent(
             err.print(f"[red]error:[/red] registering a machine needs {', '.join(missing)} too")
             raise typer.Exit(EXIT_INVALID)
         described["disk_gb"] = disk_gb
+    from plait.sidekick.appliers import make as make_applier
+
     try:
+        applier = make_applier(profile_applier, data_dir / "sidekick", script=profile_script,
+                               timeout=profile_timeout)
         a = Agent(machine_id, control_plane.split(","), join_token, data_dir, advertise,
                   runtime=create_runtime(runtime, data_dir, hide or ()),
                   describe=described if fault_domain is not None else None,
-                  ca_file=ca_file)
+                  ca_file=ca_file, applier=applier)
     except (ValueError, OSError, RuntimeError, PlaitError) as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None

@@ -36,6 +36,8 @@ LAZY: dict[str, tuple[str, str, str]] = {
                 "Named API contexts in the client configuration."),
     "entitlement": ("plait.cli.entitlements", "entitlement_app",
                     "Entitlements: quota + pseudo-cluster."),
+    "hostprofile": ("plait.cli.hostprofiles", "hostprofile_app",
+                    "Host profiles: the settings machines carry (Sidekick)."),
     "job": ("plait.cli.jobs", "job_app",
             "Jobs: deploy, inspect, update, resize, restart, roll back."),
     "task": ("plait.cli.tasks", "task_app", "The tasks of a job."),
@@ -100,7 +102,7 @@ def version() -> None:
 
 #: verbs that make a few API calls and end: their process exits without the
 #: interpreter's teardown (tens of milliseconds of freeing modules one by one)
-CLIENT_VERBS = frozenset({"context", "discover", "entitlement", "job", "machine",
+CLIENT_VERBS = frozenset({"context", "discover", "entitlement", "hostprofile", "job", "machine",
                           "maintenance", "task", "token", "version"})
 
 

@@ -43,6 +43,11 @@ def up(
     shards: Annotated[int, typer.Option(
         min=1, max=16, help="scheduler shards behind a front end on PORT (shard S replica "
                             "R on PORT+1+S*REPLICAS+R)")] = 1,
+    profile_applier: Annotated[str, typer.Option(
+        help="what switches each machine's host profile: record, sysctl or script "
+             "(the agents' --profile-applier)")] = "record",
+    profile_script: Annotated[str | None, typer.Option(
+        help="the script applier's command (CMD apply PROFILE.json)")] = None,
     otlp_endpoint: OtlpEndpoint = None,
     trace_file: TraceFile = None,
 ) -> None:
@@ -128,7 +133,9 @@ def up(
              "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
              "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
              "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
-             "--runtime", runtime, "--hide", str(data_dir.resolve())],
+             "--runtime", runtime, "--hide", str(data_dir.resolve()),
+             "--profile-applier", profile_applier,
+             *(["--profile-script", profile_script] if profile_script else [])],
             stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
     server.start()
     # the other replicas, once this one campaigns (it leads, unless a replica left

@@ -182,6 +182,7 @@ class ProfileIn(pydantic.BaseModel):
     name: str | None = pydantic.Field(default=None, max_length=64)
     version: int = pydantic.Field(default=0, ge=0, le=2**31)
     error: str | None = pydantic.Field(default=None, max_length=1000)
+    failures: int = pydantic.Field(default=0, ge=0, le=2**31)
 
 
 class Report(pydantic.BaseModel):
@@ -989,7 +990,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                                     for t in body.tasks],
                           {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint},
                           None if body.profile is None else Applied(
-                              body.profile.name, body.profile.version, body.profile.error))
+                              body.profile.name, body.profile.version, body.profile.error,
+                              body.profile.failures))
         return {"machine": machine, "accepted": len(body.tasks),
                 "generation": cp.gateway.desired_generation(machine)}
 

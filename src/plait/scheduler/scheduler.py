@@ -156,6 +156,7 @@ class Scheduler(SchedulerState):
                 self.profiles.joined(change.machine, self.profile_target(change.machine))
                 self.touched.add(change.machine)
         elif change.kind is ChangeKind.RELEASED and change.machine in self.profiles.applied:
+            self.profiles.left(change.machine)
             self.touched.add(change.machine)  # back to ``default``
 
     # -- job operations (what users ask for) -------------------------------------------------
@@ -354,7 +355,7 @@ class Scheduler(SchedulerState):
         desired = self.desired.get(m)
         if desired is None:
             return []
-        if m not in self.profiles.applied or self.profile_ready(m):
+        if m not in self.profiles.pending or self.profile_ready(m):
             return list(desired.values())
         jobs, allocated = self.jobs, TaskState.ALLOCATED
         return [a for a in desired.values()
@@ -385,25 +386,28 @@ class Scheduler(SchedulerState):
 
     def report_profile(self, machine: str, applied: Applied, now: float) -> None:
         """An agent's report of the profile it applied (or why its switch fails). A
-        failing switch takes the machine out of service (a failure event in its broker,
-        ``sidekick-{machine}``: its tasks are replaced as on any failure) until a switch
-        succeeds; the agent retries with backoff."""
+        failed switch takes the machine out of service (a failure event in its broker,
+        ``sidekick-{machine}-{n}``: its tasks are replaced as on any failure) for
+        ``book.out_for(n)`` seconds after the n-th failure in a row, or until the
+        profile that failed is applied; its agent tries again with its own backoff."""
         m = self.fleet.index_of(machine)
         target = self.profile_target(m)
         was = self.profiles.ready(m, target)
         change = self.profiles.report(m, applied, target)
-        if self.profiles.ready(m, target) != was:
-            self.touched.add(m)
+        if self.profiles.ready(m, target) != was and self.desired.get(m):
+            self.touched.add(m)  # (the tasks its agent is given change)
         if change is None:
             return
         self.profile_transitions.append(change)
         if change.kind == "profile_switch_failed":
             self.region.add_event(UnavailabilityEvent(
-                f"sidekick-{machine}", EventKind.FAILURE, (machine,), now, None,
+                f"sidekick-{machine}-{change.failures}", EventKind.FAILURE, (machine,), now,
+                now + change.out_for,
                 f"host profile {change.profile} v{change.version}: {change.reason}"), now)
         elif change.kind == "profile_switch_retried":
-            with contextlib.suppress(NotFound):
-                self.region.end_event(f"sidekick-{machine}", now)
+            for n in range(1, change.failures + 1):
+                with contextlib.suppress(NotFound):
+                    self.region.end_event(f"sidekick-{machine}-{n}", now)
 
     def stops_for(self, machine: str) -> Stops:
         """The tasks whose records still name the machine but that left its desired

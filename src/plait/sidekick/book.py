@@ -2,12 +2,14 @@
 version, and per machine the profile its agent last reported applied and why its
 last switch failed.
 
-A machine must carry its entitlement's profile (``default`` while free). It is
-*ready* when its agent's last report names that profile at its current version; a
-machine not heard from since this control plane started (a takeover, a restart) is
-taken as ready until its first report says otherwise, because the agent never
-starts a task on a profile other than the one its desired set names (the scheduler
-withholds new tasks from a machine known to differ; the agent is the last guard).
+A machine must carry its entitlement's profile (``default`` while free). A machine
+that joins an entitlement whose profile it does not carry is *pending* until its
+agent reports that profile applied: the scheduler gives its agent no task that has
+not started yet until then. A task an agent was given is never taken back for its
+profile (that would stop what may have started): the agent itself never starts a
+task on a profile other than the one its desired set names, so a machine the
+control plane knows nothing of (after a takeover, or an agent's first start) is
+guarded by its agent alone.
 """
 
 from __future__ import annotations
@@ -25,19 +27,35 @@ class Applied:
     name: str | None
     version: int = 0
     error: str | None = None
+    #: switches that failed in a row (each new one is a new failure; reset by success)
+    failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Transition:
     """A machine's profile changed state: ``kind`` is ``profile_switched`` (now
     carries its target), ``profile_switch_failed`` (its agent could not apply it:
-    ``reason``) or ``profile_switch_retried`` (applied after failing)."""
+    ``reason``; the machine is out of service for ``out_for`` seconds) or
+    ``profile_switch_retried`` (the profile that failed is applied now)."""
 
     machine: int
     kind: str
     profile: str
     version: int
     reason: str | None = None
+    out_for: float = 0.0
+    #: which failure this is, for a machine (1, 2, ...; 0 for the others)
+    failures: int = 0
+
+
+#: a machine whose switch failed is out of service this long after its first failure
+#: in a row, doubled for each next one up to ``OUT_MAX``; the allocator may claim it
+#: again afterwards (its agent tries again on its own backoff meanwhile)
+OUT_FIRST, OUT_MAX = 30.0, 3600.0
+
+
+def out_for(failures: int) -> float:
+    return min(OUT_MAX, OUT_FIRST * 2 ** max(0, failures - 1))
 
 
 class ProfileBook:
@@ -50,8 +68,11 @@ class ProfileBook:
         self.profiles: dict[str, HostProfile] = {DEFAULT_PROFILE: default_profile()}
         #: per machine, what its agent last reported (see the class's note)
         self.applied: dict[int, Applied] = {}
-        #: machines whose switch fails, with the profile and version it fails to
-        self.failing: dict[int, tuple[str, int]] = {}
+        #: machines that joined an entitlement and do not carry its profile yet
+        self.pending: set[int] = set()
+        #: machines whose switch failed and has not succeeded since: the profile and
+        #: version that failed, and the failures in a row the agent reported
+        self.failing: dict[int, tuple[str, int, int]] = {}
 
     def define(self, profile: HostProfile) -> bool:
         """Keep ``profile`` as its name's current version (an older one is ignored).
@@ -74,18 +95,21 @@ class ProfileBook:
 
     def joined(self, machine: int, target: HostProfile | None) -> None:
         """The machine joined an entitlement: it came from the free pool, so it carries
-        ``default`` (until its agent says otherwise)."""
-        if machine not in self.applied and (target is None or target.name != DEFAULT_PROFILE):
-            self.applied[machine] = DEFAULT_APPLIED
+        ``default`` unless its agent said otherwise; pending unless it carries the
+        entitlement's profile."""
+        seen = self.applied.get(machine, DEFAULT_APPLIED)
+        if target is None or (seen.name, seen.version) != (target.name, target.version):
+            self.pending.add(machine)
+            if machine not in self.applied:
+                self.applied[machine] = DEFAULT_APPLIED
+
+    def left(self, machine: int) -> None:
+        """The machine went back to the free pool."""
+        self.pending.discard(machine)
 
     def ready(self, machine: int, target: HostProfile | None) -> bool:
-        """Whether new tasks may start on the machine."""
-        if target is None:
-            return False
-        seen = self.applied.get(machine)
-        if seen is None:  # default, or not heard from: its agent guards its starts
-            return True
-        return seen.name == target.name and seen.version == target.version
+        """Whether its agent may be given tasks that have not started yet."""
+        return target is not None and machine not in self.pending
 
     def report(self, machine: int, applied: Applied,
                target: HostProfile | None) -> Transition | None:
@@ -97,24 +121,32 @@ class ProfileBook:
             self.applied.pop(machine, None)  # (what a machine without an entry carries)
         elif before != applied:
             self.applied[machine] = applied
+        if matches:
+            self.pending.discard(machine)
         if target is None:
             return None
         failing = self.failing.get(machine)
         if matches:
-            if failing is not None:
-                del self.failing[machine]
+            if failing is not None and failing[:2] == (target.name, target.version):
+                del self.failing[machine]  # what failed is applied now
                 return Transition(machine, "profile_switch_retried", target.name,
-                                  target.version)
+                                  target.version, failures=failing[2])
+            if failing is not None and applied.error is None:
+                del self.failing[machine]  # (a success elsewhere: the streak is over)
             # (a first report only tells what the machine carried already: after a
             # takeover, every machine's first report matches)
             if before is not None and (before.name, before.version) != (applied.name,
                                                                         applied.version):
                 return Transition(machine, "profile_switched", target.name, target.version)
             return None
-        if applied.error is not None and failing != (target.name, target.version):
-            self.failing[machine] = (target.name, target.version)
+        # (each heartbeat repeats the count: a new count is a new failure, a lower one a
+        # restarted agent's)
+        if applied.error is not None and applied.failures != (
+                0 if failing is None else failing[2]):
+            self.failing[machine] = (target.name, target.version, applied.failures)
             return Transition(machine, "profile_switch_failed", target.name,
-                              target.version, applied.error)
+                              target.version, applied.error, out_for(applied.failures),
+                              applied.failures)
         return None
 
 

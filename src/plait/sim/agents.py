@@ -144,7 +144,8 @@ class SimAgent:
 
     def applied(self) -> Applied:
         """The profile report: what is applied, and why the last switch failed."""
-        return Applied(self.profile[0], self.profile[1], self.profile_error)
+        return Applied(self.profile[0], self.profile[1], self.profile_error,
+                       self.switch_failures)
 
     def _switch(self, now: float, target: HostProfile | None) -> bool:
         """Move towards ``target`` (None: no profile asked for); True when the machine

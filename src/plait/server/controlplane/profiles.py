@@ -150,6 +150,7 @@ class HostProfiles:
                         "failing; back in service")
             else:
                 text = (f"{machine}: switching to host profile {t.profile} v{t.version} "
-                        f"failed: {t.reason}; out of service until a retry succeeds")
+                        f"failed (failure {t.failures} in a row): {t.reason}; out of service "
+                        f"for {t.out_for:g}s, or until a retry succeeds")
             self.cp.record("sidekick", t.kind, text, machine=machine, entitlement=ent,
                            reason=t.reason)

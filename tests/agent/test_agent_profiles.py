@@ -1,0 +1,170 @@
+"""Sidekick on real agents: a machine that joins an entitlement is switched to the
+entitlement's host profile (by the record or the script applier) before any task
+starts there; a failing switch keeps the machine out of service, with the reason,
+until a retry succeeds. The control plane and the agents run in this process; tasks
+are real processes. Every wait is a liveness bound, not a speed check."""
+
+from __future__ import annotations
+
+import json
+import stat
+import threading
+import time
+
+import httpx
+import pytest
+
+from plait.agent import profile as agent_profile
+from plait.agent.daemon import Agent
+from plait.model import RegionSpec
+from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+from plait.server.serve import ApiServer, store_for
+from plait.sidekick import book
+from plait.sidekick.appliers import make
+
+MACHINES = ["m0000000", "m0000001"]
+PROFILE = {"name": "web", "sysctls": {"net.core.somaxconn": "4096"}, "turbo": True,
+           "user": {"tier": "frontend"}}
+# the task prints the profile its machine had on record when it started
+TASK = ('cat "$PLAIT_DATA_DIR/../../sidekick/host-profile.json" > "$PLAIT_DATA_DIR/seen.json"; '
+        'cat "$PLAIT_DATA_DIR/../../sidekick/script-ran" > "$PLAIT_DATA_DIR/script.txt" '
+        '2>/dev/null; exec sleep 600')
+
+
+def wait_for(check, timeout=60.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not reached within the liveness bound")
+        time.sleep(0.1)
+
+
+class Box:
+    def __init__(self, tmp, applier):
+        region = RegionSpec.sized(2, dcs=1, msbs_per_dc=2, rows_per_msb=1, racks_per_row=1)
+        self.cp = ControlPlane(store_for(tmp / "cp"), ControlPlaneConfig(
+            region=region, tick_seconds=0.05, heartbeat_timeout=30))
+        token = self.cp.bootstrap_admin()
+        self.server = ApiServer(self.cp).start()
+        self.api = httpx.Client(base_url=self.server.url, timeout=30,
+                                headers={"Authorization": f"Bearer {token}"})
+        join = self.api.post("/v1/tokens", json={"role": "join", "name": "j"}).json()["token"]
+        self.stop = threading.Event()
+        self.dirs = {m: tmp / m for m in MACHINES}
+        self.agents = [Agent(m, [self.server.url], join, self.dirs[m],
+                             applier=applier(self.dirs[m] / "sidekick")) for m in MACHINES]
+        self.threads = [threading.Thread(target=a.run, args=(0.1, self.stop), daemon=True)
+                        for a in self.agents]
+        for t in self.threads:
+            t.start()
+
+    def setup(self):
+        r = self.api.put("/v1/hostprofiles/web", json=PROFILE)
+        assert r.status_code == 201, r.text
+        r = self.api.post("/v1/entitlements", json={"name": "e", "owner": "o",
+                                                    "quota": {"machines": 2},
+                                                    "host_profile": "web"})
+        assert r.status_code == 201, r.text
+        spec = {"name": "svc", "entitlement": "e", "task_count": 2,
+                "resources": {"cpu": 0.1, "memory_gb": 0.1}, "command": "sh",
+                "args": ["-c", TASK],
+                "policy": {"requirements": {"max_tasks_per_machine": 1}}}
+        r = self.api.post("/v1/jobs", json=spec)
+        assert r.status_code == 201, r.text
+
+    def running(self):
+        tasks = self.api.get("/v1/jobs/svc/tasks").json()["tasks"]
+        return all(t["state"] == "running" for t in tasks)
+
+    def seen(self, machine):
+        """What each task on the machine found on record when it started."""
+        out = []
+        for path in (self.dirs[machine] / "tasks").glob("*/seen.json"):
+            out.append((json.loads(path.read_text()),
+                        (path.parent / "script.txt").read_text()))
+        return out
+
+    def events(self, kind):
+        return self.api.get("/v1/events", params={"kind": kind, "limit": 1000}).json()["events"]
+
+    def close(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+        for a in self.agents:
+            a.shutdown()
+            a.close()
+        self.api.close()
+        self.server.stop()
+        self.cp.store.close()
+
+
+@pytest.fixture
+def box_of(tmp_path):
+    boxes = []
+
+    def make_box(applier):
+        box = Box(tmp_path, applier)
+        boxes.append(box)
+        return box
+    yield make_box
+    for box in boxes:
+        box.close()
+
+
+def test_the_record_applier_switches_a_joining_machine_before_its_task_starts(box_of):
+    box = box_of(lambda state: make("record", state))
+    box.setup()
+    wait_for(box.running, what="the job running")
+    used = {t["machine"] for t in box.api.get("/v1/jobs/svc/tasks").json()["tasks"]}
+    for machine in used:
+        seen = box.seen(machine)
+        assert seen, machine
+        for profile, _ in seen:  # on record before the task's first line ran
+            assert profile["name"] == "web" and profile["version"] == 1
+            assert profile["settings"]["sysctls"] == PROFILE["sysctls"]
+    switched = box.events("profile_switched")
+    assert {e["machine"] for e in switched} >= used
+    assert all("host profile web v1 applied" in e["message"] for e in switched)
+    # the control plane knows what each machine carries
+    machines = {m["id"]: m for m in box.api.get("/v1/machines").json()["machines"]}
+    assert all(machines[m]["state"] == "healthy" for m in used)
+
+
+def test_the_script_applier_runs_before_the_task_and_a_failing_switch_keeps_the_machine_out(
+        box_of, tmp_path, monkeypatch):
+    monkeypatch.setattr(agent_profile, "RETRY", 0.5)  # the agent's retries
+    monkeypatch.setattr(book, "OUT_FIRST", 1.0)  # the machine's time out of service
+    broken = tmp_path / "broken"
+    broken.write_text("yes")
+    script = tmp_path / "apply.sh"
+    # switching to web fails while the flag file exists; a switch that succeeds notes
+    # the profile it applied beside PATH
+    script.write_text(f"""#!/bin/sh
+[ "$1" = apply ] || exit 9
+name=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["name"])' "$2")
+if [ "$name" = web ] && [ -e {broken} ]; then echo "firmware says no to turbo"; exit 3; fi
+echo "$name" > "$(dirname "$2")/script-ran"
+""")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    box = box_of(lambda state: make("script", state, script=str(script), timeout=30))
+    box.setup()
+    wait_for(lambda: len(box.events("profile_switch_failed")) >= 2,
+             what="both machines' switches failing")
+    failed = box.events("profile_switch_failed")
+    assert all("switching to host profile web v1 failed" in e["message"]
+               and "firmware says no to turbo" in e["message"] for e in failed)
+    assert all("status 3" in (e["reason"] or "") for e in failed)
+    # out of service while the switch fails, and no task started anywhere
+    machines = box.api.get("/v1/machines").json()["machines"]
+    assert {m["state"] for m in machines if m["id"] in MACHINES} == {"failed"}
+    assert not any(box.seen(m) for m in MACHINES)
+    assert not box.running()
+    broken.unlink()  # the next retry succeeds
+    wait_for(box.running, what="the job running once the switch succeeds")
+    assert {e["machine"] for e in box.events("profile_switch_retried")} == set(MACHINES)
+    for machine in MACHINES:
+        for profile, ran in box.seen(machine):
+            assert profile["name"] == "web" and ran.strip() == "web"
+    machines = box.api.get("/v1/machines").json()["machines"]
+    assert {m["state"] for m in machines if m["id"] in MACHINES} == {"healthy"}

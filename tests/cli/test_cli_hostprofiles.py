@@ -1,0 +1,99 @@
+"""plait hostprofile: create, list, show, diff and delete through the CLI against a live
+API (simulated agents), and an entitlement that names a profile."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from test_cli_client import EXAMPLES, plait, write
+
+PROFILES = """\
+name: web
+description: front ends
+sysctls:
+  net.core.somaxconn: "4096"
+  vm.swappiness: "10"
+turbo: true
+---
+name: batch
+hugepages_2m: 512
+cgroup_controllers: [cpu, memory, io]
+user: {tier: batch}
+"""
+
+
+def test_profiles_are_created_versioned_diffed_and_named_by_entitlements(plane, tmp_path: Path):
+    plait("hostprofile", "create", str(write(tmp_path, "p.yaml", PROFILES)))
+    listed = json.loads(plait("hostprofile", "list", "-o", "json").stdout)["profiles"]
+    assert [p["name"] for p in listed] == ["batch", "default", "web"]
+    table = plait("hostprofile", "list").stdout
+    assert "turbo on" in table and "hugepages 512x2M" in table and "(sets nothing)" in table
+    # the same file again makes no new version; a changed setting makes version 2
+    plait("hostprofile", "create", str(write(tmp_path, "p.yaml", PROFILES)))
+    assert json.loads(plait("hostprofile", "show", "web", "-o", "json").stdout)["version"] == 1
+    plait("hostprofile", "create", str(write(tmp_path, "web2.yaml", PROFILES.split("---")[0]
+                                                .replace('"10"', '"60"'))))
+    web = json.loads(plait("hostprofile", "show", "web", "-o", "json").stdout)
+    assert web["version"] == 2 and web["sysctls"]["vm.swappiness"] == "60"
+    old = json.loads(plait("hostprofile", "show", "web", "--version", "1", "-o", "json").stdout)
+    assert old["sysctls"]["vm.swappiness"] == "10"
+    versions = json.loads(plait("hostprofile", "show", "web", "--versions", "-o",
+                                "json").stdout)["versions"]
+    assert [v["version"] for v in versions] == [1, 2]
+    # diff: the previous version against the current one, then two profiles
+    diff = json.loads(plait("hostprofile", "diff", "web", "-o", "json").stdout)
+    assert diff["changes"] == [{"setting": "sysctls.vm.swappiness", "old": "10", "new": "60"}]
+    out = plait("hostprofile", "diff", "web@1", "batch").stdout
+    assert "web v1 -> batch v1" in out and "hugepages_2m" in out and "turbo" in out
+    # an entitlement names a profile that exists
+    plait("entitlement", "create", "--name", "front", "--owner", "alice", "--machines", "4",
+          "--host-profile", "web")
+    res = plait("entitlement", "create", "--name", "x", "--owner", "alice", "--machines", "4",
+                "--host-profile", "nope", ok=False)
+    assert res.exit_code == 2 and "host profile 'nope' does not exist" in res.output
+    spec = write(tmp_path, "job.yaml", "name: fe\nentitlement: front\ntask_count: 2\n"
+                 "resources: {cpu: 1, memory_gb: 1}\ncommand: serve\n")
+    plait("job", "deploy", str(spec), "--wait")
+    def switched() -> list[dict]:  # (one JSON object per line)
+        out = plait("events", "--kind", "profile_switched", "-o", "json").stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+    deadline = time.monotonic() + 60
+    while len(switched()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(switched()) >= 2
+    assert {"host profile web v2 applied" in e["message"] for e in switched()} == {True}
+    shown = json.loads(plait("hostprofile", "show", "web", "-o", "json").stdout)
+    assert shown["entitlements"] == ["front"] and shown["machines"] >= 2
+    # in use: no new version while its machines run tasks, and no delete
+    res = plait("hostprofile", "create", str(write(tmp_path, "web3.yaml", PROFILES.split(
+        "---")[0].replace('"4096"', '"8192"'))), ok=False)
+    assert res.exit_code != 0 and "running tasks" in " ".join(res.output.split())
+    res = plait("hostprofile", "delete", "web", ok=False)
+    assert res.exit_code != 0 and "named by front" in " ".join(res.output.split())
+    plait("hostprofile", "delete", "batch")
+    res = plait("hostprofile", "show", "batch", ok=False)
+    assert res.exit_code != 0 and "not found" in res.output
+
+
+def test_owners_read_profiles_and_admins_write_them(plane, tmp_path: Path):
+    token = plait("token", "create", "--owner", "alice").stdout.strip()
+    plait("hostprofile", "create", str(write(tmp_path, "p.yaml", PROFILES)))
+    listed = json.loads(plait("--token", token, "hostprofile", "list", "-o", "json").stdout)
+    assert {p["name"] for p in listed["profiles"]} == {"batch", "default", "web"}
+    res = plait("--token", token, "hostprofile", "create",
+                str(write(tmp_path, "q.yaml", "name: mine\n")), ok=False)
+    assert res.exit_code == 4 and "admin only" in res.output
+    res = plait("hostprofile", "create", str(write(tmp_path, "bad.yaml",
+                                                   "name: bad\nsysctls: {'no such': '1'}\n")),
+                ok=False)
+    assert res.exit_code == 2 and "sysctls" in res.output and "not a valid sysctl" in res.output
+    assert "bad" not in {p["name"] for p in json.loads(
+        plait("hostprofile", "list", "-o", "json").stdout)["profiles"]}
+
+
+def test_the_example_profiles_are_valid(plane):
+    made = json.loads(plait("hostprofile", "create", str(EXAMPLES / "hostprofiles.yaml"),
+                            "-o", "json").stdout)
+    assert [p["name"] for p in made] == ["web", "batch"]

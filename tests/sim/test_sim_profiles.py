@@ -1,0 +1,146 @@
+"""Host profiles in the simulator: machines join and leave entitlements with their
+own profiles as jobs grow, shrink, update and lose machines, and some switches fail.
+
+The simulated agents' own guard is off, so what is tested is the scheduler's gate:
+at every simulated second no task has started on a machine whose profile differed
+from its entitlement's, and no planned operation started with its job at its
+max_unavailable; once the failures end, every job runs at full strength on machines
+carrying its entitlement's profile.
+"""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plait.model import Entitlement, Quota, UpdatePolicy
+from plait.model.hostprofile import HostProfile, HostProfileSpec
+from plait.scheduler import SchedulerConfig
+from plait.sim.scenarios import job_spec, world
+
+PROFILES = {"web": HostProfileSpec(name="web", sysctls={"net.core.somaxconn": "4096"},
+                                   turbo=True),
+            "batch": HostProfileSpec(name="batch", hugepages_2m=512)}
+# job -> (entitlement, max_unavailable); entitlement -> profile
+JOBS = {"a": ("web", 1), "b": ("batch", 2), "c": ("plain", 1)}
+ENTS = {"web": "web", "batch": "batch", "plain": "default"}
+MACHINES = 30
+
+actions = st.lists(st.one_of(
+    st.tuples(st.just("update"), st.sampled_from(sorted(JOBS))),
+    st.tuples(st.just("resize"), st.sampled_from(sorted(JOBS)), st.integers(0, 8)),
+    st.tuples(st.just("fail"), st.integers(0, MACHINES - 1)),
+    st.tuples(st.just("repair")),
+    st.tuples(st.just("break"), st.integers(0, MACHINES - 1), st.sampled_from(sorted(PROFILES))),
+    st.tuples(st.just("mend")),
+    st.tuples(st.just("wait"), st.integers(1, 60)),
+), min_size=1, max_size=12)
+
+
+def build():
+    sim = world(machines=MACHINES, entitlements=(), config=SchedulerConfig(
+        rate=2.0, burst=4.0, failure_deadline=60))
+    s = sim.scheduler
+    for spec in PROFILES.values():
+        s.define_profile(HostProfile(spec=spec, version=1))
+    for ent, profile in ENTS.items():
+        sim.allocator.define(Entitlement(name=ent, owner="o", quota=Quota(machines=12),
+                                         host_profile=profile))
+    for m in range(MACHINES):
+        sim.agent(m).guard = False  # the scheduler's gate alone
+    return sim
+
+
+def watch_starts(sim):
+    """When a planned operation starts on an available task, its job is below its cap."""
+    s = sim.scheduler
+    original = s.start_ops
+
+    def start(job, steps, now):
+        for op, costly in steps:
+            rec = job.tasks[op.task.index]
+            count = job.spec.task_count
+            if (rec.state.value == "running" and rec.healthy and rec.serving
+                    and rec.index < count and not job.deleting):
+                cap = job.spec.update.resolve(count)
+                assert cap is None or s.unavailable(job) < cap, f"{job.name}: at its cap"
+            original(job, [(op, costly)], now)
+    s.start_ops = start
+
+
+def check(sim):
+    s = sim.scheduler
+    assert sum(a.mismatched_starts for a in sim.agents.values()) == 0
+    for name, job in s.jobs.items():
+        for rec in job.tasks.values():
+            if rec.serving:  # serving where it runs, on its entitlement's profile
+                agent = sim.agents[rec.machine]
+                target = s.profile_target(rec.machine)
+                assert target is not None
+                assert agent.profile == (target.name, target.version), (name, rec.index)
+
+
+@settings(max_examples=40, deadline=None)
+@given(actions=actions)
+def test_no_task_starts_on_a_machine_without_its_entitlements_profile(actions):
+    sim = build()
+    s = sim.scheduler
+    specs = {}
+    for name, (ent, cap) in JOBS.items():
+        specs[name] = job_spec(name, 4, entitlement=ent, cpu=4,
+                               update=UpdatePolicy(max_unavailable=cap))
+        s.create_job(specs[name], 0)
+    sim.observers.append(check)
+    watch_starts(sim)
+    sim.run(300)  # batch's machines take 244 s to get their hugepages
+    failures: list[str] = []
+    broken: list[int] = []
+    version = 1
+    for action in actions:
+        kind = action[0]
+        if kind == "update":
+            version += 1
+            specs[action[1]] = specs[action[1]].model_copy(update={"args": (f"v{version}",)})
+            s.update_job(specs[action[1]], sim.now)
+        elif kind == "resize":
+            specs[action[1]] = specs[action[1]].model_copy(update={"task_count": action[2]})
+            s.update_job(specs[action[1]], sim.now)
+        elif kind == "fail":
+            failures.append(sim.fail([sim.fleet.name(action[1])]))
+        elif kind == "repair" and failures:
+            sim.repair(failures.pop(0))
+        elif kind == "break":
+            bad = action[2]
+            sim.agent(action[1]).switch_error = (
+                lambda p, bad=bad: "firmware refused" if p.name == bad else None)
+            broken.append(action[1])
+        elif kind == "mend" and broken:
+            sim.agent(broken.pop(0)).switch_error = lambda p: None
+        sim.run(action[1] if kind == "wait" else 10)
+    for event_id in failures:
+        sim.repair(event_id)
+    for m in broken:
+        sim.agent(m).switch_error = lambda p: None
+    assert sim.run_until(lambda: all(
+        len(s.discovery(n)) == specs[n].task_count
+        and all(r.spec_version == s.job(n).target for r in s.job(n).tasks.values())
+        for n in JOBS), 20_000)
+    check(sim)
+
+
+def test_a_failed_switch_takes_the_machine_out_and_it_comes_back_when_a_retry_succeeds():
+    sim = build()
+    s = sim.scheduler
+    for m in range(MACHINES):
+        sim.agent(m).switch_error = lambda p: "no turbo here" if p.name == "web" else None
+    s.create_job(job_spec("a", 2, entitlement="web", cpu=4), 0)
+    sim.run(5)
+    failed = [t for t in s.profile_transitions if t.kind == "profile_switch_failed"]
+    assert failed and all(t.reason == "no turbo here" and t.profile == "web" for t in failed)
+    down = {sim.fleet.name(t.machine) for t in failed}
+    assert all(sim.region.record(sim.fleet.index_of(m)).state.value == "failed" for m in down)
+    assert not s.discovery("a")
+    for m in range(MACHINES):
+        sim.agent(m).switch_error = lambda p: None
+    assert sim.run_until(lambda: len(s.discovery("a")) == 2, 5000)
+    assert sum(a.mismatched_starts for a in sim.agents.values()) == 0
+    on = {r.machine for r in s.job("a").tasks.values()}
+    assert all(sim.agents[m].profile == ("web", 1) for m in on)
