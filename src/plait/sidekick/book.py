@@ -55,7 +55,7 @@ OUT_FIRST, OUT_MAX = 30.0, 3600.0
 
 
 def out_for(failures: int) -> float:
-    return min(OUT_MAX, OUT_FIRST * 2 ** max(0, failures - 1))
+    return float(min(OUT_MAX, OUT_FIRST * 2 ** max(0, failures - 1)))
 
 
 class ProfileBook:
