@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from plait.cli.client import q
+from plait.cli.client import EXIT_INVALID, CliError, q
 from plait.cli.common import (
     Output,
     api,
@@ -118,8 +118,15 @@ def machine_uncordon(machine: str, output: Output = "table") -> None:
 @guarded
 def machine_drain(machine: str, deadline: Annotated[str | None, typer.Option(
         help="time TaskControl has to move the tasks (300, 90s, 10m, 2h)")] = None,
+        to: Annotated[str, typer.Option(
+            help="once empty: free (back to the free pool) or maintenance (out of "
+                 "service until uncordoned)")] = "maintenance",
         output: Output = "table") -> None:
     """Cordon and move every task off through TaskControl; stop what is left at the
-    deadline."""
-    body = None if deadline is None else {"deadline_seconds": parse_duration(deadline)}
+    deadline; then give the machine back to the free pool or keep it out of service."""
+    if to not in ("free", "maintenance"):
+        raise CliError(f"--to {to}: free or maintenance", EXIT_INVALID)
+    body: dict[str, object] = {"to": to}
+    if deadline is not None:
+        body["deadline_seconds"] = parse_duration(deadline)
     _machine_op(machine, "drain", body, output)

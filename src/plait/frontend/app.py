@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import functools
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pydantic
 from fastapi import Body, Depends, FastAPI, Query, Request, Response, Security
@@ -92,6 +92,8 @@ class Move(pydantic.BaseModel):
 class Drain(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     deadline_seconds: float | None = pydantic.Field(default=None, ge=0, le=30 * 86400)
+    #: once empty: back to the free pool, or out of service until uncordoned
+    to: Literal["free", "maintenance"] = "maintenance"
 
 
 class ShardMove(pydantic.BaseModel):
@@ -815,9 +817,12 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     def drain(machine: str, who: Admin,
               body: Annotated[Drain | None, Body()] = None) -> dict[str, Any]:
         """Cordon, then move the tasks off through TaskControl; at the deadline what is
-        left is stopped."""
-        return {"machine": machine,
-                "event": cp.machine_ops.drain(machine, body.deadline_seconds if body else None)}
+        left is stopped. Once empty, the machine goes back to the free pool (``to:
+        free``) or stays out of service until uncordoned (``maintenance``, the
+        default)."""
+        return {"machine": machine, "event": cp.machine_ops.drain(
+            machine, body.deadline_seconds if body else None,
+            body.to if body else "maintenance")}
 
     @app.post("/v1/maintenance", response_model=t.MaintenanceCreated, tags=["maintenance"],
               status_code=201)

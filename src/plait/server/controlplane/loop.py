@@ -125,6 +125,7 @@ class Loop:
                                  self.cp.scheduler.profile_target(m))
                     gen[key] = g
                 self.cp.gateway.waiters.notify(keys)  # (after the bumps: none is missed)
+            self.cp.machine_ops.finish_drains()
             calls = self.cp.scheduler.take_calls()
             phase("events")
             # events are attributed before the save drops the records of deleted jobs

@@ -17,12 +17,19 @@ if TYPE_CHECKING:
 
 #: a drained machine stays out of service until uncordoned (at most this long)
 DRAIN_HOLD = 365 * 86400.0
+#: the reasons of a drain's maintenance event: kept out of service once empty, or
+#: given back to the free pool
+DRAIN, DRAIN_TO_FREE = "drain", "drain to free"
 
 
 class MachineOps:
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
         self._drains = 0
+        #: machines being drained: their drain's event and where they go once empty
+        #: (found again from the brokers' events after a build)
+        self._draining: dict[int, tuple[str, str]] = {}
+        self._draining_of: object = None
 
     def register(self, machine: Machine) -> bool:
         """A machine as its agent describes it. A machine the region has must match
@@ -122,7 +129,7 @@ class MachineOps:
             if not cordoned:  # uncordon also ends drains that have not finished
                 now = self.cp.clock()
                 for event in self.cp.region.broker_of(m).events_for(m):
-                    if event.reason == "drain":
+                    if event.reason in (DRAIN, DRAIN_TO_FREE):
                         self.cp.region.end_event(event.id, now)
                         ended.append(event.id)
             view = self.cp.views.machine_view(m)
@@ -131,9 +138,13 @@ class MachineOps:
         self.cp.wake.set()
         return view
 
-    def drain(self, machine: str, deadline_seconds: float | None = None) -> str:
+    def drain(self, machine: str, deadline_seconds: float | None = None,
+              to: str = "maintenance") -> str:
         """Move every task off the machine through TaskControl; what is left at the
-        deadline is stopped. The machine stays out of service until uncordoned."""
+        deadline is stopped. Once empty the machine goes back to the free pool
+        (``to="free"``) or stays out of service until uncordoned (``maintenance``)."""
+        if to not in ("free", "maintenance"):
+            raise ValidationError("to", f"{to!r}: free or maintenance")
         m = self.cp.machine_index(machine)
         deadline = self.cp.config.drain_deadline_seconds if deadline_seconds is None \
             else deadline_seconds
@@ -143,14 +154,51 @@ class MachineOps:
             now = self.cp.clock()
             self.cp.region.set_cordon(m, True)
             event_id = self.event_id("drain", machine)
-            self.cp.region.add_event(UnavailabilityEvent(event_id, EventKind.MAINTENANCE,
-                                                         (machine,), now + deadline,
-                                                         now + deadline + DRAIN_HOLD, "drain"),
-                                     now)
-        self.cp.record("broker", "machine_drain", f"{machine}: tasks move within {deadline:g}s "
+            self.cp.region.add_event(UnavailabilityEvent(
+                event_id, EventKind.MAINTENANCE, (machine,), now + deadline,
+                now + deadline + DRAIN_HOLD, DRAIN_TO_FREE if to == "free" else DRAIN), now)
+            self._draining[m] = (event_id, to)
+        self.cp.record("broker", "machine_drain", f"{machine}: tasks move within {deadline:g}s, "
+                       f"then {'the free pool' if to == 'free' else 'out of service'} "
                        f"({event_id})", machine=machine)
         self.cp.wake.set()
         return event_id
+
+    def finish_drains(self) -> None:
+        """In the pass (under the lock): a drained machine with no task left is given
+        back to the free pool (its drain ended, uncordoned) or kept out of service, as
+        its drain asked; each once, with an event ``machine_drained``."""
+        region = self.cp.region
+        if self._draining_of is not region:  # (a build: found again in the brokers)
+            self._draining_of = region
+            self._draining = {}
+            for event in region.events():
+                if event.reason in (DRAIN, DRAIN_TO_FREE):
+                    for name in event.machines:
+                        with contextlib.suppress(NotFound):
+                            self._draining[self.cp.machine_index(name)] = (
+                                event.id, "free" if event.reason == DRAIN_TO_FREE
+                                else "maintenance")
+        if not self._draining:
+            return
+        tasks, placed = self.cp.allocator.index.tasks, self.cp.scheduler.placed
+        now = self.cp.clock()
+        for m, (event_id, to) in list(self._draining.items()):
+            if tasks[m] or placed.get(m):
+                continue
+            del self._draining[m]
+            if event_id not in {e.id for e in region.broker_of(m).events_for(m)}:
+                continue  # ended meanwhile (uncordoned)
+            name = self.cp.fleet.name(m)
+            if to == "free":
+                region.end_event(event_id, now)
+                region.set_cordon(m, False)
+                self.cp.record("broker", "machine_drained",
+                               f"{name}: drained; back in the free pool", machine=name)
+            else:
+                self.cp.record("broker", "machine_drained",
+                               f"{name}: drained; out of service until uncordoned",
+                               machine=name)
 
     def schedule_maintenance(self, machines: list[str], start: float, duration: float,
                              reason: str = "maintenance") -> str:
