@@ -66,10 +66,25 @@ def test_profiles_are_created_versioned_diffed_and_named_by_entitlements(plane, 
     assert {"host profile web v2 applied" in e["message"] for e in switched()} == {True}
     shown = json.loads(plait("hostprofile", "show", "web", "-o", "json").stdout)
     assert shown["entitlements"] == ["front"] and shown["machines"] >= 2
-    # in use: no new version while its machines run tasks, and no delete
-    res = plait("hostprofile", "create", str(write(tmp_path, "web3.yaml", PROFILES.split(
-        "---")[0].replace('"4096"', '"8192"'))), ok=False)
-    assert res.exit_code != 0 and "running tasks" in " ".join(res.output.split())
+    # a new version while its machines run tasks: rolled over them, one at a time
+    plait("hostprofile", "create", str(write(tmp_path, "web3.yaml", PROFILES.split(
+        "---")[0].replace('"4096"', '"8192"'))))
+    deadline = time.monotonic() + 60
+
+    def on_v3() -> bool:
+        out = plait("events", "--kind", "profile_switched", "-o", "json").stdout
+        return sum("web v3 applied" in line for line in out.splitlines()) >= 2
+    while not on_v3() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert on_v3()
+    out = plait("events", "--kind", "profile_roll_started").stdout
+    assert "entitlement front: host profile web v3 rolls over" in " ".join(out.split())
+    plait("job", "show", "fe")  # and the job is whole again
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not json.loads(
+            plait("job", "show", "fe", "-o", "json").stdout)["settled"]:
+        time.sleep(0.2)
+    assert json.loads(plait("job", "show", "fe", "-o", "json").stdout)["settled"]
     res = plait("hostprofile", "delete", "web", ok=False)
     assert res.exit_code != 0 and "named by front" in " ".join(res.output.split())
     plait("hostprofile", "delete", "batch")

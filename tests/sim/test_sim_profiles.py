@@ -1,7 +1,8 @@
 """Host profiles in the simulator: machines join and leave entitlements with their
 own profiles as jobs grow, shrink, update and lose machines, and some switches fail.
 
-The simulated agents' own guard is off, so what is tested is the scheduler's gate:
+Profiles get new versions too, rolled over their entitlements' busy machines. The
+simulated agents' own guard is off, so what is tested is the scheduler's gate:
 at every simulated second no task has started on a machine whose profile differed
 from its entitlement's, and no planned operation started with its job at its
 max_unavailable; once the failures end, every job runs at full strength on machines
@@ -31,6 +32,7 @@ actions = st.lists(st.one_of(
     st.tuples(st.just("repair")),
     st.tuples(st.just("break"), st.integers(0, MACHINES - 1), st.sampled_from(sorted(PROFILES))),
     st.tuples(st.just("mend")),
+    st.tuples(st.just("reprofile"), st.sampled_from(sorted(PROFILES))),
     st.tuples(st.just("wait"), st.integers(1, 60)),
 ), min_size=1, max_size=12)
 
@@ -67,8 +69,13 @@ def watch_starts(sim):
 
 
 def check(sim):
-    s = sim.scheduler
     assert sum(a.mismatched_starts for a in sim.agents.values()) == 0
+
+
+def check_settled(sim):
+    """Once settled (no roll left): every serving task runs on its entitlement's
+    profile."""
+    s = sim.scheduler
     for name, job in s.jobs.items():
         for rec in job.tasks.values():
             if rec.serving:  # serving where it runs, on its entitlement's profile
@@ -114,6 +121,11 @@ def test_no_task_starts_on_a_machine_without_its_entitlements_profile(actions):
             broken.append(action[1])
         elif kind == "mend" and broken:
             sim.agent(broken.pop(0)).switch_error = lambda p: None
+        elif kind == "reprofile":  # a new version: rolled over its busy machines
+            have = s.profiles.target(action[1])
+            assert have is not None
+            s.define_profile(HostProfile(spec=have.spec.model_copy(update={
+                "description": f"v{have.version + 1}"}), version=have.version + 1))
         sim.run(action[1] if kind == "wait" else 10)
     for event_id in failures:
         sim.repair(event_id)
@@ -122,8 +134,9 @@ def test_no_task_starts_on_a_machine_without_its_entitlements_profile(actions):
     assert sim.run_until(lambda: all(
         len(s.discovery(n)) == specs[n].task_count
         and all(r.spec_version == s.job(n).target for r in s.job(n).tasks.values())
-        for n in JOBS), 20_000)
+        for n in JOBS) and not s.stale and not s.rolling, 20_000)
     check(sim)
+    check_settled(sim)
 
 
 def test_a_failed_switch_takes_the_machine_out_and_it_comes_back_when_a_retry_succeeds():
@@ -144,3 +157,57 @@ def test_a_failed_switch_takes_the_machine_out_and_it_comes_back_when_a_retry_su
     assert sum(a.mismatched_starts for a in sim.agents.values()) == 0
     on = {r.machine for r in s.job("a").tasks.values()}
     assert all(sim.agents[m].profile == ("web", 1) for m in on)
+
+
+def test_a_profile_change_rolls_over_a_100_machine_entitlement_within_every_jobs_budget():
+    """A new version of the profile of an entitlement whose 100 machines all run tasks:
+    its busy machines are drained one at a time through the jobs' paced moves, each
+    job stays within its max_unavailable, no task starts on the old profile after the
+    change, and every machine it holds ends on the new version."""
+    sim = world(machines=120, entitlements=(), config=SchedulerConfig(rate=20, burst=40))
+    s = sim.scheduler
+    web1 = HostProfile(spec=PROFILES["web"], version=1)
+    s.define_profile(web1)
+    sim.allocator.define(Entitlement(name="web", owner="o", quota=Quota(machines=100),
+                                     host_profile="web"))
+    for m in range(120):
+        sim.agent(m).guard = False
+    caps = {"a": 1, "b": 2, "c": "10%"}
+    for name, cap in caps.items():  # one task of each job on every one of 100 machines
+        s.create_job(job_spec(name, 100, entitlement="web", cpu=1,
+                              update=UpdatePolicy(max_unavailable=cap),
+                              policy={"requirements": {"max_tasks_per_machine": 1}}), 0)
+    assert sim.run_until(lambda: all(len(s.discovery(n)) == 100 for n in caps), 2000)
+    held = {int(m) for m in sim.region.machines_of("web")}
+    assert len(held) == 100
+    watch_starts(sim)
+    web2 = HostProfile(spec=PROFILES["web"].model_copy(update={"turbo": False}), version=2)
+    draining: list[int] = []
+    starts_before = {m: a.switches for m, a in sim.agents.items()}
+
+    def observe(sm):
+        draining.append(sum(1 for _, ent in s.rolling.values() if ent == "web"))
+        for job in s.jobs.values():  # planned operations aside, a job is never below
+            down = s.unavailable(job)  # its strength by more than its cap
+            cap = job.spec.update.resolve(job.spec.task_count)
+            assert down <= cap, (job.name, down, cap)
+        # a task that started after the change started on v2
+        for m, agent in sm.agents.items():
+            for p in agent.processes.values():
+                if p.started_at > changed_at and not p.stopping:
+                    assert agent.profile == ("web", 2), (m, agent.profile)
+    changed_at = sim.now
+    s.define_profile(web2)
+    sim.observers.append(observe)
+    sim.step()
+    assert len(s.rolling) == 1 and len(s.stale["web"]) == 99  # every machine is busy
+    assert sim.run_until(lambda: not s.stale and not s.rolling and all(
+        len(s.discovery(n)) == 100 for n in caps), 20_000)
+    assert max(draining) == 1  # machine by machine
+    assert sum(1 for n in draining if n) > 50  # (and it took many passes)
+    now_held = {int(m) for m in sim.region.machines_of("web")}
+    assert now_held and all(sim.agents[m].profile == ("web", 2) for m in now_held)
+    assert sum(a.mismatched_starts for a in sim.agents.values()) == 0
+    assert sum(a.switches - starts_before[m] for m, a in sim.agents.items()) >= 100
+    kinds = [t.kind for t in s.profile_transitions]
+    assert kinds.count("profile_roll_started") == 1 and kinds.count("profile_roll_drained") >= 90

@@ -44,6 +44,8 @@ class Allocator:
         self.region = index.region
         self.max_attempts = max_attempts
         self.entitlements: dict[str, Entitlement] = {}
+        #: bumped by every ``define`` (what depends on the entitlements looks again)
+        self.defined = 0
         self.jobs: dict[str, JobState] = {}
         self.cache = AllocationCache()
         self.conflicts = 0
@@ -59,6 +61,7 @@ class Allocator:
         """Add or change an entitlement. A lowered quota never evicts: it only stops
         further claims until the entitlement is back under it."""
         self.entitlements[entitlement.name] = entitlement
+        self.defined += 1
         self.region.entitlements.code(entitlement.name)
         self._compiled = {k: v for k, v in self._compiled.items() if k[1] != entitlement.name}
         self._by_id = {k: v for k, v in self._by_id.items() if k[1] != entitlement.name}

@@ -59,6 +59,7 @@ from plait.scheduler import (
     machines,
     machinesets,
     placement,
+    profileroll,
     readiness,
     reports,
     settled,
@@ -121,6 +122,10 @@ class SchedulerConfig:
     #: record each task's operations (started, placed, ready, removed): the events a
     #: job's ops chart is drawn from; off, only job-level events are recorded
     task_events: bool = True
+    #: a changed host profile rolls over an entitlement's busy machines this many at a
+    #: time, each drained within this many seconds at the latest (``profileroll``)
+    profile_roll_at_once: int = 1
+    profile_roll_deadline: float = 3600.0
 
 
 class Scheduler(SchedulerState):
@@ -134,6 +139,15 @@ class Scheduler(SchedulerState):
         self.profiles = ProfileBook()
         #: what the profile reports changed (the shell records them as events)
         self.profile_transitions: list[Transition] = []
+        #: rolls of changed profiles (``profileroll``): each entitlement's target as
+        #: last seen, its busy machines still to drain, the machines draining (their
+        #: event and entitlement), the ones the roll cordoned
+        self.roll_targets: dict[str, tuple[str, int] | None] = {}
+        self.stale: dict[str, set[int]] = {}
+        self.rolling: dict[int, tuple[str, str]] = {}
+        self.roll_cordoned: set[int] = set()
+        self.roll_seq = 0
+        self.roll_mark: tuple[int, int] = (-1, -1)
         self.region.subscribe(self._machine_changed)
         #: called with a stage's name (``STAGES``) as a pass enters it
         self.stage: Callable[[str], None] = _untold
@@ -396,6 +410,8 @@ class Scheduler(SchedulerState):
         change = self.profiles.report(m, applied, target)
         if self.profiles.ready(m, target) != was and self.desired.get(m):
             self.touched.add(m)  # (the tasks its agent is given change)
+        if applied.name is not None and not profileroll.carries(self, m, target):
+            profileroll.found_stale(self, m, target)
         if change is None:
             return
         self.profile_transitions.append(change)
@@ -541,6 +557,7 @@ class Scheduler(SchedulerState):
         self.now = now
         self.stage("machines")
         self.bucket.refill(now)
+        profileroll.roll(self, now)
         machines.on_changes(self, now)
         notice = machines.maintenance(self, now)
         self.stage("jobs")

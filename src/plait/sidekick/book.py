@@ -46,6 +46,8 @@ class Transition:
     out_for: float = 0.0
     #: which failure this is, for a machine (1, 2, ...; 0 for the others)
     failures: int = 0
+    #: the entitlement, for a roll's transitions (``machine`` is -1 for the whole of it)
+    entitlement: str | None = None
 
 
 #: a machine whose switch failed is out of service this long after its first failure
@@ -66,6 +68,8 @@ class ProfileBook:
     def __init__(self) -> None:
         #: the current version of every profile (``default`` always)
         self.profiles: dict[str, HostProfile] = {DEFAULT_PROFILE: default_profile()}
+        #: bumped by every change of ``profiles``
+        self.generation = 0
         #: per machine, what its agent last reported (see the class's note)
         self.applied: dict[int, Applied] = {}
         #: machines that joined an entitlement and do not carry its profile yet
@@ -81,11 +85,12 @@ class ProfileBook:
         if have is not None and have.version >= profile.version:
             return False
         self.profiles[profile.name] = profile
+        self.generation += 1
         return True
 
     def forget(self, name: str) -> None:
-        if name != DEFAULT_PROFILE:
-            self.profiles.pop(name, None)
+        if name != DEFAULT_PROFILE and self.profiles.pop(name, None) is not None:
+            self.generation += 1
 
     def target(self, name: str | None) -> HostProfile | None:
         """The profile a machine of an entitlement naming ``name`` must carry (None

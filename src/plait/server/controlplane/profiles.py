@@ -7,10 +7,10 @@ re-reads the store at most every ``REFRESH`` seconds too, so a profile another
 replica or shard wrote is seen here.
 
 A machine switches profile only while no task runs on it (a join, a leave, an idle
-machine). A change that would switch machines with tasks running (a new version of
-a profile in use there, an entitlement naming another profile) is refused: rolling
-a new profile over busy machines needs the drain-switch-resume roll, which plait
-does not do.
+machine). A change of the profile of machines with tasks running (a new version of
+a profile in use there, an entitlement naming another profile) is rolled over them
+by the scheduler, one machine of an entitlement at a time
+(``plait.scheduler.profileroll``).
 """
 
 from __future__ import annotations
@@ -59,15 +59,8 @@ class HostProfiles:
 
     # -- writes --------------------------------------------------------------------------
     def put(self, spec: HostProfileSpec) -> tuple[HostProfile, bool]:
-        """Store a profile's next version (the same settings again: no new version).
-        Refused while machines that carry it have tasks running."""
-        try:
-            current = self.store.get(spec.name)
-        except NotFound:
-            current = None
-        if current is not None and current.spec != spec:
-            self._check_idle(lambda ent: ent.host_profile == spec.name,
-                             f"host profile {spec.name}")
+        """Store a profile's next version (the same settings again: no new version);
+        the machines that carry it switch (busy ones by a roll)."""
         made, new = self.store.put(spec, self.cp.clock())
         if new:
             self.cp.record("api", "host_profile_changed" if made.version > 1
@@ -89,31 +82,13 @@ class HostProfiles:
         self._dirty.set()
 
     def check_entitlement(self, ent: Entitlement) -> None:
-        """An entitlement names a profile that exists; changing the profile of one
-        with tasks running is refused (its machines would switch under them)."""
+        """An entitlement names a profile that exists (changing it rolls the new one
+        over its machines)."""
         try:
             self.store.get(ent.host_profile)
         except NotFound:
             raise ValidationError("host_profile", f"host profile {ent.host_profile!r} "
                                   "does not exist") from None
-        with self.cp.lock:
-            old = self.cp.allocator.entitlements.get(ent.name)
-        if old is not None and old.host_profile != ent.host_profile:
-            self._check_idle(lambda e: e.name == ent.name, f"entitlement {ent.name}")
-
-    def _check_idle(self, names: Any, what: str) -> None:
-        with self.cp.lock:
-            index = self.cp.allocator.index
-            busy = 0
-            for ent in self.cp.allocator.entitlements.values():
-                if names(ent):
-                    busy += sum(1 for m in self.cp.region.machines_of(ent.name)
-                                if index.tasks[int(m)] > 0)
-        if busy:
-            raise Conflict(what, "no machine carrying it running tasks",
-                           f"{busy} machines running tasks would switch host profile "
-                           "under them (empty them first: a machine switches while "
-                           "no task runs there)")
 
     # -- the pass ------------------------------------------------------------------------
     def sync(self, now: float) -> None:
@@ -141,13 +116,21 @@ class HostProfiles:
         moved, sched.profile_transitions = sched.profile_transitions, []
         name = self.cp.fleet.name
         for t in moved:
+            if t.machine < 0:  # a roll over an entitlement
+                self.cp.record("sidekick", t.kind, f"entitlement {t.entitlement}: host profile "
+                               f"{t.profile} v{t.version} rolls over its {t.reason} (busy ones "
+                               "drained one at a time)", entitlement=t.entitlement)
+                continue
             machine = name(t.machine)
-            ent = self.cp.region.broker_of(t.machine).entitlement_of(t.machine)
+            ent = t.entitlement or self.cp.region.broker_of(t.machine).entitlement_of(t.machine)
             if t.kind == "profile_switched":
                 text = f"{machine}: host profile {t.profile} v{t.version} applied"
             elif t.kind == "profile_switch_retried":
                 text = (f"{machine}: host profile {t.profile} v{t.version} applied after "
                         "failing; back in service")
+            elif t.kind == "profile_roll_drained":
+                text = (f"{machine}: drained for host profile {t.profile} v{t.version}; back "
+                        "in the free pool")
             else:
                 text = (f"{machine}: switching to host profile {t.profile} v{t.version} "
                         f"failed (failure {t.failures} in a row): {t.reason}; out of service "

@@ -1,0 +1,143 @@
+"""Rolling a changed host profile over an entitlement's busy machines (paper 2.6).
+
+A machine switches profile only while nothing runs on it (decision 91). When an
+entitlement's profile changes (it names another one, or its profile gets a new
+version), its idle machines switch at once (they are pending: no task is given to
+their agents until they carry the new profile) and its busy ones are *stale*:
+cordoned (no new task goes there) and drained ``profile_roll_at_once`` at a time
+per entitlement, through the same advance notices and TaskControl-acked moves as
+planned maintenance (so every job's max_unavailable holds), with the maintenance
+starting ``profile_roll_deadline`` seconds later at the latest. A drained machine
+is empty: the allocator gives it back to the free pool, its drain ends and the roll
+uncordons it; the entitlement claims machines again as its tasks need room, and each
+joins with the new profile. A machine is also found stale when its agent reports a
+profile other than its entitlement's while tasks run there (a control plane that
+took over in the middle of a roll).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from plait.errors import NotFound
+from plait.model.events import EventKind, UnavailabilityEvent
+from plait.model.hostprofile import DEFAULT_PROFILE, HostProfile
+from plait.sidekick.book import Transition
+
+if TYPE_CHECKING:
+    from plait.scheduler.scheduler import Scheduler
+
+#: how long a roll's drained machine is held (its drain is ended once it is empty)
+HOLD = 365 * 86400.0
+_UNSEEN = ("", -1)
+
+
+def _ref(target: HostProfile | None) -> tuple[str, int] | None:
+    return None if target is None else (target.name, target.version)
+
+
+def carries(s: Scheduler, m: int, target: HostProfile | None) -> bool:
+    """Whether machine ``m`` carries ``target`` as far as its agent has said (a machine
+    without an entry in the book carries ``default``)."""
+    if target is None:
+        return False
+    seen = s.profiles.applied.get(m)
+    if seen is None:
+        return target.name == DEFAULT_PROFILE and target.version == 1
+    return (seen.name, seen.version) == (target.name, target.version)
+
+
+def notice_changes(s: Scheduler) -> None:
+    """Entitlements whose profile target moved since the last look: their machines are
+    stale (the first look only learns the targets). Only after an entitlement or a
+    profile was defined."""
+    mark = (s.allocator.defined, s.profiles.generation)
+    if mark == s.roll_mark:
+        return
+    s.roll_mark = mark
+    seen = s.roll_targets
+    for name, ent in s.allocator.entitlements.items():
+        ref = _ref(s.profiles.target(ent.host_profile))
+        old = seen.get(name, _UNSEEN)
+        seen[name] = ref
+        if old in (_UNSEEN, ref):
+            continue
+        machines = [int(m) for m in s.region.machines_of(name)]
+        s.stale.setdefault(name, set()).update(machines)
+        # no task that has not started goes to them until they carry the new profile
+        s.profiles.pending.update(machines)
+        s.touched.update(machines)
+        if ref is not None:
+            s.profile_transitions.append(Transition(
+                -1, "profile_roll_started", ref[0], ref[1], entitlement=name,
+                reason=f"{len(machines)} machines"))
+
+
+def roll(s: Scheduler, now: float) -> None:
+    """One look (every pass): finish the drains of machines now empty, then drain the
+    next stale machines of each entitlement."""
+    notice_changes(s)
+    if not s.stale and not s.rolling:
+        return
+    index, region, names = s.allocator.index, s.region, s.fleet.name
+    for m, (event_id, ent) in list(s.rolling.items()):
+        if index.tasks[m] or s.placed.get(m):
+            continue
+        del s.rolling[m]
+        with contextlib.suppress(NotFound):
+            region.end_event(event_id, now)
+        _uncordon(s, m)
+        target = s.profiles.target(s.allocator.entitlements[ent].host_profile
+                                   if ent in s.allocator.entitlements else None)
+        ref = _ref(target) or ("?", 0)
+        s.profile_transitions.append(Transition(m, "profile_roll_drained", ref[0], ref[1],
+                                                entitlement=ent))
+    at_once = s.config.profile_roll_at_once
+    for name, stale in list(s.stale.items()):
+        found = s.allocator.entitlements.get(name)
+        code = region.entitlements.find(name)
+        target = None if found is None else s.profiles.target(found.host_profile)
+        for m in sorted(stale):
+            if (found is None or code is None or int(index.ent[m]) != code
+                    or carries(s, m, target)):
+                stale.discard(m)  # left the entitlement, or carries its profile
+                _uncordon(s, m)
+            elif not index.tasks[m] and not s.placed.get(m):
+                stale.discard(m)  # idle: it switches now, before any task starts there
+                _uncordon(s, m)
+            elif not region.broker_of(m).operator_cordoned(m):
+                region.set_cordon(m, True)  # no new task on a machine about to drain
+                s.roll_cordoned.add(m)
+        if target is None:
+            continue
+        draining = sum(1 for _, ent in s.rolling.values() if ent == name)
+        for m in sorted(stale)[:max(0, at_once - draining)]:
+            stale.discard(m)
+            s.roll_seq += 1
+            event_id = f"profile-roll-{name}-{names(m)}-{s.roll_seq}"
+            start = now + s.config.profile_roll_deadline
+            region.add_event(UnavailabilityEvent(
+                event_id, EventKind.MAINTENANCE, (names(m),), start, start + HOLD,
+                f"host profile {target.name} v{target.version}"), now)
+            s.rolling[m] = (event_id, name)
+        if not stale:
+            del s.stale[name]
+
+
+def _uncordon(s: Scheduler, m: int) -> None:
+    if m in s.roll_cordoned:
+        s.roll_cordoned.discard(m)
+        s.region.set_cordon(m, False)
+
+
+def found_stale(s: Scheduler, m: int, target: HostProfile | None) -> None:
+    """An agent reported a profile other than its entitlement's with tasks running
+    (a roll this control plane did not begin): its machine is rolled too."""
+    if target is None or m in s.rolling or m in s.profiles.pending:
+        return
+    ent = s.region.broker_of(m).entitlement_of(m)
+    if ent is None or ent not in s.allocator.entitlements or not s.allocator.index.tasks[m]:
+        return
+    s.stale.setdefault(ent, set()).add(m)
+    s.profiles.pending.add(m)
