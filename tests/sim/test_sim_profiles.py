@@ -211,3 +211,45 @@ def test_a_profile_change_rolls_over_a_100_machine_entitlement_within_every_jobs
     assert sum(a.switches - starts_before[m] for m, a in sim.agents.items()) >= 100
     kinds = [t.kind for t in s.profile_transitions]
     assert kinds.count("profile_roll_started") == 1 and kinds.count("profile_roll_drained") >= 90
+
+
+def test_figure_7_with_profiles_a_machine_entering_an_entitlement_gets_its_profile_first():
+    """Figure 7 of the paper, with a host profile: the entitlement starts with no
+    machine; job D brings one in, job E stacks a task there and brings another; when
+    E stops, its machine goes back to the free pool. Every machine that enters carries
+    the entitlement's profile before any task runs there, and one that leaves goes
+    back to ``default``."""
+    sim = world(machines=12, entitlements=())
+    s = sim.scheduler
+    s.define_profile(HostProfile(spec=PROFILES["web"], version=1))
+    sim.allocator.define(Entitlement(name="e1", owner="o", quota=Quota(machines=3),
+                                     host_profile="web"))
+    for m in range(12):
+        sim.agent(m).guard = False  # the scheduler's gate alone
+    seen: list[tuple[float, int, tuple[str, int], int]] = []
+
+    def observe(sm):
+        for m, agent in sm.agents.items():
+            if agent.processes:  # whatever runs there runs on web
+                seen.append((sm.now, m, agent.profile, len(agent.processes)))
+                assert agent.profile == ("web", 1), (sm.now, m, agent.profile)
+    sim.observers.append(observe)
+    assert len(sim.region.machines_of("e1")) == 0
+    spec_d = job_spec("d", 1, entitlement="e1", cpu=8)
+    s.create_job(spec_d, sim.now)
+    assert sim.run_until(lambda: len(s.discovery("d")) == 1, 200)
+    (m7,) = {int(m) for m in sim.region.machines_of("e1")}
+    assert sim.agents[m7].switches == 1
+    spec_e = job_spec("e", 2, entitlement="e1", cpu=8)
+    s.create_job(spec_e, sim.now)
+    assert sim.run_until(lambda: len(s.discovery("e")) == 2, 200)
+    machines = {int(m) for m in sim.region.machines_of("e1")}
+    assert m7 in machines and len(machines) == 2  # one of E's tasks stacked on M7
+    (m8,) = machines - {m7}
+    assert sim.agents[m8].switches == 1 and sim.agents[m8].profile == ("web", 1)
+    s.delete_job("e", sim.now)
+    assert sim.run_until(lambda: {int(m) for m in sim.region.machines_of("e1")} == {m7}
+                         and sim.agents[m8].profile == ("default", 1), 200)
+    assert sim.agents[m7].profile == ("web", 1) and sum(
+        a.mismatched_starts for a in sim.agents.values()) == 0
+    assert {m for _, m, _, _ in seen} == {m7, m8}
