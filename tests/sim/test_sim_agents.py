@@ -101,9 +101,9 @@ def test_an_agent_is_stepped_when_something_is_due_not_on_every_tick():
     agent = sim.agent(sim.scheduler.jobs["web"].tasks[0].machine)
     real = agent.step
 
-    def counted(now, desired, target=None):
+    def counted(now, desired, target=None, hold=False):
         steps.append(now)
-        return real(now, desired, target)
+        return real(now, desired, target, hold)
     agent.step = counted  # type: ignore[method-assign]
     running_at = None
     while running_at is None and sim.now < 10:

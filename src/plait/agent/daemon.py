@@ -352,7 +352,7 @@ class Agent:
         if not self.reachable:
             self.log.info("control plane reachable", tasks=len(desired["tasks"]))
         self.reachable = True
-        self.profile.want(desired.get("profile"))
+        self.profile.want(desired)
         self.generation = desired.get("generation")
 
     def _converge(self, desired: dict[str, Any], now: float) -> None:

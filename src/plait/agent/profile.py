@@ -41,6 +41,8 @@ class ProfileSwitcher:
         #: the profile applied (wire form), and the one the desired set names
         self.applied: dict[str, Any] | None = None
         self.target: dict[str, Any] | None = None
+        #: the desired set names a profile the control plane does not know
+        self.unknown = False
         #: why the last switch failed (None once one succeeds), failures in a row, and
         #: when the next try may begin
         self.error: str | None = None
@@ -53,14 +55,19 @@ class ProfileSwitcher:
     def load(self, applied: dict[str, Any] | None) -> None:
         self.applied = applied
 
-    def want(self, profile: dict[str, Any] | None) -> None:
-        """The profile the latest desired set names (None: a control plane that names
-        none; nothing is switched and nothing held back)."""
-        self.target = profile
+    def want(self, desired: dict[str, Any]) -> None:
+        """The profile the latest desired set names. A set without the key comes from
+        a control plane that knows no profiles: nothing is switched, nothing held back;
+        one whose profile is null names a profile the control plane does not know (yet):
+        nothing starts."""
+        self.unknown = "profile" in desired and desired["profile"] is None
+        self.target = desired.get("profile")
 
     def may_start(self) -> bool:
         """Whether a task may start: the machine carries the profile it must."""
-        return self.target is None or _ref(self.applied) == _ref(self.target)
+        if self.target is None:
+            return not self.unknown
+        return _ref(self.applied) == _ref(self.target)
 
     def report(self) -> dict[str, Any] | None:
         """The profile part of a heartbeat."""
@@ -94,7 +101,7 @@ class ProfileSwitcher:
                 self.log.info("host profile applied", profile=profile["name"],
                               version=profile["version"])
         if (self._running is None and self.target is not None and not self.may_start()
-                and idle and now >= self.next_try):
+                and self.target.get("switch", True) and idle and now >= self.next_try):
             profile, previous = self.target, self.applied
             self.log.info("switching host profile", profile=profile["name"],
                           version=profile["version"],

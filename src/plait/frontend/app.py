@@ -975,7 +975,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
              "spec": spec_wire(a.spec), "request_id": a.cause} for a in tasks],
             "stopping": [{"job": ref.job, "index": ref.index, "request_id": cause}
                          for ref, cause in cp.gateway.stops_kept(machine)],
-            "profile": None if profile is None else profile.wire()}
+            "profile": profile}
 
     @app.post("/v1/machines/{machine}/output", response_model=t.OutputAck, tags=["agents"])
     def output(machine: str, body: Output, who: Who, request: Request) -> dict[str, Any]:

@@ -121,6 +121,7 @@ def roll(s: Scheduler, now: float) -> None:
                 event_id, EventKind.MAINTENANCE, (names(m),), start, start + HOLD,
                 f"host profile {target.name} v{target.version}"), now)
             s.rolling[m] = (event_id, name)
+            s.touched.add(m)  # (its agent is told not to switch: it goes back free)
         if not stale:
             del s.stale[name]
 

@@ -43,6 +43,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange, ChangeKind
@@ -386,6 +387,15 @@ class Scheduler(SchedulerState):
 
     def profile_ready(self, m: int) -> bool:
         return self.profiles.ready(m, self.profile_target(m))
+
+    def profile_wire(self, m: int) -> dict[str, Any] | None:
+        """What machine ``m``'s agent is told of its profile: the one it must carry
+        (wire form), and whether to switch to it once idle (``switch``: not while the
+        machine is drained by a roll, which gives it back to the free pool)."""
+        target = self.profile_target(m)
+        if target is None:
+            return None
+        return {**target.wire(), "switch": m not in self.rolling}
 
     def define_profile(self, profile: HostProfile) -> None:
         """A profile's new version: the machines that must carry it are told (their

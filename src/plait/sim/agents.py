@@ -147,7 +147,7 @@ class SimAgent:
         return Applied(self.profile[0], self.profile[1], self.profile_error,
                        self.switch_failures)
 
-    def _switch(self, now: float, target: HostProfile | None) -> bool:
+    def _switch(self, now: float, target: HostProfile | None, hold: bool = False) -> bool:
         """Move towards ``target`` (None: no profile asked for); True when the machine
         carries it, so tasks may start. A switch begins only when no task runs here."""
         if target is None:
@@ -172,14 +172,15 @@ class SimAgent:
                     return False
         if self.profile == (target.name, target.version):
             return True
-        if self.switching is None and not self.processes:
+        if self.switching is None and not self.processes and not hold:
             self.switching = (target, now + switch_seconds(self.profile_spec, target.spec))
         return False
 
     def step(self, now: float, desired: list[Assignment],
-             target: HostProfile | None = None) -> list[TaskStatus]:
+             target: HostProfile | None = None, hold: bool = False) -> list[TaskStatus]:
         """Converge to ``desired`` and return the statuses to report. ``target``: the
-        host profile the machine must carry; no task starts until it does."""
+        host profile the machine must carry; no task starts until it does (``hold``:
+        nor does a switch begin: a roll drains the machine)."""
         want = {TaskRef(a.job, a.index): a for a in desired}
         revisions = {ref: a.revision for ref, a in want.items()}
         # fence: stop whatever is not assigned here (or an older version of it)
@@ -245,7 +246,7 @@ class SimAgent:
         # start what is assigned and not held (a replaced copy once it has stopped), on
         # the machine's host profile only
         held = {ref: p.assignment.revision for ref, p in self.processes.items()}
-        if not self._switch(now, target) and self.guard:
+        if not self._switch(now, target, hold) and self.guard:
             return statuses
         for ref in converge(held, revisions).add:
             a = want[ref]

@@ -38,7 +38,6 @@ from plait.errors import Conflict, NotFound, ValidationError
 from plait.health import HealthCheck
 from plait.metrics import ControlPlaneCollector, metrics_for
 from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
-from plait.model.hostprofile import HostProfile
 from plait.model.machine import FaultDomain, Machine
 from plait.persist import PersistentAllocator, PersistentRegion
 from plait.persist.follow import SharedRecords
@@ -134,7 +133,7 @@ class ControlPlane:
         #: request behind it, the host profile it must carry) as the last pass left
         #: it; an agent's long-poll reads it without the lock
         self.desired_view: dict[str, tuple[int, list[Assignment], Stops,
-                                           HostProfile | None]] = {}
+                                           dict[str, Any] | None]] = {}
         self._created = time.monotonic()
         #: a follower's copy of the job records (``keep_warm``), for a fast takeover
         self.warm: WarmRecords | None = None

@@ -6,9 +6,8 @@ pass (decision 45)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from plait.model.hostprofile import HostProfile
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assignment, Stops, TaskStatus
 from plait.server.controlplane.waiters import Waiters
@@ -52,7 +51,7 @@ class AgentGateway:
             # the lock, so the two read here go together)
             self.cp.desired_view[machine] = (
                 self.desired_generation(machine), found, self.cp.scheduler.stops_for(machine),
-                self.cp.scheduler.profile_target(self.cp.fleet.index_of(machine)))
+                self.cp.scheduler.profile_wire(self.cp.fleet.index_of(machine)))
             return found
 
     def desired_kept(self, machine: str) -> list[Assignment] | None:
@@ -72,13 +71,13 @@ class AgentGateway:
             return kept[2]
         return []
 
-    def profile_kept(self, machine: str) -> HostProfile | None:
+    def profile_kept(self, machine: str) -> dict[str, Any] | None:
         """The host profile the machine must carry, as kept with its desired set (a
         read that never blocks: the set read just before kept it)."""
         kept = self.cp.desired_view.get(machine)
         if kept is not None:
             return kept[3]
-        return self.cp.scheduler.profile_target(self.cp.fleet.index_of(machine))
+        return self.cp.scheduler.profile_wire(self.cp.fleet.index_of(machine))
 
     def desired_generation(self, machine: str) -> int:
         """Changes whenever the machine's desired set may have changed (a plain read:

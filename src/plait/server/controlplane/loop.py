@@ -122,7 +122,7 @@ class Loop:
                     g = gen.get(key, 0) + 1
                     view[key] = (self.cp.gen_base + g, self.cp.scheduler.desired_for(key),
                                  self.cp.scheduler.stops_for(key),
-                                 self.cp.scheduler.profile_target(m))
+                                 self.cp.scheduler.profile_wire(m))
                     gen[key] = g
                 self.cp.gateway.waiters.notify(keys)  # (after the bumps: none is missed)
             self.cp.machine_ops.finish_drains()
