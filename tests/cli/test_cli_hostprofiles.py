@@ -66,6 +66,11 @@ def test_profiles_are_created_versioned_diffed_and_named_by_entitlements(plane, 
     assert {"host profile web v2 applied" in e["message"] for e in switched()} == {True}
     shown = json.loads(plait("hostprofile", "show", "web", "-o", "json").stdout)
     assert shown["entitlements"] == ["front"] and shown["machines"] >= 2
+    machines = json.loads(plait("machine", "list", "--entitlement", "front", "-o",
+                                "json").stdout)["machines"]
+    assert machines and {m["host_profile"]["applied"] for m in machines} == {"web@2"}
+    assert {m["host_profile"]["target"] for m in machines} == {"web@2"}
+    assert "web@2" in plait("machine", "list", "--entitlement", "front").stdout
     # a new version while its machines run tasks: rolled over them, one at a time
     plait("hostprofile", "create", str(write(tmp_path, "web3.yaml", PROFILES.split(
         "---")[0].replace('"4096"', '"8192"'))))

@@ -29,13 +29,23 @@ machine_app = typer.Typer(help="Machines: inspect, fail, drain, cordon (admin)."
 
 
 MACHINE_COLUMNS = ["id", "state", "cordoned", "entitlement", "dc", "msb", "rack", "type",
-                   "tasks"]
+                   "tasks", "host profile"]
+
+
+def _profile(m: dict[str, Any]) -> str:
+    p = m.get("host_profile") or {}
+    applied, target = p.get("applied"), p.get("target")
+    if p.get("error"):
+        return f"{applied} (switch to {target} failing)"
+    if applied != target:
+        return f"{applied} -> {target}"
+    return str(applied or "")
 
 
 def _machine_row(m: dict[str, Any]) -> list[Any]:
     return [m["id"], m["state"], "yes" if m["cordoned"] else "", m["entitlement"] or "(free)",
             m["fault_domain"]["dc"], m["fault_domain"]["msb"], m["fault_domain"]["rack"],
-            m["type"], m["tasks"]]
+            m["type"], m["tasks"], _profile(m)]
 
 
 @machine_app.command("list")

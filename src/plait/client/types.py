@@ -138,6 +138,8 @@ class MachineView(TypedDict, total=False):
     id: str
     state: str
     cordoned: bool
+    #: target, applied (NAME@VERSION), switching, error, failures, rolling
+    host_profile: dict[str, Any]
     entitlement: str | None
     fault_domain: dict[str, str]
     type: str

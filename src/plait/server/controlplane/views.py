@@ -198,7 +198,25 @@ class Views:
             "cpu": res.cpu, "memory_gb": res.memory_gb,
             "tasks": len(self.cp.scheduler.desired.get(m, {})),
             "events": [e.id for e in broker.events_for(m)],
+            "host_profile": self.profile_of(m),
         }
+
+    def profile_of(self, m: int) -> dict[str, Any]:
+        """The host profile the machine must carry, the one its agent reported applied
+        (as far as this control plane has heard: a machine not heard from off
+        ``default`` shows ``default``), whether its tasks wait for a switch, and why
+        its last switch failed."""
+        sched = self.cp.scheduler
+        target = sched.profile_target(m)
+        seen = sched.profiles.applied.get(m)
+        failing = sched.profiles.failing.get(m)
+        return {"target": None if target is None else f"{target.name}@{target.version}",
+                "applied": "default@1" if seen is None else
+                (None if seen.name is None else f"{seen.name}@{seen.version}"),
+                "switching": m in sched.profiles.pending,
+                "error": None if seen is None else seen.error,
+                "failures": 0 if failing is None else failing[2],
+                "rolling": m in sched.rolling}
 
     def machine_summary(self) -> dict[str, Any]:
         """Machines counted by data center, MSB, state and entitlement (None: the free
