@@ -33,7 +33,8 @@ def wait_for(check, timeout=60.0, what="condition"):
 class Box:
     """A two-machine region with the control plane and both agents in this process."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, applier=None):
+        """``applier``: makes each agent's host-profile applier from its state dir."""
         region = RegionSpec.sized(2, dcs=1, msbs_per_dc=2, rows_per_msb=1, racks_per_row=1)
         self.cp = ControlPlane(store_for(tmp / "cp"), ControlPlaneConfig(
             region=region, tick_seconds=0.05, heartbeat_timeout=30))
@@ -43,7 +44,10 @@ class Box:
                                 headers={"Authorization": f"Bearer {token}"})
         join = self.api.post("/v1/tokens", json={"role": "join", "name": "j"}).json()["token"]
         self.stop = threading.Event()
-        self.agents = [Agent(m, [self.server.url], join, tmp / m) for m in MACHINES]
+        self.dirs = {m: tmp / m for m in MACHINES}
+        self.agents = [Agent(m, [self.server.url], join, self.dirs[m], applier=None if applier
+                             is None else applier(self.dirs[m] / "sidekick"))
+                       for m in MACHINES]
         self.threads = [threading.Thread(target=a.run, args=(0.1, self.stop), daemon=True)
                         for a in self.agents]
         for t in self.threads:

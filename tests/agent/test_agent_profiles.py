@@ -8,17 +8,12 @@ from __future__ import annotations
 
 import json
 import stat
-import threading
 import time
 
-import httpx
 import pytest
+import test_agent_policies
 
 from plait.agent import profile as agent_profile
-from plait.agent.daemon import Agent
-from plait.model import RegionSpec
-from plait.server.controlplane import ControlPlane, ControlPlaneConfig
-from plait.server.serve import ApiServer, store_for
 from plait.sidekick import book
 from plait.sidekick.appliers import make
 
@@ -39,32 +34,17 @@ def wait_for(check, timeout=60.0, what="condition"):
         time.sleep(0.1)
 
 
-class Box:
-    def __init__(self, tmp, applier):
-        region = RegionSpec.sized(2, dcs=1, msbs_per_dc=2, rows_per_msb=1, racks_per_row=1)
-        self.cp = ControlPlane(store_for(tmp / "cp"), ControlPlaneConfig(
-            region=region, tick_seconds=0.05, heartbeat_timeout=30))
-        token = self.cp.bootstrap_admin()
-        self.server = ApiServer(self.cp).start()
-        self.api = httpx.Client(base_url=self.server.url, timeout=30,
-                                headers={"Authorization": f"Bearer {token}"})
-        join = self.api.post("/v1/tokens", json={"role": "join", "name": "j"}).json()["token"]
-        self.stop = threading.Event()
-        self.dirs = {m: tmp / m for m in MACHINES}
-        self.agents = [Agent(m, [self.server.url], join, self.dirs[m],
-                             applier=applier(self.dirs[m] / "sidekick")) for m in MACHINES]
-        self.threads = [threading.Thread(target=a.run, args=(0.1, self.stop), daemon=True)
-                        for a in self.agents]
-        for t in self.threads:
-            t.start()
+class Box(test_agent_policies.Box):
+    """The two-machine region of the policies' tests, its agents with an applier."""
 
     def setup(self):
         r = self.api.put("/v1/hostprofiles/web", json=PROFILE)
         assert r.status_code == 201, r.text
+        # (the box made entitlement e on default: now it names web)
         r = self.api.post("/v1/entitlements", json={"name": "e", "owner": "o",
                                                     "quota": {"machines": 2},
                                                     "host_profile": "web"})
-        assert r.status_code == 201, r.text
+        assert r.status_code == 200 and r.json()["host_profile"] == "web", r.text
         spec = {"name": "svc", "entitlement": "e", "task_count": 2,
                 "resources": {"cpu": 0.1, "memory_gb": 0.1}, "command": "sh",
                 "args": ["-c", TASK],
@@ -86,17 +66,6 @@ class Box:
 
     def events(self, kind):
         return self.api.get("/v1/events", params={"kind": kind, "limit": 1000}).json()["events"]
-
-    def close(self):
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=30)
-        for a in self.agents:
-            a.shutdown()
-            a.close()
-        self.api.close()
-        self.server.stop()
-        self.cp.store.close()
 
 
 @pytest.fixture
