@@ -117,3 +117,16 @@ def test_the_example_profiles_are_valid(plane):
     made = json.loads(plait("hostprofile", "create", str(EXAMPLES / "hostprofiles.yaml"),
                             "-o", "json").stdout)
     assert [p["name"] for p in made] == ["web", "batch"]
+
+
+def test_an_owner_sees_only_its_own_entitlements_on_a_profile(plane, tmp_path: Path):
+    plait("hostprofile", "create", str(write(tmp_path, "p.yaml", PROFILES)))
+    for name, owner in (("mine", "alice"), ("theirs", "bob")):
+        plait("entitlement", "create", "--name", name, "--owner", owner, "--machines", "2",
+              "--host-profile", "web")
+    token = plait("token", "create", "--owner", "alice").stdout.strip()
+    seen = json.loads(plait("--token", token, "hostprofile", "show", "web", "-o",
+                            "json").stdout)
+    assert seen["entitlements"] == ["mine"]
+    assert json.loads(plait("hostprofile", "show", "web", "-o", "json").stdout)[
+        "entitlements"] == ["mine", "theirs"]

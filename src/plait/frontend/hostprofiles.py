@@ -8,6 +8,7 @@ from fastapi import FastAPI, Query, Response
 from plait.client import types as t
 from plait.errors import ValidationError
 from plait.model.hostprofile import HostProfile, HostProfileSpec
+from plait.server.auth import Principal, Role
 from plait.sidekick.store import wire
 
 if TYPE_CHECKING:
@@ -21,12 +22,15 @@ def add_routes(app: FastAPI, cp: "ControlPlane", admin: Any, user: Any) -> None:
     """The routes; ``admin`` and ``user`` are the app's token dependencies (types
     given to FastAPI: this module does not postpone its annotations)."""
 
-    def view(p: HostProfile, detail: bool = False) -> dict[str, Any]:
+    def view(p: HostProfile, who: Principal | None = None) -> dict[str, Any]:
+        """A version; with ``who``, the entitlements naming it that the caller may see
+        (an owner sees only its own) and their machines."""
         out = wire(p)
-        if detail:
+        if who is not None:
             with cp.lock:
                 ents = sorted(e.name for e in cp.allocator.entitlements.values()
-                              if e.host_profile == p.name)
+                              if e.host_profile == p.name and (
+                                  who.role is Role.ADMIN or e.owner == who.name))
                 out["entitlements"] = ents
                 out["machines"] = sum(len(cp.region.machines_of(e)) for e in ents)
         return out
@@ -45,7 +49,7 @@ def add_routes(app: FastAPI, cp: "ControlPlane", admin: Any, user: Any) -> None:
         made, new = cp.profiles.put(spec)
         if not new:
             response.status_code = 200
-        return view(made, detail=True)
+        return view(made, who)
 
     @app.get("/v1/hostprofiles", response_model=t.HostProfileList, tags=["hostprofiles"])
     def list_profiles(who: user) -> dict[str, Any]:
@@ -57,7 +61,7 @@ def add_routes(app: FastAPI, cp: "ControlPlane", admin: Any, user: Any) -> None:
     def get_profile(name: str, who: user, version: Version = None) -> dict[str, Any]:
         """A host profile (its current version, or a kept one), with the entitlements
         that name it and their machines."""
-        return view(cp.profiles.get(name, version), detail=True)
+        return view(cp.profiles.get(name, version), who)
 
     @app.get("/v1/hostprofiles/{name}/versions", response_model=t.HostProfileVersions,
              tags=["hostprofiles"])
