@@ -251,3 +251,31 @@ def test_a_stale_copy_of_a_record_in_the_other_shards_part_does_not_block_a_move
     assert "ja" in region.cp(target).scheduler.jobs
     wait_for(lambda: region.running("ja", 2))
     assert region.pids() == before
+
+
+def test_host_profiles_are_the_regions_across_shards(region):
+    """Profiles are written through the front end (shard 0 answers) and read by every
+    shard: an entitlement of shard 1 names one, its machines switch to it before its
+    tasks start, and it cannot be deleted while that entitlement names it."""
+    api = region.api
+    r = api.put("/v1/hostprofiles/web", json={"name": "web", "sysctls": {
+        "net.core.somaxconn": "4096"}})
+    assert r.status_code == 201, r.text
+    for ent, profile in (("a", "default"), ("b", "web")):
+        r = api.post("/v1/entitlements", json={"name": ent, "owner": "o", "host_profile":
+                                                profile, "quota": {"machines": 3}})
+        assert r.status_code == 201, r.text
+    assert region.entry("b")["shard"] == 1
+    r = api.post("/v1/jobs", json=job("jb", "b"))
+    assert r.status_code == 201, r.text
+    wait_for(lambda: region.running("jb", 2))
+    on = {t["machine"] for t in api.get("/v1/jobs/jb/tasks").json()["tasks"]}
+    # each machine as the shard that manages it knows it, one by one and in the list
+    assert {api.get(f"/v1/machines/{m}").json()["host_profile"]["applied"] for m in on} == {
+        "web@1"}
+    listed = {m["id"]: m for m in api.get("/v1/machines").json()["machines"]}
+    assert {listed[m]["host_profile"]["applied"] for m in on} == {"web@1"}
+    assert all(m["host_profile"] is not None for m in listed.values())
+    assert api.get("/v1/hostprofiles/web").json()["entitlements"] == ["b"]
+    r = api.delete("/v1/hostprofiles/web")
+    assert r.status_code == 409 and "named by b" in r.json()["message"]

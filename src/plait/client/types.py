@@ -139,7 +139,7 @@ class MachineView(TypedDict, total=False):
     state: str
     cordoned: bool
     #: target, applied (NAME@VERSION), switching, error, failures, rolling
-    host_profile: dict[str, Any]
+    host_profile: dict[str, Any] | None
     entitlement: str | None
     fault_domain: dict[str, str]
     type: str

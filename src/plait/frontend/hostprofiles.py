@@ -27,11 +27,10 @@ def add_routes(app: FastAPI, cp: "ControlPlane", admin: Any, user: Any) -> None:
         (an owner sees only its own) and their machines."""
         out = wire(p)
         if who is not None:
-            with cp.lock:
-                ents = sorted(e.name for e in cp.allocator.entitlements.values()
-                              if e.host_profile == p.name and (
-                                  who.role is Role.ADMIN or e.owner == who.name))
-                out["entitlements"] = ents
+            ents = [ent for ent, owner in cp.profiles.naming(p.name)
+                    if who.role is Role.ADMIN or owner == who.name]
+            out["entitlements"] = ents
+            with cp.lock:  # (the machines of this control plane's, in a sharded region)
                 out["machines"] = sum(len(cp.region.machines_of(e)) for e in ents)
         return out
 

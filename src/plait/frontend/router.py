@@ -514,12 +514,15 @@ class ShardRouter:
             if r.status_code != 200:
                 return r  # (a refusal is every shard's: the token's)
         pages = [r.json() for r in replies]
-        if key == "machines":  # every shard lists every machine; tasks are the owner's
-            merged = pages[0]
+        if key == "machines":  # every shard lists every machine; tasks and the host
+            merged = pages[0]  # profile are the owner's
             for page in pages[1:]:
-                tasks = {m["id"]: m.get("tasks", 0) for m in page["machines"]}
+                theirs = {m["id"]: m for m in page["machines"]}
                 for mine in merged["machines"]:
-                    mine["tasks"] += tasks.get(mine["id"], 0)
+                    other = theirs.get(mine["id"], {})
+                    mine["tasks"] += other.get("tasks", 0)
+                    if mine.get("host_profile") is None:
+                        mine["host_profile"] = other.get("host_profile")
             return _json(200, merged)
         # one order across shards (by name): each shard answered the same window,
         # merged here by name (``plait.paging``)

@@ -15,13 +15,14 @@ by the scheduler, one machine of an entitlement at a time
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import TYPE_CHECKING, Any
 
 from plait import logconfig
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.model.entitlement import Entitlement
-from plait.model.hostprofile import HostProfile, HostProfileSpec, diff
+from plait.model.hostprofile import DEFAULT_PROFILE, HostProfile, HostProfileSpec, diff
 from plait.sidekick.store import ProfileStore
 
 if TYPE_CHECKING:
@@ -70,10 +71,34 @@ class HostProfiles:
             self.cp.wake.set()
         return made, new
 
+    def naming(self, profile: str) -> list[tuple[str, str]]:
+        """(entitlement, owner) of every entitlement of the region that names the
+        profile: this control plane's, or in a sharded region every shard's (read from
+        the store: the profile routes are answered by shard 0 alone)."""
+        base = getattr(self.cp.store, "base", None)
+        if self.cp.config.shard is None or base is None:
+            with self.cp.lock:
+                return sorted((e.name, e.owner) for e in self.cp.allocator.entitlements.values()
+                              if e.host_profile == profile)
+        found = []
+        try:
+            shards = base.children("/shards")
+        except NotFound:
+            shards = []
+        for shard in shards:
+            prefix = f"/shards/{shard}/allocator/entitlements"
+            try:
+                names = base.children(prefix)
+            except NotFound:
+                continue
+            for value, _ in base.get_many([f"{prefix}/{n}" for n in names]).values():
+                data = json.loads(value)
+                if data.get("host_profile", DEFAULT_PROFILE) == profile:
+                    found.append((str(data["name"]), str(data["owner"])))
+        return sorted(found)
+
     def delete(self, name: str) -> None:
-        with self.cp.lock:
-            users = sorted(e.name for e in self.cp.allocator.entitlements.values()
-                           if e.host_profile == name)
+        users = [ent for ent, _ in self.naming(name)]
         if users:
             raise Conflict(f"host profile {name}", "named by no entitlement",
                            f"named by {', '.join(users[:5])}")

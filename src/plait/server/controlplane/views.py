@@ -201,11 +201,14 @@ class Views:
             "host_profile": self.profile_of(m),
         }
 
-    def profile_of(self, m: int) -> dict[str, Any]:
+    def profile_of(self, m: int) -> dict[str, Any] | None:
         """The host profile the machine must carry, the one its agent reported applied
         (as far as this control plane has heard: a machine not heard from off
         ``default`` shows ``default``), whether its tasks wait for a switch, and why
-        its last switch failed."""
+        its last switch failed. None for a machine another scheduler shard manages
+        (its agent reports there: ``GET /v1/machines/{id}`` is answered by it)."""
+        if not self.cp.membership.owns(m):
+            return None
         sched = self.cp.scheduler
         target = sched.profile_target(m)
         seen = sched.profiles.applied.get(m)
