@@ -149,6 +149,7 @@ class Scheduler(SchedulerState):
         self.roll_cordoned: set[int] = set()
         self.roll_seq = 0
         self.roll_mark: tuple[int, int] = (-1, -1)
+        self._wires: dict[tuple[str, int, bool], dict[str, Any]] = {}
         self.region.subscribe(self._machine_changed)
         #: called with a stage's name (``STAGES``) as a pass enters it
         self.stage: Callable[[str], None] = _untold
@@ -395,7 +396,13 @@ class Scheduler(SchedulerState):
         target = self.profile_target(m)
         if target is None:
             return None
-        return {**target.wire(), "switch": m not in self.rolling}
+        key = (target.name, target.version, m not in self.rolling)
+        wire = self._wires.get(key)
+        if wire is None:  # (one per version: shared, never changed)
+            if len(self._wires) > 4096:
+                self._wires.clear()
+            wire = self._wires[key] = {**target.wire(), "switch": key[2]}
+        return wire
 
     def define_profile(self, profile: HostProfile) -> None:
         """A profile's new version: the machines that must carry it are told (their
