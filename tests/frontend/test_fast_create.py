@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import httpx
-from livecp import Live
+from livecp import Live, wait_for
 
 from plait.frontend import fastcreate
 from plait.frontend.fastcreate import FastCreate
@@ -71,9 +71,13 @@ def test_a_plain_create_is_answered_as_the_route_answers_it(live: Live, monkeypa
                           headers={"Authorization": "Bearer plait_nope_nope"})
         assert anon.status_code == 401 and anon.json()["message"] == "invalid token"
         assert len(handed) == 5  # each refusal was the route's (the 409's: a second try)
-    # the stored job names who created it, as the route's does
-    created = [e for e in live.admin.get("/v1/events", params={"kind": "created"}
-                                         ).json()["events"] if e["job"] in ("fast", "slow")]
+    # the stored job names who created it, as the route's does (recorded by a pass)
+
+    def created_events() -> list[dict]:
+        return [e for e in live.admin.get("/v1/events", params={"kind": "created"}
+                                          ).json()["events"] if e["job"] in ("fast", "slow")]
+    wait_for(lambda: len(created_events()) == 2)
+    created = created_events()
     assert {e["job"]: e["actor"] for e in created} == {"fast": "owner:alice",
                                                       "slow": "owner:alice"}
 

@@ -123,7 +123,10 @@ def agent_cpu(tasks: int, seconds: float, probe_interval: float, settle_timeout:
                 if proc.poll() is not None:
                     raise RuntimeError(f"plait agent exited with {proc.returncode}:\n"
                                        f"{(Path(tmp) / 'agent.log').read_text()[-2000:]}")
-                got = api.get("/v1/jobs/probed/tasks").json()["tasks"]
+                r = api.get("/v1/jobs/probed/tasks")
+                if r.status_code != 200:  # (stored, not applied by a pass yet)
+                    return False
+                got = r.json()["tasks"]
                 return len(got) == tasks and all(t.get("healthy") for t in got)
             _wait(healthy, settle_timeout, f"{tasks} tasks running and healthy")
             time.sleep(min(2.0, seconds))  # (the start's after-effects settle)
