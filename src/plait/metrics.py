@@ -357,6 +357,16 @@ class ControlPlaneCollector(Collector):
         rollouts.add_metric(["halted"], float(halted))
         yield rollouts
         yield self._machines()
+        sched = cp.scheduler
+        profiles = GaugeMetricFamily(
+            "plait_host_profile_machines", "Machines whose host profile is switching (joined "
+            "an entitlement, not switched yet), failing (their last switch failed) and "
+            "rolling (drained for a changed profile)", labels=["state"])
+        for state, n in (("switching", len(sched.profiles.pending)),
+                         ("failing", len(sched.profiles.failing)),
+                         ("rolling", len(sched.rolling))):
+            profiles.add_metric([state], float(n))
+        yield profiles
         cache = cp.allocator.cache
         hits = CounterMetricFamily("plait_allocator_cache_hits", "Placements answered from "
                                    "the allocator's job-level cache")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import stat
-import time
 
 import pytest
 import test_agent_policies
+from test_agent_policies import wait_for
 
 from plait.agent import profile as agent_profile
 from plait.sidekick import book
@@ -24,14 +24,6 @@ PROFILE = {"name": "web", "sysctls": {"net.core.somaxconn": "4096"}, "turbo": Tr
 TASK = ('cat "$PLAIT_DATA_DIR/../../sidekick/host-profile.json" > "$PLAIT_DATA_DIR/seen.json"; '
         'cat "$PLAIT_DATA_DIR/../../sidekick/script-ran" > "$PLAIT_DATA_DIR/script.txt" '
         '2>/dev/null; exec sleep 600')
-
-
-def wait_for(check, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within the liveness bound")
-        time.sleep(0.1)
 
 
 class Box(test_agent_policies.Box):

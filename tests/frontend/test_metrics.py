@@ -242,3 +242,23 @@ def test_plait_agent_serves_its_metrics_on_the_port_it_is_given(tmp_path: Path) 
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_machines_switching_host_profile_are_counted(live: Live) -> None:
+    """Two machines join an entitlement whose profile reserves hugepages (a simulated
+    switch of 244 s): both are counted switching, and their tasks have not started."""
+    r = live.admin.put("/v1/hostprofiles/big", json={"name": "big", "hugepages_2m": 512})
+    assert r.status_code == 201, r.text
+    r = live.admin.post("/v1/entitlements", json={"name": "e", "owner": "o", "host_profile":
+                                                  "big", "quota": {"machines": 4}})
+    assert r.status_code == 201, r.text
+    r = live.admin.post("/v1/jobs", json={**JOB, "task_count": 2, "policy": {
+        "requirements": {"max_tasks_per_machine": 1}}})
+    assert r.status_code == 201, r.text
+    wait_for(lambda: value(scrape(live.admin), "plait_host_profile_machines",
+                           state="switching") == 2)
+    samples = scrape(live.admin)
+    assert value(samples, "plait_host_profile_machines", state="failing") == 0
+    assert value(samples, "plait_host_profile_machines", state="rolling") == 0
+    tasks = live.admin.get("/v1/jobs/web/tasks").json()["tasks"]
+    assert [t["state"] for t in tasks] == ["allocated", "allocated"]
