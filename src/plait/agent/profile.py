@@ -77,9 +77,6 @@ class ProfileSwitcher:
         return {"name": None if ref is None else ref[0], "version": 0 if ref is None
                 else ref[1], "error": self.error, "failures": self.failures}
 
-    def switching(self) -> bool:
-        return self._running is not None
-
     # -- the run loop's turn -----------------------------------------------------------------
     def tick(self, now: float, idle: bool) -> bool:
         """Take a finished switch; begin one when the machine does not carry its
