@@ -367,6 +367,19 @@ class ControlPlaneCollector(Collector):
                          ("rolling", len(sched.rolling))):
             profiles.add_metric([state], float(n))
         yield profiles
+        loaned = GaugeMetricFamily(
+            "plait_loaned_machines", "Machines on loan to elastic entitlements: lent (in "
+            "use by a borrower) and revoking (notice given, due back)", labels=["state"])
+        revoking = len(sched.revokes)
+        held = sum(len(cp.region.machines_of(n)) for n in list(sched.elastic))
+        loaned.add_metric(["lent"], float(held - revoking))
+        loaned.add_metric(["revoking"], float(revoking))
+        yield loaned
+        revokes = CounterMetricFamily("plait_loan_revokes", "Loans revoked, and those whose "
+                                      "machine came back past its deadline", labels=["when"])
+        revokes.add_metric(["all"], float(sched.counters["loan_revokes"]))
+        revokes.add_metric(["late"], float(sched.counters["loan_revokes_late"]))
+        yield revokes
         cache = cp.allocator.cache
         hits = CounterMetricFamily("plait_allocator_cache_hits", "Placements answered from "
                                    "the allocator's job-level cache")

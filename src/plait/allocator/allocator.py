@@ -20,12 +20,13 @@ import numpy as np
 
 from plait.allocator.cache import AllocationCache
 from plait.allocator.index import HEALTHY, MachineIndex
+from plait.allocator.loans import LoanLedger, borrowing_quota
 from plait.allocator.placement import JobState, Plan, propose, releasing, usable
 from plait.allocator.policy import CompiledPolicy, compile_policy
 from plait.allocator.request import AllocationRequest, AllocationResult
 from plait.broker import FREE
 from plait.errors import Conflict, NotFound
-from plait.model.entitlement import Entitlement
+from plait.model.entitlement import Entitlement, Quota
 from plait.model.policy import AllocationPolicy
 from plait.model.resources import Resources
 
@@ -49,6 +50,9 @@ class Allocator:
         self.jobs: dict[str, JobState] = {}
         self.cache = AllocationCache()
         self.conflicts = 0
+        #: elastic loans: lenders' waiting demand and machines under revoke (the
+        #: scheduler keeps both; ``quota_of`` reads them for elastic entitlements)
+        self.loans = LoanLedger()
         self._compiled: dict[tuple[AllocationPolicy, str, Resources], CompiledPolicy] = {}
         #: the same, keyed by the identity of the policy and resources objects (hashing
         #: those models costs more than the rest of a lookup); each entry holds the
@@ -66,6 +70,13 @@ class Allocator:
         self._compiled = {k: v for k, v in self._compiled.items() if k[1] != entitlement.name}
         self._by_id = {k: v for k, v in self._by_id.items() if k[1] != entitlement.name}
         self.cache.clear()  # a cached placement may no longer meet the new definition
+
+    def quota_of(self, ent: Entitlement) -> Quota:
+        """The quota a claim is checked against: the entitlement's own, or for an
+        elastic one what it holds plus the loans the lenders' unused quota allows."""
+        if ent.elastic is None:
+            return ent.quota
+        return borrowing_quota(self.index, self.entitlements, self.loans, ent)
 
     def usage(self, name: str) -> EntitlementUsage:
         ent = self._entitlement(name)
@@ -94,7 +105,8 @@ class Allocator:
         cp = self.compile(request)
         ent = self.entitlements[request.entitlement]
         for attempt in range(1, self.max_attempts + 1):
-            plan = propose(self.index, cp, ent.quota, self.jobs.get(request.job), request)
+            plan = propose(self.index, cp, self.quota_of(ent), self.jobs.get(request.job),
+                           request)
             try:
                 result = self.commit(plan, attempt)
             except Conflict:
@@ -106,7 +118,7 @@ class Allocator:
                 self.cache.drop(request.job)
             return result
         self.cache.drop(request.job)
-        plan = propose(self.index, cp, ent.quota, self.jobs.get(request.job), request)
+        plan = propose(self.index, cp, self.quota_of(ent), self.jobs.get(request.job), request)
         reason = f"gave up after {self.max_attempts} conflicting attempts"
         return AllocationResult(
             request.job, request.entitlement, (), (),
@@ -134,7 +146,7 @@ class Allocator:
     def propose(self, request: AllocationRequest) -> Plan:
         """Decide without committing (the first half of ``allocate``)."""
         cp = self.compile(request)
-        return propose(self.index, cp, self.entitlements[request.entitlement].quota,
+        return propose(self.index, cp, self.quota_of(self.entitlements[request.entitlement]),
                        self.jobs.get(request.job), request)
 
     def commit(self, plan: Plan, attempt: int = 1) -> AllocationResult:
@@ -146,6 +158,7 @@ class Allocator:
         """
         ix, req = self.index, plan.request
         ent = self.entitlements[req.entitlement]
+        quota = self.quota_of(ent)
         need, floor = plan.policy.need, plan.policy.floor
         claimed = {m for m, _ in plan.claims}
         # -- verify ---------------------------------------------------------------------
@@ -164,9 +177,9 @@ class Allocator:
         members = ix.members.get(plan.ent_code)
         gone = releasing(ix, plan.frees, plan.ent_code)
         have = (members.size if members else 0) - len(gone)
-        if ent.quota.machines is not None and plan.claims and (
-                have + len(plan.claims) > ent.quota.machines):
-            raise Conflict(f"entitlement {ent.name} machines", ent.quota.machines,
+        if quota.machines is not None and plan.claims and (
+                have + len(plan.claims) > quota.machines):
+            raise Conflict(f"entitlement {ent.name} machines", quota.machines,
                            have + len(plan.claims))
         if ent.quota.rru is not None and plan.claims:
             rru = (members.machines_rru if members else 0) + sum(

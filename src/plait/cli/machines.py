@@ -29,7 +29,7 @@ machine_app = typer.Typer(help="Machines: inspect, fail, drain, cordon (admin)."
 
 
 MACHINE_COLUMNS = ["id", "state", "cordoned", "entitlement", "dc", "msb", "rack", "type",
-                   "tasks", "host profile"]
+                   "tasks", "host profile", "loan"]
 
 
 def _profile(m: dict[str, Any]) -> str:
@@ -44,16 +44,27 @@ def _profile(m: dict[str, Any]) -> str:
     return str(applied or "")
 
 
+def _loan(m: dict[str, Any]) -> str:
+    loan = m.get("loan")
+    if not loan:
+        return ""
+    if loan.get("revoking"):
+        return f"revoking: tasks off by t={loan['deadline']:.0f}"
+    return "on loan"
+
+
 def _machine_row(m: dict[str, Any]) -> list[Any]:
     return [m["id"], m["state"], "yes" if m["cordoned"] else "", m["entitlement"] or "(free)",
             m["fault_domain"]["dc"], m["fault_domain"]["msb"], m["fault_domain"]["rack"],
-            m["type"], m["tasks"], _profile(m)]
+            m["type"], m["tasks"], _profile(m), _loan(m)]
 
 
 @machine_app.command("list")
 @guarded
 def machine_list(state: Annotated[str | None, typer.Option()] = None,
                  entitlement: Annotated[str | None, typer.Option()] = None,
+                 loaned: Annotated[bool, typer.Option(
+                     "--loaned", help="only machines on loan to elastic entitlements")] = False,
                  limit: Annotated[int, typer.Option(min=1, max=1000,
                                                     help="machines per page")] = 100,
                  offset: Annotated[int, typer.Option(min=0)] = 0,
@@ -67,7 +78,7 @@ def machine_list(state: Annotated[str | None, typer.Option()] = None,
     a = api()
     if all_ or continue_:
         pages = a.pages("/v1/machines", "machines", limit, continue_, one=not all_,
-                        state=state, entitlement=entitlement)
+                        state=state, entitlement=entitlement, loaned=loaned or None)
         if output == "json":
             found, token = gathered(pages)
             emit({"machines": found, "continue": token}, output, lambda d: None)
@@ -77,7 +88,7 @@ def machine_list(state: Annotated[str | None, typer.Option()] = None,
             say(f"more: plait machine list --continue {token}")
         return
     data = a.get("/v1/machines", state=state, entitlement=entitlement, limit=limit,
-                 offset=offset)
+                 offset=offset, loaned=loaned or None)
 
     def show(d: dict[str, Any]) -> None:
         rows(MACHINE_COLUMNS, [_machine_row(m) for m in d["machines"]])

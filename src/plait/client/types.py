@@ -125,6 +125,14 @@ class EntitlementView(TypedDict, total=False):
     quota: dict[str, Any]
     host_profile: str
     default_preferences: list[dict[str, Any]]
+    #: a lender's unused machines are loaned to elastic entitlements
+    lends: bool
+    #: an elastic entitlement's loan terms (min_notice_seconds,
+    #: max_reclaim_fraction_per_minute)
+    elastic: dict[str, float] | None
+    #: the pool of loans, for a lender or an elastic entitlement: lendable, on_loan,
+    #: revoking
+    loans: dict[str, int]
     machines: int
     rru: float
     jobs: list[str]
@@ -140,6 +148,8 @@ class MachineView(TypedDict, total=False):
     cordoned: bool
     #: target, applied (NAME@VERSION), switching, error, failures, rolling
     host_profile: dict[str, Any] | None
+    #: borrower, since, revoking, deadline, due_back (None: not on loan)
+    loan: dict[str, Any] | None
     entitlement: str | None
     fault_domain: dict[str, str]
     type: str

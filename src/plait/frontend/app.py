@@ -770,18 +770,22 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     # -- machines and maintenance (admin) --------------------------------------------------
     @app.get("/v1/machines", response_model=t.MachineList, tags=["machines"])
     def list_machines(who: Admin, state: str | None = None, entitlement: str | None = None,
+                      loaned: bool = False,
                       offset: Annotated[int, Query(ge=0)] = 0,
                       limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                       cont: Continue = None) -> dict[str, Any]:
         """Machines in the region's order (generated, then registered), ``limit`` at a
         time: the next page from ``continue`` (the token of the last; null at the
-        end), or at ``offset``. ``total``: every machine that passes the filters."""
-        scope = paging.scope_of("machines", state=state, entitlement=entitlement)
+        end), or at ``offset``. ``total``: every machine that passes the filters
+        (``loaned``: only machines on loan to elastic entitlements)."""
+        scope = paging.scope_of("machines", state=state, entitlement=entitlement,
+                                loaned="1" if loaned else None)
         after = None if not cont else str(paging.decode(cont, scope))
         if after is not None and offset:
             raise BadRequest("offset", "offset: give either offset or continue")
         states = parse_states(state, tuple(s.value for s in MachineState))
-        found, total, last = cp.views.machines(states, entitlement, offset, limit, after)
+        found, total, last = cp.views.machines(states, entitlement, offset, limit, after,
+                                               loaned)
         return {"machines": found, "total": total, "offset": offset,
                 "continue": None if last is None else paging.encode(last, scope)}
 

@@ -523,6 +523,8 @@ class ShardRouter:
                     mine["tasks"] += other.get("tasks", 0)
                     if mine.get("host_profile") is None:
                         mine["host_profile"] = other.get("host_profile")
+                    if mine.get("loan") is None:
+                        mine["loan"] = other.get("loan")
             return _json(200, merged)
         # one order across shards (by name): each shard answered the same window,
         # merged here by name (``plait.paging``)

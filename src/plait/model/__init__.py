@@ -6,7 +6,7 @@ region has a million machines.
 """
 
 from plait.model.base import Value, build, parse
-from plait.model.entitlement import Entitlement, Quota
+from plait.model.entitlement import ElasticTerms, Entitlement, Quota
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.model.job import HealthProbe, JobSpec, RestartPolicy, UpdatePolicy
 from plait.model.machine import FaultDomain, Machine, MachineState
@@ -36,6 +36,7 @@ __all__ = [
     "SPREAD_RACK",
     "STACK",
     "AllocationPolicy",
+    "ElasticTerms",
     "Entitlement",
     "EventKind",
     "FaultDomain",

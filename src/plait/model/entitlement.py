@@ -65,6 +65,20 @@ def least_loaded(loads: Mapping[int, int]) -> int:
     return min(loads, key=lambda s: (loads[s], s))
 
 
+class ElasticTerms(Value):
+    """The terms an elastic entitlement's loans are made on (decision 94): published
+    with the entitlement and enforced by the scheduler when it revokes loans. A
+    borrower's tasks hear of a revoke (a ``loan_revoke`` advance notice through
+    TaskControl) at least ``min_notice_seconds`` before they are stopped, and at most
+    ``max_reclaim_fraction_per_minute`` of its loaned machines (at least one) are
+    revoked in any minute."""
+
+    #: seconds between a revoke's notice and its deadline (the tasks' stop)
+    min_notice_seconds: float = pydantic.Field(default=120.0, ge=0, le=86_400)
+    #: the most of the borrower's loaned machines revoked in any 60 seconds
+    max_reclaim_fraction_per_minute: float = pydantic.Field(default=0.1, gt=0, le=1)
+
+
 class Entitlement(Value):
     """A quota and a pseudo-cluster (paper section 3): jobs are bound to it, and
     machines join it from the region's free pool when its jobs need room (never above
@@ -84,7 +98,24 @@ class Entitlement(Value):
     #: pin the entitlement's machines and jobs to one data center.
     pin_dc: str | None = pydantic.Field(default=None, min_length=1, max_length=64)
 
+    #: a lender: the machines of its quota it does not use are loaned to elastic
+    #: entitlements, and revoked when it needs them (a whole-machine quota only)
+    lends: bool = False
+    #: an elastic entitlement: every machine it holds is on loan from the lenders'
+    #: unused quota, on these terms; its quota caps how many it may borrow
+    elastic: ElasticTerms | None = None
+
     _name = pydantic.field_validator("name", "owner")(check_name)
+
+    @pydantic.model_validator(mode="after")
+    def _loans(self) -> Entitlement:
+        if self.lends and self.elastic is not None:
+            raise ValueError("an entitlement either lends (lends: true) or borrows "
+                             "(elastic: terms), not both")
+        if (self.lends or self.elastic is not None) and self.quota.machines is None:
+            raise ValueError("loans are of whole machines: a lender's or an elastic "
+                             "entitlement's quota must be in machines")
+        return self
 
     @pydantic.field_validator("default_preferences")
     @classmethod

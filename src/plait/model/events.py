@@ -16,6 +16,16 @@ class EventKind(enum.StrEnum):
     MAINTENANCE = "maintenance"
 
 
+#: the id prefix of the maintenance event that revokes a machine's loan (its start is
+#: the revoke's deadline; the scheduler's loans stage carries it out)
+LOAN_REVOKE_PREFIX = "loan-revoke-"
+#: the same for a host-profile roll's drain of a busy machine
+PROFILE_ROLL_PREFIX = "profile-roll-"
+#: events that drain a machine out of its entitlement: at their start what still
+#: runs there is moved elsewhere, not parked until the window ends
+DRAIN_PREFIXES = (LOAN_REVOKE_PREFIX, PROFILE_ROLL_PREFIX)
+
+
 @dataclass(frozen=True, slots=True)
 class UnavailabilityEvent:
     id: str

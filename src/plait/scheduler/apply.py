@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 
+from plait.allocator.placement import NO_MACHINE
 from plait.scheduler import acks as acking
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.plans import (
@@ -202,6 +203,12 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
         tasks[index].spec_version = target
     for _version, request in plan.requests:
         result = s.allocator.allocate(request)
+        if result.unplaced and result.unplaced[0][1] == NO_MACHINE:
+            # waiting for a machine: a lender's such tasks take loans back (``loans``)
+            s.short[job.name] = (job.entitlement,
+                                 len(result.unplaced) * round(request.resources.cpu * 1000))
+        elif s.short:
+            s.short.pop(job.name, None)
         for index, machine in zip(result.tasks, result.machines, strict=True):
             rec = tasks[index]
             if s.transition(rec, Event.ALLOCATED):

@@ -11,6 +11,7 @@ waits on a tenant) and applies the answer.
 
 from __future__ import annotations
 
+from plait.model.events import LOAN_REVOKE_PREFIX
 from plait.model.topology import Fleet
 from plait.scheduler.plans import is_down, offered_ops
 from plait.scheduler.records import JobRecord
@@ -19,7 +20,8 @@ from plait.taskcontrol.protocol import AdvanceNotice, NoticeKind, TaskControlReq
 
 
 def advance_notices(job: JobRecord, notice: Notice, fleet: Fleet) -> tuple[AdvanceNotice, ...]:
-    """The maintenance notices that concern the job's tasks, one per event."""
+    """The maintenance notices that concern the job's tasks, one per event (a revoked
+    loan's is of kind ``loan_revoke``)."""
     by_event: dict[str, tuple[float, float | None, set[int], list[int]]] = {}
     for rec in job.tasks.values():
         if rec.machine is not None and rec.machine in notice:
@@ -28,7 +30,8 @@ def advance_notices(job: JobRecord, notice: Notice, fleet: Fleet) -> tuple[Advan
             entry[2].add(rec.machine)
             entry[3].append(rec.index)
     return tuple(
-        AdvanceNotice(eid, NoticeKind.MAINTENANCE, tuple(fleet.names(sorted(ms))),
+        AdvanceNotice(eid, NoticeKind.LOAN_REVOKE if eid.startswith(LOAN_REVOKE_PREFIX)
+                      else NoticeKind.MAINTENANCE, tuple(fleet.names(sorted(ms))),
                       tuple(job.ref(i) for i in sorted(indices)), start, start, end)
         for eid, (start, end, ms, indices) in sorted(by_event.items()))
 

@@ -12,7 +12,7 @@ tasks parked for it start again where they were.
 from __future__ import annotations
 
 from plait.broker import ChangeKind
-from plait.model.events import EventKind
+from plait.model.events import DRAIN_PREFIXES, EventKind
 from plait.model.machine import MachineState
 from plait.model.task import TaskRef, TaskState
 from plait.scheduler.lifecycle import Event
@@ -107,6 +107,8 @@ def maintenance(s: SchedulerState, now: float) -> Notice:
             for m in machines:
                 notice.setdefault(m, (ev.id, ev.start, ev.end))
             continue
+        if ev.id.startswith(DRAIN_PREFIXES):
+            continue  # a drain's deadline: its tasks move (``drain``), not park
         for m in machines:  # deadline reached: stop what still runs
             for ref in s.placed.get(m, NOTHING_PLACED).refs():
                 deadline_stop(s, ref, ev.id, now)

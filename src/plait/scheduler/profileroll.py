@@ -21,8 +21,9 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from plait.errors import NotFound
-from plait.model.events import EventKind, UnavailabilityEvent
+from plait.model.events import PROFILE_ROLL_PREFIX, EventKind, UnavailabilityEvent
 from plait.model.hostprofile import DEFAULT_PROFILE, HostProfile
+from plait.scheduler import drain
 from plait.sidekick.book import Transition
 
 if TYPE_CHECKING:
@@ -82,8 +83,18 @@ def roll(s: Scheduler, now: float) -> None:
         return
     index, region, names = s.allocator.index, s.region, s.fleet.name
     for m, (event_id, ent) in list(s.rolling.items()):
+        drain.unpark_all(s, event_id)
+        drain.unstarted(s, m, event_id, now)
         if index.tasks[m] or s.placed.get(m):
+            due = s.roll_deadlines.get(m)
+            if due is None:  # (rolled before a takeover: its event says when)
+                due = s.roll_deadlines[m] = next(
+                    (e.start for e in s.region.events() if e.id == event_id), float("inf"))
+            if now >= due:
+                s.roll_deadlines[m] = float("inf")
+                drain.deadline(s, m, event_id, now, "its entitlement's host profile changed")
             continue
+        s.roll_deadlines.pop(m, None)  # (empty: its drain is over)
         del s.rolling[m]
         with contextlib.suppress(NotFound):
             region.end_event(event_id, now)
@@ -115,8 +126,9 @@ def roll(s: Scheduler, now: float) -> None:
         for m in sorted(stale)[:max(0, at_once - draining)]:
             stale.discard(m)
             s.roll_seq += 1
-            event_id = f"profile-roll-{name}-{names(m)}-{s.roll_seq}"
+            event_id = f"{PROFILE_ROLL_PREFIX}{name}-{names(m)}-{s.roll_seq}"
             start = now + s.config.profile_roll_deadline
+            s.roll_deadlines[m] = start
             region.add_event(UnavailabilityEvent(
                 event_id, EventKind.MAINTENANCE, (names(m),), start, start + HOLD,
                 f"host profile {target.name} v{target.version}"), now)

@@ -57,6 +57,7 @@ from plait.scheduler import (
     apply,
     controller,
     execution,
+    loans,
     machines,
     machinesets,
     placement,
@@ -127,6 +128,9 @@ class SchedulerConfig:
     #: time, each drained within this many seconds at the latest (``profileroll``)
     profile_roll_at_once: int = 1
     profile_roll_deadline: float = 3600.0
+    #: a revoked loan's machine is due back in the free pool this long after the
+    #: revoke's deadline (its agent's stop of what still ran there; ``loans``)
+    loan_return_grace: float = 30.0
 
 
 class Scheduler(SchedulerState):
@@ -148,6 +152,21 @@ class Scheduler(SchedulerState):
         self.rolling: dict[int, tuple[str, str]] = {}
         self.roll_cordoned: set[int] = set()
         self.roll_seq = 0
+        #: when each draining machine's roll deadline comes (its tasks are moved then)
+        self.roll_deadlines: dict[int, float] = {}
+        #: elastic loans (``loans``): revokes under way by machine, when each
+        #: borrower's recent revokes began, what the shell records as events
+        self.revokes: dict[int, loans.Revoke] = {}
+        self.revoke_starts: dict[str, list[float]] = {}
+        self.revoke_seq = 0
+        #: machines on loan this scheduler saw claimed: borrower and since when
+        self.loaned: dict[int, tuple[str, float]] = {}
+        self.loan_events: list[loans.LoanEvent] = []
+        self.elastic: set[str] = set()
+        self.lenders: set[str] = set()
+        self.loan_mark = -1
+        self.loans_found = False
+        self.counters.update(loan_revokes=0, loan_revokes_late=0)
         self.roll_mark: tuple[int, int] = (-1, -1)
         self._wires: dict[tuple[str, int, bool], dict[str, Any]] = {}
         self.region.subscribe(self._machine_changed)
@@ -167,11 +186,20 @@ class Scheduler(SchedulerState):
         if change.kind is ChangeKind.STATE:
             self.machine_changes.append(change)
         elif change.kind is ChangeKind.CLAIMED:
+            if change.entitlement in self.elastic:
+                self.loaned[change.machine] = (change.entitlement, self.now)
+                self.loan_events.append(loans.LoanEvent(
+                    self.now, change.machine, "loan_started", change.entitlement))
             if change.entitlement in self.allocator.entitlements:
                 # it must carry the entitlement's profile before a task starts there
                 self.profiles.joined(change.machine, self.profile_target(change.machine))
                 self.touched.add(change.machine)
-        elif change.kind is ChangeKind.RELEASED and change.machine in self.profiles.applied:
+        elif change.kind is ChangeKind.RELEASED and change.machine in self.loaned:
+            borrower, _ = self.loaned.pop(change.machine)
+            if change.machine not in self.revokes:
+                self.loan_events.append(loans.LoanEvent(
+                    self.now, change.machine, "loan_ended", borrower, "empty"))
+        if change.kind is ChangeKind.RELEASED and change.machine in self.profiles.applied:
             self.profiles.left(change.machine)
             self.touched.add(change.machine)  # back to ``default``
 
@@ -575,6 +603,7 @@ class Scheduler(SchedulerState):
         self.stage("machines")
         self.bucket.refill(now)
         profileroll.roll(self, now)
+        loans.step(self, now)
         machines.on_changes(self, now)
         notice = machines.maintenance(self, now)
         self.stage("jobs")

@@ -55,8 +55,11 @@ class SchedulerState:
         self.counters: dict[str, int] = {
             "ops_started": 0, "ops_completed": 0, "throttled": 0, "deadline_stops": 0,
             "failure_deadline_moves": 0, "controller_errors": 0, "controller_calls": 0,
-            "tasks_lost": 0, "reconcile_errors": 0,
+            "tasks_lost": 0, "reconcile_errors": 0, "drain_moves": 0, "drain_ops": 0,
         }
+        #: per job whose tasks wait for a machine (none had room): its entitlement and
+        #: the milli-RRU they need (a lender's such tasks take its loans back)
+        self.short: dict[str, tuple[str, int]] = {}
         #: machines whose desired set changed since the shell last looked
         self.touched: set[int] = set()
         #: when a set (the shell that persists the scheduler sets it): the jobs whose

@@ -129,6 +129,29 @@ class HostProfiles:
             except (OSError, NotFound, ValueError) as exc:
                 log.warning("host profiles not read", error=str(exc))
         self.record_transitions()
+        self.record_loans()
+
+    def record_loans(self) -> None:
+        """Loans made, revoked, returned and ended, into the region's event log."""
+        sched = self.cp.scheduler
+        if not sched.loan_events:
+            return
+        moved, sched.loan_events = sched.loan_events, []
+        name = self.cp.fleet.name
+        for e in moved:
+            machine = name(e.machine)
+            if e.kind == "loan_started":
+                text = f"{machine}: loaned to elastic entitlement {e.borrower}"
+            elif e.kind == "loan_revoked":
+                text = (f"{machine}: loan to {e.borrower} revoked; its tasks are moved by "
+                        f"t={e.deadline:.0f} at the latest (loan_revoke notice)")
+            elif e.kind == "loan_returned":
+                late = f", {e.late:.0f}s past its deadline" if e.late else ""
+                text = f"{machine}: back from {e.borrower} in the free pool ({e.reason}{late})"
+            else:
+                text = f"{machine}: {e.borrower} let its loan go ({e.reason})"
+            self.cp.record("loans", e.kind, text, machine=machine, entitlement=e.borrower,
+                           at=e.at, reason=e.reason or None)
 
     def load(self) -> None:
         """At a build: every profile's current version into the new scheduler."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plait.allocator import AllocationRequest
+from plait.allocator.loans import count
 from plait.errors import NotFound
 from plait.model import Fleet, JobSpec
 from plait.model.task import TaskState
@@ -111,8 +112,14 @@ class Views:
         ent = self.cp.entitlement(name)
         usage = self.cp.allocator.usage(name)
         jobs = sorted(n for n, v in list(self._views.items()) if v.entitlement == name)
-        return {**ent.model_dump(mode="json"), "machines": usage.machines,
+        view = {**ent.model_dump(mode="json"), "machines": usage.machines,
                 "rru": round(usage.rru, 3), "jobs": jobs}
+        if ent.lends or ent.elastic is not None:  # the region's pool of loans
+            alloc = self.cp.allocator
+            n = count(alloc.index, alloc.entitlements, alloc.loans)
+            view["loans"] = {"lendable": n.lendable, "on_loan": n.on_loan,
+                             "revoking": n.revoking}
+        return view
 
     def snapshot(self) -> dict[str, JobState]:
         """Every job as the last pass published it (a copy: read without the lock)."""
@@ -199,7 +206,23 @@ class Views:
             "tasks": len(self.cp.scheduler.desired.get(m, {})),
             "events": [e.id for e in broker.events_for(m)],
             "host_profile": self.profile_of(m),
+            "loan": self.loan_of(m),
         }
+
+    def loan_of(self, m: int) -> dict[str, Any] | None:
+        """The machine's loan, if an elastic entitlement holds it: the borrower, since
+        when (as far as this control plane saw it claimed), and a revoke under way (its
+        deadline, and when the machine is due back)."""
+        sched = self.cp.scheduler
+        borrower = self.cp.region.broker_of(m).entitlement_of(m)
+        if borrower is None or borrower not in sched.elastic:
+            return None
+        seen = sched.loaned.get(m)
+        revoke = sched.revokes.get(m)
+        return {"borrower": borrower, "since": None if seen is None else seen[1],
+                "revoking": revoke is not None,
+                "deadline": None if revoke is None else revoke.deadline,
+                "due_back": None if revoke is None else revoke.return_by}
 
     def profile_of(self, m: int) -> dict[str, Any] | None:
         """The host profile the machine must carry, the one its agent reported applied
@@ -250,10 +273,10 @@ class Views:
         return {"cells": cells, "total": len(fleet)}
 
     def machines(self, states: Collection[str] | None = None, entitlement: str | None = None,
-                 offset: int = 0, limit: int = 100, after: str | None = None
-                 ) -> tuple[list[dict[str, Any]], int, str | None]:
+                 offset: int = 0, limit: int = 100, after: str | None = None,
+                 loaned: bool = False) -> tuple[list[dict[str, Any]], int, str | None]:
         """The machines that pass the filters (in one of ``states``, of
-        ``entitlement``), in the fleet's order (which only ever
+        ``entitlement``, on loan to an elastic entitlement), in the fleet's order (which only ever
         grows at its end): ``limit`` of them from ``offset``, or after machine
         ``after``; how many pass in all; the last one listed when more follow."""
         start = -1
@@ -264,6 +287,7 @@ class Views:
                 raise BadRequest("continue", f"continue: machine {after!r} is not in the "
                                              "region; list again from the start") from None
         with self.cp.lock:
+            elastic = self.cp.scheduler.elastic
             found: list[dict[str, Any]] = []
             total = position = 0
             more = False
@@ -272,6 +296,8 @@ class Views:
                 if states is not None and broker.state(m).value not in states:
                     continue
                 if entitlement is not None and broker.entitlement_of(m) != entitlement:
+                    continue
+                if loaned and broker.entitlement_of(m) not in elastic:
                     continue
                 total += 1
                 if m <= start:

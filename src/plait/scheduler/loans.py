@@ -1,0 +1,224 @@
+"""Elastic loans: revoking them when lenders need their machines back (decision 94).
+
+Elastic entitlements borrow whole machines against the lenders' unused quota
+(``plait.allocator.loans``). Every pass this stage
+
+1. tells the allocator how many machines each lender's waiting tasks need
+   (``short``: tasks the allocator could not place for want of a machine), so
+   lenders that wait for machines the free pool does not have take their unused
+   quota back;
+2. revokes loans while more are out than the lenders can spare: an idle loaned
+   machine goes back to the free pool at once; a busy one gets a planned
+   maintenance event (``loan-revoke-...``) whose start is the revoke's deadline,
+   ``min_notice_seconds`` of the borrower's terms ahead. Its tasks are cordoned off,
+   their controllers get a ``loan_revoke`` advance notice, and they are offered a
+   move or a stop, as for maintenance. At most ``max_reclaim_fraction_per_minute``
+   of a borrower's loaned machines (at least one) are revoked in any minute; the
+   busiest borrowers' least busy machines go first;
+3. at a revoke's deadline, moves what still runs there without an ack (each task is
+   stopped by its agent and placed again elsewhere once the stop is seen, so no task
+   runs twice), re-places tasks a controller chose to stop, and once the machine is
+   empty (the allocator gives it back to the free pool) ends the event: the lender
+   claims it and Sidekick switches it to the lender's profile. A machine back later
+   than ``deadline + loan_return_grace`` is a revoke past its deadline.
+
+The shell records ``loan_events``; ``counters`` count revokes and late returns.
+After a takeover, revokes under way are found again from their events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from plait.allocator.loans import count, held
+from plait.errors import NotFound
+from plait.model.events import LOAN_REVOKE_PREFIX, EventKind, UnavailabilityEvent
+from plait.scheduler import drain
+from plait.scheduler.machinesets import NOTHING_PLACED
+
+if TYPE_CHECKING:
+    from plait.scheduler.scheduler import Scheduler
+
+#: a revoke's event is held open until its machine is back (then ended)
+HOLD = 365 * 86400.0
+#: loan events kept for the shell at most
+KEEP = 10_000
+#: the window of the reclaim rate (the terms are per minute)
+WINDOW = 60.0
+
+
+@dataclass(slots=True)
+class Revoke:
+    """A loan being revoked."""
+
+    event_id: str
+    borrower: str
+    noticed: float
+    #: the tasks are stopped then (the event's start)
+    deadline: float
+    #: the machine is due back in the free pool by then
+    return_by: float
+    #: the deadline's moves were made
+    forced: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LoanEvent:
+    """A loan changed: ``loan_started`` (an elastic entitlement claimed a machine),
+    ``loan_revoked`` (notice given: ``deadline``), ``loan_returned`` (a revoked
+    machine is back in the free pool: ``late`` seconds past its due time) or
+    ``loan_ended`` (the borrower let it go, empty)."""
+
+    at: float
+    machine: int
+    kind: str
+    borrower: str
+    reason: str = ""
+    deadline: float | None = None
+    late: float = 0.0
+
+
+def step(s: Scheduler, now: float) -> None:
+    """One look, every pass (cheap when no entitlement is elastic)."""
+    alloc = s.allocator
+    if s.loan_mark != alloc.defined:
+        s.loan_mark = alloc.defined
+        s.elastic = {n for n, e in alloc.entitlements.items() if e.elastic is not None}
+        s.lenders = {n for n, e in alloc.entitlements.items() if e.lends}
+    if not s.loans_found:
+        s.loans_found = True
+        _rediscover(s, now)
+    if s.revokes:
+        _progress(s, now)
+    if len(s.loan_events) > KEEP:  # (a shell that records them empties the list)
+        del s.loan_events[:len(s.loan_events) - KEEP]
+    if not s.elastic:
+        alloc.loans.short.clear()
+        return
+    _demand(s)
+    owed = -count(alloc.index, alloc.entitlements, alloc.loans).room
+    if owed > 0:
+        _revoke(s, owed, now)
+
+
+def _demand(s: Scheduler) -> None:
+    """Each lender's waiting tasks, in machines of the region's mean size, within the
+    quota it does not use."""
+    alloc = s.allocator
+    need: dict[str, int] = {}
+    for job, (ent, cpu) in list(s.short.items()):
+        if job not in s.jobs:
+            del s.short[job]
+        elif ent in s.lenders:
+            need[ent] = need.get(ent, 0) + cpu
+    short: dict[str, int] = {}
+    if need:
+        mean = max(1, int(alloc.index.total_cpu.mean()))
+        for ent, cpu in need.items():
+            quota = alloc.entitlements[ent].quota.machines or 0
+            short[ent] = min(max(0, quota - held(alloc.index, ent)), math.ceil(cpu / mean))
+    alloc.loans.short = short
+
+
+def _revoke(s: Scheduler, owed: int, now: float) -> None:
+    """Revoke ``owed`` loans, within each borrower's reclaim rate."""
+    alloc, region, index = s.allocator, s.region, s.allocator.index
+    allowed: dict[str, int] = {}
+    candidates: list[tuple[int, str, int]] = []
+    for name in sorted(s.elastic):
+        ent = alloc.entitlements[name]
+        assert ent.elastic is not None
+        machines = [int(m) for m in region.machines_of(name)]
+        starts = [t for t in s.revoke_starts.get(name, ()) if t > now - WINDOW]
+        s.revoke_starts[name] = starts
+        rate = max(1, math.floor(ent.elastic.max_reclaim_fraction_per_minute * len(machines)))
+        allowed[name] = rate - len(starts)
+        candidates += [(len(s.placed.get(m, NOTHING_PLACED)), name, m)
+                       for m in machines if m not in s.revokes]
+    for busy, name, m in sorted(candidates):
+        if owed <= 0:
+            break
+        if not busy and not index.tasks[m]:  # idle: back at once, nothing to stop
+            region.release(m, name, region.version(m))
+            s.counters["loan_revokes"] += 1
+            s.loan_events.append(LoanEvent(now, m, "loan_returned", name, "idle"))
+            owed -= 1
+            continue
+        if allowed[name] <= 0:
+            continue  # its terms: no more revokes from it this minute
+        allowed[name] -= 1
+        owed -= 1
+        terms = alloc.entitlements[name].elastic
+        assert terms is not None
+        s.revoke_seq += 1
+        event_id = f"{LOAN_REVOKE_PREFIX}{name}-{s.fleet.name(m)}-{s.revoke_seq}"
+        deadline = now + terms.min_notice_seconds
+        region.add_event(UnavailabilityEvent(
+            event_id, EventKind.MAINTENANCE, (s.fleet.name(m),), deadline, deadline + HOLD,
+            f"loan to {name} revoked"), now)
+        s.revokes[m] = Revoke(event_id, name, now, deadline,
+                              deadline + s.config.loan_return_grace)
+        alloc.loans.revoking[m] = name
+        s.revoke_starts[name].append(now)
+        s.counters["loan_revokes"] += 1
+        s.touched.add(m)
+        s.loan_events.append(LoanEvent(now, m, "loan_revoked", name, deadline=deadline))
+        for ref in s.placed.get(m, NOTHING_PLACED):
+            s.mark(ref.job)
+
+
+def _progress(s: Scheduler, now: float) -> None:
+    """Revokes under way: re-place what a controller stopped, move what runs at the
+    deadline, and end those whose machine is back."""
+    index, region, codes = s.allocator.index, s.region, s.region.entitlements
+    for m, r in list(s.revokes.items()):
+        code = codes.find(r.borrower)
+        if code is None or int(index.ent[m]) != code:
+            _returned(s, m, r, now)
+            continue
+        drain.unpark_all(s, r.event_id)
+        drain.unstarted(s, m, r.event_id, now)
+        if now >= r.deadline and not r.forced:
+            r.forced = True
+            drain.deadline(s, m, r.event_id, now, f"the loan to {r.borrower} was revoked")
+        if not index.tasks[m] and not s.placed.get(m):
+            # nothing left (tasks gone some other way): back to the free pool now
+            region.release(m, r.borrower, region.version(m))
+            _returned(s, m, r, now)
+
+
+def _returned(s: Scheduler, m: int, r: Revoke, now: float) -> None:
+    del s.revokes[m]
+    s.allocator.loans.revoking.pop(m, None)
+    with contextlib.suppress(NotFound):
+        s.region.end_event(r.event_id, now)
+    drain.unpark_all(s, r.event_id)
+    late = max(0.0, now - r.return_by)
+    if late > 0:
+        s.counters["loan_revokes_late"] += 1
+    s.touched.add(m)
+    s.loan_events.append(LoanEvent(now, m, "loan_returned", r.borrower,
+                                   f"{now - r.noticed:.0f}s after its notice", r.deadline, late))
+
+
+def _rediscover(s: Scheduler, now: float) -> None:
+    """Revokes under way when this scheduler took over: their events are in the
+    brokers' records; the borrower is the machine's binding."""
+    alloc, fleet = s.allocator, s.fleet
+    for ev in s.region.events():
+        if not ev.id.startswith(LOAN_REVOKE_PREFIX) or len(ev.machines) != 1:
+            continue
+        m = fleet.index_of(ev.machines[0])
+        borrower = s.region.broker_of(m).entitlement_of(m)
+        ent = alloc.entitlements.get(borrower) if borrower else None
+        if borrower is None or ent is None or ent.elastic is None:
+            with contextlib.suppress(NotFound):
+                s.region.end_event(ev.id, now)  # its machine is back already
+            continue
+        s.revokes[m] = Revoke(ev.id, borrower, ev.start - ent.elastic.min_notice_seconds,
+                              ev.start, ev.start + s.config.loan_return_grace,
+                              forced=False)
+        alloc.loans.revoking[m] = borrower
