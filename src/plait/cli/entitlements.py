@@ -15,12 +15,21 @@ from plait.errors import PlaitError
 entitlement_app = typer.Typer(help="Entitlements: quota + pseudo-cluster.", no_args_is_help=True)
 
 
+def _loans(e: dict[str, Any]) -> str:
+    """A lender, or an elastic entitlement's published terms."""
+    terms = e.get("elastic")
+    if terms:
+        return (f"elastic: {terms['min_notice_seconds']:g}s notice, at most "
+                f"{terms['max_reclaim_fraction_per_minute']:.0%}/min reclaimed")
+    return "lends unused machines" if e.get("lends") else ""
+
+
 def _ent_rows(items: list[dict[str, Any]]) -> None:
-    rows(["name", "owner", "quota", "machines", "rru", "host profile", "jobs"], [
+    rows(["name", "owner", "quota", "machines", "rru", "host profile", "jobs", "loans"], [
         [e["name"], e["owner"],
          f"{e['quota']['machines']} machines" if e["quota"].get("machines") is not None
          else f"{e['quota']['rru']} RRU", e["machines"], e["rru"], e["host_profile"],
-         len(e["jobs"])] for e in items])
+         len(e["jobs"]), _loans(e)] for e in items])
 
 
 @entitlement_app.command("create")

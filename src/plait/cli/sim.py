@@ -130,6 +130,44 @@ def demo(
                 fail=2, crash=False, limit=3600, as_json=False)
 
 
+@sim_app.command("run")
+def sim_run(
+    file: Annotated[Path, typer.Argument(help="a scenario file (examples/scenarios/)")],
+    plot: Annotated[Path | None, typer.Option(help="write the scenario's plot here (PNG)")]
+    = None,
+    hours: Annotated[float | None, typer.Option(
+        min=0.01, help="simulate this many hours instead of the file's")] = None,
+    machines: Annotated[int | None, typer.Option(
+        min=2, help="this many machines instead of the file's")] = None,
+    seed: Annotated[int | None, typer.Option(help="another random seed")] = None,
+) -> None:
+    """Run a scenario file on the simulated clock with the real scheduler, allocator
+    and Sidekick; print its figures as one JSON object (and draw its plot)."""
+    from plait.sim import files
+
+    overrides = {k: v for k, v in (("hours", hours), ("machines", machines),
+                                   ("seed", seed)) if v is not None}
+    try:
+        kind, scenario = files.load(file, overrides)
+    except PlaitError as exc:
+        raise refuse(exc) from None
+    if plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise refuse(PlaitError("--plot needs matplotlib: pip install 'plait[plot]'")
+                         ) from None
+    with Progress(TextColumn(f"simulating {file.name}"), BarColumn(),
+                  TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+                  console=err.console, transient=True) as progress:
+        bar = progress.add_task("run", total=1.0)
+        figures, draw = kind.run(scenario, lambda done: progress.update(bar, completed=done))
+    if plot is not None:
+        draw(str(plot))
+        err.print(f"plot: {plot}")
+    print(json.dumps(figures))
+
+
 @sim_app.command("rollout")
 def sim_rollout(
     tasks: Annotated[int, typer.Option(min=1)] = 30,

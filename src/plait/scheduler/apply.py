@@ -205,8 +205,8 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
         result = s.allocator.allocate(request)
         if result.unplaced and result.unplaced[0][1] == NO_MACHINE:
             # waiting for a machine: a lender's such tasks take loans back (``loans``)
-            s.short[job.name] = (job.entitlement,
-                                 len(result.unplaced) * round(request.resources.cpu * 1000))
+            s.short[job.name] = (job.entitlement, min(1 << 62, len(result.unplaced) * round(
+                min(request.resources.cpu, 1e15) * 1000)))
         elif s.short:
             s.short.pop(job.name, None)
         for index, machine in zip(result.tasks, result.machines, strict=True):

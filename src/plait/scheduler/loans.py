@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from plait.allocator.loans import count, held
 from plait.errors import NotFound
 from plait.model.events import LOAN_REVOKE_PREFIX, EventKind, UnavailabilityEvent
+from plait.model.task import TaskState
 from plait.scheduler import drain
 from plait.scheduler.machinesets import NOTHING_PLACED
 
@@ -109,9 +110,11 @@ def _demand(s: Scheduler) -> None:
     quota it does not use."""
     alloc = s.allocator
     need: dict[str, int] = {}
-    for job, (ent, cpu) in list(s.short.items()):
-        if job not in s.jobs:
-            del s.short[job]
+    pending = TaskState.PENDING
+    for name, (ent, cpu) in list(s.short.items()):
+        job = s.jobs.get(name)
+        if job is None or not any(r.state is pending for r in job.tasks.values()):
+            del s.short[name]  # placed since (or gone)
         elif ent in s.lenders:
             need[ent] = need.get(ent, 0) + cpu
     short: dict[str, int] = {}
@@ -119,7 +122,7 @@ def _demand(s: Scheduler) -> None:
         mean = max(1, int(alloc.index.total_cpu.mean()))
         for ent, cpu in need.items():
             quota = alloc.entitlements[ent].quota.machines or 0
-            short[ent] = min(max(0, quota - held(alloc.index, ent)), math.ceil(cpu / mean))
+            short[ent] = min(max(0, quota - held(alloc.index, ent)), -(-cpu // mean))
     alloc.loans.short = short
 
 

@@ -417,14 +417,21 @@ class Scheduler(SchedulerState):
     def profile_ready(self, m: int) -> bool:
         return self.profiles.ready(m, self.profile_target(m))
 
+    def profile_hold(self, m: int) -> bool:
+        """Whether machine ``m``'s agent must not begin a switch: while a roll drains
+        it (it goes back to the free pool), and while it is in the free pool, where it
+        keeps the profile it last carried until an entitlement with another one claims
+        it (decision 95: no switch to ``default`` and back per loan or shrink)."""
+        return m in self.rolling or self.region.broker_of(m).entitlement_of(m) is None
+
     def profile_wire(self, m: int) -> dict[str, Any] | None:
         """What machine ``m``'s agent is told of its profile: the one it must carry
-        (wire form), and whether to switch to it once idle (``switch``: not while the
-        machine is drained by a roll, which gives it back to the free pool)."""
+        (wire form), and whether to switch to it once idle (``switch``: not while
+        ``profile_hold``)."""
         target = self.profile_target(m)
         if target is None:
             return None
-        key = (target.name, target.version, m not in self.rolling)
+        key = (target.name, target.version, not self.profile_hold(m))
         wire = self._wires.get(key)
         if wire is None:  # (one per version: shared, never changed)
             if len(self._wires) > 4096:

@@ -102,6 +102,9 @@ class SimAgent:
         #: the agent's own guard: no start until the machine carries its target (off
         #: in tests of the scheduler's gate alone)
         self.guard = True
+        #: how long a switch from one profile's settings to another's takes
+        self.switch_time: Callable[[HostProfileSpec | None, HostProfileSpec], float] = (
+            switch_seconds)
 
     def _say(self, ref: TaskRef, now: float, line: str) -> None:
         if self.output is not None:
@@ -173,7 +176,7 @@ class SimAgent:
         if self.profile == (target.name, target.version):
             return True
         if self.switching is None and not self.processes and not hold:
-            self.switching = (target, now + switch_seconds(self.profile_spec, target.spec))
+            self.switching = (target, now + self.switch_time(self.profile_spec, target.spec))
         return False
 
     def step(self, now: float, desired: list[Assignment],

@@ -88,7 +88,7 @@ class Simulation:
             if not agent.up:
                 continue
             desired = sched.desired_of(m)
-            statuses = agent.step(now, desired, sched.profile_target(m), m in sched.rolling)
+            statuses = agent.step(now, desired, sched.profile_target(m), sched.profile_hold(m))
             sched.report(agent.machine, statuses, now)
             if agent.profile_changed:
                 agent.profile_changed = False
