@@ -12,6 +12,7 @@ Pure core: no clock, no I/O; the brokers it calls are in-memory state machines.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from operator import itemgetter
@@ -21,7 +22,14 @@ import numpy as np
 from plait.allocator.cache import AllocationCache
 from plait.allocator.index import HEALTHY, MachineIndex
 from plait.allocator.loans import LoanLedger, borrowing_quota
-from plait.allocator.placement import JobState, Plan, propose, releasing, usable
+from plait.allocator.placement import (
+    QUOTA_REACHED,
+    JobState,
+    Plan,
+    propose,
+    releasing,
+    usable,
+)
 from plait.allocator.policy import CompiledPolicy, compile_policy
 from plait.allocator.request import AllocationRequest, AllocationResult
 from plait.broker import FREE
@@ -29,6 +37,10 @@ from plait.errors import Conflict, NotFound
 from plait.model.entitlement import Entitlement, Quota
 from plait.model.policy import AllocationPolicy
 from plait.model.resources import Resources
+
+#: why an elastic entitlement's task waits: nothing left to borrow
+NO_LOAN = ("no machine to borrow: the lenders' unused quota is all on loan, or its "
+           "machines have no room left (an elastic entitlement)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +128,10 @@ class Allocator:
                 self.cache.store(request, result, self.index.gen)
             else:
                 self.cache.drop(request.job)
+            if ent.elastic is not None and result.unplaced:
+                result = dataclasses.replace(result, unplaced=tuple(
+                    (t, NO_LOAN if why.startswith(QUOTA_REACHED) else why)
+                    for t, why in result.unplaced))
             return result
         self.cache.drop(request.job)
         plan = propose(self.index, cp, self.quota_of(ent), self.jobs.get(request.job), request)

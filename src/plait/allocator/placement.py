@@ -40,6 +40,7 @@ from plait.allocator.taskmap import CodedMap, MachineMap
 from plait.model.entitlement import Quota
 
 NO_MACHINE = "no machine satisfies the hard requirements with room for the task"
+QUOTA_REACHED = "entitlement quota reached"
 BIG = 1 << 30
 
 
@@ -715,7 +716,7 @@ class _Placer:
 
     def _reason(self) -> str:
         if self.quota_blocked:
-            return ("entitlement quota reached and its machines have no room left "
+            return (f"{QUOTA_REACHED} and its machines have no room left "
                     f"({NO_MACHINE} inside the entitlement)")
         return NO_MACHINE
 

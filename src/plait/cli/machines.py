@@ -29,14 +29,18 @@ machine_app = typer.Typer(help="Machines: inspect, fail, drain, cordon (admin)."
 
 
 MACHINE_COLUMNS = ["id", "state", "cordoned", "entitlement", "dc", "msb", "rack", "type",
-                   "tasks", "host profile", "loan"]
+                   "tasks", "host profile"]
+#: with a loan column (``--loaned``, or a page with a machine on loan)
+LOAN_COLUMNS = [*MACHINE_COLUMNS, "loan"]
 
 
 def _profile(m: dict[str, Any]) -> str:
     p = m.get("host_profile")
     if not p:
         return ""  # (another shard's: plait machine show M asks it)
-    applied, target = p.get("applied"), p.get("target")
+    applied, target = p.get("applied") or "(none)", p.get("target")
+    if m.get("entitlement") is None:
+        return str(applied)  # (the free pool keeps what a machine carries)
     if p.get("error"):
         return f"{applied} (switch to {target} failing)"
     if applied != target:
@@ -56,7 +60,11 @@ def _loan(m: dict[str, Any]) -> str:
 def _machine_row(m: dict[str, Any]) -> list[Any]:
     return [m["id"], m["state"], "yes" if m["cordoned"] else "", m["entitlement"] or "(free)",
             m["fault_domain"]["dc"], m["fault_domain"]["msb"], m["fault_domain"]["rack"],
-            m["type"], m["tasks"], _profile(m), _loan(m)]
+            m["type"], m["tasks"], _profile(m)]
+
+
+def _loan_row(m: dict[str, Any]) -> list[Any]:
+    return [*_machine_row(m), _loan(m)]
 
 
 @machine_app.command("list")
@@ -83,7 +91,8 @@ def machine_list(state: Annotated[str | None, typer.Option()] = None,
             found, token = gathered(pages)
             emit({"machines": found, "continue": token}, output, lambda d: None)
             return
-        token = tabulated(pages, MACHINE_COLUMNS, _machine_row)
+        token = tabulated(pages, LOAN_COLUMNS if loaned else MACHINE_COLUMNS,
+                          _loan_row if loaned else _machine_row)
         if token:
             say(f"more: plait machine list --continue {token}")
         return
@@ -91,7 +100,10 @@ def machine_list(state: Annotated[str | None, typer.Option()] = None,
                  offset=offset, loaned=loaned or None)
 
     def show(d: dict[str, Any]) -> None:
-        rows(MACHINE_COLUMNS, [_machine_row(m) for m in d["machines"]])
+        if loaned or any(m.get("loan") for m in d["machines"]):
+            rows(LOAN_COLUMNS, [_loan_row(m) for m in d["machines"]])
+        else:
+            rows(MACHINE_COLUMNS, [_machine_row(m) for m in d["machines"]])
         out.print(f"{len(d['machines'])} of {d['total']} machines from {d['offset']}")
         if d.get("continue"):
             say(f"more: plait machine list --limit {limit} --continue {d['continue']}")

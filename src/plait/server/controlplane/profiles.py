@@ -143,15 +143,15 @@ class HostProfiles:
             if e.kind == "loan_started":
                 text = f"{machine}: loaned to elastic entitlement {e.borrower}"
             elif e.kind == "loan_revoked":
-                text = (f"{machine}: loan to {e.borrower} revoked; its tasks are moved by "
-                        f"t={e.deadline:.0f} at the latest (loan_revoke notice)")
+                text = (f"{machine}: loan to {e.borrower} revoked; its tasks move within "
+                        f"{(e.deadline or e.at) - e.at:.0f}s (loan_revoke notice)")
             elif e.kind == "loan_returned":
                 late = f", {e.late:.0f}s past its deadline" if e.late else ""
                 text = f"{machine}: back from {e.borrower} in the free pool ({e.reason}{late})"
             else:
                 text = f"{machine}: {e.borrower} let its loan go ({e.reason})"
             self.cp.record("loans", e.kind, text, machine=machine, entitlement=e.borrower,
-                           at=e.at, reason=e.reason or None)
+                           at=e.at)
 
     def load(self) -> None:
         """At a build: every profile's current version into the new scheduler."""
