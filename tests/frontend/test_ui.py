@@ -194,3 +194,20 @@ def test_the_templates_and_static_files_ship_with_the_package() -> None:
     here = Path(plait.ui.__file__).parent
     assert (here / "static" / "ui.js").exists() and (here / "templates" / "gantt.html").exists()
     assert "//cdn" not in (here / "templates" / "base.html").read_text()
+
+
+def test_loans_show_on_the_entitlements_and_machines_pages(live: Live) -> None:
+    api = live.admin
+    for ent in ({"name": "web", "owner": "alice", "quota": {"machines": 24}, "lends": True},
+                {"name": "batch", "owner": "bob", "quota": {"machines": 24},
+                 "elastic": {"min_notice_seconds": 30,
+                             "max_reclaim_fraction_per_minute": 0.25}}):
+        assert api.post("/v1/entitlements", json=ent).status_code == 201
+    assert api.post("/v1/jobs", json={**JOB, "name": "b", "entitlement": "batch",
+                                      "task_count": 2}).status_code == 201
+    wait_for(lambda: api.get("/v1/machines", params={"loaned": "true"}).json()["total"] >= 1)
+    admin = browser(live, live.admin_token)
+    entitlements = admin.get("/ui/entitlements").text
+    assert "lends unused machines" in entitlements
+    assert "elastic: 30.0s notice, at most 25.0%/min reclaimed" in entitlements
+    assert "(on loan)" in admin.get("/ui/machines").text
