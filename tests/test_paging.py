@@ -95,7 +95,8 @@ def test_without_limit_or_token_the_whole_list_and_no_token():
 
 @pytest.mark.parametrize(("limit", "token", "field"), [
     ("0", None, "limit"), (str(MAX_LIMIT + 1), None, "limit"), ("-1", None, "limit"),
-    ("1.5", None, "limit"), (None, "%%%", "continue"), (None, "eyJ2IjogMn0", "continue"),
+    ("1.5", None, "limit"), ("\u00b9", None, "limit"), ("\u0663", None, "limit"),
+    (None, "%%%", "continue"), (None, "eyJ2IjogMn0", "continue"),
     (None, encode("a", scope_of("jobs", state="settled")), "continue"),
     (None, encode("a", scope_of("entitlements")), "continue"),
 ])

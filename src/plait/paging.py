@@ -89,7 +89,8 @@ def parse_limit(raw: str | None) -> int | None:
     if raw is None:
         return None
     text = raw.strip()
-    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+    # (ASCII digits only: "¹" and other digits of Unicode pass isdigit, not int)
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIMIT:
         raise BadRequest("limit", f"limit: {raw!r} is not a whole number from 1 to "
                                   f"{MAX_LIMIT}")
     return int(text)
