@@ -106,7 +106,7 @@ def _count(query: dict[str, str], key: str, default: int) -> int:
     raw = query.get(key)
     if raw is None:
         return default
-    if not raw.strip().isdigit():
+    if not (raw.strip().isascii() and raw.strip().isdigit()):  # ("¹" is a digit to isdigit)
         raise Refused(422, "invalid", f"{key}: {raw!r} is not a whole number >= 0",
                       field=key)
     return int(raw)
