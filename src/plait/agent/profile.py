@@ -111,7 +111,7 @@ class ProfileSwitcher:
     def _failed(self, profile: dict[str, Any], reason: str, now: float) -> None:
         self.error = reason
         self.failures += 1
-        wait = min(RETRY_MAX, RETRY * 2 ** (self.failures - 1))
+        wait = min(RETRY_MAX, RETRY * 2.0 ** min(self.failures - 1, 32))
         self.next_try = now + wait
         self.log.warning("host profile switch failed", profile=profile["name"],
                          version=profile["version"], error=reason, retry_in=wait)

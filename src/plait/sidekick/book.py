@@ -57,7 +57,9 @@ OUT_FIRST, OUT_MAX = 30.0, 3600.0
 
 
 def out_for(failures: int) -> float:
-    return float(min(OUT_MAX, OUT_FIRST * 2 ** max(0, failures - 1)))
+    # (the exponent bounded: an agent reports the count, up to 2**31, and 30.0 * 2**5000
+    # does not fit a float)
+    return float(min(OUT_MAX, OUT_FIRST * 2.0 ** min(max(0, failures - 1), 32)))
 
 
 class ProfileBook:

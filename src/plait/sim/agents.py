@@ -170,7 +170,8 @@ class SimAgent:
                 else:
                     self.profile_error = error
                     self.switch_failures += 1
-                    wait = min(SWITCH_RETRY_MAX, SWITCH_RETRY * 2 ** (self.switch_failures - 1))
+                    wait = min(SWITCH_RETRY_MAX,
+                               SWITCH_RETRY * 2.0 ** min(self.switch_failures - 1, 32))
                     self.switching = (goal, now + wait)  # tried again after a backoff
                     return False
         if self.profile == (target.name, target.version):
