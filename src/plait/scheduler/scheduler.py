@@ -419,10 +419,16 @@ class Scheduler(SchedulerState):
 
     def profile_hold(self, m: int) -> bool:
         """Whether machine ``m``'s agent must not begin a switch: while a roll drains
-        it (it goes back to the free pool), and while it is in the free pool, where it
-        keeps the profile it last carried until an entitlement with another one claims
-        it (decision 95: no switch to ``default`` and back per loan or shrink)."""
-        return m in self.rolling or self.region.broker_of(m).entitlement_of(m) is None
+        it (it goes back to the free pool), and while it is in the free pool carrying a
+        profile, which it keeps until an entitlement with another one claims it
+        (decision 95: no switch to ``default`` and back per loan or shrink)."""
+        if m in self.rolling:
+            return True
+        if self.region.broker_of(m).entitlement_of(m) is not None:
+            return False
+        seen = self.profiles.applied.get(m)  # (no entry: it carries ``default``)
+        # a machine that carries nothing yet (a new agent) takes ``default`` while free
+        return seen is not None and seen.name is not None
 
     def profile_wire(self, m: int) -> dict[str, Any] | None:
         """What machine ``m``'s agent is told of its profile: the one it must carry
