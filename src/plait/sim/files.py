@@ -33,10 +33,19 @@ def _diurnal(scn: Any, progress: Callable[[float], None] | None
     return result.figures, lambda path: diurnal.plot(result, path)
 
 
+def _week(scn: Any, progress: Callable[[float], None] | None
+          ) -> tuple[dict[str, Any], Callable[[str], None]]:
+    from plait.sim import autoscale
+
+    result = autoscale.run(scn, progress)
+    return result.figures, lambda path: autoscale.plot(result, path)
+
+
 def _kinds() -> dict[str, Kind]:
+    from plait.sim.autoscale import AutoscaleWeek
     from plait.sim.diurnal import Diurnal
 
-    return {"diurnal": Kind(Diurnal, _diurnal)}
+    return {"diurnal": Kind(Diurnal, _diurnal), "autoscale-week": Kind(AutoscaleWeek, _week)}
 
 
 def load(path: Path, overrides: dict[str, Any] | None = None) -> tuple[Kind, Value]:
