@@ -277,6 +277,49 @@ def job_resize(name: str, task_count: int, wait: Wait = False, timeout: Timeout 
          f"resize to {task_count}", wait, timeout, output)
 
 
+@job_app.command("autoscale")
+@guarded
+def job_autoscale(
+    name: str,
+    target: Annotated[float, typer.Option(min=0.01, max=1.0,
+                                          help="the utilization it sizes for")] = 0.6,
+    min_tasks: Annotated[int, typer.Option("--min", min=0)] = 1,
+    max_tasks: Annotated[int, typer.Option("--max", min=0)] = 100_000,
+    scale_down: Annotated[float, typer.Option(
+        min=0.001, max=1.0, help="the most of its tasks it sheds per decision")] = 0.1,
+    history_weight: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="weight of yesterday's and last week's load")] = 0.5,
+    interval: Annotated[float, typer.Option(min=1, help="seconds between decisions")] = 300,
+    show: Annotated[bool, typer.Option("--show", help="print the policy only")] = False,
+    off: Annotated[bool, typer.Option("--off", help="stop autoscaling the job")] = False,
+    output: Output = "table",
+) -> None:
+    """Autoscale a job: its size follows the load pushed with ``plait job load``, for
+    the target utilization, within [--min, --max]."""
+    a = api()
+    path = f"/v1/jobs/{q(name)}/autoscale"
+    if off:
+        a.delete(path)
+        say(f"job {name}: autoscaling off (its size stays)")
+        return
+    if not show:
+        a.put(path, {"interval_seconds": interval, "policy": {
+            "metric": "external", "target_utilization": target, "min_tasks": min_tasks,
+            "max_tasks": max_tasks, "scale_down_fraction": scale_down,
+            "history_weight": history_weight}})
+    emit(a.get(path), output, lambda d: kv_table(d, f"autoscaling of {name}"))
+
+
+@job_app.command("load")
+@guarded
+def job_load(name: str, value: Annotated[float, typer.Argument(
+        min=0, help="the load now, in tasks' worth of work (tasks x utilization)")],
+        output: Output = "table") -> None:
+    """Push a measurement of the job's load to its autoscaler."""
+    data = api().post(f"/v1/jobs/{q(name)}/load", {"value": value})
+    emit(data, output, lambda d: say(f"job {name}: load {d['value']:g} at {d['time']:.0f}"))
+
+
 @job_app.command("restart")
 @guarded
 def job_restart(name: str, index: Annotated[int | None, typer.Option(

@@ -24,6 +24,23 @@ class Health(TypedDict, total=False):
     replica: str
 
 
+class AutoscaleView(TypedDict, total=False):
+    """A job's autoscaling: its policy, how often it decides, the last load pushed and
+    when it last decided."""
+
+    job: str
+    policy: dict[str, Any]
+    interval_seconds: float
+    load: dict[str, float] | None
+    decided_at: float | None
+
+
+class LoadAck(TypedDict):
+    job: str
+    time: float
+    value: float
+
+
 class JobAck(TypedDict, total=False):
     """A job operation, stored: acknowledged (applied asynchronously)."""
 

@@ -47,6 +47,7 @@ from plait.paging import BadRequest
 from plait.scheduler.records import Phase, TaskStatus
 from plait.server.auth import AuthError, Principal, Role
 from plait.server.controlplane import ControlPlane
+from plait.server.controlplane.autoscaling import JobAutoscale
 from plait.server.controlplane.listing import JOB_STATES, parse_states
 from plait.server.events import Event
 from plait.server.leader import Leadership
@@ -71,6 +72,13 @@ TASK_STATES = tuple(s.value for s in TaskState)
 class Resize(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     task_count: int = pydantic.Field(ge=0, le=100_000)
+
+
+class Load(pydantic.BaseModel):
+    """A measurement of a job's load, in tasks' worth of work (tasks x utilization)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    value: float = pydantic.Field(ge=0, le=1e7)
 
 
 class Rollback(pydantic.BaseModel):
@@ -704,6 +712,32 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """Stop every task, then forget the job."""
         may_job(request, who, name)
         return ack(cp.commands.delete_job(name))
+
+    @app.put("/v1/jobs/{name}/autoscale", response_model=t.AutoscaleView, tags=["jobs"])
+    def put_autoscale(name: str, body: JobAutoscale, who: User, request: Request
+                      ) -> dict[str, Any]:
+        """Autoscale the job: its size follows the load pushed to ``/load``, within
+        the policy's bounds (the autoscaler writes resizes, actor ``autoscaler``)."""
+        may_job(request, who, name)
+        return cp.autoscaling.put(name, body)
+
+    @app.get("/v1/jobs/{name}/autoscale", response_model=t.AutoscaleView, tags=["jobs"])
+    def get_autoscale(name: str, who: User, request: Request) -> dict[str, Any]:
+        may_job(request, who, name)
+        return cp.autoscaling.view(name)
+
+    @app.delete("/v1/jobs/{name}/autoscale", status_code=204, tags=["jobs"])
+    def delete_autoscale(name: str, who: User, request: Request) -> Response:
+        """Stop autoscaling the job (its size stays as it is)."""
+        may_job(request, who, name)
+        cp.autoscaling.delete(name)
+        return Response(status_code=204)
+
+    @app.post("/v1/jobs/{name}/load", response_model=t.LoadAck, tags=["jobs"])
+    def push_load(name: str, body: Load, who: User, request: Request) -> dict[str, Any]:
+        """The job's load now, for its autoscaler (an external series)."""
+        may_job(request, who, name)
+        return cp.autoscaling.push_load(name, body.value)
 
     @app.get("/v1/jobs/{name}/history", response_model=t.JobHistory, tags=["jobs"])
     def job_history(name: str, who: User, request: Request) -> dict[str, Any]:

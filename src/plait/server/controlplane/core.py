@@ -47,6 +47,7 @@ from plait.scheduler import Scheduler
 from plait.scheduler.records import Assignment, Stops
 from plait.scheduler.wiring import wire
 from plait.server.auth import Role, TokenStore
+from plait.server.controlplane.autoscaling import Autoscaling
 from plait.server.controlplane.commands import JobCommands
 from plait.server.controlplane.config import ControlPlaneConfig
 from plait.server.controlplane.controllers import Controllers
@@ -156,6 +157,7 @@ class ControlPlane:
         self.membership = Membership(self)
         self.controllers = Controllers(self)
         self.profiles = HostProfiles(self)
+        self.autoscaling = Autoscaling(self)
         self.build(now)
 
     def _fleet(self) -> Fleet:

@@ -166,6 +166,8 @@ class Loop:
         if calls:  # TaskControl after the pass, off the lock (decision 45)
             tracing.phase("taskcontrol", calls=len(calls))
             self.cp.controllers.send(calls)
+        if self.cp.autoscaling.policies or self.cp.autoscaling.due(now):
+            self.cp.autoscaling.decide(now)  # resizes are stored writes: off the lock
 
     def take_reports(self, now: float) -> None:
         """Apply the agents' reports taken since the last pass, in order, and their

@@ -1,0 +1,189 @@
+"""The autoscaler on the control plane: per-job policies, the load pushed to it, and
+its decisions written as resizes (sizing intents) by actor ``autoscaler``.
+
+A job's policy is stored at ``/autoscaler/{job}`` (``PUT /v1/jobs/{job}/autoscale``);
+its load is pushed through the API in tasks' worth of work (``POST
+/v1/jobs/{job}/load``: an external series, the ``external`` metric; agents do not
+report CPU utilization yet, so a ``cpu`` policy is refused). After each pass, off the
+lock, the leader decides for every job whose interval has passed and whose load is
+fresh (``plait.autoscaler.recommend``), and resizes it through the same command as
+``plait job resize``: stored first, then applied by the next pass (decision 100).
+The load history is kept in memory (two weeks): a new leader predicts from what it has
+measured since it took over.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+
+from plait import logconfig, requestid
+from plait.autoscaler import AutoscalePolicy, History, recommend
+from plait.errors import Conflict, NotFound, PlaitError
+from plait.model.base import Value, parse
+from plait.store.protocol import Namespace
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+log = logconfig.get("plait.controlplane.autoscaling")
+
+SCHEMA = 1
+#: the stored policies are read again this often
+REFRESH = 5.0
+
+
+class JobAutoscale(Value):
+    """What ``PUT /v1/jobs/{job}/autoscale`` takes: the policy, and how often it
+    decides."""
+
+    policy: AutoscalePolicy = AutoscalePolicy()
+    interval_seconds: float = pydantic.Field(default=300.0, ge=1, le=86_400)
+
+    @pydantic.model_validator(mode="after")
+    def _external(self) -> JobAutoscale:
+        if self.policy.metric != "external":
+            raise ValueError("policy.metric: agents do not report CPU utilization yet; "
+                             "use 'external' and push the load (POST /v1/jobs/{job}/load)")
+        return self
+
+
+class Autoscaling:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.ns = Namespace(cp.store, "/autoscaler")
+        self._lock = threading.Lock()
+        #: per job: its load history, the last load pushed (time, value), and when it
+        #: last decided
+        self.history: dict[str, History] = {}
+        self.live: dict[str, tuple[float, float]] = {}
+        self.decided: dict[str, float] = {}
+        self.decisions = 0
+        #: the stored policies, read again every ``REFRESH`` seconds (another replica
+        #: may have written them) and at once after a write here
+        self.policies: dict[str, JobAutoscale] = {}
+        self._read_at: float | None = None
+
+    # -- the API --------------------------------------------------------------------------
+    def put(self, job: str, body: JobAutoscale) -> dict[str, Any]:
+        self.cp.jobs.get(job)  # NotFound for an unknown job
+        value = json.dumps({"schema": SCHEMA, **body.model_dump(mode="json")},
+                           sort_keys=True).encode()
+        try:
+            _, version = self.ns.get(f"/{job}")
+            self.ns.set(f"/{job}", value, version)
+        except NotFound:
+            self.ns.create(f"/{job}", value)
+        with self._lock:
+            self.policies[job] = body
+        return self.view(job)
+
+    def get(self, job: str) -> JobAutoscale:
+        self.cp.jobs.get(job)
+        try:
+            value, _ = self.ns.get(f"/{job}")
+        except NotFound:
+            raise NotFound("autoscale policy of job", job) from None
+        data = json.loads(value)
+        data.pop("schema", None)
+        return parse(JobAutoscale, data)
+
+    def view(self, job: str) -> dict[str, Any]:
+        body = self.get(job)
+        with self._lock:
+            live = self.live.get(job)
+            decided = self.decided.get(job)
+        return {"job": job, **body.model_dump(mode="json"),
+                "load": None if live is None else {"time": live[0], "value": live[1]},
+                "decided_at": decided}
+
+    def delete(self, job: str) -> None:
+        self.get(job)
+        _, version = self.ns.get(f"/{job}")
+        self.ns.delete(f"/{job}", version)
+        with self._lock:
+            self.policies.pop(job, None)
+            self.history.pop(job, None)
+            self.live.pop(job, None)
+            self.decided.pop(job, None)
+
+    def push_load(self, job: str, value: float, at: float | None = None) -> dict[str, Any]:
+        """A measurement of the job's load (tasks' worth of work)."""
+        self.get(job)  # only for a job with a policy
+        now = self.cp.clock() if at is None else at
+        with self._lock:
+            self.history.setdefault(job, History()).add(now, value)
+            self.live[job] = (now, value)
+        self.cp.wake.set()
+        return {"job": job, "time": now, "value": value}
+
+    # -- the decisions (after a pass, off the lock) ---------------------------------------
+    def due(self, now: float) -> bool:
+        """Whether the stored policies are to be read again."""
+        return self._read_at is None or now - self._read_at >= REFRESH
+
+    def _refresh(self, now: float) -> None:
+        if self._read_at is not None and now - self._read_at < REFRESH:
+            return
+        self._read_at = now
+        found: dict[str, JobAutoscale] = {}
+        try:
+            for job in self.ns.children("/"):
+                value, _ = self.ns.get(f"/{job}")
+                data = json.loads(value)
+                data.pop("schema", None)
+                found[job] = parse(JobAutoscale, data)
+        except NotFound:
+            pass
+        except (OSError, PlaitError, ValueError) as exc:
+            log.warning("autoscale policies not read", error=str(exc))
+            return
+        with self._lock:
+            self.policies = found
+
+    def decide(self, now: float) -> None:
+        """The leader, after a pass: resize the jobs whose decision is due."""
+        self._refresh(now)
+        with self._lock:
+            due = list(self.policies.items())
+        for job, body in due:
+            try:
+                self._decide(job, body, now)
+            except (PlaitError, OSError, ValueError) as exc:
+                log.warning("autoscaling failed", job=job, error=str(exc))
+
+    def _decide(self, job: str, body: JobAutoscale, now: float) -> None:
+        with self._lock:
+            live, last = self.live.get(job), self.decided.get(job)
+        if live is None or now - live[0] > 2 * body.interval_seconds:
+            return  # no fresh load: nothing to decide on
+        if last is not None and now - last < body.interval_seconds:
+            return
+        with self._lock:
+            self.decided[job] = now
+            history = self.history.setdefault(job, History())
+        try:
+            doc = self.cp.jobs.get(job)
+        except NotFound:
+            return  # (deleted: its policy goes with the next write or refresh)
+        tasks = doc.spec.task_count
+        want = recommend(body.policy, history, now, tasks, live[1])
+        self.decisions += 1
+        if want == tasks:
+            return
+        token = requestid.actor.set("autoscaler")
+        try:
+            self.cp.commands.resize_job(job, want)
+        except Conflict as exc:
+            log.info("autoscaling waits", job=job, error=str(exc))
+            return
+        finally:
+            requestid.actor.reset(token)
+        self.cp.record("autoscaler", "autoscaled",
+                       f"{tasks} -> {want} tasks for a load of {live[1]:g} tasks' worth "
+                       f"(target utilization {body.policy.target_utilization:g})",
+                       job=job, entitlement=doc.entitlement, actor="autoscaler")
+

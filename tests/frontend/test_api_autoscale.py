@@ -1,0 +1,57 @@
+"""Autoscaling through the API on a live control plane (simulated agents): a job's
+owner sets a policy, pushes its load, and the autoscaler resizes the job (stored as
+a resize by actor ``autoscaler``); another owner cannot see or touch it; a policy on
+a metric agents do not report is refused by name; turning it off leaves the size."""
+
+from __future__ import annotations
+
+from livecp import Live, wait_for
+
+JOB = {"name": "web", "entitlement": "e", "task_count": 2, "command": "serve",
+       "resources": {"cpu": 1, "memory_gb": 1}}
+POLICY = {"interval_seconds": 1, "policy": {
+    "metric": "external", "target_utilization": 0.5, "min_tasks": 1, "max_tasks": 20,
+    "scale_down_fraction": 0.5, "history_weight": 0}}
+
+
+def size(live: Live) -> int:
+    return int(live.admin.get("/v1/jobs/web").json()["spec"]["task_count"])
+
+
+def test_the_autoscaler_resizes_a_job_to_its_pushed_load(live: Live) -> None:
+    assert live.admin.post("/v1/entitlements", json={
+        "name": "e", "owner": "alice", "quota": {"machines": 24}}).status_code == 201
+    alice, bob = live.owner("alice"), live.owner("bob")
+    assert alice.post("/v1/jobs", json=JOB).status_code == 201
+    # a load before any policy: refused (no policy to scale by)
+    assert alice.post("/v1/jobs/web/load", json={"value": 3}).status_code == 404
+    bad = alice.put("/v1/jobs/web/autoscale", json={**POLICY, "policy": {
+        **POLICY["policy"], "metric": "cpu"}})
+    assert bad.status_code == 422 and "metric" in bad.json()["message"]
+    r = alice.put("/v1/jobs/web/autoscale", json=POLICY)
+    assert r.status_code == 200, r.text
+    assert r.json()["policy"]["target_utilization"] == 0.5
+    # the other owner cannot tell it from a missing job
+    assert bob.get("/v1/jobs/web/autoscale").status_code == 404
+    assert bob.post("/v1/jobs/web/load", json={"value": 100}).status_code == 404
+    assert alice.post("/v1/jobs/web/load", json={"value": -1}).status_code == 422
+    # 4 tasks' worth of work at 50 %: 8 tasks
+    assert alice.post("/v1/jobs/web/load", json={"value": 4}).status_code == 200
+    wait_for(lambda: size(live) == 8)
+    def autoscaled() -> list[dict]:
+        return live.admin.get("/v1/events", params={"job": "web", "kind": "autoscaled"}
+                              ).json()["events"]
+    wait_for(lambda: bool(autoscaled()))
+    assert autoscaled()[0]["actor"] == "autoscaler" and "2 -> 8 tasks" in autoscaled()[0][
+        "message"]
+    resized = live.admin.get("/v1/events", params={"job": "web"}).json()["events"]
+    assert any(e["actor"] == "autoscaler" for e in resized if e["kind"] != "autoscaled")
+    # the load falls: at most half the tasks go per decision
+    def shrink() -> bool:
+        alice.post("/v1/jobs/web/load", json={"value": 0.5})
+        return size(live) == 1
+    wait_for(shrink)
+    assert alice.get("/v1/jobs/web/autoscale").json()["load"]["value"] == 0.5
+    assert alice.delete("/v1/jobs/web/autoscale").status_code == 204
+    assert alice.get("/v1/jobs/web/autoscale").status_code == 404
+    assert size(live) == 1
