@@ -12,8 +12,12 @@ from plait.testing import Cluster, machine
 WHOLE = Resources(cpu=16, memory_gb=64)
 
 
-def ten():
-    return Cluster.machines(*[machine(f"m{i}", msb=f"msb{i % 5}") for i in range(10)])
+def ten(lender: str = "web", quota: int = 6, lends: bool = True):
+    """Ten machines, a lender (or a plain entitlement) and an elastic ``batch``."""
+    c = Cluster.machines(*[machine(f"m{i}", msb=f"msb{i % 5}") for i in range(10)])
+    c.entitlement(lender, machines=quota, lends=lends)
+    c.entitlement("batch", machines=10, elastic=ElasticTerms())
+    return c
 
 
 def loans(c):
@@ -22,8 +26,6 @@ def loans(c):
 
 def test_a_borrower_claims_only_what_lenders_do_not_use():
     c = ten()
-    c.entitlement("web", machines=6, lends=True)
-    c.entitlement("batch", machines=10, elastic=ElasticTerms())
     c.allocate("w", "web", WHOLE, allocate=range(2))
     r = c.allocate("b", "batch", WHOLE, allocate=range(8))
     assert len(r.claimed) == 4  # web's quota 6, 2 used
@@ -37,8 +39,6 @@ def test_a_borrower_claims_only_what_lenders_do_not_use():
 
 def test_a_lenders_waiting_tasks_take_its_unused_quota_back():
     c = ten()
-    c.entitlement("web", machines=6, lends=True)
-    c.entitlement("batch", machines=10, elastic=ElasticTerms())
     c.allocator.loans.short["web"] = 5
     assert loans(c).lendable == 1
     r = c.allocate("b", "batch", WHOLE, allocate=range(3))
@@ -46,9 +46,7 @@ def test_a_lenders_waiting_tasks_take_its_unused_quota_back():
 
 
 def test_machines_being_revoked_are_not_lent_and_not_replaced():
-    c = ten()
-    c.entitlement("web", machines=4, lends=True)
-    c.entitlement("batch", machines=10, elastic=ElasticTerms())
+    c = ten(quota=4)
     r = c.allocate("b", "batch", WHOLE, allocate=range(4))
     assert len(r.claimed) == 4
     c.allocator.loans.revoking[r.claimed[0]] = "batch"
@@ -62,9 +60,7 @@ def test_machines_being_revoked_are_not_lent_and_not_replaced():
 
 
 def test_without_a_lender_nothing_is_lent():
-    c = ten()
-    c.entitlement("plain", machines=6)
-    c.entitlement("batch", machines=10, elastic=ElasticTerms())
+    c = ten("plain", lends=False)
     r = c.allocate("b", "batch", WHOLE, allocate=range(2))
     assert r.machines == () and len(r.unplaced) == 2
 

@@ -5,6 +5,7 @@ twice, no task starting on another entitlement's host profile, and every job wit
 its max_unavailable.
 """
 
+import test_sim_profiles as profiles
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,22 +46,10 @@ def build(machines, terms, web_quota=None, config=None):
 
 
 def watch_starts(sim):
-    """When a planned operation starts on an available task, its job is below its cap
-    (a move forced at a revoke's deadline is not planned: the loan's terms said when
-    the machine goes back, as a maintenance deadline does)."""
-    s = sim.scheduler
-    original = s.start_ops
-
-    def start(job, steps, now):
-        for op, costly in steps:
-            rec = job.tasks[op.task.index]
-            count = job.spec.task_count
-            if ("/drain-" not in op.op_id and rec.state.value == "running" and rec.healthy
-                    and rec.serving and rec.index < count and not job.deleting):
-                cap = job.spec.update.resolve(count)
-                assert cap is None or s.unavailable(job) < cap, f"{job.name}: at its cap"
-            original(job, [(op, costly)], now)
-    s.start_ops = start
+    """Planned operations keep to max_unavailable (a move forced at a revoke's deadline
+    is not planned: the loan's terms said when the machine goes back, as a maintenance
+    deadline does)."""
+    profiles.watch_starts(sim, forced=lambda op: "/drain-" in op.op_id)
 
 
 def no_task_twice(sim):

@@ -51,8 +51,9 @@ def build():
     return sim
 
 
-def watch_starts(sim):
-    """When a planned operation starts on an available task, its job is below its cap."""
+def watch_starts(sim, forced=lambda op: False):
+    """When a planned operation starts on an available task, its job is below its cap
+    (``forced``: operations that are not planned, which the check leaves out)."""
     s = sim.scheduler
     original = s.start_ops
 
@@ -60,7 +61,7 @@ def watch_starts(sim):
         for op, costly in steps:
             rec = job.tasks[op.task.index]
             count = job.spec.task_count
-            if (rec.state.value == "running" and rec.healthy and rec.serving
+            if (not forced(op) and rec.state.value == "running" and rec.healthy and rec.serving
                     and rec.index < count and not job.deleting):
                 cap = job.spec.update.resolve(count)
                 assert cap is None or s.unavailable(job) < cap, f"{job.name}: at its cap"
@@ -248,8 +249,19 @@ def test_figure_7_with_profiles_a_machine_entering_an_entitlement_gets_its_profi
     (m8,) = machines - {m7}
     assert sim.agents[m8].switches == 1 and sim.agents[m8].profile == ("web", 1)
     s.delete_job("e", sim.now)
-    assert sim.run_until(lambda: {int(m) for m in sim.region.machines_of("e1")} == {m7}
-                         and sim.agents[m8].profile == ("default", 1), 200)
+    assert sim.run_until(lambda: {int(m) for m in sim.region.machines_of("e1")} == {m7}, 200)
+    # back in the free pool, M8 keeps web (decision 95): no switch until an entitlement
+    # with another profile claims it
+    sim.run(60)
+    assert sim.agents[m8].profile == ("web", 1) and sim.agents[m8].switches == 1
     assert sim.agents[m7].profile == ("web", 1) and sum(
         a.mismatched_starts for a in sim.agents.values()) == 0
     assert {m for _, m, _, _ in seen} == {m7, m8}
+    # an entitlement on default claims M8 among the free machines: switched first
+    sim.observers.remove(observe)  # (its tasks run on default)
+    sim.allocator.define(Entitlement(name="e2", owner="o", quota=Quota(machines=12)))
+    s.create_job(job_spec("f", 10, entitlement="e2", cpu=16), sim.now)
+    assert sim.run_until(lambda: m8 in {int(m) for m in sim.region.machines_of("e2")}
+                         and sim.agents[m8].profile == ("default", 1), 400)
+    assert sim.agents[m8].switches == 2
+    assert sum(a.mismatched_starts for a in sim.agents.values()) == 0

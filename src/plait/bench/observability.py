@@ -103,8 +103,10 @@ def side_serve_options(on: bool) -> tuple[str, ...]:
 
 def overhead(on: list[float], off: list[float]) -> dict[str, float]:
     """The rounds' on/off ratios as percentages over 1: their median and quartiles
-    (the spread the noise gave)."""
-    return quartiles([(a / b - 1) * 100 for a, b in zip(on, off, strict=True)])
+    (the spread the noise gave). A round whose off side measured nothing (CPU time is
+    counted in ticks: a tiny round can read 0) is left out; with none left, 0."""
+    pcts = [(a / b - 1) * 100 for a, b in zip(on, off, strict=True) if b > 0]
+    return quartiles(pcts or [0.0])
 
 
 def quartiles(pcts: list[float]) -> dict[str, float]:

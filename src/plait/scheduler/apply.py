@@ -37,7 +37,7 @@ def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> N
     operation's id is stable while it waits), and make the changes that need none."""
     if not plan:
         return
-    tasks, offers, serials, target = job.tasks, job.offers, job.serials, job.target
+    tasks, offers, serials = job.tasks, job.offers, job.serials
     serial = job.op_counter
     offered, wants = plan.offered, plan.wants
     dirty = bool(offered)
@@ -56,18 +56,19 @@ def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> N
                 del offers[index]
                 del serials[index]
     job.op_counter = serial
+    goal = job.target_of
     for index in plan.settle:
-        tasks[index].spec_version = target
+        tasks[index].spec_version = goal(index)
     for index in plan.rerun:
         rec = tasks[index]
         s.transition(rec, Event.RERUN)
-        rec.spec_version = target
+        rec.spec_version = goal(index)
         rec.restart = False
         rec.exit_code = None
         dirty = True
     for index in plan.retag:
         rec = tasks[index]
-        rec.spec_version = target
+        rec.spec_version = goal(index)
         if rec.machine is not None:
             s.assign(job, rec, rec.machine)  # its desired set names the new version
     if dirty:
@@ -198,9 +199,9 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
     """Submit the allocation requests; what was placed enters its machine's desired
     set (its agent starts it). The first reason a task could not be placed is
     reported once."""
-    tasks, target = job.tasks, job.target
+    tasks = job.tasks
     for index in plan.retarget:
-        tasks[index].spec_version = target
+        tasks[index].spec_version = job.target_of(index)
     for _version, request in plan.requests:
         result = s.allocator.allocate(request)
         if result.unplaced and result.unplaced[0][1] == NO_MACHINE:

@@ -37,7 +37,7 @@ def still_applies(job: JobRecord, rec: TaskRecord, op: TaskOp) -> bool:
     if rec.state is TaskState.LOST:
         return op.kind is OpKind.STOP and op.reason in (RESIZE, DELETE)
     if to_target(op):
-        return rec.spec_version != job.target and job.halted is None
+        return rec.spec_version != job.target_of(rec.index) and job.halted is None
     if op.kind is OpKind.RESTART:
         return rec.restart
     return True
@@ -71,6 +71,7 @@ def plan_execution(job: JobRecord, tokens: int, now: float,
     # (``still_applies`` and ``is_down`` inlined for an update, the common case: a
     # wave of a 15,000-task update checks 1,500 operations)
     tasks, deleting, target, halted = job.tasks, job.deleting, job.target, job.halted
+    pins = job.pins
     update, lost, running, finished = OpKind.UPDATE, TaskState.LOST, TaskState.RUNNING, FINISHED
     start, obsolete = plan.start.append, plan.obsolete.append
     for op in sorted(job.acked.values(), key=_task_index):
@@ -80,7 +81,8 @@ def plan_execution(job: JobRecord, tokens: int, now: float,
             continue
         state = rec.state
         if op.kind is update and state is not lost:
-            applies = rec.spec_version != target and halted is None
+            applies = rec.spec_version != (target if pins is None else pins.get(
+                rec.index, target)) and halted is None
         else:
             applies = still_applies(job, rec, op)
         if not applies:

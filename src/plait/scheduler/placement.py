@@ -32,7 +32,7 @@ def plan_placement(job: JobRecord) -> PlacementPlan:
             # placed, or moved off a failed machine): it runs nowhere, so it starts on
             # the new entitlement at the target version directly
             plan.retarget.append(rec.index)
-            version = job.target
+            version = job.target_of(rec.index)
         by_version.setdefault(version, []).append(rec.index)
     for version, indices in sorted(by_version.items()):
         spec = versions[version - 1]

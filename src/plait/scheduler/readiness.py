@@ -19,8 +19,8 @@ def not_ready(job: JobRecord, now: float) -> list[int]:
     if not job.rollout_active or job.halted is not None:
         return []
     timeout = job.spec.update.ready_timeout_seconds
-    target, running = job.target, TaskState.RUNNING
+    running, goal = TaskState.RUNNING, job.target_of
     return sorted([r.index for r in job.tasks.values()
-                   if not r.healthy and r.state is running and r.spec_version == target
+                   if not r.healthy and r.state is running and r.spec_version == goal(r.index)
                    and r.unhealthy_since is not None and now - r.unhealthy_since >= timeout
                    and r.index not in job.failed_tasks])

@@ -361,6 +361,16 @@ class JobRecord:
     #: one-entry dict costs 232 bytes, and most jobs have one version)
     _assigned_first: Assigned | None = None
     _assigned: dict[int, Assigned] | None = None
+    #: tasks whose goal is another version than ``target`` (the Job Control Plane's
+    #: unified spec: a push, a canary), by index; None: every task's goal is ``target``
+    pins: dict[int, int] | None = None
+
+    def target_of(self, index: int) -> int:
+        """The version task ``index`` is to run."""
+        pins = self.pins
+        if pins is None:
+            return self.target
+        return pins.get(index, self.target)
 
     def add_lost(self, index: int) -> None:
         if self.lost is NO_TASKS:

@@ -235,6 +235,40 @@ class Scheduler(SchedulerState):
             return job.target
         return self.append_version(spec, now, f"version {len(job.versions) + 1}")
 
+    def add_version(self, spec: JobSpec, now: float) -> int:
+        """Keep ``spec`` as the job's next version without rolling it out: tasks run it
+        only once pinned to it (``pin``). Returns the version number."""
+        job = self._job(spec.name)
+        if spec.entitlement != job.entitlement:
+            raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
+                                  f"{job.entitlement!r}; a pinned version stays there")
+        job.versions.append(spec)
+        self.event(now, job.name, "version_added",
+                   f"version {len(job.versions)} kept for pinned tasks")
+        return len(job.versions)
+
+    def pin(self, name: str, pins: dict[int, int], now: float) -> None:
+        """Set which tasks run a version other than the job's target (the Job Control
+        Plane's unified spec: ``plait.jcp.unify``); every other task's goal is the
+        target. A pinned task moves to its version by the same paced, TaskControl-acked
+        operations as an update."""
+        job = self._job(name)
+        for version in pins.values():
+            if not 1 <= version <= len(job.versions):
+                raise ValidationError("version", f"job {name} has no version {version}")
+            if job.versions[version - 1].entitlement != job.entitlement:
+                raise ValidationError("version", f"version {version} of job {name} runs "
+                                      "in another entitlement")
+        clean = {i: v for i, v in pins.items() if v != job.target}
+        if clean == (job.pins or {}):
+            return
+        job.pins = clean or None
+        job.rollout_active = True
+        job.dirty = True
+        self.mark(name)
+        self.event(now, name, "pinned", f"{len(clean)} tasks pinned to other versions "
+                   f"than {job.target}")
+
     def append_version(self, spec: JobSpec, now: float, what: str) -> int:
         """Add ``spec`` as the job's next version and roll it out, even when it equals
         the current one (a rollback, or an operation replayed from the store). A spec
@@ -339,7 +373,7 @@ class Scheduler(SchedulerState):
         spec = job.spec
         for i in range(spec.task_count):
             if i not in job.tasks:
-                job.tasks[i] = TaskRecord(i, version)
+                job.tasks[i] = TaskRecord(i, job.target_of(i))
         # an update that already restarted its task but is not proven healthy yet
         # is over: the task is offered the new target like any other
         for index in list(job.in_progress):
@@ -559,7 +593,10 @@ class Scheduler(SchedulerState):
         if job.offers or job.acked or job.in_progress or job.lost or job.deleting or (
                 len(job.tasks) != job.spec.task_count):
             return False
-        target, live = job.target, LIVE
+        target, live, goal = job.target, LIVE, job.target_of
+        if job.pins:
+            return all(r.state in live and r.op is None and not r.restart
+                       and r.spec_version == goal(r.index) for r in job.tasks.values())
         return all(r.state in live and r.op is None and not r.restart
                    and r.spec_version == target for r in job.tasks.values())
 

@@ -34,8 +34,9 @@ def no_op(job: JobRecord, notice: Notice) -> bool:
     has nothing to ack, stage 3 nothing to start and stage 4 nothing to place.
     """
     if (job.controller is not None or job.offers or job.acked or job.in_progress
-            or job.lost or job.deleting or job.throttled or job.error is not None):
-        return False
+            or job.lost or job.deleting or job.throttled or job.error is not None
+            or job.pins):
+        return False  # (a job with pinned tasks takes the full reconcile)
     tasks = job.tasks
     count = job.versions[job.target - 1].task_count
     if not tasks or len(tasks) != count:

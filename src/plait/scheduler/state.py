@@ -161,8 +161,9 @@ class SchedulerState:
         self.rollout_done(job, now)
 
     def rollout_done(self, job: JobRecord, now: float) -> None:
+        goal = job.target_of
         if job.rollout_active and all(
-                r.spec_version == job.target and (
+                r.spec_version == goal(r.index) and (
                     (r.state is TaskState.RUNNING and r.healthy)
                     or r.state is TaskState.SUCCEEDED)
                 for r in job.tasks.values()):
@@ -196,7 +197,7 @@ class SchedulerState:
         else:
             self.task_event(now, job, rec, "task_exited", "exited; its agent restarts it",
                             op="failure", reason="exited")
-            if job.rollout_active and rec.spec_version == job.target:
+            if job.rollout_active and rec.spec_version == job.target_of(rec.index):
                 self.rollout_failure(job, rec.index, "exited", now)
 
     def rollout_failure(self, job: JobRecord, index: int, how: str, now: float) -> None:
@@ -278,7 +279,7 @@ class SchedulerState:
                 self.complete(job, rec)
             return
         if to_target(op):
-            rec.spec_version = job.target
+            rec.spec_version = job.target_of(rec.index)
         if op.kind is OpKind.RESTART:
             rec.restart = False
         self.transition(rec, Event.REPLACE)
@@ -469,5 +470,6 @@ class SchedulerState:
             job.lost.discard(rec.index)
             del job.tasks[rec.index]
             if rec.index < spec.task_count and not job.deleting:
-                job.tasks[rec.index] = TaskRecord(rec.index, job.target)  # resized back up
+                # resized back up
+                job.tasks[rec.index] = TaskRecord(rec.index, job.target_of(rec.index))
 

@@ -29,6 +29,7 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
     spec = job.spec
     count = 0 if job.deleting else spec.task_count
     target = job.target
+    pins = job.pins  # (tasks whose goal is another version: None for most jobs)
     runtime_same: dict[int, bool] | None = None  # (``job.same_as``, when first needed)
     acked_tasks = {op.task.index for op in job.acked.values()}
     # the wanted tuples are shared, so "unchanged" is a cheap comparison
@@ -70,13 +71,14 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
                 continue
         elif state in finished:
             version = rec.spec_version
-            if version != target and same_runtime(
-                    placed_in(versions[version - 1], spec.entitlement), spec):
+            goal = target if pins is None else pins.get(i, target)
+            if version != goal and same_runtime(
+                    placed_in(versions[version - 1], spec.entitlement), versions[goal - 1]):
                 # a resize or a move only: it stays finished (a move relocates what
                 # runs; a finished task has nothing to move)
                 plan.settle.append(i)
-                version = target
-            if rec.restart or version != target:
+                version = goal
+            if rec.restart or version != goal:
                 # run it again, at the target version: it holds no machine, so this
                 # takes nothing down and needs no operation
                 plan.rerun.append(i)
@@ -90,6 +92,13 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
         elif live_after is not None and rec.unhealthy_since is not None and (
                 now - rec.unhealthy_since >= live_after):
             plan.liveness.append(i)  # restarted from the next pass, like a restart
+        elif pins is not None and i in pins:  # its goal is another version
+            if rec.spec_version != pins[i]:
+                wanted = _to_goal(job, rec.spec_version, pins[i], halted, relocate, retag,
+                                  none)
+                if wanted is retag:
+                    plan.retag.append(i)  # a resize only: nothing to restart
+                    wanted = none
         elif rec.spec_version != target:
             version = rec.spec_version
             wanted = to_target.get(version)  # type: ignore[assignment]
@@ -119,3 +128,17 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
             offered(i)
             wants(wanted)
     return plan
+
+
+def _to_goal(job: JobRecord, version: int, goal: int, halted: bool, relocate: Wanted,
+             retag: Wanted, none: Wanted) -> Wanted:
+    """The operation that brings a running task of ``version`` to ``goal``, a version
+    other than the job's target (a pinned task: a push or a canary)."""
+    have, want = job.versions[version - 1], job.versions[goal - 1]
+    if same_runtime(have, want):
+        return retag
+    if halted:
+        return none
+    if have.entitlement != want.entitlement:
+        return relocate
+    return ((OpKind.UPDATE, f"update to version {goal}"),)
