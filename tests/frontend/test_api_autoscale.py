@@ -52,6 +52,7 @@ def test_the_autoscaler_resizes_a_job_to_its_pushed_load(live: Live) -> None:
         return size(live) == 1
     wait_for(shrink)
     assert alice.get("/v1/jobs/web/autoscale").json()["load"]["value"] == 0.5
-    assert alice.delete("/v1/jobs/web/autoscale").status_code == 204
+    removed = alice.delete("/v1/jobs/web/autoscale")
+    assert removed.status_code == 200 and removed.json()["policy"]["max_tasks"] == 20
     assert alice.get("/v1/jobs/web/autoscale").status_code == 404
     assert size(live) == 1

@@ -726,12 +726,13 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         may_job(request, who, name)
         return cp.autoscaling.view(name)
 
-    @app.delete("/v1/jobs/{name}/autoscale", status_code=204, tags=["jobs"])
-    def delete_autoscale(name: str, who: User, request: Request) -> Response:
-        """Stop autoscaling the job (its size stays as it is)."""
+    @app.delete("/v1/jobs/{name}/autoscale", response_model=t.AutoscaleView, tags=["jobs"])
+    def delete_autoscale(name: str, who: User, request: Request) -> dict[str, Any]:
+        """Stop autoscaling the job (its size stays as it is); the policy removed."""
         may_job(request, who, name)
+        removed = cp.autoscaling.view(name)
         cp.autoscaling.delete(name)
-        return Response(status_code=204)
+        return removed
 
     @app.post("/v1/jobs/{name}/load", response_model=t.LoadAck, tags=["jobs"])
     def push_load(name: str, body: Load, who: User, request: Request) -> dict[str, Any]:
