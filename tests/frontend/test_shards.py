@@ -279,3 +279,24 @@ def test_host_profiles_are_the_regions_across_shards(region):
     assert api.get("/v1/hostprofiles/web").json()["entitlements"] == ["b"]
     r = api.delete("/v1/hostprofiles/web")
     assert r.status_code == 409 and "named by b" in r.json()["message"]
+
+
+def test_lenders_and_borrowers_share_a_shard_and_their_loans_are_listed(region):
+    """Loans are counted per shard: the front end places every lender and elastic
+    entitlement on one shard (the first one's), and lists their loans from it."""
+    api = region.api
+    for ent in ({"name": "plain", "owner": "o", "quota": {"machines": 3}},
+                {"name": "web", "owner": "o", "quota": {"machines": 6}, "lends": True},
+                {"name": "batch", "owner": "o", "quota": {"machines": 6},
+                 "elastic": {"min_notice_seconds": 5}}):
+        r = api.post("/v1/entitlements", json=ent)
+        assert r.status_code == 201, r.text
+    # (the least loaded shard would have taken batch away from web)
+    assert region.entry("web")["shard"] == region.entry("batch")["shard"] != region.entry(
+        "plain")["shard"]
+    r = api.post("/v1/jobs", json=job("jb", "batch", tasks=2))
+    assert r.status_code == 201, r.text
+    wait_for(lambda: region.running("jb", 2))
+    listed = api.get("/v1/machines", params={"loaned": "true"}).json()
+    assert listed["total"] >= 1 and {m["loan"]["borrower"] for m in listed["machines"]} == {
+        "batch"}

@@ -186,9 +186,11 @@ class ShardMap:
                 return parsed.machines or 0
         return shard_weight(parsed, self._machine_milli_rru)
 
-    def place(self, entitlement: str, machines: int) -> dict[str, Any]:
+    def place(self, entitlement: str, machines: int, loans: bool = False) -> dict[str, Any]:
         """The entry of ``entitlement``; a new one goes to the shard with the least
-        weight (``shard_weight``) mapped to it."""
+        weight (``shard_weight``) mapped to it. One that lends or borrows (``loans``)
+        goes where the region's other lenders and borrowers are: loans are counted per
+        scheduler shard (decision 94), so they must share one."""
         for _ in range(10):
             found = self.entry(entitlement)
             if found is not None:
@@ -198,11 +200,15 @@ class ShardMap:
                 raise Refused(503, "unavailable", "no scheduler shard has started: retry",
                               retry=True)
             load = dict.fromkeys(shards, 0)
-            for e in self.entries().values():
+            entries = self.entries()
+            for e in entries.values():
                 if e["shard"] in load:
                     load[e["shard"]] += int(e.get("machines", 0))
             shard = least_loaded(load)
-            entry = {"shard": shard, "machines": machines}
+            if loans:
+                shard = next((e["shard"] for _, e in sorted(entries.items())
+                              if e.get("loans") and e["shard"] in load), shard)
+            entry = {"shard": shard, "machines": machines, **({"loans": True} if loans else {})}
             try:
                 self.ns.create(f"/entitlements/{entitlement}", json.dumps(entry).encode())
                 return entry
@@ -362,7 +368,8 @@ class ShardRouter:
                     return await self.to_shard(0, scope, body)  # (its 422 names the field)
                 await self.admin(scope)  # placed only for whoever may create it
                 weight = await run_in_threadpool(m.weight, spec.get("quota"))
-                entry = await run_in_threadpool(m.place, name, weight)
+                loans = bool(spec.get("lends")) or bool(spec.get("elastic"))
+                entry = await run_in_threadpool(m.place, name, weight, loans)
                 self._writable(name, entry)
                 return await self.to_shard(entry["shard"], scope, body)
             if len(parts) == 2:  # another method: shard 0 answers 405
@@ -514,6 +521,15 @@ class ShardRouter:
             if r.status_code != 200:
                 return r  # (a refusal is every shard's: the token's)
         pages = [r.json() for r in replies]
+        query = dict(httpx.QueryParams(scope.get("query_string", b"").decode()))
+        if key == "machines" and query.get("loaned", "").lower() in ("1", "true", "yes"):
+            # each shard lists the loans of its own elastic entitlements (in a region
+            # they share one shard: ``ShardMap.place``): every shard's first page,
+            # with the total of them all (not paged further through the front end)
+            mine = {m["id"]: m for page in pages for m in page["machines"]}
+            found = [mine[k] for k in sorted(mine)]
+            return _json(200, {"machines": found, "offset": 0, "continue": None,
+                               "total": sum(int(page.get("total", 0)) for page in pages)})
         if key == "machines":  # every shard lists every machine; tasks and the host
             merged = pages[0]  # profile are the owner's
             for page in pages[1:]:
@@ -528,7 +544,6 @@ class ShardRouter:
             return _json(200, merged)
         # one order across shards (by name): each shard answered the same window,
         # merged here by name (``plait.paging``)
-        query = dict(httpx.QueryParams(scope.get("query_string", b"").decode()))
         filters = {k: query.get(k) for k in ("entitlement", "state")} if key == "jobs" else {}
         try:
             win = paging.window(query.get("limit"), query.get("continue"),
