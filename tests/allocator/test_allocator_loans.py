@@ -6,7 +6,7 @@ import pytest
 
 from plait.allocator.loans import count
 from plait.errors import ValidationError
-from plait.model import ElasticTerms, Entitlement, Quota, Resources, parse
+from plait.model import ElasticTerms, Entitlement, Resources, parse
 from plait.testing import Cluster, machine
 
 WHOLE = Resources(cpu=16, memory_gb=64)
@@ -76,4 +76,3 @@ def test_loan_terms_are_checked(fields, message):
     raw = {"name": "e", "owner": "o", "quota": {"machines": 4}, **fields}
     with pytest.raises(ValidationError, match=message):
         parse(Entitlement, raw)
-    assert Quota(machines=1)
