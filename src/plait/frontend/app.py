@@ -556,7 +556,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
 
     # -- jobs ------------------------------------------------------------------------------
     def ack(doc: Any, created: bool | None = None) -> dict[str, Any]:
-        body = {"name": doc.name, "entitlement": doc.entitlement, "version": doc.version,
+        body = {"name": doc.name, "entitlement": doc.entitlement, "version": doc.target,
                 "operation": doc.seq, "deleting": doc.deleting}
         if created is not None:
             body["created"] = created

@@ -82,6 +82,12 @@ class JobDoc:
     seq: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)
     deleting: bool = False
+    #: the version the job's tasks run (its target), when it is not the latest: the
+    #: Job Control Plane keeps versions (``keep``) that only pinned tasks run
+    stable: int | None = None
+    #: task index -> the version it runs instead of the target (``plait.jcp``'s
+    #: unified spec), as the Job Control Plane last wrote it
+    pins: dict[int, int] = field(default_factory=dict)
     _parsed: dict[int, JobSpec] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -91,8 +97,15 @@ class JobDoc:
         return doc
 
     @property
+    def target(self) -> int:
+        """The version the job's tasks run unless pinned: the latest, but for versions
+        kept for pinned tasks since."""
+        return self.version if self.stable is None else self.stable
+
+    @property
     def spec(self) -> JobSpec:
-        return self.spec_of(self.version)
+        """The target version's spec (the job intent)."""
+        return self.spec_of(self.target)
 
     def spec_of(self, version: int) -> JobSpec:
         """Version ``version``'s spec; a version never made, or no longer kept, is a
@@ -130,7 +143,28 @@ class JobDoc:
                 job.pin_revision(v, self.revision(v))
 
     def add(self, spec: JobSpec) -> int:
-        """Append ``spec`` as the next version; returns its number."""
+        """Append ``spec`` as the next version, the job's target; returns its number."""
+        self.stable = None
+        return self._append(spec)
+
+    def keep(self, spec: JobSpec) -> int:
+        """Append ``spec`` as the next version without making it the target (tasks run
+        it once pinned to it); an identical version already kept is reused. Returns
+        its number."""
+        for version, entry in sorted(self.kept.items()):
+            if version != self.target and self.spec_of(version) == spec:
+                return version
+        target = self.target
+        made = self._append(spec)
+        self.stable = target
+        return made
+
+    def needed(self) -> set[int]:
+        """The versions the record itself needs: its target and those tasks are pinned
+        to."""
+        return {self.target, *self.pins.values()}
+
+    def _append(self, spec: JobSpec) -> int:
         key = runtime_key(spec)
         self.version += 1
         revision = next((int(e["revision"]) for _, e in sorted(self.kept.items())
@@ -147,7 +181,8 @@ class JobDoc:
         for version in sorted(self.kept):
             if len(self.kept) <= keep:
                 break
-            if version not in needed and version != self.version:
+            if version not in needed and version != self.version and (
+                    version not in self.needed()):
                 del self.kept[version]
                 self._parsed.pop(version, None)
 
@@ -169,6 +204,9 @@ class JobDoc:
             "version": self.version,
             "versions": {str(v): entry for v, entry in self.kept.items()},
             "seq": self.seq, "log": self.log, "deleting": self.deleting,
+            **({} if self.stable is None else {"stable": self.stable}),
+            **({"pins": {str(i): v for i, v in sorted(self.pins.items())}}
+               if self.pins else {}),
         }, sort_keys=True).encode()
 
     @classmethod
@@ -183,6 +221,9 @@ class JobDoc:
         if schema >= 2:
             doc.version = int(data["version"])
             doc.kept = {int(v): entry for v, entry in data["versions"].items()}
+            if data.get("stable") is not None:
+                doc.stable = int(data["stable"])
+            doc.pins = {int(i): int(v) for i, v in data.get("pins", {}).items()}
         else:  # every version in a list (records before versions were trimmed)
             for raw in data["versions"]:
                 doc.add(parse(JobSpec, raw))
@@ -205,7 +246,7 @@ def _fits(doc: JobDoc, needed: Callable[[], set[int]] = set) -> bytes:
         doc.trim(needed())
     value = doc.to_bytes()
     if len(value) > MAX_VALUE_BYTES:
-        must = needed() | {doc.version}
+        must = needed() | {doc.version} | doc.needed()
         for version in sorted(doc.kept):
             if len(value) <= MAX_VALUE_BYTES:
                 break
@@ -343,17 +384,57 @@ class JobStore:
                 continue
         raise Conflict(f"job {name}", "a quiet record", "too many concurrent writers")
 
-    def update(self, spec: JobSpec, now: float) -> JobDoc:
+    def update(self, spec: JobSpec, now: float, unpin: bool = False) -> JobDoc:
+        """A new target version. ``unpin``: every task's goal is the target from now
+        on (a push promoted to the job's spec), in the same write."""
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             if spec.entitlement != doc.entitlement:
                 raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
                                       f"{doc.entitlement!r}; update cannot move it (plait "
                                       "job move)")
-            if spec == doc.spec:
+            if spec == doc.spec and not (unpin and doc.pins):
                 return None
             version = doc.add(spec)
+            if unpin:
+                doc.pins = {}
             return doc.record(now, "update", f"version {version}", version=version)
         return self.change(spec.name, now, edit)
+
+    def keep(self, spec: JobSpec, now: float) -> tuple[JobDoc, int]:
+        """Keep ``spec`` as a version of its job that only pinned tasks run (a push's or
+        a canary's); one identical to a version kept already is that version. Returns
+        the record and the version's number."""
+        made: list[int] = []
+
+        def edit(doc: JobDoc) -> dict[str, Any] | None:
+            if spec.entitlement != doc.entitlement:
+                raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
+                                      f"{doc.entitlement!r}; its versions stay there")
+            before = doc.version
+            made[:] = [doc.keep(spec)]
+            if doc.version == before:
+                return None
+            return doc.record(now, "keep", f"version {made[0]} kept for pinned tasks",
+                              version=made[0])
+        return self.change(spec.name, now, edit), made[0]
+
+    def set_pins(self, name: str, pins: dict[int, int], now: float,
+                 message: str = "") -> JobDoc:
+        """Which tasks run a kept version other than the target (the Job Control Plane's
+        unified spec); tasks not named run the target."""
+        def edit(doc: JobDoc) -> dict[str, Any] | None:
+            want = {i: v for i, v in pins.items() if v != doc.target}
+            for i, v in want.items():
+                if v not in doc.kept:
+                    raise ValidationError("version", doc.missing(v))
+                if not 0 <= i < doc.spec.task_count:
+                    raise ValidationError("index", f"job {name} has tasks "
+                                          f"0..{doc.spec.task_count - 1}")
+            if want == doc.pins:
+                return None
+            doc.pins = want
+            return doc.record(now, "pin", message or f"{len(want)} tasks pinned")
+        return self.change(name, now, edit)
 
     def resize(self, name: str, task_count: int, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
@@ -362,6 +443,7 @@ class JobStore:
                 return None
             before = doc.spec.task_count
             version = doc.add(spec)
+            doc.pins = {i: v for i, v in doc.pins.items() if i < task_count}
             return doc.record(now, "resize", f"version {version}: {before} -> {task_count} "
                               "tasks", version=version)
         return self.change(name, now, edit)
@@ -532,15 +614,16 @@ class PersistentScheduler:
                 finally:
                     sched.acting = (None, None)
             else:
-                target = doc.version
+                target = doc.target
                 job = JobRecord(doc.name, doc.entitlement,
-                                [doc.standin(v) for v in range(1, target + 1)], target,
+                                [doc.standin(v) for v in range(1, doc.version + 1)], target,
                                 self.controller_for(doc.spec))
-                doc.pin(job, range(1, target + 1))
+                doc.pin(job, range(1, doc.version + 1))
                 job.tasks = {i: TaskRecord(i, target) for i in range(doc.spec.task_count)}
                 job.cause = cause
                 sched.restore(job, ())
             entries = [e for e in entries if e["op"] in ("restart", "resume", "delete")]
+            self._pins(doc, now)
         for entry in entries:
             sched.acting = (entry.get("actor"), entry.get("request"))
             self._caused(doc.name, entry.get("request"))
@@ -557,7 +640,23 @@ class PersistentScheduler:
             doc.pin(current, range(len(current.versions) + 1, doc.version + 1))
             for v in range(len(current.versions) + 1, doc.version + 1):
                 sched.append_version(doc.standin(v), now, f"version {v}")
+        if current is not None and current.target != doc.target and not current.deleting:
+            # (versions kept for pinned tasks were appended as targets above, where
+            # their log entries were trimmed)
+            sched.retarget(doc.name, doc.target, now, f"version {doc.target}")
+        if current is not None:
+            self._pins(doc, now)
         self.applied[doc.name] = doc.seq
+
+    def _pins(self, doc: JobDoc, now: float) -> None:
+        """The tasks pinned to versions other than the target, as the record says
+        (level-triggered: the record holds the Job Control Plane's latest)."""
+        job = self.scheduler.jobs.get(doc.name)
+        if job is None or job.deleting:
+            return
+        want = {i: v for i, v in doc.pins.items() if v != job.target and v <= len(job.versions)}
+        if want != (job.pins or {}):
+            self.scheduler.pin(doc.name, want, now)
 
     def _live_versions(self, name: str) -> set[int]:
         """The versions the in-memory job runs now: its target and its tasks'. Read
@@ -582,7 +681,12 @@ class PersistentScheduler:
         sched = self.scheduler
         op = entry["op"]
         job = sched.job(doc.name)
-        if op in ("update", "resize", "rollback", "move"):
+        if op == "keep":  # a version kept for pinned tasks: not the target
+            version = int(entry["version"])
+            doc.pin(job, range(len(job.versions) + 1, version + 1))
+            for v in range(len(job.versions) + 1, version + 1):
+                sched.add_version(doc.standin(v), now)
+        elif op in ("update", "resize", "rollback", "move"):
             version = int(entry["version"])
             if version > len(job.versions):
                 doc.pin(job, range(len(job.versions) + 1, version + 1))
@@ -742,6 +846,7 @@ class PersistentScheduler:
             job.failed_tasks = set(data["failed_tasks"])
         job.op_counter = int(data["op_counter"])
         job.sequence_number = int(data["sequence_number"])
+        job.pins = {i: v for i, v in doc.pins.items() if v != target and v <= count} or None
         booked = sched.allocator.jobs.get(doc.name)
         placement = booked.placement if booked is not None else {}
         desired = []

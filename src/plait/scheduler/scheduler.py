@@ -247,6 +247,15 @@ class Scheduler(SchedulerState):
                    f"version {len(job.versions)} kept for pinned tasks")
         return len(job.versions)
 
+    def retarget(self, name: str, version: int, now: float, what: str) -> None:
+        """Make version ``version``, kept already, the job's target (its record's
+        target moved back past versions kept for pinned tasks)."""
+        job = self._job(name)
+        if not 1 <= version <= len(job.versions):
+            raise ValidationError("version", f"job {name} has no version {version}")
+        if version != job.target:
+            self._retarget(job, version, now, what)
+
     def pin(self, name: str, pins: dict[int, int], now: float) -> None:
         """Set which tasks run a version other than the job's target (the Job Control
         Plane's unified spec: ``plait.jcp.unify``); every other task's goal is the

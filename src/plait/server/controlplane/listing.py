@@ -63,7 +63,7 @@ class JobEntry:
     @classmethod
     def of(cls, doc: JobDoc) -> JobEntry:
         spec = doc.spec
-        return cls(doc.name, doc.entitlement, doc.version, doc.seq, doc.deleting,
+        return cls(doc.name, doc.entitlement, doc.target, doc.seq, doc.deleting,
                    spec.task_count, spec.restart.batch,
                    json.dumps(spec.model_dump(mode="json"), separators=(",", ":")).encode())
 

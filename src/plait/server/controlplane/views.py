@@ -64,7 +64,8 @@ class JobState:
         for r in sorted(job.tasks.values(), key=lambda r: r.index):
             counts[r.state.value] = counts.get(r.state.value, 0) + 1
             serving += r.serving
-            updated += r.spec_version == target and r.state is running and r.healthy
+            updated += (r.spec_version == (target if job.pins is None else job.target_of(r.index))
+                        and r.state is running and r.healthy)
             machine = None if r.machine is None else fleet.name(r.machine)
             tasks.append({"index": r.index, "state": r.state.value, "version": r.spec_version,
                           "machine": machine,

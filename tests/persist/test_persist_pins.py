@@ -1,0 +1,75 @@
+"""Versions kept for pinned tasks, and the pins themselves, are stored with the job
+and survive a restart of the scheduler: the Job Control Plane's unified spec is
+acknowledged once written, like any other operation."""
+
+from plait.model import Entitlement, Quota
+from plait.sim.scenarios import job_spec
+
+from tests.persist.test_persist_scheduler import Plane
+
+
+def versions(plane, name):
+    job = plane.scheduler.job(name)
+    return {i: r.spec_version for i, r in job.tasks.items()}
+
+
+def test_kept_versions_and_pins_survive_a_restart(tmp_path):
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    a.jobs.create(job_spec("web", 6), now=0)
+    a.run(10)
+    doc, pushed = a.jobs.keep(job_spec("web", 6, command="serve-v2"), now=a.sim.now)
+    assert pushed == 2 and doc.target == 1 and doc.version == 2
+    again, same = a.jobs.keep(job_spec("web", 6, command="serve-v2"), now=a.sim.now)
+    assert same == 2 and again.seq == doc.seq  # kept once
+    a.jobs.set_pins("web", {0: 2, 1: 2, 2: 2}, now=a.sim.now)
+    a.run(60)
+    assert versions(a, "web") == {0: 2, 1: 2, 2: 2, 3: 1, 4: 1, 5: 1}
+    assert a.scheduler.job("web").target == 1
+    a.store.close()
+
+    b = Plane(path, now=a.sim.now)
+    b.sim.agents = a.sim.agents
+    job = b.scheduler.job("web")
+    assert job.target == 1 and job.pins == {0: 2, 1: 2, 2: 2}
+    assert versions(b, "web") == {0: 2, 1: 2, 2: 2, 3: 1, 4: 1, 5: 1}
+    # a resize keeps the pins within the new count; an update that unpins promotes
+    b.jobs.resize("web", 2, now=b.sim.now)
+    b.run(60)
+    job = b.scheduler.job("web")
+    assert job.target == 3 and job.pins == {0: 2, 1: 2}
+    assert b.jobs.get("web").pins == {0: 2, 1: 2}
+    b.jobs.update(job_spec("web", 2, command="serve-v2"), now=b.sim.now, unpin=True)
+    b.run(60)
+    job = b.scheduler.job("web")
+    assert job.target == 4 and job.pins is None
+    assert set(versions(b, "web").values()) == {4}
+    b.store.close()
+
+
+def test_pins_written_while_the_scheduler_was_down_are_applied(tmp_path):
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    a.jobs.create(job_spec("web", 4), now=0)
+    a.run(10)
+    a.store.close()
+
+    b = Plane(path, now=11)
+    _, canary = b.jobs.keep(job_spec("web", 4, command="canary"), now=11)
+    b.jobs.set_pins("web", {3: canary}, now=11)
+    b.run(60)
+    assert versions(b, "web") == {0: 1, 1: 1, 2: 1, 3: canary}
+
+
+def test_kept_versions_are_not_trimmed_while_pinned(tmp_path):
+    p = Plane(str(tmp_path / "plait.db"))
+    p.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    p.jobs.create(job_spec("web", 2), now=0)
+    _, kept = p.jobs.keep(job_spec("web", 2, command="old-canary"), now=0)
+    p.jobs.set_pins("web", {0: kept}, now=0)
+    for n in range(3, 30):  # far more versions than the job keeps
+        p.jobs.resize("web", n % 2 + 2, now=0)
+    doc = p.jobs.get("web")
+    assert kept in doc.kept and doc.pins == {0: kept}
