@@ -40,7 +40,7 @@ def test_kept_versions_and_pins_survive_a_restart(tmp_path):
     job = b.scheduler.job("web")
     assert job.target == 3 and job.pins == {0: 2, 1: 2}
     assert b.jobs.get("web").pins == {0: 2, 1: 2}
-    b.jobs.update(job_spec("web", 2, command="serve-v2"), now=b.sim.now, unpin=True)
+    b.jobs.update(job_spec("web", 2, command="serve-v2"), now=b.sim.now, pins={})
     b.run(60)
     job = b.scheduler.job("web")
     assert job.target == 4 and job.pins is None

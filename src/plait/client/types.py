@@ -415,3 +415,48 @@ HostProfileDiff = TypedDict("HostProfileDiff", {"from": dict[str, Any], "to": di
 for _view in list(globals().values()):
     if isinstance(_view, type) and issubclass(_view, dict) and _view is not dict:
         _view.__pydantic_config__ = {"extra": "allow"}  # type: ignore[attr-defined]
+
+
+class PushView(TypedDict, total=False):
+    """A job's push: its intent (spec, stages, soak, gate), where it stands (version,
+    stage, phase, message, tasks wanted and ready) and the share it holds now."""
+
+    job: str
+    intent: dict[str, Any]
+    status: dict[str, Any]
+    actor: str | None
+    created: float
+    percent: int
+
+
+class SizingView(TypedDict, total=False):
+    """A job's sizing intent and the size it gives (its count clamped into [min, max])."""
+
+    job: str
+    intent: dict[str, Any]
+    actor: str | None
+    time: float
+    size: int
+
+
+class CanaryView(TypedDict, total=False):
+    job: str
+    name: str
+    intent: dict[str, Any]
+    version: int | None
+    actor: str | None
+    started: float
+    until: float
+
+
+class IntentsView(TypedDict, total=False):
+    """Every intent of a job and the unified spec they make: per task, its role
+    (stable, push, canary:NAME) and version."""
+
+    job: str
+    job_intent: dict[str, Any]
+    push: dict[str, Any] | None
+    sizing: dict[str, Any] | None
+    canaries: dict[str, Any]
+    unified: dict[str, Any]
+    conflicts: list[str]

@@ -34,7 +34,7 @@ from swagger_ui_bundle import swagger_ui_path
 from plait import __version__, paging, requestid, tracing
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
-from plait.frontend import hostprofiles
+from plait.frontend import hostprofiles, jcp
 from plait.frontend.fastcreate import FastCreate
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body, replaying
 from plait.frontend.requestlog import RequestLog
@@ -739,6 +739,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """The job's load now, for its autoscaler (an external series)."""
         may_job(request, who, name)
         return cp.autoscaling.push_load(name, body.value)
+
+    jcp.add_routes(app, cp, User, may_job)
 
     @app.get("/v1/jobs/{name}/history", response_model=t.JobHistory, tags=["jobs"])
     def job_history(name: str, who: User, request: Request) -> dict[str, Any]:

@@ -384,19 +384,19 @@ class JobStore:
                 continue
         raise Conflict(f"job {name}", "a quiet record", "too many concurrent writers")
 
-    def update(self, spec: JobSpec, now: float, unpin: bool = False) -> JobDoc:
-        """A new target version. ``unpin``: every task's goal is the target from now
-        on (a push promoted to the job's spec), in the same write."""
+    def update(self, spec: JobSpec, now: float, pins: dict[int, int] | None = None) -> JobDoc:
+        """A new target version. ``pins``: the tasks pinned from now on, in the same
+        write (a push promoted to the job's spec: its tasks are not pinned any more)."""
         def edit(doc: JobDoc) -> dict[str, Any] | None:
             if spec.entitlement != doc.entitlement:
                 raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
                                       f"{doc.entitlement!r}; update cannot move it (plait "
                                       "job move)")
-            if spec == doc.spec and not (unpin and doc.pins):
+            if spec == doc.spec and (pins is None or pins == doc.pins):
                 return None
             version = doc.add(spec)
-            if unpin:
-                doc.pins = {}
+            if pins is not None:
+                doc.pins = {i: v for i, v in pins.items() if v != version and v in doc.kept}
             return doc.record(now, "update", f"version {version}", version=version)
         return self.change(spec.name, now, edit)
 

@@ -1,13 +1,14 @@
 """The autoscaler on the control plane: per-job policies, the load pushed to it, and
-its decisions written as resizes (sizing intents) by actor ``autoscaler``.
+its decisions written as sizing intents by actor ``autoscaler`` (the Job Control Plane
+resizes the job: ``plait.server.controlplane.jcp``).
 
 A job's policy is stored at ``/autoscaler/{job}`` (``PUT /v1/jobs/{job}/autoscale``);
 its load is pushed through the API in tasks' worth of work (``POST
 /v1/jobs/{job}/load``: an external series, the ``external`` metric; agents do not
 report CPU utilization yet, so a ``cpu`` policy is refused). After each pass, off the
 lock, the leader decides for every job whose interval has passed and whose load is
-fresh (``plait.autoscaler.recommend``), and resizes it through the same command as
-``plait job resize``: stored first, then applied by the next pass (decision 100).
+fresh (``plait.autoscaler.recommend``), and writes the job's sizing intent (decision
+101), which the Job Control Plane's reconciler turns into a resize right after.
 The load history is kept in memory (two weeks): a new leader predicts from what it has
 measured since it took over.
 """
@@ -23,6 +24,7 @@ import pydantic
 from plait import logconfig, requestid
 from plait.autoscaler import AutoscalePolicy, History, recommend
 from plait.errors import Conflict, NotFound, PlaitError
+from plait.jcp.intents import SizingIntent
 from plait.model.base import Value, parse
 from plait.store.protocol import Namespace
 
@@ -175,8 +177,10 @@ class Autoscaling:
         if want == tasks:
             return
         token = requestid.actor.set("autoscaler")
-        try:
-            self.cp.commands.resize_job(job, want)
+        try:  # a sizing intent: the Job Control Plane resizes the job
+            self.cp.jcp.put_sizing(job, SizingIntent(
+                task_count=want, min=body.policy.min_tasks, max=body.policy.max_tasks),
+                actor="autoscaler")
         except Conflict as exc:
             log.info("autoscaling waits", job=job, error=str(exc))
             return

@@ -48,6 +48,7 @@ from plait.scheduler.records import Assignment, Stops
 from plait.scheduler.wiring import wire
 from plait.server.auth import Role, TokenStore
 from plait.server.controlplane.autoscaling import Autoscaling
+from plait.server.controlplane.jcp import JobControlPlane
 from plait.server.controlplane.commands import JobCommands
 from plait.server.controlplane.config import ControlPlaneConfig
 from plait.server.controlplane.controllers import Controllers
@@ -158,6 +159,7 @@ class ControlPlane:
         self.controllers = Controllers(self)
         self.profiles = HostProfiles(self)
         self.autoscaling = Autoscaling(self)
+        self.jcp = JobControlPlane(self)
         self.build(now)
 
     def _fleet(self) -> Fleet:

@@ -168,6 +168,8 @@ class Loop:
             self.cp.controllers.send(calls)
         if self.cp.autoscaling.policies or self.cp.autoscaling.due(now):
             self.cp.autoscaling.decide(now)  # resizes are stored writes: off the lock
+        if self.cp.jcp.records or self.cp.jcp.due(now):
+            self.cp.jcp.reconcile(now)  # (intents into pins: stored writes, off the lock)
 
     def take_reports(self, now: float) -> None:
         """Apply the agents' reports taken since the last pass, in order, and their

@@ -1,0 +1,575 @@
+"""The Job Control Plane on the control plane: each job's intents, stored apart from
+its spec, and the reconciler that turns them into the unified spec the scheduler runs.
+
+A job's push, sizing and canary intents are stored together at ``/jcp/{job}``
+(``plait.jcp.intents.JcpRecord``), each with who wrote it; the job intent is the job's
+record itself. After each pass, off the lock, the leader reconciles every job that has
+intents (decision 101):
+
+1. the pushed and canary specs are kept as versions of the job (``JobStore.keep``);
+2. a sizing intent resizes the job's spec to its count, clamped into [min, max];
+3. canaries past their end are dropped; the push's progress is advanced from what
+   the scheduler reports of its tasks (``plait.jcp.push``), its gate asked in a worker
+   thread (a URL, with a 5 s deadline and a 64 KiB bound) or waited for (an external
+   verdict);
+4. ``plait.jcp.unify`` computes which task runs which version, and the pins are
+   written to the job's record (``JobStore.set_pins``), which the scheduler runs with
+   its usual pacing and TaskControl;
+5. a push whose last stage (100 %) passed becomes the job's spec; a push rolled back
+   or aborted gives its tasks back to the job's spec (a rollout the scheduler halted
+   is resumed, so they can go back).
+
+Each change is an event of source ``jcp`` naming the intent's writer.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from plait import logconfig, requestid
+from plait.errors import Conflict, NotFound, PlaitError, ValidationError
+from plait.jcp import Canary, Push, Unified, unify
+from plait.jcp.intents import (
+    ACTIVE,
+    CanaryIntent,
+    JcpRecord,
+    PushIntent,
+    PushStatus,
+    SizingIntent,
+    StoredCanary,
+    StoredPush,
+    StoredSizing,
+)
+from plait.jcp.push import StageHealth, advance, percent, verdict
+from plait.model.base import parse
+from plait.model.job import JobSpec
+from plait.model.task import TaskState
+from plait.persist.scheduler import JobDoc
+from plait.store.protocol import Namespace
+
+if TYPE_CHECKING:
+    from plait.server.controlplane.core import ControlPlane
+
+log = logconfig.get("plait.controlplane.jcp")
+
+SCHEMA = 1
+#: the stored records are read again this often (another replica may have written)
+REFRESH = 5.0
+#: a gate URL: its deadline, and the most of its answer read
+GATE_TIMEOUT = 5.0
+GATE_BYTES = 64 * 1024
+_ATTEMPTS = 20
+
+
+def _actor() -> str | None:
+    return requestid.actor.get()
+
+
+class JobControlPlane:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        self.ns = Namespace(cp.store, "/jcp")
+        self._lock = threading.Lock()
+        #: job -> its intents, as last read or written here
+        self.records: dict[str, JcpRecord] = {}
+        self._read_at: float | None = None
+        #: gates being asked: job -> ((version, stage), the answer to come)
+        self._gates: dict[str, tuple[tuple[int, int], Future[tuple[bool, str]]]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self.reconciles = 0
+
+    # -- the stored records ---------------------------------------------------------------
+    def _read(self, job: str) -> tuple[JcpRecord, int | None]:
+        try:
+            value, version = self.ns.get(f"/{job}")
+        except NotFound:
+            return JcpRecord(), None
+        data = json.loads(value)
+        if int(data.pop("schema", 1)) > SCHEMA:
+            raise ValidationError("schema", f"the intents of job {job} have a schema newer "
+                                            f"than this plait ({SCHEMA})")
+        return parse(JcpRecord, data), version
+
+    def record(self, job: str) -> JcpRecord:
+        return self._read(job)[0]
+
+    def _change(self, job: str, edit: Callable[[JcpRecord], JcpRecord | None]) -> JcpRecord:
+        """Read, edit, write back with compare-and-swap (an empty record is deleted)."""
+        for _ in range(_ATTEMPTS):
+            rec, version = self._read(job)
+            new = edit(rec)
+            if new is None or new == rec:
+                return rec
+            value = json.dumps({"schema": SCHEMA, **new.model_dump(mode="json")},
+                               sort_keys=True).encode()
+            try:
+                if version is None:
+                    if not new.empty:
+                        self.ns.create(f"/{job}", value)
+                elif new.empty:
+                    self.ns.delete(f"/{job}", version)
+                else:
+                    self.ns.set(f"/{job}", value, version)
+            except (Conflict, NotFound):
+                continue
+            with self._lock:
+                if new.empty:
+                    self.records.pop(job, None)
+                else:
+                    self.records[job] = new
+            self.cp.wake.set()
+            return new
+        raise Conflict(f"intents of job {job}", "a quiet record", "too many concurrent writers")
+
+    def _job(self, job: str, spec: JobSpec | None = None) -> JobDoc:
+        """The job's record (NotFound for an unknown job); ``spec``: a spec for it,
+        checked to name it and its entitlement."""
+        doc = self.cp.jobs.get(job)
+        if doc.deleting:
+            raise Conflict(f"job {job}", "a live job", "being deleted")
+        if spec is not None:
+            if spec.name != job:
+                raise ValidationError("spec.name", f"the spec names job {spec.name!r}, the "
+                                                   f"path {job!r}")
+            if spec.entitlement != doc.entitlement:
+                raise ValidationError("spec.entitlement", f"job {job} runs in entitlement "
+                                      f"{doc.entitlement!r}; its intents stay there")
+            if spec.task_controller is not None:
+                self.cp.controllers.check_controller_url(spec.task_controller)
+            self.cp.check_job(spec)
+        return doc
+
+    def _event(self, job: str, kind: str, message: str, actor: str | None = None) -> None:
+        try:
+            ent = self.cp.jobs.get(job).entitlement
+        except NotFound:
+            ent = None
+        self.cp.record("jcp", kind, message, job=job, entitlement=ent,
+                       actor=actor or _actor() or "jcp")
+
+    # -- push -----------------------------------------------------------------------------
+    def put_push(self, job: str, intent: PushIntent) -> dict[str, Any]:
+        self._job(job, intent.spec)
+        if intent.gate is not None and intent.gate.url is not None:
+            try:  # (the rules of TaskControllers' URLs: a tenant's URL either way)
+                self.cp.controllers.check_controller_url(intent.gate.url)
+            except ValidationError as exc:
+                raise ValidationError("gate.url", exc.message.replace(
+                    "controller URL", "gate URL")) from None
+        now, actor = self.cp.clock(), _actor()
+
+        def edit(rec: JcpRecord) -> JcpRecord:
+            status = PushStatus(since=now, message=f"stage 1 ({intent.stages[0]}%) begins")
+            return rec.model_copy(update={"push": StoredPush(
+                intent=intent, status=status, actor=actor, created=now)})
+        self._change(job, edit)
+        self._event(job, "push_started", "stages " + " -> ".join(
+            f"{s}%" for s in intent.stages) + (f", gate {intent.gate.url or 'external'}"
+                                               if intent.gate else ", no gate"))
+        return self.push_view(job)
+
+    def push_view(self, job: str) -> dict[str, Any]:
+        self._job(job)
+        push = self.record(job).push
+        if push is None:
+            raise NotFound("push of job", job)
+        return {"job": job, **push.model_dump(mode="json"),
+                "percent": percent(push.intent, push.status)}
+
+    def abort_push(self, job: str) -> dict[str, Any]:
+        self._job(job)
+        now = self.cp.clock()
+
+        def edit(rec: JcpRecord) -> JcpRecord:
+            if rec.push is None:
+                raise NotFound("push of job", job)
+            if rec.push.status.phase not in ACTIVE:
+                raise Conflict(f"push of job {job}", "a push under way",
+                               rec.push.status.phase)
+            status = rec.push.status.model_copy(update={
+                "phase": "aborted", "since": now, "healthy_since": None,
+                "message": f"aborted at stage {rec.push.status.stage + 1}; its tasks go "
+                           "back to the job's spec"})
+            return rec.model_copy(update={"push": rec.push.model_copy(
+                update={"status": status})})
+        self._change(job, edit)
+        self._resume_if_halted(job)
+        self._event(job, "push_aborted", "aborted; its tasks go back to the job's spec")
+        return self.push_view(job)
+
+    def gate_verdict(self, job: str, passed: bool, message: str) -> dict[str, Any]:
+        """An external gate's answer for the stage being gated."""
+        self._job(job)
+        now = self.cp.clock()
+        told: list[PushStatus] = []
+
+        def edit(rec: JcpRecord) -> JcpRecord:
+            push = rec.push
+            if push is None:
+                raise NotFound("push of job", job)
+            if push.intent.gate is None or not push.intent.gate.external:
+                raise Conflict(f"push of job {job}", "an external gate",
+                               "a gate of its own" if push.intent.gate else "no gate")
+            if push.status.phase != "gating":
+                raise Conflict(f"push of job {job}", "a stage waiting for its gate",
+                               f"{push.status.phase}: {push.status.message}")
+            status = verdict(push.intent, push.status, passed, message, now)
+            told[:] = [status]
+            return rec.model_copy(update={"push": push.model_copy(update={"status": status})})
+        rec = self._change(job, edit)
+        self._event(job, "push_gate_passed" if passed else "push_gate_failed",
+                    message or ("passed" if passed else "failed"))
+        if told and rec.push is not None:
+            self._announce(job, rec.push, told[0])
+            if told[0].phase == "rolled_back":
+                self._resume_if_halted(job)
+        return self.push_view(job)
+
+    # -- sizing ---------------------------------------------------------------------------
+    def put_sizing(self, job: str, intent: SizingIntent,
+                   actor: str | None = None) -> dict[str, Any]:
+        self._job(job)
+        now, actor = self.cp.clock(), actor or _actor()
+        before = self.record(job).sizing
+        self._change(job, lambda rec: rec.model_copy(update={
+            "sizing": StoredSizing(intent=intent, actor=actor, time=now)}))
+        if before is None or before.intent != intent:
+            self._event(job, "sizing_set", f"{intent.size} tasks (asked {intent.task_count}, "
+                        f"within {intent.min}..{intent.max})", actor)
+        return self.sizing_view(job)
+
+    def sizing_view(self, job: str) -> dict[str, Any]:
+        self._job(job)
+        sizing = self.record(job).sizing
+        if sizing is None:
+            raise NotFound("sizing intent of job", job)
+        return {"job": job, **sizing.model_dump(mode="json"), "size": sizing.intent.size}
+
+    def delete_sizing(self, job: str) -> dict[str, Any]:
+        view = self.sizing_view(job)
+        self._change(job, lambda rec: rec.model_copy(update={"sizing": None}))
+        self._event(job, "sizing_removed", "the job's spec sizes it again")
+        return view
+
+    # -- canaries -------------------------------------------------------------------------
+    def put_canary(self, job: str, name: str, intent: CanaryIntent) -> dict[str, Any]:
+        self._job(job, intent.spec)
+        if intent.hardware is not None and intent.hardware not in self.cp.fleet.type_names:
+            raise ValidationError("hardware", f"no machine of type {intent.hardware!r} in "
+                                  f"this region (types: {', '.join(self.cp.fleet.type_names)})")
+        now, actor = self.cp.clock(), _actor()
+
+        def edit(rec: JcpRecord) -> JcpRecord:
+            old = rec.canaries.get(name)
+            version = old.version if old is not None and old.intent.spec == intent.spec and (
+                old.intent.hardware == intent.hardware) else None
+            canary = StoredCanary(intent=intent, version=version, actor=actor, started=now,
+                                  until=now + intent.duration_seconds)
+            return rec.model_copy(update={"canaries": {**rec.canaries, name: canary}})
+        self._change(job, edit)
+        where = f" on {intent.hardware} machines" if intent.hardware else ""
+        self._event(job, "canary_started", f"canary {name}: {intent.tasks} tasks{where} for "
+                    f"{intent.duration_seconds:g}s")
+        return self.canary_view(job, name)
+
+    def canary_view(self, job: str, name: str) -> dict[str, Any]:
+        self._job(job)
+        canary = self.record(job).canaries.get(name)
+        if canary is None:
+            raise NotFound("canary", f"{job}/{name}")
+        return {"job": job, "name": name, **canary.model_dump(mode="json")}
+
+    def delete_canary(self, job: str, name: str) -> dict[str, Any]:
+        view = self.canary_view(job, name)
+
+        def edit(rec: JcpRecord) -> JcpRecord:
+            return rec.model_copy(update={"canaries": {
+                k: v for k, v in rec.canaries.items() if k != name}})
+        self._change(job, edit)
+        self._event(job, "canary_ended", f"canary {name} ended early; its tasks go back")
+        return view
+
+    # -- the whole view -------------------------------------------------------------------
+    def intents(self, job: str) -> dict[str, Any]:
+        """Every intent of the job and the unified spec they make now."""
+        doc = self._job(job)
+        rec = self.record(job)
+        push = rec.push
+        with self.cp.lock:
+            sched = self.cp.scheduler.jobs.get(job)
+            running = {} if sched is None else {
+                i: r.spec_version for i, r in sched.tasks.items()}
+        roles = self._roles(doc, rec)
+        tasks = [{"index": i, "role": roles.get(i, "stable"),
+                  "version": doc.pins.get(i, doc.target), "running": running.get(i)}
+                 for i in range(doc.spec.task_count)]
+        counts: dict[str, int] = {}
+        for t in tasks:
+            counts[t["role"]] = counts.get(t["role"], 0) + 1
+        return {
+            "job": job,
+            "job_intent": {"version": doc.target, "task_count": doc.spec.task_count},
+            "push": None if push is None else {
+                **push.model_dump(mode="json"), "percent": percent(push.intent, push.status)},
+            "sizing": None if rec.sizing is None else {
+                **rec.sizing.model_dump(mode="json"), "size": rec.sizing.intent.size},
+            "canaries": {k: v.model_dump(mode="json") for k, v in rec.canaries.items()},
+            "unified": {"task_count": doc.spec.task_count, "roles": counts, "tasks": tasks},
+            "conflicts": list(rec.conflicts),
+        }
+
+    @staticmethod
+    def _roles(doc: JobDoc, rec: JcpRecord) -> dict[int, str]:
+        """The role each pinned task holds, from its pin's version."""
+        by_version: dict[int, str] = {}
+        for name, canary in rec.canaries.items():
+            if canary.version is not None:
+                by_version[canary.version] = f"canary:{name}"
+        if rec.push is not None and rec.push.status.version is not None and (
+                rec.push.status.phase in ACTIVE):
+            by_version[rec.push.status.version] = "push"
+        return {i: by_version[v] for i, v in doc.pins.items() if v in by_version}
+
+    # -- the reconciler (the leader, after a pass, off the lock) --------------------------
+    def due(self, now: float) -> bool:
+        return self._read_at is None or now - self._read_at >= REFRESH
+
+    def _refresh(self, now: float) -> None:
+        if self._read_at is not None and now - self._read_at < REFRESH:
+            return
+        self._read_at = now
+        found: dict[str, JcpRecord] = {}
+        try:
+            for job in self.ns.children("/"):
+                rec, _ = self._read(job)
+                found[job] = rec
+        except NotFound:
+            pass
+        except (OSError, PlaitError, ValueError) as exc:
+            log.warning("intents not read", error=str(exc))
+            return
+        with self._lock:
+            self.records = found
+
+    def reconcile(self, now: float) -> None:
+        self._refresh(now)
+        with self._lock:
+            jobs = sorted(self.records)
+        for job in jobs:
+            try:
+                self._reconcile(job, now)
+            except NotFound:
+                self._forget(job)
+            except (PlaitError, OSError, ValueError) as exc:
+                log.warning("reconciling intents failed", job=job, error=str(exc))
+        self.reconciles += 1
+
+    def _forget(self, job: str) -> None:
+        """The job is gone: so are its intents."""
+        try:
+            _, version = self.ns.get(f"/{job}")
+            self.ns.delete(f"/{job}", version)
+        except (NotFound, Conflict):
+            pass
+        with self._lock:
+            self.records.pop(job, None)
+        self._gates.pop(job, None)
+
+    def _reconcile(self, job: str, now: float) -> None:
+        doc = self.cp.jobs.get(job)
+        if doc.deleting:
+            raise NotFound("job", job)
+        rec, _ = self._read(job)
+        if rec.empty:
+            with self._lock:
+                self.records.pop(job, None)
+            return
+        # 1. the specs of the push and the canaries, kept as versions
+        push = rec.push
+        if push is not None and push.status.phase in ACTIVE and push.status.version is None:
+            doc, version = self.cp.jobs.keep(push.intent.spec, now)
+            push = push.model_copy(update={"status": push.status.model_copy(
+                update={"version": version})})
+        canaries = dict(rec.canaries)
+        for name, canary in sorted(canaries.items()):
+            if canary.until <= now:
+                del canaries[name]
+                self._event(job, "canary_ended", f"canary {name}: its {canary.intent.tasks} "
+                            "tasks go back to the job's spec (its time is up)", canary.actor)
+            elif canary.version is None:
+                doc, version = self.cp.jobs.keep(self._canary_spec(canary.intent), now)
+                canaries[name] = canary.model_copy(update={"version": version})
+        # 2. the size
+        if rec.sizing is not None and rec.sizing.intent.size != doc.spec.task_count:
+            token = requestid.actor.set(rec.sizing.actor or "jcp")
+            try:
+                before = doc.spec.task_count
+                doc = self.cp.commands.resize_job(job, rec.sizing.intent.size)
+            finally:
+                requestid.actor.reset(token)
+            self._event(job, "resized", f"{before} -> {doc.spec.task_count} tasks (sizing "
+                        "intent)", rec.sizing.actor)
+        # 3. the push's progress, from what the scheduler reports
+        first = self._unify(doc, push, canaries, now)
+        if push is not None and push.status.phase in ACTIVE:
+            status = advance(push.intent, push.status, self._health(job, push, first), now)
+            status = self._gate(job, push, status, now)
+            if status.phase != push.status.phase or status.stage != push.status.stage:
+                self._announce(job, push, status)
+                if status.phase == "rolled_back":
+                    self._resume_if_halted(job)
+            push = push.model_copy(update={"status": status})
+        unified = self._unify(doc, push, canaries, now)
+        # 4. the pins, or the push made the job's spec
+        pins = {i: v for i, v in enumerate(unified.versions) if v != doc.target}
+        if push is not None and push.status.phase == "completed" and (
+                push.status.promoted is None):
+            # (idempotent: the same spec and pins again change nothing)
+            spec = push.intent.spec.model_copy(update={"task_count": doc.spec.task_count})
+            keep = {i: v for i, v in pins.items() if unified.roles[i].startswith("canary:")}
+            doc = self.cp.jobs.update(spec, now, pins=keep)
+            push = push.model_copy(update={"status": push.status.model_copy(
+                update={"promoted": doc.target})})
+            self.cp.notify(job)
+        elif pins != doc.pins:
+            doc = self.cp.jobs.set_pins(job, pins, now, self._describe(unified))
+            self.cp.notify(job)
+        new = rec.model_copy(update={"push": push, "canaries": canaries,
+                                     "conflicts": unified.conflicts})
+        if new != rec:
+            if unified.conflicts != rec.conflicts and unified.conflicts:
+                self._event(job, "intents_conflict", "; ".join(unified.conflicts))
+
+            def edit(current: JcpRecord) -> JcpRecord:
+                # (written by the API since it was read: its change wins, and the next
+                # pass goes on from it)
+                return new if current == rec else current
+            self._change(job, edit)
+
+    def _canary_spec(self, intent: CanaryIntent) -> JobSpec:
+        """A canary's spec; by hardware, bound to machines of that type."""
+        spec = intent.spec
+        if intent.hardware is None:
+            return spec
+        req = spec.policy.requirements.model_copy(update={"machine_types": (intent.hardware,)})
+        return spec.model_copy(update={"policy": spec.policy.model_copy(
+            update={"requirements": req})})
+
+    def _unify(self, doc: JobDoc, push: StoredPush | None,
+               canaries: dict[str, StoredCanary], now: float) -> Unified:
+        n = doc.spec.task_count
+        fleet = self.cp.fleet
+        with self.cp.lock:
+            sched = self.cp.scheduler.jobs.get(doc.name)
+            placed = {} if sched is None else {
+                i: fleet.type_names[int(fleet.type_code[r.machine])]
+                for i, r in sched.tasks.items() if r.machine is not None}
+        by_version: dict[int, str] = {}
+        wanted = []
+        hardware: dict[int, str] = {}
+        for name, c in canaries.items():
+            if c.version is not None:
+                wanted.append(Canary(name, c.version, c.intent.tasks, c.intent.hardware,
+                                     c.until))
+                by_version[c.version] = f"canary:{name}"
+        pushed = None
+        if push is not None and push.status.version is not None:
+            share = percent(push.intent, push.status)
+            if share:
+                pushed = Push(push.status.version, Fraction(share))
+                by_version[push.status.version] = "push"
+        roles = ["stable"] * n
+        for i, v in doc.pins.items():
+            if i < n and v in by_version:
+                roles[i] = by_version[v]
+                if roles[i].startswith("canary:"):
+                    hw = canaries[roles[i][7:]].intent.hardware
+                    if hw is not None:
+                        hardware[i] = hw
+        previous = Unified(n, tuple(roles), tuple(doc.pins.get(i, doc.target)
+                                                  for i in range(n)), hardware)
+        return unify(doc.target, n, push=pushed, canaries=wanted, previous=previous,
+                     placed_on=placed, now=now)
+
+    def _health(self, job: str, push: StoredPush, unified: Unified) -> StageHealth:
+        version = push.status.version
+        mine = [i for i, r in enumerate(unified.roles) if r == "push"]
+        with self.cp.lock:
+            sched = self.cp.scheduler.jobs.get(job)
+            if sched is None:
+                return StageHealth(len(mine), 0)
+            running = TaskState.RUNNING
+            ready = 0
+            for i in mine:
+                r = sched.tasks.get(i)
+                if r is not None and r.spec_version == version and r.state is running and (
+                        r.healthy and r.serving and r.op is None):
+                    ready += 1
+            return StageHealth(len(mine), ready, sched.halted)
+
+    def _gate(self, job: str, push: StoredPush, status: PushStatus, now: float) -> PushStatus:
+        """A URL gate: asked in a worker thread; its answer taken when it came."""
+        gate = push.intent.gate
+        if status.phase != "gating" or gate is None or gate.url is None:
+            self._gates.pop(job, None)
+            return status
+        key = (status.version or 0, status.stage)
+        asked = self._gates.get(job)
+        if asked is None or asked[0] != key:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jcp-gate")
+            self._gates[job] = (key, self._pool.submit(self._ask, gate.url, job, status.stage))
+            return status
+        if not asked[1].done():
+            return status
+        del self._gates[job]
+        passed, message = asked[1].result()
+        return verdict(push.intent, status, passed, message, now)
+
+    def _ask(self, url: str, job: str, stage: int) -> tuple[bool, str]:
+        """A gate's answer: any 2xx passes (the body, at most ``GATE_BYTES``, is kept as
+        its message); anything else fails. Never raises."""
+        try:
+            self.cp.controllers.check_controller_url(url)
+            with httpx.Client(timeout=GATE_TIMEOUT, follow_redirects=False) as client, \
+                    client.stream("GET", url, params={"job": job, "stage": stage + 1}) as r:
+                body = b""
+                for chunk in r.iter_bytes():
+                    body += chunk
+                    if len(body) > GATE_BYTES:
+                        return False, f"{url} answered more than {GATE_BYTES} bytes"
+                text = body.decode("utf-8", "replace").strip()[:200]
+                if 200 <= r.status_code < 300:
+                    return True, f"{url} answered {r.status_code}" + (f": {text}" if text else "")
+                return False, f"{url} answered {r.status_code}" + (f": {text}" if text else "")
+        except (httpx.HTTPError, PlaitError, OSError, ValueError) as exc:
+            return False, f"{url}: {type(exc).__name__}: {exc}"
+
+    def _announce(self, job: str, push: StoredPush, status: PushStatus) -> None:
+        kind = {"rolling": "push_stage", "soaking": "push_soaking", "gating": "push_gating",
+                "holding": "push_holding", "completed": "push_completed",
+                "rolled_back": "push_rolled_back", "aborted": "push_aborted"}[status.phase]
+        self._event(job, kind, status.message, push.actor)
+
+    def _resume_if_halted(self, job: str) -> None:
+        """A push rolled back: a rollout the scheduler halted on its version is resumed,
+        so its tasks can go back to the job's spec."""
+        with self.cp.lock:
+            sched = self.cp.scheduler.jobs.get(job)
+            halted = sched is not None and sched.halted is not None
+        if halted:
+            self.cp.commands.resume_job(job)
+
+    @staticmethod
+    def _describe(unified: Unified) -> str:
+        counts: dict[str, int] = {}
+        for role in unified.roles:
+            counts[role] = counts.get(role, 0) + 1
+        return "unified spec: " + ", ".join(f"{n} {r}" for r, n in sorted(counts.items()))

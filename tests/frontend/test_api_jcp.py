@@ -1,0 +1,248 @@
+"""The Job Control Plane through the API on a live control plane (simulated agents):
+the post's Table 1 (each dimension its own resource and writer; no per-task
+customization), staged pushes with gates and rollback, a push that stays a share of
+the job while it is resized, canaries that never take pushed tasks, and a canary by
+hardware."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from livecp import Live, wait_for
+
+from plait.taskcontrol.urlpolicy import UrlPolicy, networks
+
+JOB = {"name": "web", "entitlement": "e", "task_count": 4, "command": "serve",
+       "resources": {"cpu": 1, "memory_gb": 1},
+       "update": {"max_unavailable": 1}}
+
+
+def spec(**changes: object) -> dict:
+    return {**JOB, **changes}
+
+
+@pytest.fixture
+def alice(live: Live) -> httpx.Client:
+    assert live.admin.post("/v1/entitlements", json={
+        "name": "e", "owner": "alice", "quota": {"machines": 24}}).status_code == 201
+    client = live.owner("alice")
+    assert client.post("/v1/jobs", json=JOB).status_code == 201
+    wait_for(lambda: client.get("/v1/jobs/web").json()["settled"])
+    return client
+
+
+def commands(live: Live) -> dict[str, int]:
+    """Tasks running healthy per command they run."""
+    cp = live.cp
+    with cp.lock:
+        job = cp.scheduler.jobs["web"]
+        out: dict[str, int] = {}
+        for r in job.tasks.values():
+            if r.serving and r.healthy and r.op is None and r.index < job.spec.task_count:
+                c = job.versions[r.spec_version - 1].command
+                out[c] = out.get(c, 0) + 1
+        return out
+
+
+def events(live: Live, kind: str) -> list[dict]:
+    return live.admin.get("/v1/events", params={"job": "web", "kind": kind}).json()["events"]
+
+
+def phase(client: httpx.Client) -> str:
+    return str(client.get("/v1/jobs/web/push").json()["status"]["phase"])
+
+
+def test_table_1_each_dimension_is_its_own_resource_and_no_actor_addresses_tasks(
+        live: Live, alice: httpx.Client) -> None:
+    bob = live.owner("bob")
+    # the job intent is the job's spec (the service owner)
+    assert alice.put("/v1/jobs/web", json=spec(args=["--v1"])).status_code == 200
+    # a push intent (continuous delivery), a sizing intent (a person or the autoscaler),
+    # a canary intent (testing): each its own resource
+    r = alice.put("/v1/jobs/web/push", json={"spec": spec(command="serve-v2"),
+                                             "stages": [50], "soak_seconds": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["intent"]["stages"] == [50] and r.json()["actor"] == "owner:alice"
+    assert alice.put("/v1/jobs/web/sizing", json={"task_count": 6, "min": 2,
+                                                  "max": 8}).status_code == 200
+    assert alice.put("/v1/jobs/web/canaries/c1", json={
+        "spec": spec(command="serve-canary"), "tasks": 1,
+        "duration_seconds": 600}).status_code == 200
+    wait_for(lambda: commands(live) == {"serve": 2, "serve-v2": 3, "serve-canary": 1})
+    intents = alice.get("/v1/jobs/web/intents").json()
+    assert intents["unified"]["roles"] == {"stable": 2, "push": 3, "canary:c1": 1}
+    assert intents["sizing"]["size"] == 6 and intents["conflicts"] == []
+    for kind in ("push_started", "sizing_set", "canary_started"):
+        wait_for(lambda k=kind: bool(events(live, k)))
+        assert events(live, kind)[0]["actor"] == "owner:alice"
+    # another owner cannot tell them from missing ones
+    for path in ("/v1/jobs/web/intents", "/v1/jobs/web/push", "/v1/jobs/web/sizing",
+                 "/v1/jobs/web/canaries/c1"):
+        assert bob.get(path).status_code == 404
+    assert bob.put("/v1/jobs/web/sizing", json={"task_count": 1}).status_code == 404
+    # per-task customization: refused, pointing to Shard Manager
+    r = alice.put("/v1/jobs/web/tasks/3/spec", json=spec(command="special"))
+    assert r.status_code == 422 and "Shard Manager" in r.json()["message"]
+    r = alice.put("/v1/jobs/web/canaries/c2", json={
+        "spec": spec(command="special"), "indexes": [3]})
+    assert r.status_code == 422 and "Shard Manager" in r.text
+    # bad intents are named
+    r = alice.put("/v1/jobs/web/push", json={"spec": spec(), "stages": [50, 10]})
+    assert r.status_code == 422 and "stages must increase" in r.text
+    r = alice.put("/v1/jobs/web/push", json={"spec": spec(name="api")})
+    assert r.status_code == 422 and "spec.name" in r.text
+    r = alice.put("/v1/jobs/web/sizing", json={"task_count": 3, "min": 5, "max": 4})
+    assert r.status_code == 422 and "min 5 is above max 4" in r.text
+    assert alice.get("/v1/jobs/nope/intents").status_code == 404
+
+
+def test_a_staged_push_passes_its_gates_and_becomes_the_jobs_spec(
+        live: Live, alice: httpx.Client) -> None:
+    r = alice.put("/v1/jobs/web/push", json={
+        "spec": spec(command="serve-v2"), "stages": [25, 50, 100], "soak_seconds": 0.2,
+        "gate": {"external": True}})
+    assert r.status_code == 200, r.text
+    # nothing to decide yet: a verdict before the stage is gated is refused
+    for stage, pushed in ((1, 1), (2, 2)):
+        wait_for(lambda: phase(alice) == "gating")
+        assert commands(live) == {"serve": 4 - pushed, "serve-v2": pushed}
+        assert alice.get("/v1/jobs/web/push").json()["status"]["stage"] == stage - 1
+        r = alice.post("/v1/jobs/web/push/gate", json={"passed": True, "message": "ok"})
+        assert r.status_code == 200, r.text
+    r = alice.post("/v1/jobs/web/push/gate", json={"passed": True})
+    assert r.status_code == 409  # stage 3 is not healthy yet
+    wait_for(lambda: phase(alice) == "gating")
+    assert alice.post("/v1/jobs/web/push/gate", json={"passed": True}).status_code == 200
+    wait_for(lambda: phase(alice) == "completed")
+    # the push is the job's spec now; no task pinned
+    wait_for(lambda: alice.get("/v1/jobs/web").json()["spec"]["command"] == "serve-v2")
+    wait_for(lambda: commands(live) == {"serve-v2": 4})
+    assert live.cp.jobs.get("web").pins == {}
+    wait_for(lambda: bool(events(live, "push_completed")))
+    assert [e["kind"] for e in events(live, "push_completed")] == ["push_completed"]
+
+
+@pytest.fixture
+def gate() -> Iterator[dict]:
+    """A gate URL on loopback that answers what ``state['status']`` says."""
+    state = {"status": 200, "asked": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            state["asked"] += 1
+            self.send_response(state["status"])
+            self.end_headers()
+            self.wfile.write(b"error rate 9%" if state["status"] >= 300 else b"fine")
+
+        def log_message(self, *args: object) -> None:
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state["url"] = f"http://127.0.0.1:{server.server_address[1]}/gate"
+    yield state
+    server.shutdown()
+
+
+def test_a_failing_gate_rolls_the_push_back(live: Live, alice: httpx.Client,
+                                            gate: dict) -> None:
+    # gate URLs follow the rules of TaskController URLs: loopback only when allowed
+    r = alice.put("/v1/jobs/web/push", json={"spec": spec(command="serve-v2"),
+                                             "gate": {"url": gate["url"]}})
+    assert r.status_code == 422 and r.json()["field"] == "gate.url"
+    assert "gate URL" in r.json()["message"] and "loopback" in r.json()["message"]
+    live.cp.controllers.url_policy = UrlPolicy(allow=networks(("loopback", "any")))
+    gate["status"] = 500
+    r = alice.put("/v1/jobs/web/push", json={
+        "spec": spec(command="serve-v2"), "stages": [50, 100], "soak_seconds": 0,
+        "gate": {"url": gate["url"]}})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: phase(alice) == "rolled_back")
+    status = alice.get("/v1/jobs/web/push").json()
+    assert "the gate failed" in status["status"]["message"]
+    assert "500: error rate 9%" in status["status"]["message"] and status["percent"] == 0
+    wait_for(lambda: commands(live) == {"serve": 4})
+    assert alice.get("/v1/jobs/web").json()["spec"]["command"] == "serve"
+    wait_for(lambda: bool(events(live, "push_rolled_back")))
+    assert events(live, "push_rolled_back")[0]["actor"] == "owner:alice"
+    # a passing gate: the next push goes through
+    gate["status"] = 200
+    alice.put("/v1/jobs/web/push", json={
+        "spec": spec(command="serve-v3"), "stages": [50, 100], "soak_seconds": 0,
+        "gate": {"url": gate["url"]}})
+    wait_for(lambda: phase(alice) == "completed")
+    wait_for(lambda: commands(live) == {"serve-v3": 4})
+    assert gate["asked"] >= 3
+
+
+def test_a_push_that_never_gets_healthy_times_out_and_rolls_back(
+        live: Live, alice: httpx.Client) -> None:
+    alice.put("/v1/jobs/web/push", json={
+        "spec": spec(command="crash"), "stages": [50], "soak_seconds": 0,
+        "stage_timeout_seconds": 3})
+    wait_for(lambda: phase(alice) == "rolled_back")
+    assert "tasks healthy after 3s" in alice.get("/v1/jobs/web/push").json()["status"][
+        "message"] or "halted" in alice.get("/v1/jobs/web/push").json()["status"]["message"]
+    wait_for(lambda: commands(live) == {"serve": 4})
+
+
+def test_a_push_stays_its_share_while_resized_and_canaries_never_take_pushed_tasks(
+        live: Live, alice: httpx.Client) -> None:
+    alice.put("/v1/jobs/web/push", json={"spec": spec(command="serve-v2"), "stages": [50],
+                                         "soak_seconds": 0})
+    wait_for(lambda: phase(alice) == "holding")
+    assert commands(live) == {"serve": 2, "serve-v2": 2}
+    # the autoscaler (a sizing intent) grows the job: the push stays 50 %
+    alice.put("/v1/jobs/web/sizing", json={"task_count": 10})
+    wait_for(lambda: commands(live) == {"serve": 5, "serve-v2": 5})
+    alice.put("/v1/jobs/web/sizing", json={"task_count": 5})
+    wait_for(lambda: commands(live) == {"serve": 2, "serve-v2": 3})  # half of 5, up
+    # a canary takes only tasks the push does not hold
+    pushed = {t["index"] for t in alice.get("/v1/jobs/web/intents").json()["unified"]["tasks"]
+              if t["role"] == "push"}
+    alice.put("/v1/jobs/web/canaries/c", json={"spec": spec(command="serve-canary"),
+                                               "tasks": 2})
+    wait_for(lambda: commands(live) == {"serve-v2": 3, "serve-canary": 2})
+    tasks = alice.get("/v1/jobs/web/intents").json()["unified"]["tasks"]
+    assert {t["index"] for t in tasks if t["role"] == "push"} == pushed
+    assert not pushed & {t["index"] for t in tasks if t["role"] == "canary:c"}
+    # a canary larger than what the push leaves: reported on the job, not guessed
+    alice.put("/v1/jobs/web/canaries/c", json={"spec": spec(command="serve-canary"),
+                                               "tasks": 4})
+    wait_for(lambda: bool(alice.get("/v1/jobs/web/intents").json()["conflicts"]))
+    assert "canaries leave" in alice.get("/v1/jobs/web/intents").json()["conflicts"][0]
+    wait_for(lambda: bool(events(live, "intents_conflict")))
+    # the canary ends: its tasks go back to the job's spec
+    assert alice.delete("/v1/jobs/web/canaries/c").status_code == 200
+    wait_for(lambda: commands(live) == {"serve": 2, "serve-v2": 3})
+    assert alice.post("/v1/jobs/web/push/abort").status_code == 200
+    wait_for(lambda: commands(live) == {"serve": 5})
+
+
+def test_a_canary_by_hardware_runs_on_that_machine_type(live: Live,
+                                                        alice: httpx.Client) -> None:
+    cp = live.cp
+
+    def types() -> dict[str, str]:
+        with cp.lock:
+            job = cp.scheduler.jobs["web"]
+            return {job.versions[r.spec_version - 1].command:
+                    cp.fleet.type_names[int(cp.fleet.type_code[r.machine])]
+                    for r in job.tasks.values() if r.machine is not None and r.serving}
+    with cp.lock:
+        job = cp.scheduler.jobs["web"]
+        used = {cp.fleet.type_names[int(cp.fleet.type_code[r.machine])]
+                for r in job.tasks.values()}
+    # a type the job's tasks are not on, if there is one: the canary's task is moved
+    other = next((t for t in cp.fleet.type_names if t not in used), cp.fleet.type_names[0])
+    r = alice.put("/v1/jobs/web/canaries/hw", json={
+        "spec": spec(command="serve-canary"), "tasks": 1, "hardware": other})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: commands(live) == {"serve": 3, "serve-canary": 1})
+    assert types()["serve-canary"] == other
+    r = alice.put("/v1/jobs/web/canaries/hw2", json={
+        "spec": spec(command="x"), "hardware": "no-such-type"})
+    assert r.status_code == 422 and "no machine of type 'no-such-type'" in r.text
