@@ -310,6 +310,34 @@ def job_autoscale(
     emit(a.get(path), output, lambda d: kv_table(d, f"autoscaling of {name}"))
 
 
+@job_app.command("intents")
+@guarded
+def job_intents(name: str, output: Output = "table") -> None:
+    """Every intent of the job (its spec, push, sizing, canaries) and the unified spec
+    they make: which task runs which version."""
+    from plait.cli.push import intents_table
+
+    emit(api().get(f"/v1/jobs/{q(name)}/intents"), output, intents_table)
+
+
+@job_app.command("sizing")
+@guarded
+def job_sizing(
+    name: str,
+    task_count: Annotated[int | None, typer.Argument(min=0, help="the size to keep "
+                                                     "(none: show the intent)")] = None,
+    min_tasks: Annotated[int, typer.Option("--min", min=0)] = 0,
+    max_tasks: Annotated[int, typer.Option("--max", min=0)] = 1_000_000,
+    off: Annotated[bool, typer.Option("--off", help="remove the sizing intent")] = False,
+    output: Output = "table",
+) -> None:
+    """The job's sizing intent: a task count within [--min, --max] that sizes it while
+    set (the autoscaler writes one too)."""
+    from plait.cli.push import sizing
+
+    sizing(api(), name, task_count, min_tasks, max_tasks, off, output)
+
+
 @job_app.command("load")
 @guarded
 def job_load(name: str, value: Annotated[float, typer.Argument(

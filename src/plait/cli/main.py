@@ -41,6 +41,10 @@ LAZY: dict[str, tuple[str, str, str]] = {
     "job": ("plait.cli.jobs", "job_app",
             "Jobs: deploy, inspect, update, resize, restart, roll back."),
     "task": ("plait.cli.tasks", "task_app", "The tasks of a job."),
+    "push": ("plait.cli.push", "push_app",
+             "Push a spec to a job in stages with health gates (status, abort)."),
+    "canary": ("plait.cli.push", "canary_app",
+               "Canaries: a spec on some of a job's tasks for a while."),
     "machine": ("plait.cli.machines", "machine_app",
                 "Machines: inspect, fail, drain, cordon (admin)."),
     "maintenance": ("plait.cli.maintenance", "maintenance_app",
@@ -102,8 +106,8 @@ def version() -> None:
 
 #: verbs that make a few API calls and end: their process exits without the
 #: interpreter's teardown (tens of milliseconds of freeing modules one by one)
-CLIENT_VERBS = frozenset({"context", "discover", "entitlement", "hostprofile", "job", "machine",
-                          "maintenance", "task", "token", "version"})
+CLIENT_VERBS = frozenset({"canary", "context", "discover", "entitlement", "hostprofile", "job",
+                          "machine", "maintenance", "push", "task", "token", "version"})
 
 
 #: the top-level options a client verb also takes after its noun (``plait job list
