@@ -132,7 +132,7 @@ def gate() -> Iterator[dict]:
     state = {"status": 200, "asked": 0}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             state["asked"] += 1
             self.send_response(state["status"])
             self.end_headers()

@@ -2,10 +2,10 @@
 and survive a restart of the scheduler: the Job Control Plane's unified spec is
 acknowledged once written, like any other operation."""
 
+from test_persist_scheduler import Plane
+
 from plait.model import Entitlement, Quota
 from plait.sim.scenarios import job_spec
-
-from tests.persist.test_persist_scheduler import Plane
 
 
 def versions(plane, name):

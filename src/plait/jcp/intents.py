@@ -16,6 +16,7 @@ progress (``PushStatus``, advanced by ``plait.jcp.push``).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Literal
 
 import pydantic
@@ -85,7 +86,7 @@ class PushIntent(_NoIndexes):
         for s in stages:
             if not 1 <= s <= 100:
                 raise ValueError(f"a stage is a percentage from 1 to 100, not {s}")
-        if any(b <= a for a, b in zip(stages, stages[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(stages)):
             raise ValueError(f"stages must increase: {list(stages)}")
         return stages
 

@@ -151,7 +151,7 @@ class JobDoc:
         """Append ``spec`` as the next version without making it the target (tasks run
         it once pinned to it); an identical version already kept is reused. Returns
         its number."""
-        for version, entry in sorted(self.kept.items()):
+        for version, _entry in sorted(self.kept.items()):
             if version != self.target and self.spec_of(version) == spec:
                 return version
         target = self.target

@@ -48,12 +48,12 @@ from plait.scheduler.records import Assignment, Stops
 from plait.scheduler.wiring import wire
 from plait.server.auth import Role, TokenStore
 from plait.server.controlplane.autoscaling import Autoscaling
-from plait.server.controlplane.jcp import JobControlPlane
 from plait.server.controlplane.commands import JobCommands
 from plait.server.controlplane.config import ControlPlaneConfig
 from plait.server.controlplane.controllers import Controllers
 from plait.server.controlplane.creates import CreateCommitter
 from plait.server.controlplane.gateway import AgentGateway
+from plait.server.controlplane.jcp import JobControlPlane
 from plait.server.controlplane.loop import Loop
 from plait.server.controlplane.machine_ops import MachineOps
 from plait.server.controlplane.membership import Membership

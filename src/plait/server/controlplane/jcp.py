@@ -311,8 +311,9 @@ class JobControlPlane:
                   "version": doc.pins.get(i, doc.target), "running": running.get(i)}
                  for i in range(doc.spec.task_count)]
         counts: dict[str, int] = {}
-        for t in tasks:
-            counts[t["role"]] = counts.get(t["role"], 0) + 1
+        for i in range(doc.spec.task_count):
+            role = roles.get(i, "stable")
+            counts[role] = counts.get(role, 0) + 1
         return {
             "job": job,
             "job_intent": {"version": doc.target, "task_count": doc.spec.task_count},
