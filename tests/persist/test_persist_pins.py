@@ -73,3 +73,27 @@ def test_kept_versions_are_not_trimmed_while_pinned(tmp_path):
         p.jobs.resize("web", n % 2 + 2, now=0)
     doc = p.jobs.get("web")
     assert kept in doc.kept and doc.pins == {0: kept}
+
+
+def test_a_surge_task_under_way_survives_a_restart(tmp_path):
+    from plait.model import UpdatePolicy
+
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24),
+                                             surge_buffer=1))
+    surging = UpdatePolicy(surge=True)
+    a.jobs.create(job_spec("web", 1, update=surging), now=0)
+    a.run(10)
+    a.jobs.update(job_spec("web", 1, update=surging, command="v2"), now=a.sim.now)
+    while not a.scheduler.job("web").surges:
+        a.run(0.5)
+    surges = dict(a.scheduler.job("web").surges)
+    a.store.close()
+
+    b = Plane(path, now=a.sim.now)
+    b.sim.agents = a.sim.agents
+    assert b.scheduler.job("web").surges == surges  # still covering task 0
+    b.run(120)
+    job = b.scheduler.job("web")
+    assert list(job.tasks) == [0] and job.tasks[0].spec_version == 2 and job.surges is None

@@ -16,16 +16,19 @@ entitlement_app = typer.Typer(help="Entitlements: quota + pseudo-cluster.", no_a
 
 
 def _loans(e: dict[str, Any]) -> str:
-    """A lender, or an elastic entitlement's published terms."""
+    """A lender, or an elastic entitlement's published terms; its surge buffer."""
     terms = e.get("elastic")
+    buffer = f"surge buffer {e['surge_buffer']}" if e.get("surge_buffer") else ""
     if terms:
-        return (f"elastic: {terms['min_notice_seconds']:g}s notice, at most "
+        said = (f"elastic: {terms['min_notice_seconds']:g}s notice, at most "
                 f"{terms['max_reclaim_fraction_per_minute']:.0%}/min reclaimed")
-    return "lends unused machines" if e.get("lends") else ""
+    else:
+        said = "lends unused machines" if e.get("lends") else ""
+    return "; ".join(x for x in (said, buffer) if x)
 
 
 def _ent_rows(items: list[dict[str, Any]]) -> None:
-    rows(["name", "owner", "quota", "machines", "rru", "host profile", "jobs", "loans"], [
+    rows(["name", "owner", "quota", "machines", "rru", "host profile", "jobs", "terms"], [
         [e["name"], e["owner"],
          f"{e['quota']['machines']} machines" if e["quota"].get("machines") is not None
          else f"{e['quota']['rru']} RRU", e["machines"], e["rru"], e["host_profile"],
@@ -42,6 +45,8 @@ def entitlement_create(
     machines: Annotated[int | None, typer.Option(help="quota in machines")] = None,
     rru: Annotated[float | None, typer.Option(help="quota in RRU")] = None,
     host_profile: Annotated[str, typer.Option()] = "default",
+    surge_buffer: Annotated[int, typer.Option(
+        min=0, help="surge tasks its jobs with update.surge may run at once")] = 0,
     output: Output = "table",
 ) -> None:
     """Create entitlements from a file, or one from options (admin)."""
@@ -49,7 +54,8 @@ def entitlement_create(
         docs = load_documents(file)
     elif name and owner:
         quota: dict[str, Any] = {"machines": machines} if rru is None else {"rru": rru}
-        docs = [{"name": name, "owner": owner, "quota": quota, "host_profile": host_profile}]
+        docs = [{"name": name, "owner": owner, "quota": quota, "host_profile": host_profile,
+                 "surge_buffer": surge_buffer}]
     else:
         raise CliError("give a FILE, or --name, --owner and --machines/--rru", EXIT_INVALID)
     from plait.model import Entitlement, parse

@@ -104,6 +104,10 @@ class Entitlement(Value):
     #: an elastic entitlement: every machine it holds is on loan from the lenders'
     #: unused quota, on these terms; its quota caps how many it may borrow
     elastic: ElasticTerms | None = None
+    #: the shared surge buffer: how many surge tasks (``update.surge``) the
+    #: entitlement's jobs may run at once; the room for them is the quota its jobs do
+    #: not use (decision 102)
+    surge_buffer: int = pydantic.Field(default=0, ge=0, le=100_000)
 
     _name = pydantic.field_validator("name", "owner")(check_name)
 

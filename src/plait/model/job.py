@@ -49,6 +49,13 @@ class UpdatePolicy(Value):
     #: probe after this long failed to become healthy (it counts toward
     #: ``halt_after_failures``, as a task that exits does)
     ready_timeout_seconds: float = pydantic.Field(default=120.0, gt=0, le=86_400)
+    #: make before break: before a serving task is updated, restarted or moved for
+    #: maintenance, a surge task of the new version starts on the entitlement's
+    #: shared surge buffer (``Entitlement.surge_buffer``) and serves in its place
+    #: until it is back; with no room in the buffer the operation waits. For
+    #: single-task high-availability jobs (the built-in pacing only: a job with a
+    #: TaskController paces itself)
+    surge: bool = False
 
     @pydantic.field_validator("max_unavailable", mode="before")
     @classmethod

@@ -721,6 +721,8 @@ class PersistentScheduler:
             "moving_from": job.moving_from, "cause": job.cause,
             "rollout_failures": job.rollout_failures, "failed_tasks": sorted(job.failed_tasks),
             "op_counter": job.op_counter,
+            **({"surges": {str(k): v for k, v in sorted(job.surges.items())}}
+               if job.surges else {}),
             # a block reserved ahead (records.SEQUENCE_BLOCK)
             "sequence_number": -(-job.sequence_number // SEQUENCE_BLOCK) * SEQUENCE_BLOCK,
             "tasks": tasks,
@@ -847,6 +849,7 @@ class PersistentScheduler:
         job.op_counter = int(data["op_counter"])
         job.sequence_number = int(data["sequence_number"])
         job.pins = {i: v for i, v in doc.pins.items() if v != target and v <= count} or None
+        job.surges = {int(k): int(v) for k, v in data.get("surges", {}).items()} or None
         booked = sched.allocator.jobs.get(doc.name)
         placement = booked.placement if booked is not None else {}
         desired = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 
 from plait.model.topology import Fleet
+from plait.scheduler import surge
 from plait.scheduler.plans import FAILURE, down_tasks, lapsed, offered_ops
 from plait.scheduler.records import JobRecord
 from plait.taskcontrol.protocol import OpKind, TaskControlRequest, TaskControlResponse, TaskOp
@@ -42,8 +43,12 @@ def builtin_acks(job: JobRecord, now: float, down: set[int] | None = None) -> li
     free_all = job.deleting
     acked: list[int] = []
     offered = sorted(job.offers)
+    # make before break: a serving task's operation waits for its surge task to serve
+    cover = surge.covered(job) if job.spec.update.surge and not free_all else None
     for index in offered:
         if not (free_all or index >= count):
+            if cover is not None and index not in down and index not in cover:
+                continue  # (its surge task is not serving yet, or the buffer is full)
             if index not in down:
                 if budget <= 0:
                     break  # spent: the rest below

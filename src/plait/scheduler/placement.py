@@ -20,7 +20,9 @@ def plan_placement(job: JobRecord) -> PlacementPlan:
     """The allocation requests for the job's pending tasks, oldest version first."""
     plan = PlacementPlan()
     count, pending_state = job.spec.task_count, TaskState.PENDING
-    pending = [r for r in job.tasks.values() if r.state is pending_state and r.index < count]
+    keep = job.surges  # (surge tasks are placed like the job's own)
+    pending = [r for r in job.tasks.values() if r.state is pending_state and (
+        r.index < count or (keep is not None and r.index in keep))]
     if not pending:
         return plan
     by_version: dict[int, list[int]] = {}

@@ -364,6 +364,9 @@ class JobRecord:
     #: tasks whose goal is another version than ``target`` (the Job Control Plane's
     #: unified spec: a push, a canary), by index; None: every task's goal is ``target``
     pins: dict[int, int] | None = None
+    #: the surge tasks kept (``plait.scheduler.surge``): surge task index -> the index
+    #: of the task it covers; None for jobs without one
+    surges: dict[int, int] | None = None
 
     def target_of(self, index: int) -> int:
         """The version task ``index`` is to run."""

@@ -65,6 +65,7 @@ from plait.scheduler import (
     readiness,
     reports,
     settled,
+    surge,
 )
 from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import LIVE, down_tasks, to_target, unavailable
@@ -166,7 +167,15 @@ class Scheduler(SchedulerState):
         self.lenders: set[str] = set()
         self.loan_mark = -1
         self.loans_found = False
-        self.counters.update(loan_revokes=0, loan_revokes_late=0)
+        self.counters.update(loan_revokes=0, loan_revokes_late=0, surge_started=0,
+                             surge_waits=0)
+        #: per entitlement: its surge tasks, (job, index), and the jobs waiting for
+        #: room in its surge buffer (``plait.scheduler.surge``)
+        self.surges: dict[str, set[tuple[str, int]]] = {}
+        self.surge_waiters: dict[str, set[str]] = {}
+        #: per entitlement: jobs whose maintenance moves wait for the buffer, and how
+        #: many (room that frees up goes to them before any update)
+        self.surge_urgent: dict[str, dict[str, int]] = {}
         self.roll_mark: tuple[int, int] = (-1, -1)
         self._wires: dict[tuple[str, int, bool], dict[str, Any]] = {}
         self.region.subscribe(self._machine_changed)
@@ -780,6 +789,7 @@ class Scheduler(SchedulerState):
         for index in readiness.not_ready(job, now):
             self.rollout_failure(job, index, "ran without passing its health probe for "
                                  f"{job.spec.update.ready_timeout_seconds:g}s", now)
+        surging = self._surge(job, notice, now) if job.spec.update.surge else None
         apply.wanted(self, job, plan_wanted(job, notice, now), now)
         self.stage("acks")
         # the tasks down: acks and the failure deadline change no task's state, so
@@ -800,7 +810,57 @@ class Scheduler(SchedulerState):
         apply.placement(self, job, placement.plan_placement(job), now)
         if job.rollout_active and not job.tasks:
             self.rollout_done(job, now)  # no task left to report running
+        if surging is not None and sum(
+                1 for i in job.tasks if i >= job.spec.task_count) < surging:
+            for name in self.surge_waiters.get(job.entitlement, ()):
+                self.mark(name)  # room in the buffer: the jobs waiting for it look again
         return plan.throttled
+
+    def _surge(self, job: JobRecord, notice: Notice, now: float) -> int:
+        """Start and keep the job's surge tasks (``plait.scheduler.surge``); returns
+        how many tasks it had past its count."""
+        ent, count = job.entitlement, job.spec.task_count
+        have = sum(1 for i in job.tasks if i >= count)
+        used = self.surges.setdefault(ent, set())
+        jobs = self.jobs
+        for key in [k for k in used if k[0] not in jobs or k[1] not in jobs[k[0]].tasks
+                    or k[1] < jobs[k[0]].spec.task_count]:
+            used.discard(key)  # (stopped and gone, resized into the job, or its job is)
+        used.update((job.name, i) for i in job.tasks if i >= count)  # (after a restore)
+        found = self.allocator.entitlements.get(ent)
+        urgent = self.surge_urgent.setdefault(ent, {})
+        urgent.pop(job.name, None)
+        plan = surge.plan_surge(job, (found.surge_buffer if found else 0) - len(used),
+                                sum(urgent.values()), notice)
+        if plan.maintenance:
+            urgent[job.name] = len(plan.maintenance)  # (updates leave them the room)
+        for i in plan.start:
+            index = max(max(job.tasks, default=-1) + 1, count)
+            job.tasks[index] = TaskRecord(index, job.target_of(i))
+            plan.keep[index] = i
+            used.add((job.name, index))
+            self.counters["surge_started"] += 1
+            self.event(now, job.name, "surge_started",
+                       f"task {i}: surge task {index} starts on the shared buffer; task {i}'s "
+                       "operation waits until it serves")
+        for index, i in sorted((job.surges or {}).items()):
+            if index not in plan.keep:
+                self.event(now, job.name, "surge_released",
+                           f"task {i} is back: surge task {index} stops")
+        if (job.surges or {}) != plan.keep:
+            job.surges = plan.keep or None
+            self.mark(job.name)
+        waiters = self.surge_waiters.setdefault(ent, set())
+        if plan.waiting:
+            if job.name not in waiters:
+                self.counters["surge_waits"] += 1
+                self.event(now, job.name, "surge_waiting",
+                           f"{plan.waiting} operations wait for room in the surge buffer of "
+                           f"{ent} ({found.surge_buffer if found else 0} surge tasks)")
+            waiters.add(job.name)
+        else:
+            waiters.discard(job.name)
+        return have
 
     def _ask_controller(self, job: JobRecord, ctl: TaskController | RemoteController,
                         notice: Notice, now: float) -> None:

@@ -53,17 +53,19 @@ def plan_wanted(job: JobRecord, notice: Notice, now: float) -> WantedPlan:
     halted = job.halted is not None
     probe = spec.health
     live_after = None if probe is None else probe.restart_after_seconds
+    keep = job.surges  # (surge tasks kept past the count: None for most jobs)
     for rec in job.tasks.values():
         i = rec.index
         state = rec.state
+        beyond = i >= count and not (keep is not None and i in keep)
         if rec.op is not None:
-            if i >= count and state is pending:
+            if beyond and state is pending:
                 plan.dropped.append(i)  # stopped for an update, then resized away
             continue
         if i in acked_tasks:
             continue
         wanted = none
-        if i >= count:
+        if beyond:
             if rec.machine is not None or not (state is pending or state in finished):
                 wanted = stop
             else:

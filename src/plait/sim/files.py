@@ -41,11 +41,21 @@ def _week(scn: Any, progress: Callable[[float], None] | None
     return result.figures, lambda path: autoscale.plot(result, path)
 
 
+def _surge(scn: Any, progress: Callable[[float], None] | None
+           ) -> tuple[dict[str, Any], Callable[[str], None]]:
+    from plait.sim import surge
+
+    result = surge.run(scn, progress)
+    return result.figures, lambda path: surge.plot(result, path)
+
+
 def _kinds() -> dict[str, Kind]:
     from plait.sim.autoscale import AutoscaleWeek
     from plait.sim.diurnal import Diurnal
+    from plait.sim.surge import Surge
 
-    return {"diurnal": Kind(Diurnal, _diurnal), "autoscale-week": Kind(AutoscaleWeek, _week)}
+    return {"diurnal": Kind(Diurnal, _diurnal), "autoscale-week": Kind(AutoscaleWeek, _week),
+            "surge": Kind(Surge, _surge)}
 
 
 def load(path: Path, overrides: dict[str, Any] | None = None) -> tuple[Kind, Value]:
