@@ -123,6 +123,6 @@ def test_a_job_stays_available_through_random_operations(jobs, buffer, ops):
             # take the job down until it is moved; the watch stops checking
             sim.observers.remove(watch)
             sim.fail([sim.fleet.name(sim.scheduler.job("j0").tasks[0].machine)])
-            assert sim.run_until(lambda: settled(sim, version), 3600)
+            assert sim.run_until(lambda v=version: settled(sim, v), 3600)
             return
-        assert sim.run_until(lambda: settled(sim, version), 3600)
+        assert sim.run_until(lambda v=version: settled(sim, v), 3600)
