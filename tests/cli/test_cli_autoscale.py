@@ -21,7 +21,8 @@ resources: {cpu: 1, memory_gb: 1}
 def test_a_job_follows_the_load_pushed_to_it(plane, tmp_path: Path):
     plait("entitlement", "create", "--name", "e", "--owner", "alice", "--machines", "24")
     plait("job", "deploy", str(write(tmp_path, "api.yaml", JOB)))
-    shown = json.loads(plait("job", "autoscale", "api", "--target", "0.5", "--max", "12",
+    shown = json.loads(plait("job", "autoscale", "api", "--metric", "external",
+                             "--target", "0.5", "--max", "12",
                              "--interval", "1", "-o", "json").stdout)
     assert shown["policy"]["max_tasks"] == 12 and shown["interval_seconds"] == 1
     plait("job", "load", "api", "3")  # 3 tasks' worth at 50 %: 6 tasks

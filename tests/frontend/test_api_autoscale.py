@@ -1,7 +1,7 @@
 """Autoscaling through the API on a live control plane (simulated agents): a job's
 owner sets a policy, pushes its load, and the autoscaler resizes the job (stored as
 a resize by actor ``autoscaler``); another owner cannot see or touch it; a policy on
-a metric agents do not report is refused by name; turning it off leaves the size."""
+an unknown metric is refused by name, a load pushed to a policy on CPU too; turning it off leaves the size."""
 
 from __future__ import annotations
 
@@ -26,8 +26,13 @@ def test_the_autoscaler_resizes_a_job_to_its_pushed_load(live: Live) -> None:
     # a load before any policy: refused (no policy to scale by)
     assert alice.post("/v1/jobs/web/load", json={"value": 3}).status_code == 404
     bad = alice.put("/v1/jobs/web/autoscale", json={**POLICY, "policy": {
-        **POLICY["policy"], "metric": "cpu"}})
+        **POLICY["policy"], "metric": "memory"}})
     assert bad.status_code == 422 and "metric" in bad.json()["message"]
+    # a policy on the CPU its agents report takes no pushed load
+    assert alice.put("/v1/jobs/web/autoscale", json={**POLICY, "policy": {
+        **POLICY["policy"], "metric": "cpu"}}).status_code == 200
+    refused = alice.post("/v1/jobs/web/load", json={"value": 3})
+    assert refused.status_code == 409 and "cpu metric" in refused.json()["message"]
     r = alice.put("/v1/jobs/web/autoscale", json=POLICY)
     assert r.status_code == 200, r.text
     assert r.json()["policy"]["target_utilization"] == 0.5

@@ -10,7 +10,7 @@ from plait.model import Entitlement, Quota, RegionSpec, generate
 from plait.model.task import TaskState
 from plait.persist import PersistentAllocator, PersistentRegion
 from plait.persist.scheduler import LOG_LIMIT, JobStore, PersistentScheduler
-from plait.scheduler import Scheduler
+from plait.scheduler import Scheduler, SchedulerConfig
 from plait.sim import Simulation
 from plait.sim.scenarios import job_spec
 from plait.store import SqliteStore
@@ -382,3 +382,58 @@ def test_an_update_never_trims_the_version_a_pass_just_took_as_target(tmp_path):
     doc = jobs.update(job_spec("web", 2, command="v3", keep_versions=1), now=p.sim.now)
     assert {2, 3} <= set(doc.kept)
     assert 2 in jobs.get("web").kept
+
+
+def test_a_job_too_large_for_one_record_is_stored_in_parts(tmp_path):
+    """A job of 9,000 tasks: its state passes the store's limit per record, so its
+    tasks are kept in parts; it comes back whole after a restart, and the parts go
+    when it shrinks, and with it."""
+    from plait.persist.scheduler import PART_BYTES
+
+    big = generate(RegionSpec(dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=5,
+                              machines_per_rack=30))
+    path = str(tmp_path / "plait.db")
+
+    def plane(now=0.0):
+        store = SqliteStore(path)
+        region = PersistentRegion.load(big, store, now)
+        allocator = PersistentAllocator.load(MachineIndex(big, region), store)
+        allocator.defer()  # placements written with the pass's state, as a control plane does
+        # (a rate limit that lets the 9,000 stops of the shrink go in a few passes)
+        scheduler = Scheduler(allocator, SchedulerConfig(rate=1e6, burst=1e6), now=now)
+        persist = PersistentScheduler.load(scheduler, store, now)
+        return store, scheduler, persist, Simulation(big, scheduler=scheduler, now=now)
+
+    store, sched, persist, sim = plane()
+    sched.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=600)))
+    jobs = JobStore(store)
+    jobs.create(job_spec("huge", 9_000, cpu=0.5, memory_gb=0.1), now=0)
+    for _ in range(20):
+        persist.sync(sim.now)
+        sim.step()
+        persist.save(allocator=sched.allocator)
+    parts = persist.part_keys("huge")
+    assert len(parts) >= 2
+    assert all(len(store.get(f"/scheduler{k}")[0]) <= PART_BYTES for k in parts)
+    running = {i: r.machine for i, r in sched.job("huge").tasks.items()}
+    assert len(persist.state("huge")["tasks"]) == 9_000
+    store.close()
+
+    store, sched, persist, sim = plane(now=sim.now)  # a restart
+    assert {i: r.machine for i, r in sched.job("huge").tasks.items()} == running
+    JobStore(store).resize("huge", 10, now=sim.now)
+    for _ in range(600):
+        persist.sync(sim.now)
+        sim.step()
+        persist.save(allocator=sched.allocator)
+        if len(sched.job("huge").tasks) == 10:
+            break
+    assert persist.part_keys("huge") == []
+    assert [k for k in store.children("/scheduler/state")] == ["huge"]
+    JobStore(store).delete("huge", now=sim.now)
+    for _ in range(30):
+        persist.sync(sim.now)
+        sim.step()
+        persist.save(allocator=sched.allocator)
+    assert store.children("/scheduler/state") == []
+    store.close()

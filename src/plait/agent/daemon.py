@@ -207,6 +207,9 @@ class Agent:
         #: something a report should tell happened since the last (a start, an exit,
         #: a stop, a health change): the run loop reports at once
         self._dirty = False
+        #: per task: (when, CPU seconds used then, the cores it used over the interval
+        #: before): what its status reports as ``cpu``
+        self._cpu: dict[str, tuple[float, float, float | None]] = {}
         #: the desired-set long-poll's latest answer (or why it failed), for the run
         #: loop; guarded by ``_inbox_lock``
         self._inbox: dict[str, Any] | Exception | None = None
@@ -528,6 +531,7 @@ class Agent:
         self.tasks.pop(key, None)
         self.specs.pop(key, None)
         self.prober.forget(key)
+        self._cpu.pop(key, None)
 
     def _healthy(self, task: Task, now: float) -> bool:
         spec = self.specs.get(task.key)
@@ -539,6 +543,26 @@ class Agent:
                                  self._env(task, spec or {}) if probe.get("command") else {},
                                  self.data_dir / "tasks" / task.key, now + PROBE_SLACK)
 
+    def _cores(self, key: str, handle: Any, now: float) -> float | None:
+        """The cores the task used since the last report (its CPU time over the wall
+        time between two reports at least half a second apart); None until known."""
+        try:
+            used = self.runtime.cpu_seconds(handle)
+        except (OSError, ValueError, AttributeError):
+            used = None
+        if used is None:
+            self._cpu.pop(key, None)
+            return None
+        before = self._cpu.get(key)
+        if before is None or used < before[1]:  # (a restarted task: a new count)
+            self._cpu[key] = (now, used, None)
+            return None
+        if now - before[0] < 0.5:
+            return before[2]
+        cores = round(max(0.0, used - before[1]) / (now - before[0]), 3)
+        self._cpu[key] = (now, used, cores)
+        return cores
+
     def _report(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self._dirty = False  # (what changes from here on is told by the next report)
@@ -548,10 +572,13 @@ class Agent:
             handle = self.handles.get(key)
             if handle is not None:
                 task.healthy = self._healthy(task, now)
-                statuses.append({"job": task.job, "index": task.index,
-                                 "revision": task.revision, "phase": "running",
-                                 "healthy": task.healthy,
-                                 "endpoint": f"{self.advertise}:{task.port}"})
+                status = {"job": task.job, "index": task.index, "revision": task.revision,
+                          "phase": "running", "healthy": task.healthy,
+                          "endpoint": f"{self.advertise}:{task.port}"}
+                cores = self._cores(key, handle, now)
+                if cores is not None:
+                    status["cpu"] = cores
+                statuses.append(status)
                 data, offset = self.runtime.read_log(handle, task.log_offset, CHUNK_BYTES)
                 if data:
                     chunks.append({"job": task.job, "index": task.index,

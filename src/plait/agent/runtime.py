@@ -128,6 +128,9 @@ class Handle:
         )
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     """(state, pgid, start_time) of a process from /proc/<pid>/stat, or None if gone."""
     try:
@@ -554,6 +557,33 @@ class ProcessRuntime:
                     if key == "oom_kill":
                         return int(value or 0) > 0
         return None
+
+    def cpu_seconds(self, handle: Handle) -> float | None:
+        """CPU time the task has used so far, in seconds: its cgroup's (cgroup v2's
+        ``cpu.stat`` usage_usec, or v1's ``cpuacct.usage``), else its leader's user
+        and system time with its reaped children's (``/proc/<pid>/stat``); None once
+        it is gone."""
+        for group in handle.cgroups:
+            try:
+                for line in (group / "cpu.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) / 1e6
+            except (OSError, ValueError):
+                pass
+            try:
+                return int((group / "cpuacct.usage").read_text()) / 1e9
+            except (OSError, ValueError):
+                pass
+        if not self._same_process(handle):
+            return None
+        try:
+            raw = Path(f"/proc/{handle.pid}/stat").read_bytes()
+        except OSError:
+            return None
+        rest = raw[raw.rindex(b")") + 2:].split()
+        # fields 14-17 (utime, stime, cutime, cstime) are rest[11:15], in clock ticks
+        return sum(int(x) for x in rest[11:15]) / _CLOCK_TICKS
 
     def _exited(self, handle: Handle) -> bool:
         """Whether the task's leader exited, without reaping a child of ours (its zombie

@@ -283,6 +283,9 @@ def job_autoscale(
     name: str,
     target: Annotated[float, typer.Option(min=0.01, max=1.0,
                                           help="the utilization it sizes for")] = 0.6,
+    metric: Annotated[str, typer.Option(
+        help="cpu: the CPU its agents report; external: the load pushed with plait job "
+             "load")] = "cpu",
     min_tasks: Annotated[int, typer.Option("--min", min=0)] = 1,
     max_tasks: Annotated[int, typer.Option("--max", min=0)] = 100_000,
     scale_down: Annotated[float, typer.Option(
@@ -294,8 +297,9 @@ def job_autoscale(
     off: Annotated[bool, typer.Option("--off", help="stop autoscaling the job")] = False,
     output: Output = "table",
 ) -> None:
-    """Autoscale a job: its size follows the load pushed with ``plait job load``, for
-    the target utilization, within [--min, --max]."""
+    """Autoscale a job: its size follows its load (the CPU its tasks use, or the load
+    pushed with ``plait job load``), for the target utilization, within [--min,
+    --max]."""
     a = api()
     path = f"/v1/jobs/{q(name)}/autoscale"
     if off:
@@ -304,7 +308,7 @@ def job_autoscale(
         return
     if not show:
         a.put(path, {"interval_seconds": interval, "policy": {
-            "metric": "external", "target_utilization": target, "min_tasks": min_tasks,
+            "metric": metric, "target_utilization": target, "min_tasks": min_tasks,
             "max_tasks": max_tasks, "scale_down_fraction": scale_down,
             "history_weight": history_weight}})
     emit(a.get(path), output, lambda d: kv_table(d, f"autoscaling of {name}"))
@@ -327,7 +331,7 @@ def job_sizing(
     task_count: Annotated[int | None, typer.Argument(min=0, help="the size to keep "
                                                      "(none: show the intent)")] = None,
     min_tasks: Annotated[int, typer.Option("--min", min=0)] = 0,
-    max_tasks: Annotated[int, typer.Option("--max", min=0)] = 1_000_000,
+    max_tasks: Annotated[int, typer.Option("--max", min=0)] = 100_000,
     off: Annotated[bool, typer.Option("--off", help="remove the sizing intent")] = False,
     output: Output = "table",
 ) -> None:

@@ -170,6 +170,8 @@ class StatusIn(pydantic.BaseModel):
     killed: bool = False
     #: host:port the task listens on (its PLAIT_PORT), for service discovery
     endpoint: str | None = pydantic.Field(default=None, max_length=300)
+    #: the cores it used since the agent's last report (an autoscaler's ``cpu`` metric)
+    cpu: float | None = pydantic.Field(default=None, ge=0, le=100_000)
 
 
 class OutputChunk(pydantic.BaseModel):
@@ -1037,7 +1039,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                           {(t.job, t.index): t.endpoint for t in body.tasks if t.endpoint},
                           None if body.profile is None else Applied(
                               body.profile.name, body.profile.version, body.profile.error,
-                              body.profile.failures))
+                              body.profile.failures),
+                          {(t.job, t.index): t.cpu for t in body.tasks if t.cpu is not None})
         return {"machine": machine, "accepted": len(body.tasks),
                 "generation": cp.gateway.desired_generation(machine)}
 

@@ -106,9 +106,10 @@ def add_routes(app: FastAPI, cp: "ControlPlane", user: Any,
         return jcp.delete_canary(name, canary)
 
     @app.put("/v1/jobs/{name}/tasks/{index}/spec", response_model=t.JobAck,
-             tags=["intents"], responses={422: {"description": "Always: " + PER_TASK}})
+             tags=["intents"])
     def put_task_spec(name: str, index: int, who: user, request: Request,
                       body: Annotated[Any, Body()] = None) -> dict[str, Any]:
-        """Per-task customization: refused, always (Table 1's last row)."""
+        """Per-task customization: refused, always, with a 422 that points to Shard
+        Manager (Table 1's last row)."""
         may_job(request, who, name)
         raise ValidationError("index", PER_TASK)

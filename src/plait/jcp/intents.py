@@ -22,7 +22,7 @@ from typing import Any, Literal
 import pydantic
 
 from plait.model.base import Value
-from plait.model.job import JobSpec
+from plait.model.job import MAX_TASKS, JobSpec
 from plait.model.policy import Name
 
 #: keys of a body that would address task indexes
@@ -94,9 +94,9 @@ class PushIntent(_NoIndexes):
 class SizingIntent(_NoIndexes):
     """How many tasks the job runs, within bounds (the autoscaler's or a person's)."""
 
-    task_count: int = pydantic.Field(ge=0, le=1_000_000)
-    min: int = pydantic.Field(default=0, ge=0, le=1_000_000)
-    max: int = pydantic.Field(default=1_000_000, ge=0, le=1_000_000)
+    task_count: int = pydantic.Field(ge=0, le=MAX_TASKS)
+    min: int = pydantic.Field(default=0, ge=0, le=MAX_TASKS)
+    max: int = pydantic.Field(default=MAX_TASKS, ge=0, le=MAX_TASKS)
 
     @pydantic.model_validator(mode="after")
     def _bounds(self) -> SizingIntent:

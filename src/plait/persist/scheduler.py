@@ -12,6 +12,8 @@ Layout in the ``/scheduler`` namespace (records carry a schema version):
     /scheduler/state/{job}   the scheduler's view of its tasks: version, state, machine,
                              discovery flag, the operation under way; and the last
                              operation of the log it applied. Written by the scheduler.
+                             A job whose record would pass ``PART_BYTES`` keeps its
+                             tasks in parts, /scheduler/state/{job}~1, ~2, ...
 
 The scheduler follows the job records (level-triggered): ``sync`` applies every
 logged operation it has not applied yet, ``save`` writes the state of the jobs
@@ -46,6 +48,12 @@ from plait.taskcontrol.protocol import (
 )
 
 SCHEMA = 1
+#: the schema of a state record split into parts (``PersistentScheduler.records``)
+SPLIT_SCHEMA = 2
+#: a state record above this size is split: its tasks go into parts of at most this
+#: size (``/state/{job}~1``, ``~2``...: ``~`` is never in a job's name), under the
+#: store's limit per record
+PART_BYTES = 800_000
 #: the job record's schema (2: kept versions by number, each with its revision)
 JOB_SCHEMA = 2
 #: operations kept in a job's log (its history)
@@ -484,7 +492,8 @@ class JobStore:
         except NotFound:
             return live  # not applied yet: the scheduler starts at the latest version
         data = json.loads(value)
-        return live | {int(data["target"])} | {int(row[0]) for row in data["tasks"].values()}
+        run = data["run"] if "run" in data else [row[0] for row in data["tasks"].values()]
+        return live | {int(data["target"])} | {int(v) for v in run}
 
     def restart(self, name: str, index: int | None, now: float) -> JobDoc:
         def edit(doc: JobDoc) -> dict[str, Any] | None:
@@ -539,6 +548,8 @@ class PersistentScheduler:
         self.applied: dict[str, int] = {}
         #: per job: (stored version, bytes) of its state record
         self._saved: dict[str, tuple[int, bytes]] = {}
+        #: per job whose state record is split: how many parts it has
+        self._parts: dict[str, int] = {}
         #: (key, version) every save checks: the election's fence of the replica that
         #: leads (``Election.fence``), or None
         self.fence: tuple[str, int] | None = None
@@ -707,6 +718,34 @@ class PersistentScheduler:
 
     # -- scheduler -> stored state ---------------------------------------------------------
     def snapshot(self, job: JobRecord) -> bytes:
+        """The job's state as one record (see ``records``)."""
+        return self._whole(job)
+
+    def records(self, job: JobRecord) -> list[bytes]:
+        """The job's state as the records that store it: one, or for a job whose
+        record would pass ``PART_BYTES``, a header (every field but the tasks, the
+        number of parts and the versions its tasks run) and parts holding the tasks."""
+        whole = self._whole(job)
+        if len(whole) <= PART_BYTES:
+            return [whole]
+        data = json.loads(whole)
+        tasks: dict[str, Any] = data.pop("tasks")
+        parts: list[bytes] = []
+        chunk: dict[str, Any] = {}
+        size = 0
+        for key, row in tasks.items():
+            item = len(key) + len(json.dumps(row)) + 6
+            if chunk and size + item > PART_BYTES - 64:
+                parts.append(json.dumps({"tasks": chunk}, sort_keys=True).encode())
+                chunk, size = {}, 0
+            chunk[key] = row
+            size += item
+        parts.append(json.dumps({"tasks": chunk}, sort_keys=True).encode())
+        header = {**data, "schema": SPLIT_SCHEMA, "tasks": {}, "parts": len(parts),
+                  "run": sorted({int(row[0]) for row in tasks.values()})}
+        return [json.dumps(header, sort_keys=True).encode(), *parts]
+
+    def _whole(self, job: JobRecord) -> bytes:
         sched = self.scheduler
         name = sched.fleet.name
         tasks = {}
@@ -747,33 +786,51 @@ class PersistentScheduler:
         names = sched.jobs.keys() if changed is None else changed
         txn = Transaction()
         p = self.ns.prefix
+        #: by key (a job's name, or a part's ``name~j``): what is written, None: deleted
         pending: dict[str, bytes | None] = {}
+        parts: dict[str, int] = {}
+        written = 0
         for name in sorted(names):
             job = sched.jobs.get(name)
             if job is None:
                 continue
-            data = self.snapshot(job)
-            saved = self._saved.get(name)
-            if saved is not None and saved[1] == data:
-                continue
-            if saved is None:
-                txn.create(f"{p}/state/{name}", data)
-            else:
-                txn.set(f"{p}/state/{name}", data, saved[0])
-            pending[name] = data
+            records = self.records(job)
+            keys = [name] + [f"{name}~{j}" for j in range(1, len(records))]
+            touched = False
+            for key, data in zip(keys, records, strict=True):
+                saved = self._saved.get(key)
+                if saved is not None and saved[1] == data:
+                    continue
+                if saved is None:
+                    txn.create(f"{p}/state/{key}", data)
+                else:
+                    txn.set(f"{p}/state/{key}", data, saved[0])
+                pending[key] = data
+                touched = True
+            for j in range(len(records), self._parts.get(name, 0) + 1):
+                saved = self._saved.get(f"{name}~{j}")  # (parts it no longer needs)
+                if j and saved is not None:
+                    txn.delete(f"{p}/state/{name}~{j}", saved[0])
+                    pending[f"{name}~{j}"] = None
+                    touched = True
+            parts[name] = len(records) - 1
+            written += touched
         gone = [n for n in self.applied if n not in sched.jobs] if changed is None else [
             n for n in changed if n not in sched.jobs and n in self.applied]
         for name in gone:
-            # the deletion finished: both records go
-            saved = self._saved.get(name)
-            if saved is not None:
-                txn.delete(f"{p}/state/{name}", saved[0])
+            # the deletion finished: both records go (the state's parts too)
+            for key in [name] + [f"{name}~{j}" for j in range(1, self._parts.get(name, 0) + 1)]:
+                saved = self._saved.get(key)
+                if saved is not None:
+                    txn.delete(f"{p}/state/{key}", saved[0])
+                pending[key] = None
             try:
                 _, version = self.ns.get(f"/jobs/{name}")
                 txn.delete(f"{p}/jobs/{name}", version)
             except NotFound:
                 pass
-            pending[name] = None
+            parts[name] = -1
+            written += 1
         placed = allocator.flush_into(txn) if allocator is not None else None
         if not txn.ops:
             return 0
@@ -782,18 +839,38 @@ class PersistentScheduler:
         self.ns.store.commit(txn)
         if placed is not None:
             placed()
-        for name, written in pending.items():
-            if written is None:
-                self._saved.pop(name, None)
-                self.applied.pop(name, None)
+        for key, data in pending.items():
+            if data is None:
+                self._saved.pop(key, None)
             else:
-                saved = self._saved.get(name)
-                self._saved[name] = (0 if saved is None else saved[0] + 1, written)
-        return len(pending)
+                saved = self._saved.get(key)
+                self._saved[key] = (0 if saved is None else saved[0] + 1, data)
+        for name, count in parts.items():
+            if count < 0:  # (deleted)
+                self._parts.pop(name, None)
+                self.applied.pop(name, None)
+            elif count:
+                self._parts[name] = count
+            else:
+                self._parts.pop(name, None)
+        return written
+
+    def part_keys(self, name: str) -> list[str]:
+        """The keys (under the namespace) of the parts of the job's split state record,
+        as last written."""
+        return [f"/state/{name}~{j}" for j in range(1, self._parts.get(name, 0) + 1)]
 
     def state(self, name: str) -> dict[str, Any] | None:
+        """The job's state as last written (its parts' tasks merged in)."""
         saved = self._saved.get(name)
-        return None if saved is None else dict(json.loads(saved[1]))
+        if saved is None:
+            return None
+        data = dict(json.loads(saved[1]))
+        for j in range(1, self._parts.get(name, 0) + 1):
+            part = self._saved.get(f"{name}~{j}")
+            if part is not None:
+                data["tasks"].update(json.loads(part[1])["tasks"])
+        return data
 
     # -- rebuild ---------------------------------------------------------------------------
     @classmethod
@@ -818,10 +895,25 @@ class PersistentScheduler:
             except KeyError:
                 continue  # never applied: sync creates it
             data = json.loads(value)
-            if int(data.get("schema", 1)) > SCHEMA:
+            if int(data.get("schema", 1)) > SPLIT_SCHEMA:
                 raise ValidationError("schema", f"state record of job {name} has schema "
-                                      f"{data['schema']}, newer than this plait ({SCHEMA})")
+                                      f"{data['schema']}, newer than this plait "
+                                      f"({SPLIT_SCHEMA})")
             self._saved[name] = (version, value)
+            count = int(data.get("parts", 0))
+            if count:  # a split record: its tasks are in its parts
+                keys = [f"/state/{name}~{j}" for j in range(1, count + 1)]
+                missing = [k for k in keys if k not in states]
+                found = {**{k: states[k] for k in keys if k in states},
+                         **(self.ns.get_many(missing) if missing else {})}
+                for j, key in enumerate(keys, 1):
+                    if key not in found:
+                        raise ValidationError("state", f"state record of job {name} lacks "
+                                              f"part {j} of {count}")
+                    part, part_version = found[key]
+                    self._saved[f"{name}~{j}"] = (part_version, part)
+                    data["tasks"].update(json.loads(part)["tasks"])
+                self._parts[name] = count
             self.applied[name] = int(data["applied"])
             self._restore(doc, data)
         self.sync(now, docs=docs)

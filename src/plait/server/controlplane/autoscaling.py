@@ -3,9 +3,10 @@ its decisions written as sizing intents by actor ``autoscaler`` (the Job Control
 resizes the job: ``plait.server.controlplane.jcp``).
 
 A job's policy is stored at ``/autoscaler/{job}`` (``PUT /v1/jobs/{job}/autoscale``);
-its load is pushed through the API in tasks' worth of work (``POST
-/v1/jobs/{job}/load``: an external series, the ``external`` metric; agents do not
-report CPU utilization yet, so a ``cpu`` policy is refused). After each pass, off the
+its load is either the CPU its tasks use, as their agents report it (the ``cpu``
+metric: cores used over the cores a task asks for, in tasks' worth of work), or a
+series pushed through the API (``POST /v1/jobs/{job}/load``: the ``external``
+metric). After each pass, off the
 lock, the leader decides for every job whose interval has passed and whose load is
 fresh (``plait.autoscaler.recommend``), and writes the job's sizing intent (decision
 101), which the Job Control Plane's reconciler turns into a resize right after.
@@ -45,12 +46,6 @@ class JobAutoscale(Value):
     policy: AutoscalePolicy = AutoscalePolicy()
     interval_seconds: float = pydantic.Field(default=300.0, ge=1, le=86_400)
 
-    @pydantic.model_validator(mode="after")
-    def _external(self) -> JobAutoscale:
-        if self.policy.metric != "external":
-            raise ValueError("policy.metric: agents do not report CPU utilization yet; "
-                             "use 'external' and push the load (POST /v1/jobs/{job}/load)")
-        return self
 
 
 class Autoscaling:
@@ -68,6 +63,9 @@ class Autoscaling:
         #: may have written them) and at once after a write here
         self.policies: dict[str, JobAutoscale] = {}
         self._read_at: float | None = None
+        #: per job with a ``cpu`` policy: per task, the cores it used as its agent last
+        #: reported, and when
+        self.cpu: dict[str, dict[int, tuple[float, float]]] = {}
 
     # -- the API --------------------------------------------------------------------------
     def put(self, job: str, body: JobAutoscale) -> dict[str, Any]:
@@ -111,16 +109,42 @@ class Autoscaling:
             self.history.pop(job, None)
             self.live.pop(job, None)
             self.decided.pop(job, None)
+            self.cpu.pop(job, None)
 
     def push_load(self, job: str, value: float, at: float | None = None) -> dict[str, Any]:
         """A measurement of the job's load (tasks' worth of work)."""
-        self.get(job)  # only for a job with a policy
+        body = self.get(job)  # only for a job with a policy
+        if body.policy.metric != "external":
+            raise Conflict(f"autoscale policy of job {job}", "the external metric",
+                           f"the {body.policy.metric} metric (its agents report its load)")
         now = self.cp.clock() if at is None else at
         with self._lock:
             self.history.setdefault(job, History()).add(now, value)
             self.live[job] = (now, value)
         self.cp.wake.set()
         return {"job": job, "time": now, "value": value}
+
+    def record_cpu(self, usage: dict[tuple[str, int], float], now: float) -> None:
+        """Cores used per task, from an agent's report: kept for jobs whose policy
+        reads CPU utilization."""
+        with self._lock:
+            for (job, index), cores in usage.items():
+                body = self.policies.get(job)
+                if body is not None and body.policy.metric == "cpu":
+                    self.cpu.setdefault(job, {})[index] = (cores, now)
+
+    def _cpu_load(self, job: str, tasks: int, cpu: float, now: float,
+                  fresh: float) -> tuple[float, float] | None:
+        """The job's load from its tasks' CPU use (in tasks' worth: cores used over the
+        cores a task asks for), and when it was measured; None while no task of it
+        reported within ``fresh`` seconds."""
+        with self._lock:
+            seen = {i: v for i, v in self.cpu.get(job, {}).items()
+                    if i < tasks and now - v[1] <= fresh}
+            self.cpu[job] = seen
+        if not seen:
+            return None
+        return sum(c for c, _ in seen.values()) / cpu, max(t for _, t in seen.values())
 
     # -- the decisions (after a pass, off the lock) ---------------------------------------
     def due(self, now: float) -> bool:
@@ -159,19 +183,28 @@ class Autoscaling:
 
     def _decide(self, job: str, body: JobAutoscale, now: float) -> None:
         with self._lock:
-            live, last = self.live.get(job), self.decided.get(job)
-        if live is None or now - live[0] > 2 * body.interval_seconds:
-            return  # no fresh load: nothing to decide on
+            last = self.decided.get(job)
         if last is not None and now - last < body.interval_seconds:
             return
-        with self._lock:
-            self.decided[job] = now
-            history = self.history.setdefault(job, History())
         try:
             doc = self.cp.jobs.get(job)
         except NotFound:
             return  # (deleted: its policy goes with the next write or refresh)
         tasks = doc.spec.task_count
+        if body.policy.metric == "cpu":  # what the job's agents reported
+            measured = self._cpu_load(job, tasks, doc.spec.resources.cpu, now,
+                                      max(30.0, body.interval_seconds))
+            if measured is not None:
+                with self._lock:
+                    self.live[job] = (measured[1], measured[0])
+                    self.history.setdefault(job, History()).add(now, measured[0])
+        with self._lock:
+            live = self.live.get(job)
+        if live is None or now - live[0] > 2 * body.interval_seconds:
+            return  # no fresh load: nothing to decide on
+        with self._lock:
+            self.decided[job] = now
+            history = self.history.setdefault(job, History())
         want = recommend(body.policy, history, now, tasks, live[1])
         self.decisions += 1
         if want == tasks:

@@ -103,15 +103,19 @@ class AgentGateway:
 
     def report(self, machine: str, statuses: list[TaskStatus],
                endpoints: dict[tuple[str, int], str] | None = None,
-               profile: Applied | None = None) -> None:
-        """An agent's heartbeat: its tasks' statuses and where they listen. Taken at
-        once, without waiting for a pass (decision 45): the heartbeat counts from now,
-        the statuses are applied by the next pass."""
+               profile: Applied | None = None,
+               usage: dict[tuple[str, int], float] | None = None) -> None:
+        """An agent's heartbeat: its tasks' statuses and where they listen (and the
+        cores each used, for autoscaling). Taken at once, without waiting for a pass
+        (decision 45): the heartbeat counts from now, the statuses are applied by the
+        next pass."""
         self.cp.membership.check_owned(machine)
         now = self.cp.clock()
         with self.cp.pending_lock:
             self._beats[machine] = now
             self._reports.append((machine, statuses, dict(endpoints or {}), now, profile))
+        if usage:
+            self.cp.autoscaling.record_cpu(usage, now)
         self.cp.wake.set()
 
     def wait_for_agents(self, machines: list[str], timeout: float) -> int:

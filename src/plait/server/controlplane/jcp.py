@@ -62,6 +62,8 @@ log = logconfig.get("plait.controlplane.jcp")
 SCHEMA = 1
 #: the stored records are read again this often (another replica may have written)
 REFRESH = 5.0
+#: the reconciler looks at the jobs with intents this often (and after a write)
+EVERY = 1.0
 #: a gate URL: its deadline, and the most of its answer read
 GATE_TIMEOUT = 5.0
 GATE_BYTES = 64 * 1024
@@ -84,6 +86,9 @@ class JobControlPlane:
         self._gates: dict[str, tuple[tuple[int, int], Future[tuple[bool, str]]]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self.reconciles = 0
+        self._done_at: float | None = None
+        #: an intent was written here since the last reconcile
+        self._poked = False
 
     # -- the stored records ---------------------------------------------------------------
     def _read(self, job: str) -> tuple[JcpRecord, int | None]:
@@ -124,6 +129,7 @@ class JobControlPlane:
                     self.records.pop(job, None)
                 else:
                     self.records[job] = new
+            self._poked = True
             self.cp.wake.set()
             return new
         raise Conflict(f"intents of job {job}", "a quiet record", "too many concurrent writers")
@@ -360,6 +366,11 @@ class JobControlPlane:
             self.records = found
 
     def reconcile(self, now: float) -> None:
+        """Every job with intents, at most once a second (at once after a write)."""
+        if not self._poked and self._done_at is not None and now - self._done_at < EVERY:
+            return
+        self._poked = False
+        self._done_at = now
         self._refresh(now)
         with self._lock:
             jobs = sorted(self.records)

@@ -142,6 +142,8 @@ class Membership:
             keys = [f"/allocator/entitlements/{entitlement}"] + [
                 f"/{part}/{name}" for name in jobs
                 for part in ("allocator/jobs", "scheduler/jobs", "scheduler/state")]
+            keys += [f"/scheduler{key}" for name in jobs
+                     for key in self.cp.persist.part_keys(name)]  # (split state records)
             txn = Transaction()
             if self.cp.persist.fence is not None:  # only while this replica still leads
                 txn.check(*self.cp.persist.fence)
