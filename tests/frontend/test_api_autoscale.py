@@ -1,7 +1,8 @@
 """Autoscaling through the API on a live control plane (simulated agents): a job's
 owner sets a policy, pushes its load, and the autoscaler resizes the job (stored as
 a resize by actor ``autoscaler``); another owner cannot see or touch it; a policy on
-an unknown metric is refused by name, a load pushed to a policy on CPU too; turning it off leaves the size."""
+an unknown metric is refused by name, a load pushed to a policy on CPU too; turning
+it off leaves the size."""
 
 from __future__ import annotations
 

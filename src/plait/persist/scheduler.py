@@ -839,12 +839,12 @@ class PersistentScheduler:
         self.ns.store.commit(txn)
         if placed is not None:
             placed()
-        for key, data in pending.items():
-            if data is None:
+        for key, stored in pending.items():
+            if stored is None:
                 self._saved.pop(key, None)
             else:
                 saved = self._saved.get(key)
-                self._saved[key] = (0 if saved is None else saved[0] + 1, data)
+                self._saved[key] = (0 if saved is None else saved[0] + 1, stored)
         for name, count in parts.items():
             if count < 0:  # (deleted)
                 self._parts.pop(name, None)
