@@ -88,3 +88,30 @@ def test_canaries_sizing_and_the_unified_spec(plane, tmp_path: Path):
     assert "no sizing intent" in plait("job", "sizing", "api", "--off").stderr
     refused = plait("push", "status", "api", ok=False)
     assert refused.exit_code != 0 and "not found" in refused.output
+
+
+def test_a_code_config_and_host_profile_canary(plane, tmp_path: Path):
+    plait("entitlement", "create", "--name", "e", "--owner", "alice", "--machines", "24")
+    plait("hostprofile", "create", str(write(tmp_path, "p.yaml", "name: tuned\nsysctls: "
+                                             "{net.core.somaxconn: '4096'}\n")))
+    plait("job", "deploy", str(write(tmp_path, "api.yaml", JOB.format(command="serve"))),
+          "--wait")
+    canary = write(tmp_path, "canary.yaml", JOB.format(command="serve-canary"))
+    shown = plait("canary", "start", "api", "pc", "--spec", str(canary), "--tasks", "1",
+                  "--host-profile", "tuned").stdout
+    assert "tuned" in shown
+    until(lambda: running(plane) == {"serve": 3, "serve-canary": 1})
+    view = json.loads(plait("canary", "show", "api", "pc", "-o", "json").stdout)
+    child = view["entitlement"]
+    assert child.startswith("e.canary-") and view["intent"]["host_profile"] == "tuned"
+    cp = plane.control_plane
+    with cp.lock:
+        (rec,) = [r for r in cp.scheduler.jobs["api"].tasks.values() if r.spec_version != 1]
+        m = rec.machine
+        assert cp.region.broker_of(m).entitlement_of(m) == child
+        assert cp.scheduler.profiles.applied[m].name == "tuned"
+    assert "ended" in plait("canary", "end", "api", "pc").stderr
+    until(lambda: running(plane) == {"serve": 4})
+    refused = plait("canary", "start", "api", "pc", "--spec", str(canary),
+                    "--host-profile", "nope", ok=False)
+    assert refused.exit_code != 0 and "host profile 'nope' does not exist" in refused.output

@@ -110,6 +110,8 @@ def test_a_staged_push_passes_its_gates_and_becomes_the_jobs_spec(
     for stage, pushed in ((1, 1), (2, 2)):
         wait_for(lambda: phase(alice) == "gating")
         assert commands(live) == {"serve": 4 - pushed, "serve-v2": pushed}
+        # under way: a host profile's roll waits for it (decision 104)
+        wait_for(lambda: live.cp.scheduler.pushing == {"web"})
         assert alice.get("/v1/jobs/web/push").json()["status"]["stage"] == stage - 1
         r = alice.post("/v1/jobs/web/push/gate", json={"passed": True, "message": "ok"})
         assert r.status_code == 200, r.text
@@ -118,6 +120,7 @@ def test_a_staged_push_passes_its_gates_and_becomes_the_jobs_spec(
     wait_for(lambda: phase(alice) == "gating")
     assert alice.post("/v1/jobs/web/push/gate", json={"passed": True}).status_code == 200
     wait_for(lambda: phase(alice) == "completed")
+    wait_for(lambda: live.cp.scheduler.pushing == set())
     # the push is the job's spec now; no task pinned
     wait_for(lambda: alice.get("/v1/jobs/web").json()["spec"]["command"] == "serve-v2")
     wait_for(lambda: commands(live) == {"serve-v2": 4})
@@ -246,3 +249,57 @@ def test_a_canary_by_hardware_runs_on_that_machine_type(live: Live,
     r = alice.put("/v1/jobs/web/canaries/hw2", json={
         "spec": spec(command="x"), "hardware": "no-such-type"})
     assert r.status_code == 422 and "no machine of type 'no-such-type'" in r.text
+
+
+def test_a_code_config_and_host_profile_canary_runs_on_machines_of_its_own(
+        live: Live, alice: httpx.Client) -> None:
+    """One canary that changes both the spec and the host profile: its tasks run the
+    canary's spec on machines that carry the canary's profile (a canary entitlement
+    whose machines count against the job's entitlement's quota), no other task runs
+    there, and when it ends its tasks go back and its machines leave."""
+    cp = live.cp
+    r = live.admin.put("/v1/hostprofiles/tuned", json={
+        "name": "tuned", "sysctls": {"net.core.somaxconn": "4096"}})
+    assert r.status_code == 201, r.text
+    r = alice.put("/v1/jobs/web/canaries/pc", json={"spec": spec(command="serve-canary"),
+                                                   "tasks": 2, "host_profile": "nope"})
+    assert r.status_code == 422 and "host profile 'nope' does not exist" in r.text
+    r = alice.put("/v1/jobs/web/canaries/pc", json={
+        "spec": spec(command="serve-canary"), "tasks": 2, "host_profile": "tuned"})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: commands(live) == {"serve": 2, "serve-canary": 2})
+    child = alice.get("/v1/jobs/web/canaries/pc").json()["entitlement"]
+    assert child and child.startswith("e.canary-")
+
+    def where() -> dict[str, set[tuple[str | None, str | None]]]:
+        """Per command: (entitlement, profile applied) of the machines it runs on."""
+        with cp.lock:
+            job = cp.scheduler.jobs["web"]
+            out: dict[str, set[tuple[str | None, str | None]]] = {}
+            for r in job.tasks.values():
+                if r.machine is None or not r.serving:
+                    continue
+                applied = cp.scheduler.profiles.applied.get(r.machine)
+                out.setdefault(job.versions[r.spec_version - 1].command, set()).add(
+                    (cp.region.broker_of(r.machine).entitlement_of(r.machine),
+                     None if applied is None else applied.name))
+            return out
+    seen = where()
+    assert seen["serve-canary"] == {(child, "tuned")}
+    assert all(ent == "e" and profile in (None, "default") for ent, profile in seen["serve"])
+    view = alice.get(f"/v1/entitlements/{child}").json()
+    assert view["canary_of"] == "e" and view["host_profile"] == "tuned"
+    assert 1 <= view["machines"] <= 2
+    # the two share e's machine quota
+    with cp.lock:
+        parent = cp.allocator.quota_of(cp.allocator.entitlements["e"]).machines
+    assert parent == 24 - view["machines"]
+    # ended: its tasks go back to the job's spec, on e's machines, and its machines leave
+    assert alice.delete("/v1/jobs/web/canaries/pc").status_code == 200
+    wait_for(lambda: commands(live) == {"serve": 4})
+    wait_for(lambda: alice.get(f"/v1/entitlements/{child}").json()["machines"] == 0)
+    assert alice.get(f"/v1/entitlements/{child}").json()["quota"] == {"machines": 0,
+                                                                      "rru": None}
+    assert {ent for ent, _ in where()["serve"]} == {"e"}
+    started = events(live, "canary_started")
+    assert "host profile tuned" in started[-1]["message"]

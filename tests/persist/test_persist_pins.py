@@ -97,3 +97,32 @@ def test_a_surge_task_under_way_survives_a_restart(tmp_path):
     b.run(120)
     job = b.scheduler.job("web")
     assert list(job.tasks) == [0] and job.tasks[0].spec_version == 2 and job.surges is None
+
+
+def test_a_version_kept_in_a_canary_entitlement_survives_a_restart(tmp_path):
+    """A host-profile canary's version runs in its canary entitlement (decision 103):
+    its tasks are placed there, and after a restart they stay there, not restarted."""
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    child = "ent.canary-0123456789"
+    a.scheduler.allocator.define(Entitlement(name=child, owner="o", quota=Quota(machines=2),
+                                             canary_of="ent"))
+    a.jobs.create(job_spec("web", 4), now=0)
+    a.run(10)
+    canary = job_spec("web", 4, command="serve-canary", entitlement=child)
+    _, version = a.jobs.keep(canary, now=a.sim.now, canary_of="ent")
+    a.jobs.set_pins("web", {0: version}, now=a.sim.now)
+    a.run(60)
+    rec = a.scheduler.job("web").tasks[0]
+    assert rec.spec_version == version and rec.serving
+    assert a.sim.region.broker_of(rec.machine).entitlement_of(rec.machine) == child
+    machine = rec.machine
+    a.store.close()
+
+    b = Plane(path, now=a.sim.now)
+    b.sim.agents = a.sim.agents
+    b.run(30)
+    rec = b.scheduler.job("web").tasks[0]
+    assert rec.spec_version == version and rec.machine == machine and rec.serving
+    assert sum(1 for r in b.scheduler.job("web").tasks.values() if r.serving) == 4

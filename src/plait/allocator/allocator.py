@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from plait.allocator.cache import AllocationCache
 from plait.allocator.index import HEALTHY, MachineIndex
-from plait.allocator.loans import LoanLedger, borrowing_quota
+from plait.allocator.loans import LoanLedger, borrowing_quota, held
 from plait.allocator.placement import (
     QUOTA_REACHED,
     JobState,
@@ -57,6 +58,8 @@ class Allocator:
         self.region = index.region
         self.max_attempts = max_attempts
         self.entitlements: dict[str, Entitlement] = {}
+        #: entitlement -> its canary entitlements (``Entitlement.canary_of``)
+        self.canaries: dict[str, set[str]] = {}
         #: bumped by every ``define`` (what depends on the entitlements looks again)
         self.defined = 0
         self.jobs: dict[str, JobState] = {}
@@ -76,6 +79,11 @@ class Allocator:
     def define(self, entitlement: Entitlement) -> None:
         """Add or change an entitlement. A lowered quota never evicts: it only stops
         further claims until the entitlement is back under it."""
+        old = self.entitlements.get(entitlement.name)
+        if old is not None and old.canary_of is not None:
+            self.canaries.get(old.canary_of, set()).discard(old.name)
+        if entitlement.canary_of is not None:
+            self.canaries.setdefault(entitlement.canary_of, set()).add(entitlement.name)
         self.entitlements[entitlement.name] = entitlement
         self.defined += 1
         self.region.entitlements.code(entitlement.name)
@@ -85,10 +93,29 @@ class Allocator:
 
     def quota_of(self, ent: Entitlement) -> Quota:
         """The quota a claim is checked against: the entitlement's own, or for an
-        elastic one what it holds plus the loans the lenders' unused quota allows."""
-        if ent.elastic is None:
-            return ent.quota
-        return borrowing_quota(self.index, self.entitlements, self.loans, ent)
+        elastic one what it holds plus the loans the lenders' unused quota allows. A
+        canary entitlement and the one it is a canary of share the latter's machine
+        quota (decision 103): each may claim only what the other leaves."""
+        if ent.elastic is not None:
+            return borrowing_quota(self.index, self.entitlements, self.loans, ent)
+        if ent.canary_of is not None:
+            parent = self.entitlements.get(ent.canary_of)
+            if parent is None or parent.quota.machines is None or ent.quota.machines is None:
+                return ent.quota
+            others = held(self.index, parent.name) + sum(
+                held(self.index, c) for c in self._canaries(parent.name) if c != ent.name)
+            return ent.quota.model_copy(update={"machines": max(0, min(
+                ent.quota.machines, parent.quota.machines - others))})
+        if ent.quota.machines is not None:
+            canaries = self._canaries(ent.name)
+            if canaries:
+                return ent.quota.model_copy(update={"machines": max(
+                    0, ent.quota.machines - sum(held(self.index, c) for c in canaries))})
+        return ent.quota
+
+    def _canaries(self, name: str) -> Collection[str]:
+        """The canary entitlements of entitlement ``name``."""
+        return self.canaries.get(name, ())
 
     def usage(self, name: str) -> EntitlementUsage:
         ent = self._entitlement(name)

@@ -184,7 +184,10 @@ canary_app = typer.Typer(help="Canaries: a spec on some of a job's tasks for a w
 def _canary_table(d: dict[str, Any]) -> None:
     i = d["intent"]
     kv_table({"job": d["job"], "canary": d["name"], "tasks": str(i["tasks"]),
-              "hardware": i.get("hardware") or "any", "version": str(d.get("version")),
+              "hardware": i.get("hardware") or "any",
+              "host profile": i.get("host_profile") or "the entitlement's",
+              **({"entitlement": d["entitlement"]} if d.get("entitlement") else {}),
+              "version": str(d.get("version")),
               "until": f"{d['until']:.0f}", "by": d.get("actor") or "-"},
              f"canary {d['name']} of {d['job']}")
 
@@ -197,12 +200,15 @@ def canary_start(
     tasks: Annotated[int, typer.Option(min=1, help="how many tasks run it")] = 1,
     hardware: Annotated[str | None, typer.Option(
         help="run it on tasks placed on this machine type (moved there if needed)")] = None,
+    host_profile: Annotated[str | None, typer.Option(
+        "--host-profile", help="run it on machines of its own switched to this host "
+                               "profile (a code + config + host-profile canary)")] = None,
     duration: Annotated[float, typer.Option(min=1, help="seconds it runs")] = 3600.0,
     output: Output = "table",
 ) -> None:
     """Run a spec on some of a job's tasks (never the push's) for a while."""
     body = {"spec": _job_document(spec), "tasks": tasks, "hardware": hardware,
-            "duration_seconds": duration}
+            "host_profile": host_profile, "duration_seconds": duration}
     emit(api().put(f"/v1/jobs/{q(job)}/canaries/{q(name)}", body), output, _canary_table)
 
 

@@ -150,6 +150,10 @@ class EntitlementView(TypedDict, total=False):
     #: the pool of loans, for a lender or an elastic entitlement: lendable, on_loan,
     #: revoking
     loans: dict[str, int]
+    #: how many surge tasks its jobs may run at once (the shared surge buffer)
+    surge_buffer: int
+    #: a canary entitlement: the entitlement whose job's host-profile canary it holds
+    canary_of: str | None
     machines: int
     rru: float
     jobs: list[str]
@@ -444,6 +448,8 @@ class CanaryView(TypedDict, total=False):
     name: str
     intent: dict[str, Any]
     version: int | None
+    #: a host-profile canary's canary entitlement (its machines carry the profile)
+    entitlement: str | None
     actor: str | None
     started: float
     until: float

@@ -88,7 +88,9 @@ def add_routes(app: FastAPI, cp: "ControlPlane", user: Any,
     def put_canary(name: str, canary: Name, body: CanaryIntent, who: user,
                    request: Request) -> dict[str, Any]:
         """Run a spec on some of the job's tasks for a while (on machines of a type,
-        with ``hardware``); never on the push's tasks."""
+        with ``hardware``; on machines of their own switched to a host profile, with
+        ``host_profile``: a code + config + host-profile canary); never on the push's
+        tasks."""
         may_job(request, who, name)
         return jcp.put_canary(name, canary, body)
 

@@ -55,7 +55,7 @@ from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics, HttpOnly, api_route
 from plait.model import RegionSpec, parse
-from plait.model.entitlement import NAME_RE, Quota, least_loaded, shard_weight
+from plait.model.entitlement import CANARY_NAME, NAME_RE, Quota, least_loaded, shard_weight
 from plait.server.auth import AuthError, Principal, Role, TokenStore
 from plait.store.protocol import Namespace, Store
 from plait.store.shard import shard_prefix
@@ -159,6 +159,15 @@ class ShardMap:
         except NotFound:
             return None
         return json.loads(value), version
+
+    def route(self, entitlement: str) -> tuple[dict[str, Any], int] | None:
+        """``entry``, or for a canary entitlement that the map does not hold (the Job
+        Control Plane makes them on a shard: decision 103) the entry of the
+        entitlement it is a canary of, whose shard it lives on."""
+        found = self.entry(entitlement)
+        if found is None and (match := CANARY_NAME.match(entitlement)) is not None:
+            found = self.entry(match.group("parent"))
+        return found
 
     def entries(self) -> dict[str, dict[str, Any]]:
         try:
@@ -374,7 +383,7 @@ class ShardRouter:
                 return await self.to_shard(entry["shard"], scope, body)
             if len(parts) == 2:  # another method: shard 0 answers 405
                 return await self.to_shard(0, scope, body)
-            found = await run_in_threadpool(m.entry, parts[2])
+            found = await run_in_threadpool(m.route, parts[2])
             if found is None:
                 return await self.to_shard(0, scope, body)  # (its 404)
             if method != "GET":
@@ -409,7 +418,7 @@ class ShardRouter:
             bound = await run_in_threadpool(m.machine, parts[2])
             if bound is None:
                 return await self.to_shard(0, scope, body)
-            found = await run_in_threadpool(m.entry, bound)
+            found = await run_in_threadpool(m.route, bound)
             if found is None:
                 return await self.to_shard(0, scope, body)
             entry = found[0]

@@ -111,11 +111,15 @@ class SizingIntent(_NoIndexes):
 
 class CanaryIntent(_NoIndexes):
     """A spec run on some of the job's tasks for a while: ``tasks`` of them, on machines
-    of type ``hardware`` if given (tasks are moved there when needed)."""
+    of type ``hardware`` if given (tasks are moved there when needed). With
+    ``host_profile``, a code + config + host-profile canary: its tasks run on machines
+    of their own that carry that host profile (a canary entitlement, decision 103), so
+    the spec change and the host change are tried together on the same machines."""
 
     spec: JobSpec
     tasks: int = pydantic.Field(default=1, ge=1, le=100_000)
     hardware: Name | None = None
+    host_profile: Name | None = None
     duration_seconds: float = pydantic.Field(default=3600.0, ge=1, le=30 * 86_400)
 
 
@@ -154,6 +158,8 @@ class StoredSizing(Value):
 class StoredCanary(Value):
     intent: CanaryIntent
     version: int | None = None
+    #: a host-profile canary's canary entitlement, once made
+    entitlement: str | None = None
     actor: str | None = None
     started: float = 0.0
     until: float = 0.0
@@ -171,3 +177,4 @@ class JcpRecord(Value):
     @property
     def empty(self) -> bool:
         return self.push is None and self.sizing is None and not self.canaries
+

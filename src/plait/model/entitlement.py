@@ -7,6 +7,7 @@ of them carry the entitlement's host profile.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -108,8 +109,18 @@ class Entitlement(Value):
     #: entitlement's jobs may run at once; the room for them is the quota its jobs do
     #: not use (decision 102)
     surge_buffer: int = pydantic.Field(default=0, ge=0, le=100_000)
+    #: a canary entitlement (decision 103): made by the Job Control Plane for a code +
+    #: config + host-profile canary of a job of entitlement ``canary_of``; its
+    #: machines carry the canary's host profile and count against that entitlement's
+    #: machine quota too
+    canary_of: str | None = None
 
     _name = pydantic.field_validator("name", "owner")(check_name)
+
+    @pydantic.field_validator("canary_of")
+    @classmethod
+    def _parent(cls, value: str | None) -> str | None:
+        return None if value is None else check_name(value)
 
     @pydantic.model_validator(mode="after")
     def _loans(self) -> Entitlement:
@@ -119,6 +130,10 @@ class Entitlement(Value):
         if (self.lends or self.elastic is not None) and self.quota.machines is None:
             raise ValueError("loans are of whole machines: a lender's or an elastic "
                              "entitlement's quota must be in machines")
+        if self.canary_of is not None and (self.lends or self.elastic is not None
+                                           or self.quota.machines is None):
+            raise ValueError("a canary entitlement neither lends nor borrows, and its "
+                             "quota is in machines")
         return self
 
     @pydantic.field_validator("default_preferences")
@@ -127,3 +142,15 @@ class Entitlement(Value):
         if len(set(prefs)) != len(prefs):
             raise ValueError("a preference is listed twice")
         return prefs
+
+
+def canary_entitlement(entitlement: str, job: str, canary: str) -> str:
+    """The name of the canary entitlement of a host-profile canary (decision 103): the
+    job's entitlement's name (its first 46 characters), ``.canary-`` and a digest of
+    the three names, a valid entitlement name of at most 64 characters."""
+    digest = hashlib.sha256(f"{entitlement}/{job}/{canary}".encode()).hexdigest()[:10]
+    return f"{entitlement[:46].rstrip('._-')}.canary-{digest}"
+
+
+#: a canary entitlement's name: its entitlement's (as far as it was kept) and a digest
+CANARY_NAME = re.compile(r"^(?P<parent>.+)\.canary-[0-9a-f]{10}\Z")

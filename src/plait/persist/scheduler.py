@@ -408,14 +408,16 @@ class JobStore:
             return doc.record(now, "update", f"version {version}", version=version)
         return self.change(spec.name, now, edit)
 
-    def keep(self, spec: JobSpec, now: float) -> tuple[JobDoc, int]:
+    def keep(self, spec: JobSpec, now: float,
+             canary_of: str | None = None) -> tuple[JobDoc, int]:
         """Keep ``spec`` as a version of its job that only pinned tasks run (a push's or
         a canary's); one identical to a version kept already is that version. Returns
-        the record and the version's number."""
+        the record and the version's number. ``canary_of``: ``spec``'s entitlement is
+        a canary entitlement of this one (decision 103), where the job may run it."""
         made: list[int] = []
 
         def edit(doc: JobDoc) -> dict[str, Any] | None:
-            if spec.entitlement != doc.entitlement:
+            if spec.entitlement != doc.entitlement and canary_of != doc.entitlement:
                 raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
                                       f"{doc.entitlement!r}; its versions stay there")
             before = doc.version

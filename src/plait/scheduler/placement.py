@@ -10,14 +10,18 @@ optimistic concurrency) and puts what was placed into its machine's desired set.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from plait.allocator import AllocationRequest
 from plait.model.task import TaskState
 from plait.scheduler.plans import PlacementPlan
 from plait.scheduler.records import JobRecord
 
 
-def plan_placement(job: JobRecord) -> PlacementPlan:
-    """The allocation requests for the job's pending tasks, oldest version first."""
+def plan_placement(job: JobRecord, canaries: Container[str] = ()) -> PlacementPlan:
+    """The allocation requests for the job's pending tasks, oldest version first.
+    ``canaries``: the canary entitlements of the job's entitlement (a version bound to
+    one is placed there: a code + config + host-profile canary, decision 103)."""
     plan = PlacementPlan()
     count, pending_state = job.spec.task_count, TaskState.PENDING
     keep = job.surges  # (surge tasks are placed like the job's own)
@@ -29,16 +33,18 @@ def plan_placement(job: JobRecord) -> PlacementPlan:
     ent, versions = job.entitlement, job.versions
     for rec in pending:
         version = rec.spec_version
-        if versions[version - 1].entitlement != ent:
+        bound = versions[version - 1].entitlement
+        if bound != ent and (bound not in canaries or job.target_of(rec.index) != version):
             # waiting for a machine at a version of the entitlement the job left (never
-            # placed, or moved off a failed machine): it runs nowhere, so it starts on
-            # the new entitlement at the target version directly
+            # placed, or moved off a failed machine), or of a canary that ended: it
+            # runs nowhere, so it starts at its goal version directly
             plan.retarget.append(rec.index)
             version = job.target_of(rec.index)
         by_version.setdefault(version, []).append(rec.index)
     for version, indices in sorted(by_version.items()):
         spec = versions[version - 1]
+        where = spec.entitlement if spec.entitlement in canaries else ent
         plan.requests.append((version, AllocationRequest.of(
-            job.name, job.entitlement, spec.resources, allocate=sorted(indices),
+            job.name, where, spec.resources, allocate=sorted(indices),
             policy=spec.policy)))
     return plan

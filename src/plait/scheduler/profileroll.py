@@ -13,6 +13,13 @@ uncordons it; the entitlement claims machines again as its tasks need room, and 
 joins with the new profile. A machine is also found stale when its agent reports a
 profile other than its entitlement's while tasks run there (a control plane that
 took over in the middle of a roll).
+
+An infrastructure rollout never cuts into a push (the 2023 post's Figure 7, decision
+104): a stale machine that runs a task of a job whose push is under way
+(``Scheduler.pushing``, kept by the Job Control Plane) is not drained until that push
+ends. It stays cordoned meanwhile, so the push's own updates carry its tasks to
+machines that carry the new profile: every task the push touches gets the new host
+profile with the new spec, and the push's stages and gates judge both together.
 """
 
 from __future__ import annotations
@@ -105,6 +112,7 @@ def roll(s: Scheduler, now: float) -> None:
         s.profile_transitions.append(Transition(m, "profile_roll_drained", ref[0], ref[1],
                                                 entitlement=ent))
     at_once = s.config.profile_roll_at_once
+    held: set[int] | None = None
     for name, stale in list(s.stale.items()):
         found = s.allocator.entitlements.get(name)
         code = region.entitlements.find(name)
@@ -123,7 +131,16 @@ def roll(s: Scheduler, now: float) -> None:
         if target is None:
             continue
         draining = sum(1 for _, ent in s.rolling.values() if ent == name)
-        for m in sorted(stale)[:max(0, at_once - draining)]:
+        if held is None:
+            held = _pushing(s)
+        ready = [m for m in sorted(stale) if m not in held]
+        waiting = len(stale) - len(ready)
+        if waiting and s.roll_waiting.get(name) != waiting:
+            s.profile_transitions.append(Transition(
+                -1, "profile_roll_waiting", target.name, target.version, entitlement=name,
+                reason=f"{waiting} machines"))
+        s.roll_waiting[name] = waiting
+        for m in ready[:max(0, at_once - draining)]:
             stale.discard(m)
             s.roll_seq += 1
             event_id = f"{PROFILE_ROLL_PREFIX}{name}-{names(m)}-{s.roll_seq}"
@@ -136,6 +153,18 @@ def roll(s: Scheduler, now: float) -> None:
             s.touched.add(m)  # (its agent is told not to switch: it goes back free)
         if not stale:
             del s.stale[name]
+            s.roll_waiting.pop(name, None)
+
+
+def _pushing(s: Scheduler) -> set[int]:
+    """The machines that hold a task of a job whose push is under way, running or
+    being stopped there (a roll waits for the push to end: decision 104)."""
+    held: set[int] = set()
+    for name in s.pushing:
+        job = s.jobs.get(name)
+        if job is not None:
+            held.update(r.machine for r in job.tasks.values() if r.machine is not None)
+    return held
 
 
 def _uncordon(s: Scheduler, m: int) -> None:

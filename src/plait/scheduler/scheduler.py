@@ -145,6 +145,11 @@ class Scheduler(SchedulerState):
         self.profiles = ProfileBook()
         #: what the profile reports changed (the shell records them as events)
         self.profile_transitions: list[Transition] = []
+        #: jobs whose push is under way (the Job Control Plane keeps it): a profile
+        #: roll waits for them (``profileroll``, decision 104)
+        self.pushing: set[str] = set()
+        #: per entitlement, how many stale machines the roll leaves for pushes
+        self.roll_waiting: dict[str, int] = {}
         #: rolls of changed profiles (``profileroll``): each entitlement's target as
         #: last seen, its busy machines still to drain, the machines draining (their
         #: event and entitlement), the ones the roll cordoned
@@ -248,13 +253,20 @@ class Scheduler(SchedulerState):
         """Keep ``spec`` as the job's next version without rolling it out: tasks run it
         only once pinned to it (``pin``). Returns the version number."""
         job = self._job(spec.name)
-        if spec.entitlement != job.entitlement:
+        if not self._bound_here(job, spec.entitlement):
             raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
-                                  f"{job.entitlement!r}; a pinned version stays there")
+                                  f"{job.entitlement!r}; a pinned version stays there "
+                                  "(or in one of its canary entitlements)")
         job.versions.append(spec)
         self.event(now, job.name, "version_added",
                    f"version {len(job.versions)} kept for pinned tasks")
         return len(job.versions)
+
+    def _bound_here(self, job: JobRecord, entitlement: str) -> bool:
+        """A version of the job may run in ``entitlement``: the job's own, or one of
+        its canary entitlements (decision 103)."""
+        return entitlement == job.entitlement or entitlement in self.allocator.canaries.get(
+            job.entitlement, ())
 
     def retarget(self, name: str, version: int, now: float, what: str) -> None:
         """Make version ``version``, kept already, the job's target (its record's
@@ -274,7 +286,7 @@ class Scheduler(SchedulerState):
         for version in pins.values():
             if not 1 <= version <= len(job.versions):
                 raise ValidationError("version", f"job {name} has no version {version}")
-            if job.versions[version - 1].entitlement != job.entitlement:
+            if not self._bound_here(job, job.versions[version - 1].entitlement):
                 raise ValidationError("version", f"version {version} of job {name} runs "
                                       "in another entitlement")
         clean = {i: v for i, v in pins.items() if v != job.target}
@@ -807,7 +819,8 @@ class Scheduler(SchedulerState):
         plan = execution.plan_execution(job, int(self.bucket.tokens), now, down)
         apply.execution(self, job, plan, now)
         self.stage("placement")
-        apply.placement(self, job, placement.plan_placement(job), now)
+        apply.placement(self, job, placement.plan_placement(
+            job, self.allocator.canaries.get(job.entitlement, ())), now)
         if job.rollout_active and not job.tasks:
             self.rollout_done(job, now)  # no task left to report running
         if surging is not None and sum(

@@ -142,5 +142,7 @@ def _to_goal(job: JobRecord, version: int, goal: int, halted: bool, relocate: Wa
     if halted:
         return none
     if have.entitlement != want.entitlement:
-        return relocate
+        # (into or out of a canary entitlement: decision 103)
+        return relocate if want.entitlement == job.entitlement else (
+            (OpKind.MOVE, f"{RELOCATE}{want.entitlement}"),)
     return ((OpKind.UPDATE, f"update to version {goal}"),)

@@ -49,6 +49,7 @@ from plait.jcp.intents import (
 )
 from plait.jcp.push import StageHealth, advance, percent, verdict
 from plait.model.base import parse
+from plait.model.entitlement import Entitlement, Quota, canary_entitlement
 from plait.model.job import JobSpec
 from plait.model.task import TaskState
 from plait.persist.scheduler import JobDoc
@@ -68,6 +69,8 @@ EVERY = 1.0
 GATE_TIMEOUT = 5.0
 GATE_BYTES = 64 * 1024
 _ATTEMPTS = 20
+#: the phases of a push under way (a push holding its last stage is not)
+PUSHING = frozenset({"rolling", "soaking", "gating"})
 
 
 def _actor() -> str | None:
@@ -89,6 +92,8 @@ class JobControlPlane:
         self._done_at: float | None = None
         #: an intent was written here since the last reconcile
         self._poked = False
+        #: jobs left with no intent whose tasks may still be pinned
+        self._unpin: set[str] = set()
 
     # -- the stored records ---------------------------------------------------------------
     def _read(self, job: str) -> tuple[JcpRecord, int | None]:
@@ -127,6 +132,7 @@ class JobControlPlane:
             with self._lock:
                 if new.empty:
                     self.records.pop(job, None)
+                    self._unpin.add(job)  # (its tasks go back to the job's spec)
                 else:
                     self.records[job] = new
             self._poked = True
@@ -266,21 +272,41 @@ class JobControlPlane:
 
     # -- canaries -------------------------------------------------------------------------
     def put_canary(self, job: str, name: str, intent: CanaryIntent) -> dict[str, Any]:
-        self._job(job, intent.spec)
+        doc = self._job(job, intent.spec)
         if intent.hardware is not None and intent.hardware not in self.cp.fleet.type_names:
             raise ValidationError("hardware", f"no machine of type {intent.hardware!r} in "
                                   f"this region (types: {', '.join(self.cp.fleet.type_names)})")
+        if intent.host_profile is not None:
+            try:
+                self.cp.profiles.store.get(intent.host_profile)
+            except NotFound:
+                raise ValidationError("host_profile", f"host profile "
+                                      f"{intent.host_profile!r} does not exist") from None
         now, actor = self.cp.clock(), _actor()
+        retired: list[str] = []
 
         def edit(rec: JcpRecord) -> JcpRecord:
             old = rec.canaries.get(name)
-            version = old.version if old is not None and old.intent.spec == intent.spec and (
-                old.intent.hardware == intent.hardware) else None
-            canary = StoredCanary(intent=intent, version=version, actor=actor, started=now,
+            same = old is not None and old.intent.spec == intent.spec and (
+                old.intent.hardware == intent.hardware) and (
+                old.intent.host_profile == intent.host_profile)
+            entitlement = None
+            if old is not None and old.entitlement is not None:
+                if old.intent.host_profile == intent.host_profile:
+                    entitlement = old.entitlement
+                else:
+                    retired[:] = [old.entitlement]
+            canary = StoredCanary(intent=intent, version=old.version if same and old else None,
+                                  entitlement=entitlement, actor=actor, started=now,
                                   until=now + intent.duration_seconds)
             return rec.model_copy(update={"canaries": {**rec.canaries, name: canary}})
         self._change(job, edit)
+        for ent in retired:
+            self._retire(ent)
         where = f" on {intent.hardware} machines" if intent.hardware else ""
+        if intent.host_profile is not None:
+            where += (f" on machines of their own with host profile {intent.host_profile} "
+                      f"(canary entitlement {canary_entitlement(doc.entitlement, job, name)})")
         self._event(job, "canary_started", f"canary {name}: {intent.tasks} tasks{where} for "
                     f"{intent.duration_seconds:g}s")
         return self.canary_view(job, name)
@@ -299,6 +325,8 @@ class JobControlPlane:
             return rec.model_copy(update={"canaries": {
                 k: v for k, v in rec.canaries.items() if k != name}})
         self._change(job, edit)
+        if view.get("entitlement"):
+            self._retire(str(view["entitlement"]))
         self._event(job, "canary_ended", f"canary {name} ended early; its tasks go back")
         return view
 
@@ -362,8 +390,11 @@ class JobControlPlane:
         except (OSError, PlaitError, ValueError) as exc:
             log.warning("intents not read", error=str(exc))
             return
+        with self.cp.lock:  # (pins no intent explains: a record deleted before a crash)
+            pinned = {n for n, j in self.cp.scheduler.jobs.items() if j.pins}
         with self._lock:
             self.records = found
+            self._unpin |= pinned - found.keys()
 
     def reconcile(self, now: float) -> None:
         """Every job with intents, at most once a second (at once after a write)."""
@@ -374,6 +405,20 @@ class JobControlPlane:
         self._refresh(now)
         with self._lock:
             jobs = sorted(self.records)
+            unpin, self._unpin = self._unpin - self.records.keys(), set()
+        for job in sorted(unpin):
+            try:
+                doc = self.cp.jobs.get(job)
+                if doc.pins and not doc.deleting:
+                    self.cp.jobs.set_pins(job, {}, now, "no intent left: every task runs "
+                                                        "the job's spec")
+                    self.cp.notify(job)
+            except NotFound:
+                pass
+            except (PlaitError, OSError, ValueError) as exc:
+                log.warning("unpinning failed", job=job, error=str(exc))
+                with self._lock:
+                    self._unpin.add(job)
         for job in jobs:
             try:
                 self._reconcile(job, now)
@@ -381,10 +426,21 @@ class JobControlPlane:
                 self._forget(job)
             except (PlaitError, OSError, ValueError) as exc:
                 log.warning("reconciling intents failed", job=job, error=str(exc))
+        with self._lock:
+            pushing = {job for job, rec in self.records.items() if rec.push is not None
+                       and rec.push.status.phase in PUSHING}
+        with self.cp.lock:  # (a profile roll waits for these: decision 104)
+            self.cp.scheduler.pushing = pushing
         self.reconciles += 1
 
     def _forget(self, job: str) -> None:
-        """The job is gone: so are its intents."""
+        """The job is gone: so are its intents (and its canaries' entitlements claim
+        no machine more)."""
+        with self._lock:
+            rec = self.records.get(job)
+        for canary in (rec.canaries.values() if rec is not None else ()):
+            if canary.entitlement is not None:
+                self._retire(canary.entitlement)
         try:
             _, version = self.ns.get(f"/{job}")
             self.ns.delete(f"/{job}", version)
@@ -413,10 +469,19 @@ class JobControlPlane:
         for name, canary in sorted(canaries.items()):
             if canary.until <= now:
                 del canaries[name]
+                if canary.entitlement is not None:
+                    self._retire(canary.entitlement)
                 self._event(job, "canary_ended", f"canary {name}: its {canary.intent.tasks} "
                             "tasks go back to the job's spec (its time is up)", canary.actor)
-            elif canary.version is None:
-                doc, version = self.cp.jobs.keep(self._canary_spec(canary.intent), now)
+                continue
+            if canary.intent.host_profile is not None:
+                ent = self._canary_entitlement(doc, name, canary)
+                if ent != canary.entitlement:
+                    canary = canaries[name] = canary.model_copy(update={"entitlement": ent})
+            if canary.version is None:
+                doc, version = self.cp.jobs.keep(
+                    self._canary_spec(canary.intent, canary.entitlement), now,
+                    canary_of=doc.entitlement)
                 canaries[name] = canary.model_copy(update={"version": version})
         # 2. the size
         if rec.sizing is not None and rec.sizing.intent.size != doc.spec.task_count:
@@ -465,14 +530,47 @@ class JobControlPlane:
                 return new if current == rec else current
             self._change(job, edit)
 
-    def _canary_spec(self, intent: CanaryIntent) -> JobSpec:
-        """A canary's spec; by hardware, bound to machines of that type."""
+    def _canary_spec(self, intent: CanaryIntent, entitlement: str | None = None) -> JobSpec:
+        """A canary's spec; by hardware, bound to machines of that type; with a host
+        profile, bound to its canary entitlement."""
         spec = intent.spec
+        if entitlement is not None:
+            spec = spec.model_copy(update={"entitlement": entitlement})
         if intent.hardware is None:
             return spec
         req = spec.policy.requirements.model_copy(update={"machine_types": (intent.hardware,)})
         return spec.model_copy(update={"policy": spec.policy.model_copy(
             update={"requirements": req})})
+
+    def _canary_entitlement(self, doc: JobDoc, name: str, canary: StoredCanary) -> str:
+        """A host-profile canary's canary entitlement, defined (or brought back) as it
+        must be: the job's entitlement's owner, data center and preferences, the
+        canary's host profile, and a quota of one machine per canary task (shared with
+        the job's entitlement's: ``Allocator.quota_of``)."""
+        parent = self.cp.entitlement(doc.entitlement)
+        ent = Entitlement(
+            name=canary_entitlement(parent.name, doc.name, name), owner=parent.owner,
+            quota=Quota(machines=canary.intent.tasks),
+            host_profile=canary.intent.host_profile or parent.host_profile,
+            default_preferences=parent.default_preferences, pin_dc=parent.pin_dc,
+            canary_of=parent.name)
+        with self.cp.lock:
+            have = self.cp.allocator.entitlements.get(ent.name)
+        if have is not None and have.canary_of != parent.name:
+            raise Conflict(f"entitlement {ent.name}", f"a canary entitlement of {parent.name}",
+                           "an entitlement of its own")
+        if have != ent:
+            self.cp.commands.define_entitlement(ent)
+        return ent.name
+
+    def _retire(self, name: str) -> None:
+        """A host-profile canary ended: its canary entitlement claims no machine more
+        (a quota of 0); its machines go back to the free pool as its tasks leave them."""
+        with self.cp.lock:
+            have = self.cp.allocator.entitlements.get(name)
+        if have is None or have.canary_of is None or have.quota.machines == 0:
+            return
+        self.cp.commands.define_entitlement(have.model_copy(update={"quota": Quota(machines=0)}))
 
     def _unify(self, doc: JobDoc, push: StoredPush | None,
                canaries: dict[str, StoredCanary], now: float) -> Unified:

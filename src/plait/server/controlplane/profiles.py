@@ -164,6 +164,13 @@ class HostProfiles:
         moved, sched.profile_transitions = sched.profile_transitions, []
         name = self.cp.fleet.name
         for t in moved:
+            if t.machine < 0 and t.kind == "profile_roll_waiting":
+                self.cp.record("sidekick", t.kind, f"entitlement {t.entitlement}: host "
+                               f"profile {t.profile} v{t.version} waits for pushes under "
+                               f"way on {t.reason} (drained once they end; the pushes carry "
+                               "their tasks to machines with the new profile)",
+                               entitlement=t.entitlement)
+                continue
             if t.machine < 0:  # a roll over an entitlement
                 self.cp.record("sidekick", t.kind, f"entitlement {t.entitlement}: host profile "
                                f"{t.profile} v{t.version} rolls over its {t.reason} (busy ones "
