@@ -434,6 +434,8 @@ class Agent:
         return {**host, **spec.get("env", {}), "PLAIT_PORT": str(task.port),
                 "PLAIT_JOB": task.job, "PLAIT_TASK_INDEX": str(task.index),
                 "PLAIT_MACHINE": self.machine,
+                **({"PLAIT_FAULT_DOMAIN": str(self.describe["fault_domain"])}
+                   if self.describe.get("fault_domain") else {}),
                 "PLAIT_DATA_DIR": str(self.data_dir / "tasks" / task.key)}
 
     def _supervise(self, now: float) -> None:

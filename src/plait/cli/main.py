@@ -56,6 +56,8 @@ LAZY: dict[str, tuple[str, str, str]] = {
     "region": ("plait.cli.sim", "region_app", "Generated regions (fleet topologies)."),
     "explain": ("plait.cli.explain", "explain_app",
                 "Every field of a job spec or an entitlement: type, default, bounds."),
+    "shardmanager": ("plait.cli.shardmanager", "shardmanager_app",
+                     "Shard Manager: shard maps of sharded applications (serve, show)."),
     "sim": ("plait.cli.sim", "sim_app",
             "Run the real scheduler and allocator on a simulated region."),
     "demo": ("plait.cli.sim", "demo_app",

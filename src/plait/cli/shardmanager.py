@@ -1,0 +1,68 @@
+"""``plait shardmanager``: the Shard Manager service (``serve``) and a look at an
+application's shard map (``show``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+shardmanager_app = typer.Typer(
+    help="Shard Manager: shard maps of sharded applications, served as their "
+         "TaskController.", no_args_is_help=True)
+
+
+def _token(token_file: Path) -> str:
+    """The service's token: read from the file, or made there (mode 0600) when the file
+    does not exist."""
+    if token_file.exists():
+        token = token_file.read_text().strip()
+        if len(token) < 16:
+            raise typer.BadParameter(f"{token_file}: a token of at least 16 characters",
+                                     param_hint="--token-file")
+        return token
+    token = secrets.token_urlsafe(32)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+@shardmanager_app.command("serve")
+def serve(
+    token_file: Annotated[Path, typer.Option(
+        help="the service's token (made there, mode 0600, if the file does not exist)")],
+    port: Annotated[int, typer.Option(min=0, max=65535)] = 7090,
+    host: Annotated[str, typer.Option(help="the address to listen on")] = "127.0.0.1",
+    data_dir: Annotated[Path | None, typer.Option(
+        help="where the shard maps are saved (none: kept in memory only)")] = None,
+) -> None:
+    """Run Shard Manager until interrupted."""
+    from plait import logconfig
+    from plait.shardmanager.service import serve as run
+
+    logconfig.configure("shardmanager")
+    run(_token(token_file), host, port, None if data_dir is None else str(data_dir))
+
+
+@shardmanager_app.command("show")
+def show(
+    app: str,
+    url: Annotated[str, typer.Option(help="Shard Manager's URL")] = "http://127.0.0.1:7090",
+    token_file: Annotated[Path, typer.Option(help="the service's token")] = Path(
+        "sm-token"),
+) -> None:
+    """An application: its tasks, how many shards are fully replicated, what waits."""
+    import httpx
+
+    r = httpx.get(f"{url.rstrip('/')}/v1/apps/{app}",
+                  headers={"Authorization": f"Bearer {_token(token_file)}"}, timeout=10)
+    if not r.is_success:
+        typer.echo(f"error: {r.status_code} {r.text}", err=True)
+        raise typer.Exit(1)
+    typer.echo(json.dumps(r.json(), indent=2))

@@ -1,0 +1,555 @@
+"""The Shard Manager service (shell): owns each sharded application's shard map,
+calls ``add_shard``/``drop_shard`` on its tasks, publishes the map, and is the
+application's TaskController for plait.
+
+```
+  task (client library) --register/heartbeat--> POST /v1/apps/A/tasks
+  reconcile (a thread, every 0.5 s and after every change), per application:
+     layout = assign(shards, replication, registered tasks but evacuated ones)  (pure)
+              then rebalance (at most REBALANCE_MOVES replicas a round)
+     adds:  a replica the layout wants and no task serves yet -> POST task/sm/add
+            (peers: the shard's ready replicas), ready once it answers
+     drops: a replica the layout no longer wants -> POST task/sm/drop, only once every
+            replica the layout wants for that shard is ready (add first, drop second)
+  plait's scheduler --signed TaskControlRequest--> POST /v1/apps/A/taskcontrol
+     tasks it reports unhealthy lose their ready replicas (a restarted task starts
+     empty and is loaded again when it registers anew); ShardController (pure)
+     answers from the ready map; the tasks it wants emptied are left out of the layout
+  clients --> GET /v1/apps/A/map?after=G&wait=S   (long poll: ready replicas per shard)
+```
+
+Every /v1 route but the TaskControl one needs the service's token; the TaskControl
+route needs plait's signature with the job's controller key (``plait job
+controller-key JOB``), given when the application is defined. Calls to tasks are made
+off the lock, each with a deadline and a bounded answer. The maps are saved to
+``DATA_DIR/shardmanager.json`` (written whole, then renamed) at most once a second, so
+a restarted service goes on with the replicas its tasks hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import pydantic
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse
+
+from plait import logconfig
+from plait.errors import ValidationError
+from plait.model.base import Value
+from plait.model.policy import Name
+from plait.shardmanager.controller import ShardController, ShardView
+from plait.shardmanager.layout import Layout, TaskPlace, assign, rebalance
+from plait.taskcontrol.protocol import request_from_wire, response_to_wire
+from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, verify
+
+log = logconfig.get("plait.shardmanager")
+
+#: a task that has not registered for this long is gone: its replicas go elsewhere
+TASK_TIMEOUT = 15.0
+#: how often the reconciler looks without being woken
+EVERY = 0.5
+#: the most replicas moved to balance load in one round
+REBALANCE_MOVES = 50
+#: a call to a task: its deadline, and the most of its answer read
+CALL_TIMEOUT = 10.0
+#: the largest TaskControl request read (1,000 tasks' operations are about 200 kB)
+MAX_TASKCONTROL = 8 * 1024 * 1024
+MAX_SHARDS = 100_000
+
+
+class AppSpec(Value):
+    """A sharded application: the plait job whose tasks serve it and its shards."""
+
+    job: Name
+    #: how many shards (named s00000, s00001, ...) or their names
+    shards: int | list[Annotated[str, pydantic.StringConstraints(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]]
+    replication: int = pydantic.Field(default=3, ge=1, le=9)
+    #: the most replicas of a shard an operation may leave down (the batch rule)
+    max_down: int = pydantic.Field(default=1, ge=1, le=8)
+    #: maintenance at most this long is waited out when every shard is served elsewhere
+    short_maintenance_seconds: float = pydantic.Field(default=600.0, ge=0, le=86_400)
+    #: the job's TaskControl key (``plait job controller-key JOB``): required to be the
+    #: job's controller
+    controller_key: str | None = pydantic.Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @pydantic.field_validator("shards")
+    @classmethod
+    def _shards(cls, value: int | list[str]) -> int | list[str]:
+        n = value if isinstance(value, int) else len(value)
+        if not 1 <= n <= MAX_SHARDS:
+            raise ValueError(f"1 to {MAX_SHARDS} shards")
+        if isinstance(value, list) and len(set(value)) != len(value):
+            raise ValueError("a shard is named twice")
+        return value
+
+    def names(self) -> list[str]:
+        if isinstance(self.shards, int):
+            return [f"s{i:05d}" for i in range(self.shards)]
+        return sorted(self.shards)
+
+
+class Registration(Value):
+    index: int = pydantic.Field(ge=0, le=1_000_000)
+    endpoint: str = pydantic.Field(max_length=512, pattern=r"^https?://")
+    job: Name
+    incarnation: str = pydantic.Field(min_length=1, max_length=64)
+    domains: tuple[Annotated[str, pydantic.StringConstraints(max_length=512)], ...] = (
+        pydantic.Field(default=(), max_length=8))
+    #: the shards the task says it serves (after a restart of the service)
+    shards: tuple[str, ...] = pydantic.Field(default=(), max_length=MAX_SHARDS)
+
+
+@dataclass
+class TaskInfo:
+    endpoint: str
+    incarnation: str
+    domains: tuple[str, ...]
+    seen: float
+
+
+@dataclass
+class App:
+    name: str
+    spec: AppSpec
+    shards: list[str]
+    controller: ShardController
+    tasks: dict[int, TaskInfo] = field(default_factory=dict)
+    layout: Layout | None = None
+    #: shard -> the tasks serving it now
+    ready: dict[str, set[int]] = field(default_factory=dict)
+    #: (shard, task) being added or dropped now
+    busy: set[tuple[str, int]] = field(default_factory=set)
+    load: dict[str, float] = field(default_factory=dict)
+    generation: int = 0
+    #: the latest TaskControl sequence number seen (a replay is refused)
+    sequence: int = -1
+
+    def view(self) -> ShardView:
+        return ShardView({s: tuple(sorted(ts)) for s, ts in self.ready.items()},
+                         self.spec.replication)
+
+
+class ShardManager:
+    def __init__(self, token: str, data_dir: str | Path | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.token = token
+        self.clock = clock
+        self.apps: dict[str, App] = {}
+        self.lock = threading.Condition()
+        self.path = None if data_dir is None else Path(data_dir) / "shardmanager.json"
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sm-call")
+        self.http = httpx.Client(timeout=CALL_TIMEOUT,
+                                 headers={"Authorization": f"Bearer {token}"})
+        self._saved_at = 0.0
+        self._dirty = False
+        self._thread: threading.Thread | None = None
+        self.server: Any = None
+        self.url = ""
+        self._load()
+
+    # -- applications ------------------------------------------------------------------------
+    def _make(self, name: str, spec: AppSpec) -> App:
+        app: App
+
+        def view() -> ShardView:
+            return app.view()
+        app = App(name, spec, spec.names(), ShardController(
+            view, max_down=spec.max_down, short_maintenance=spec.short_maintenance_seconds))
+        return app
+
+    def define(self, name: str, spec: AppSpec) -> App:
+        with self.lock:
+            app = self.apps.get(name)
+            if app is not None and app.spec.job != spec.job:
+                raise ValidationError("job", f"application {name} serves job "
+                                             f"{app.spec.job}; its job does not change")
+            if app is None:
+                app = self.apps[name] = self._make(name, spec)
+            else:
+                old = app
+                app = self._make(name, spec)
+                app.tasks, app.layout, app.load = old.tasks, old.layout, old.load
+                app.ready = {s: ts for s, ts in old.ready.items() if s in set(app.shards)}
+                app.generation = old.generation + 1
+                app.controller.in_flight = old.controller.in_flight
+                self.apps[name] = app
+            self._changed(app)
+        return app
+
+    def app(self, name: str) -> App:
+        app = self.apps.get(name)
+        if app is None:
+            raise HTTPException(404, f"application {name!r} not found")
+        return app
+
+    def register(self, name: str, reg: Registration) -> dict[str, Any]:
+        with self.lock:
+            app = self.app(name)
+            if reg.job != app.spec.job:
+                raise ValidationError("job", f"application {name} is served by job "
+                                             f"{app.spec.job}, not {reg.job}")
+            have = app.tasks.get(reg.index)
+            fresh = have is None or have.incarnation != reg.incarnation
+            app.tasks[reg.index] = TaskInfo(reg.endpoint, reg.incarnation, reg.domains,
+                                            self.clock())
+            if fresh:
+                # a new process: it serves what it says (a service restarted under it
+                # learns its replicas back), nothing else
+                says = set(reg.shards)
+                for shard, tasks in app.ready.items():
+                    if reg.index in tasks and shard not in says:
+                        tasks.discard(reg.index)
+                for shard in says:
+                    if shard in app.ready or shard in set(app.shards):
+                        app.ready.setdefault(shard, set()).add(reg.index)
+                self._changed(app)
+            return {"app": name, "index": reg.index, "generation": app.generation}
+
+    def taskcontrol(self, name: str, body: bytes, job: str | None,
+                    signature: str | None) -> dict[str, Any]:
+        with self.lock:
+            app = self.app(name)
+            key = app.spec.controller_key
+        if key is None:
+            raise HTTPException(403, f"application {name} has no controller_key: it is "
+                                     "not the TaskController of its job")
+        if job != app.spec.job:
+            raise HTTPException(403, f"{JOB_HEADER}: this is the controller of job "
+                                     f"{app.spec.job}")
+        verify(key, signature, body, self.clock())
+        try:
+            request = request_from_wire(json.loads(body))
+        except ValueError as exc:
+            raise ValidationError("body", f"not a TaskControl request: {exc}") from None
+        with self.lock:
+            if request.job_handle != app.spec.job:
+                raise ValidationError("job_handle", f"this is the controller of job "
+                                                    f"{app.spec.job}")
+            changed = False
+            for ref in request.all_unhealthy_tasks:
+                for tasks in app.ready.values():
+                    if ref.index in tasks:
+                        tasks.discard(ref.index)
+                        changed = True
+            app.sequence = max(app.sequence, request.sequence_number)
+            response = app.controller.process(request)
+            if changed or app.controller.evacuate:
+                self._changed(app)
+        return response_to_wire(response)
+
+    def map_view(self, name: str, after: int, wait: float) -> dict[str, Any]:
+        deadline = time.monotonic() + wait
+        with self.lock:
+            app = self.app(name)
+            while app.generation <= after and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.lock.wait(left)
+                app = self.app(name)
+            endpoint = {t: i.endpoint for t, i in app.tasks.items()}
+            wanted = app.layout.replicas if app.layout is not None else {}
+            return {
+                "app": name, "generation": app.generation,
+                "replication": app.spec.replication,
+                "shards": {s: [endpoint[t] for t in sorted(app.ready.get(s, ())) if t in endpoint]
+                           for s in app.shards},
+                "adding": {s: [endpoint[t] for t in ts if t in endpoint
+                               and t not in app.ready.get(s, ())]
+                           for s, ts in wanted.items()
+                           if any(t not in app.ready.get(s, ()) for t in ts)},
+            }
+
+    def app_view(self, name: str) -> dict[str, Any]:
+        with self.lock:
+            app = self.app(name)
+            held: dict[int, int] = {}
+            for tasks in app.ready.values():
+                for t in tasks:
+                    held[t] = held.get(t, 0) + 1
+            ready = [len(app.ready.get(s, ())) for s in app.shards]
+            return {
+                "app": name, "spec": app.spec.model_dump(mode="json", exclude={"controller_key"}),
+                "generation": app.generation,
+                "tasks": {str(t): {"endpoint": i.endpoint, "shards": held.get(t, 0),
+                                   "domains": list(i.domains)}
+                          for t, i in sorted(app.tasks.items())},
+                "shards": len(app.shards),
+                "fully_replicated": sum(1 for n in ready if n >= app.spec.replication),
+                "min_ready": min(ready, default=0),
+                "evacuating": sorted(app.controller.evacuate),
+                "waiting": {str(t): why for t, why in app.controller.waiting.items()},
+                "controller": app.spec.controller_key is not None,
+            }
+
+    def set_load(self, name: str, load: dict[str, float]) -> dict[str, Any]:
+        with self.lock:
+            app = self.app(name)
+            known = set(app.shards)
+            bad = [s for s in load if s not in known]
+            if bad:
+                raise ValidationError("load", f"no shard {bad[0]!r} in application {name}")
+            app.load.update(load)
+            self._changed(app)
+            return {"app": name, "shards": len(load)}
+
+    def _changed(self, app: App) -> None:
+        """(Under the lock.)"""
+        app.generation += 1
+        self._dirty = True
+        self.lock.notify_all()
+        self._wake.set()
+
+    # -- the reconciler ---------------------------------------------------------------------
+    def reconcile(self) -> None:
+        """One round over every application: lay it out, then add and drop."""
+        calls: list[tuple[str, str, int, str, list[str]]] = []
+        with self.lock:
+            now = self.clock()
+            for app in self.apps.values():
+                calls += self._plan(app, now)
+        futures = [(c, self._pool.submit(self._call, *c)) for c in calls]
+        for (name, shard, task, op, _), fut in futures:
+            ok = fut.result()
+            with self.lock:
+                found = self.apps.get(name)
+                if found is None:
+                    continue
+                app = found
+                app.busy.discard((shard, task))
+                if not ok:
+                    continue
+                if op == "add":
+                    app.ready.setdefault(shard, set()).add(task)
+                else:
+                    app.ready.get(shard, set()).discard(task)
+                self._changed(app)
+        self._save()
+
+    def _plan(self, app: App, now: float) -> list[tuple[str, str, int, str, list[str]]]:
+        """(Under the lock.) The layout, and the adds and drops it asks for."""
+        for t, info in list(app.tasks.items()):
+            if now - info.seen > TASK_TIMEOUT:
+                del app.tasks[t]
+                for tasks in app.ready.values():
+                    tasks.discard(t)
+                log.info("task gone", app=app.name, task=t)
+                self._changed(app)
+        places = [TaskPlace(t, info.domains) for t, info in sorted(app.tasks.items())
+                  if t not in app.controller.evacuate]
+        if not places:
+            return []
+        layout = assign(app.shards, app.spec.replication, places, load=app.load,
+                        previous=app.layout)
+        layout = rebalance(layout, app.load, limit=REBALANCE_MOVES)
+        if app.layout is None or layout.replicas != app.layout.replicas:
+            app.layout = layout
+            self._changed(app)
+        calls = []
+        endpoint = {t: i.endpoint for t, i in app.tasks.items()}
+        for shard in app.shards:
+            want = layout.replicas.get(shard, ())
+            ready = app.ready.setdefault(shard, set())
+            for t in want:
+                if t not in ready and (shard, t) not in app.busy and t in endpoint:
+                    peers = [endpoint[p] for p in sorted(ready) if p in endpoint]
+                    app.busy.add((shard, t))
+                    calls.append((app.name, shard, t, "add", peers))
+            if all(t in ready for t in want):
+                for t in sorted(ready - set(want)):
+                    if (shard, t) not in app.busy:
+                        app.busy.add((shard, t))
+                        if t in endpoint:
+                            calls.append((app.name, shard, t, "drop", []))
+                        else:
+                            ready.discard(t)
+                            app.busy.discard((shard, t))
+        return calls
+
+    def _call(self, name: str, shard: str, task: int, op: str, peers: list[str]) -> bool:
+        with self.lock:
+            info = self.apps[name].tasks.get(task) if name in self.apps else None
+        if info is None:
+            return False
+        body: dict[str, Any] = {"shard": shard}
+        if op == "add":
+            body["peers"] = peers
+        try:
+            r = self.http.post(f"{info.endpoint}/sm/{op}", json=body)
+        except httpx.HTTPError as exc:
+            log.info("task call failed", app=name, task=task, op=op, shard=shard,
+                     error=f"{type(exc).__name__}: {exc}")
+            return False
+        if not r.is_success:
+            log.info("task refused", app=name, task=task, op=op, shard=shard,
+                     status=r.status_code, body=r.text[:200])
+        return r.is_success
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(EVERY)
+            self._wake.clear()
+            try:
+                self.reconcile()
+            except Exception as exc:  # (a round that failed is tried again)
+                log.warning("reconcile failed", error=f"{type(exc).__name__}: {exc}")
+
+    # -- the saved maps ---------------------------------------------------------------------
+    def _save(self, force: bool = False) -> None:
+        if self.path is None or not (self._dirty or force):
+            return
+        now = time.monotonic()
+        if not force and now - self._saved_at < 1.0:
+            return
+        with self.lock:
+            data = {"schema": 1, "apps": {
+                name: {"spec": app.spec.model_dump(mode="json"),
+                       "ready": {s: sorted(ts) for s, ts in app.ready.items() if ts},
+                       "groups": {} if app.layout is None else {
+                           str(t): g for t, g in app.layout.groups.items()},
+                       "replicas": {} if app.layout is None else {
+                           s: list(ts) for s, ts in app.layout.replicas.items()},
+                       "load": app.load,
+                       "evacuate": {str(t): n for t, n in app.controller.evacuate.items()},
+                       "tasks": {str(t): {"endpoint": i.endpoint, "incarnation": i.incarnation,
+                                          "domains": list(i.domains)}
+                                 for t, i in app.tasks.items()}}
+                for name, app in self.apps.items()}}
+            self._dirty = False
+        self._saved_at = now
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.path)
+
+    def _load(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        data = json.loads(self.path.read_text())
+        for name, saved in data.get("apps", {}).items():
+            app = self._make(name, AppSpec.model_validate(saved["spec"]))
+            app.ready = {s: set(ts) for s, ts in saved.get("ready", {}).items()}
+            app.load = {s: float(v) for s, v in saved.get("load", {}).items()}
+            app.controller.evacuate = {int(t): str(n)
+                                       for t, n in saved.get("evacuate", {}).items()}
+            now = self.clock()  # (each has TASK_TIMEOUT to register again)
+            app.tasks = {int(t): TaskInfo(str(i["endpoint"]), str(i["incarnation"]),
+                                          tuple(i["domains"]), now)
+                         for t, i in saved.get("tasks", {}).items()}
+            if saved.get("replicas"):
+                app.layout = Layout({s: tuple(ts) for s, ts in saved["replicas"].items()},
+                                    {int(t): int(g) for t, g in saved["groups"].items()})
+            self.apps[name] = app
+
+    # -- serving ----------------------------------------------------------------------------
+    def start(self, host: str = "127.0.0.1", port: int = 0) -> ShardManager:
+        from plait.server.serve import AsgiServer
+
+        self._thread = threading.Thread(target=self._run, name="sm-reconcile", daemon=True)
+        self._thread.start()
+        self.server = AsgiServer(create_app(self), host=host, port=port).start()
+        self.url = self.server.url
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        with self.lock:
+            self.lock.notify_all()
+        if self.server is not None:
+            self.server.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._save(force=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.http.close()
+
+
+def create_app(sm: ShardManager) -> FastAPI:
+    api = FastAPI(title="plait Shard Manager", version="1")
+
+    def authorized(request: Request) -> None:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {sm.token}".encode()):
+            raise HTTPException(401, "a valid token is required (Authorization: Bearer ...)")
+
+    auth = [Depends(authorized)]
+
+    @api.exception_handler(ValidationError)
+    def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=422)
+
+    @api.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"ok": True, "apps": len(sm.apps)}
+
+    @api.put("/v1/apps/{app}", dependencies=auth)
+    def put_app(app: Name, spec: AppSpec) -> dict[str, Any]:
+        sm.define(app, spec)
+        return sm.app_view(app)
+
+    @api.get("/v1/apps/{app}", dependencies=auth)
+    def get_app(app: str) -> dict[str, Any]:
+        return sm.app_view(app)
+
+    @api.get("/v1/apps/{app}/map", dependencies=auth)
+    def get_map(app: str, after: int = -1,
+                wait: Annotated[float, Query(ge=0, le=60)] = 0.0) -> dict[str, Any]:
+        return sm.map_view(app, after, wait)
+
+    @api.post("/v1/apps/{app}/tasks", dependencies=auth)
+    def register(app: str, reg: Registration) -> dict[str, Any]:
+        return sm.register(app, reg)
+
+    @api.post("/v1/apps/{app}/load", dependencies=auth)
+    def load(app: str, body: dict[str, Annotated[float, pydantic.Field(ge=0, le=1e9)]]
+             ) -> dict[str, Any]:
+        return sm.set_load(app, body)
+
+    @api.post("/v1/apps/{app}/taskcontrol")
+    async def taskcontrol(app: str, request: Request) -> dict[str, Any]:
+        size = int(request.headers.get("Content-Length") or 0)
+        if size > MAX_TASKCONTROL:
+            raise HTTPException(413, f"a TaskControl request is at most {MAX_TASKCONTROL} B")
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_TASKCONTROL:
+                raise HTTPException(413, f"a TaskControl request is at most "
+                                         f"{MAX_TASKCONTROL} B")
+        from starlette.concurrency import run_in_threadpool
+
+        try:
+            return await run_in_threadpool(sm.taskcontrol, app, body,
+                                           request.headers.get(JOB_HEADER),
+                                           request.headers.get(SIGNATURE_HEADER))
+        except ValidationError as exc:
+            status = 401 if exc.field == SIGNATURE_HEADER else 422
+            raise HTTPException(status, str(exc)) from None
+
+    return api
+
+
+def serve(token: str, host: str, port: int, data_dir: str | None) -> None:
+    """``plait shardmanager serve``: until interrupted."""
+    sm = ShardManager(token, data_dir).start(host, port)
+    print(f"plait Shard Manager on {sm.url}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        while True:
+            time.sleep(3600)
+    sm.stop()

@@ -1,0 +1,186 @@
+"""The Shard Manager service with real tasks on loopback (the client library in this
+process): it lays the shards out, loads them onto the tasks, publishes the map, and
+answers plait's signed TaskControl calls from it; a restarted task is loaded again,
+a task under long maintenance is emptied before its move is acked, and bad input is
+refused by name."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator, Sequence
+
+import httpx
+import pytest
+
+from plait.model import TaskRef
+from plait.shardmanager.client import ShardApp, ShardTask
+from plait.shardmanager.service import ShardManager
+from plait.taskcontrol.protocol import (
+    AdvanceNotice,
+    NoticeKind,
+    OpKind,
+    TaskControlRequest,
+    new_op,
+    to_wire,
+)
+from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, sign
+
+TOKEN = "t" * 32
+KEY = "ab" * 32
+
+
+class Dict(ShardApp):
+    def __init__(self) -> None:
+        self.held: dict[str, list[str]] = {}
+
+    def add_shard(self, shard: str, peers: Sequence[str]) -> None:
+        self.held[shard] = list(peers)
+
+    def drop_shard(self, shard: str) -> None:
+        self.held.pop(shard, None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def until(check, bound: float = 30.0) -> None:
+    """A liveness bound, not a speed assertion."""
+    deadline = time.monotonic() + bound
+    while not check():
+        assert time.monotonic() < deadline, "not reached within the liveness bound"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def sm(tmp_path) -> Iterator[ShardManager]:
+    manager = ShardManager(TOKEN, tmp_path / "sm").start()
+    yield manager
+    manager.stop()
+
+
+def task(sm: ShardManager, index: int, msb: int) -> ShardTask:
+    return ShardTask(Dict(), app="kv", job="kv", index=index, port=free_port(),
+                     manager=sm.url, token=TOKEN,
+                     domains=(f"msb{msb}", f"rack{index}", f"m{index}")).start()
+
+
+def api(sm: ShardManager) -> httpx.Client:
+    return httpx.Client(base_url=sm.url, headers={"Authorization": f"Bearer {TOKEN}"},
+                        timeout=30)
+
+
+def full(c: httpx.Client) -> bool:
+    shards = c.get("/v1/apps/kv/map").json()["shards"]
+    return all(len(eps) == 3 for eps in shards.values())
+
+
+def control(c: httpx.Client, request: TaskControlRequest, key: str = KEY) -> httpx.Response:
+    body = json.dumps(to_wire(request)).encode()
+    return c.post("/v1/apps/kv/taskcontrol", content=body, headers={
+        JOB_HEADER: "kv", SIGNATURE_HEADER: sign(key, body, time.time()),
+        "Content-Type": "application/json"})
+
+
+def ops(indexes, kind=OpKind.UPDATE, reason="update to version 2", serial=1):
+    return tuple(new_op(f"kv/{i}/{kind.value}/{serial}", "kv", i, kind, reason, f"m{i}")
+                 for i in indexes)
+
+
+def test_shards_are_loaded_published_and_acked_by_availability(sm: ShardManager) -> None:
+    c = api(sm)
+    r = c.put("/v1/apps/kv", json={"job": "kv", "shards": 12, "replication": 3,
+                                   "controller_key": KEY})
+    assert r.status_code == 200, r.text
+    tasks = [task(sm, i, i % 3) for i in range(6)]
+    try:
+        until(lambda: full(c))
+        view = c.get("/v1/apps/kv").json()
+        assert view["fully_replicated"] == 12 and view["min_ready"] == 3
+        m = c.get("/v1/apps/kv/map").json()
+        for eps in m["shards"].values():  # three tasks, three MSBs
+            idx = [int(ep.rsplit(":", 1)[1]) for ep in eps]
+            assert len(set(idx)) == 3
+        assert sum(len(t.impl.held) for t in tasks) == 36  # type: ignore[attr-defined]
+        # the map is watched: a call past the generation waits, then times out unchanged
+        g = m["generation"]
+        assert c.get("/v1/apps/kv/map", params={"after": g, "wait": 0.3}).json()[
+            "generation"] == g
+        # an update of every task: the ack never takes a shard two replicas down
+        answer = control(c, TaskControlRequest("kv", ops(range(6)), sequence_number=1))
+        assert answer.status_code == 200, answer.text
+        acked = {int(op_id.split("/")[1]) for op_id in answer.json()["ack"]}
+        replicas = {s: {int(ep.rsplit(":", 1)[1]) for ep in eps}
+                    for s, eps in m["shards"].items()}
+        ports = {t.endpoint.rsplit(":", 1)[1]: t.index for t in tasks}
+        by_task = {s: {ports[str(p)] for p in ps} for s, ps in replicas.items()}
+        assert acked and all(len(ts & acked) <= 1 for ts in by_task.values())
+        # asked again before they completed: nothing more (they count as down)
+        again = control(c, TaskControlRequest("kv", ops(range(6)), sequence_number=2))
+        assert set(again.json()["ack"]) <= {f"kv/{i}/update/1" for i in acked}
+        # a restarted task (a new incarnation, empty) is loaded again
+        first = min(acked)
+        tasks[first].stop()
+        done = ops([first])
+        control(c, TaskControlRequest("kv", (), completed=done,
+                                      all_unhealthy_tasks=(TaskRef("kv", first),),
+                                      sequence_number=3))
+        assert not full(c)
+        tasks[first] = task(sm, first, first % 3)
+        until(lambda: full(c))
+        assert tasks[first].impl.held  # type: ignore[attr-defined]
+        # bad input, named
+        assert httpx.get(f"{sm.url}/v1/apps/kv").status_code == 401
+        assert control(c, TaskControlRequest("kv", sequence_number=4),
+                       key="cd" * 32).status_code == 401
+        garbage = c.post("/v1/apps/kv/taskcontrol", content=b"{", headers={
+            JOB_HEADER: "kv", SIGNATURE_HEADER: sign(KEY, b"{", time.time())})
+        assert garbage.status_code == 422 and "TaskControl" in garbage.text
+        assert c.get("/v1/apps/nope").status_code == 404
+        bad = c.put("/v1/apps/kv2", json={"job": "kv", "shards": 0})
+        assert bad.status_code == 422 and "shards" in bad.text
+    finally:
+        for t in tasks:
+            t.stop()
+
+
+def test_a_task_under_long_maintenance_is_emptied_before_its_move(sm: ShardManager,
+                                                                  tmp_path) -> None:
+    c = api(sm)
+    c.put("/v1/apps/kv", json={"job": "kv", "shards": 8, "replication": 3,
+                               "controller_key": KEY})
+    tasks = [task(sm, i, i % 3) for i in range(6)]
+    try:
+        until(lambda: full(c))
+        victim = 0
+        notice = AdvanceNotice("mx-1", NoticeKind.MAINTENANCE, ("m0",),
+                               (TaskRef("kv", victim),), time.time() + 600,
+                               time.time() + 600, time.time() + 600 + 7200)
+        pair = (*ops([victim], OpKind.MOVE, "maintenance mx-1"),
+                *ops([victim], OpKind.STOP, "maintenance mx-1"))
+        first = control(c, TaskControlRequest("kv", pair, advance_notices=(notice,),
+                                               sequence_number=1)).json()
+        assert first["ack"] == [] and first["ask_again_after"]
+        assert c.get("/v1/apps/kv").json()["evacuating"] == [victim]
+        # its shards move away, added elsewhere before they are dropped from it
+        until(lambda: not tasks[victim].impl.held and full(c))  # type: ignore[attr-defined]
+        later = control(c, TaskControlRequest("kv", pair, advance_notices=(notice,),
+                                              sequence_number=2)).json()
+        assert later["ack"] == ["kv/0/move/1"]
+        # the maps outlive a restart of the service
+        before = c.get("/v1/apps/kv/map").json()["shards"]
+        sm.stop()
+        again = ShardManager(TOKEN, tmp_path / "sm").start()
+        try:
+            c2 = httpx.Client(base_url=again.url, headers={
+                "Authorization": f"Bearer {TOKEN}"}, timeout=30)
+            assert c2.get("/v1/apps/kv/map").json()["shards"] == before
+        finally:
+            again.stop()
+    finally:
+        for t in tasks:
+            t.stop()
