@@ -12,9 +12,11 @@ Figure 14) serves it over HTTP or calls it in-process.
   ack, and a task that hosts a shard already missing one is never acked.
 * **Advance notices** (maintenance, loan revokes): for each task on the noticed
   machines, a task that hosts no shard is let go at once (its ``move`` acked); when
-  the maintenance is short (at most ``short_maintenance`` seconds) and every shard of
-  the task has a ready replica on a task outside the notice that is up, it does
-  nothing (the task stays until the deadline and comes back after); otherwise the
+  the maintenance is short (at most ``short_maintenance`` seconds), every shard of the
+  task has a ready replica on a task outside the notice that is up, and none would
+  then have more than ``max_down`` replicas down, it does nothing (the task stays
+  until the deadline and comes back after; meanwhile it counts as down, so no other
+  replica of its shards is acked away); otherwise the
   task is asked to be emptied (``evacuate``: the shell migrates its shards away,
   add first, drop second) and its ``move`` is acked once it holds no shard; it stays
   in ``evacuate`` until the move completes, so nothing is loaded onto it meanwhile.
@@ -28,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from plait.shardmanager.batch import safe_batch
+from plait.shardmanager.batch import missing, safe_batch
 from plait.taskcontrol.protocol import (
     NoticeKind,
     OpKind,
@@ -93,6 +95,10 @@ class ShardController:
         evacuate: dict[int, str] = {}
         planned: dict[int, TaskOp] = {}
         shards_on = _shards_on(view)
+        missing_now = missing(view.ready, down, view.replication)
+        #: tasks left in place for a short maintenance: down by its deadline, so they
+        #: count as down for everything else acked now
+        staying: set[int] = set()
         for t, op in ops.items():
             if t not in noticed:
                 planned[t] = op
@@ -107,13 +113,16 @@ class ShardController:
                 if t in self.evacuate:
                     leaving[t] = self.evacuate[t]
                 continue
-            if short and all(_elsewhere(view, s, t, down, noticed) for s in mine):
+            if short and all(_elsewhere(view, s, t, down, noticed) for s in mine) and (
+                    all(missing_now.get(s, 0) + 1 <= self.max_down for s in mine)):
                 self.waiting[t] = f"{notice_id}: short, every shard served elsewhere"
+                staying.add(t)
                 continue  # nothing to do: back after the maintenance
             evacuate[t] = notice_id
             self.waiting[t] = f"{notice_id}: its {len(mine)} shards are being moved away"
         self.evacuate = {**leaving, **evacuate}
-        batch = set(safe_batch(planned, view.ready, down, self.max_down, view.replication))
+        batch = set(safe_batch(planned, view.ready, down | staying, self.max_down,
+                               view.replication))
         acks += [op for t, op in sorted(planned.items()) if t in batch]
         self.last_batch = tuple(sorted(t for t in batch if t not in down))
         for op in acks:

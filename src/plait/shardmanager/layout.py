@@ -137,23 +137,28 @@ def assign(shards: Sequence[str], replication: int, tasks: Sequence[TaskPlace], 
         heaps[g].append((per_task[t], t))
     for h in heaps:
         heapq.heapify(h)
+    # (groups split a finer level than the coarsest: spread over the coarser one too)
+    coarse = {t.index: "/".join(t.domains[:level]) for t in tasks} if level else None
     out: dict[str, tuple[int, ...]] = {}
     for shard in order:
         mine = kept[shard]
         used = {groups[t] for t in mine}
         weight = load.get(shard, 1.0)
+        taken = {coarse[t] for t in mine} if coarse is not None else None
         for g in range(replication):
             if len(mine) >= min(replication, len(groups)):
                 break
             if g in used:
                 continue
-            found = _least(heaps[g], per_task, mine)
+            found = _least(heaps[g], per_task, mine, taken, coarse)
             if found is None:  # (an empty group, or all of it holds the shard already)
                 found = _least_anywhere(per_task, mine)
                 if found is None:
                     break
             t = found
             mine.append(t)
+            if taken is not None and coarse is not None:
+                taken.add(coarse[t])
             used.add(g)
             per_task[t] += weight
             if groups[t] == g:
@@ -162,24 +167,35 @@ def assign(shards: Sequence[str], replication: int, tasks: Sequence[TaskPlace], 
     return Layout(out, groups, level, per_task)
 
 
+#: how many of a group's least-loaded tasks are looked at for one in another domain
+_LOOK = 64
+
+
 def _least(heap: list[tuple[float, int]], per_task: Mapping[int, float],
-           avoid: Sequence[int]) -> int | None:
-    """The least-loaded task of a group's heap not in ``avoid`` (stale entries, whose
-    load grew since, are dropped as they surface)."""
+           avoid: Sequence[int], taken: set[str] | None = None,
+           coarse: Mapping[int, str] | None = None) -> int | None:
+    """The least-loaded task of a group's heap not in ``avoid``; with ``taken``, one
+    whose coarse domain (``coarse``) is not among them if one is among the
+    ``_LOOK`` least loaded (stale entries, whose load grew since, are dropped as
+    they surface)."""
     skipped: list[tuple[float, int]] = []
+    first = None
     found = None
-    while heap:
+    while heap and len(skipped) < _LOOK:
         weight, t = heapq.heappop(heap)
         if weight != per_task[t]:
             continue  # stale
+        skipped.append((weight, t))
         if t in avoid:
-            skipped.append((weight, t))
             continue
-        found = t
-        break
+        if first is None:
+            first = t
+        if not taken or coarse is None or coarse[t] not in taken:
+            found = t
+            break
     for item in skipped:
         heapq.heappush(heap, item)
-    return found
+    return found if found is not None else first
 
 
 def _least_anywhere(per_task: Mapping[int, float], avoid: Sequence[int]) -> int | None:
