@@ -66,7 +66,9 @@ class Layout:
 
 
 def _level(tasks: Sequence[TaskPlace], replication: int) -> int | None:
-    """The coarsest domain level with at least ``replication`` values."""
+    """The coarsest domain level with at least ``replication`` values (among the
+    tasks whose domains are known: one not placed yet does not undo the others')."""
+    tasks = [t for t in tasks if t.domains]
     depth = min((len(t.domains) for t in tasks), default=0)
     for level in range(depth):
         if len({t.domains[level] for t in tasks}) >= replication:
@@ -82,7 +84,8 @@ def groups_of(tasks: Sequence[TaskPlace], replication: int,
     level = _level(tasks, replication)
     by_domain: dict[str, list[int]] = {}
     for t in tasks:
-        key = t.domains[level] if level is not None else f"#{t.index}"
+        key = t.domains[level] if level is not None and len(t.domains) > level else (
+            f"#{t.index}")
         by_domain.setdefault(key, []).append(t.index)
     previous = previous or {}
     sizes = [0] * replication
@@ -138,7 +141,8 @@ def assign(shards: Sequence[str], replication: int, tasks: Sequence[TaskPlace], 
     for h in heaps:
         heapq.heapify(h)
     # (groups split a finer level than the coarsest: spread over the coarser one too)
-    coarse = {t.index: "/".join(t.domains[:level]) for t in tasks} if level else None
+    coarse = {t.index: "/".join(t.domains[:level]) or f"#{t.index}"
+              for t in tasks} if level else None
     out: dict[str, tuple[int, ...]] = {}
     for shard in order:
         mine = kept[shard]

@@ -36,10 +36,19 @@ def largest_safe_batch(candidates: Iterable[int], replicas: Mapping[str, Sequenc
     pending = sorted(set(candidates) - set(down))
     model = cp_model.CpModel()
     x = {t: model.new_bool_var(f"t{t}") for t in pending}
+    degree: dict[int, int] = dict.fromkeys(x, 0)
+    total = 0
     for shard, n in missing(replicas, down, replication).items():
-        mine = [x[t] for t in set(replicas[shard]) if t in x]
+        mine = [t for t in set(replicas[shard]) if t in x]
         if mine:
-            model.add(sum(mine) <= max(0, max_down - n))
+            room = max(0, max_down - n)
+            model.add(sum(x[t] for t in mine) <= room)
+            for t in mine:
+                degree[t] += 1
+            total += min(room, len(mine))
+    # (the shards' constraints summed: implied, but it gives the solver the bound that
+    # proves a whole replica group optimal at once)
+    model.add(sum(degree[t] * x[t] for t in x) <= total)
     model.maximize(sum(x.values()))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = seconds

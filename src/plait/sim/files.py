@@ -49,13 +49,22 @@ def _surge(scn: Any, progress: Callable[[float], None] | None
     return result.figures, lambda path: surge.plot(result, path)
 
 
+def _fig14(scn: Any, progress: Callable[[float], None] | None
+           ) -> tuple[dict[str, Any], Callable[[str], None]]:
+    from plait.sim import fig14
+
+    result = fig14.run(scn, progress)
+    return result.figures, lambda path: fig14.plot(result, path)
+
+
 def _kinds() -> dict[str, Kind]:
     from plait.sim.autoscale import AutoscaleWeek
     from plait.sim.diurnal import Diurnal
+    from plait.sim.fig14 import Fig14
     from plait.sim.surge import Surge
 
     return {"diurnal": Kind(Diurnal, _diurnal), "autoscale-week": Kind(AutoscaleWeek, _week),
-            "surge": Kind(Surge, _surge)}
+            "surge": Kind(Surge, _surge), "fig14": Kind(Fig14, _fig14)}
 
 
 def load(path: Path, overrides: dict[str, Any] | None = None) -> tuple[Kind, Value]:
