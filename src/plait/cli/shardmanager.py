@@ -16,9 +16,12 @@ shardmanager_app = typer.Typer(
          "TaskController.", no_args_is_help=True)
 
 
-def _token(token_file: Path) -> str:
-    """The service's token: read from the file, or made there (mode 0600) when the file
-    does not exist."""
+def _token(token_file: Path, make: bool = False) -> str:
+    """The service's token: read from the file, or (``make``) made there, mode 0600,
+    when the file does not exist."""
+    if not token_file.exists() and not make:
+        raise typer.BadParameter(f"{token_file} does not exist (plait shardmanager serve "
+                                 "makes it)", param_hint="--token-file")
     if token_file.exists():
         token = token_file.read_text().strip()
         if len(token) < 16:
@@ -47,7 +50,7 @@ def serve(
     from plait.shardmanager.service import serve as run
 
     logconfig.configure("shardmanager")
-    run(_token(token_file), host, port, None if data_dir is None else str(data_dir))
+    run(_token(token_file, make=True), host, port, None if data_dir is None else str(data_dir))
 
 
 @shardmanager_app.command("show")
@@ -66,3 +69,36 @@ def show(
         typer.echo(f"error: {r.status_code} {r.text}", err=True)
         raise typer.Exit(1)
     typer.echo(json.dumps(r.json(), indent=2))
+
+
+@shardmanager_app.command("define")
+def define(
+    app: str,
+    job: Annotated[str, typer.Option(help="the plait job whose tasks serve the application")],
+    shards: Annotated[int, typer.Option(min=1, max=100_000, help="how many shards")],
+    replication: Annotated[int, typer.Option(min=1, max=9)] = 3,
+    max_down: Annotated[int, typer.Option(
+        min=1, max=8, help="replicas of a shard an operation may leave down")] = 1,
+    controller_key: Annotated[str | None, typer.Option(
+        help="the job's TaskControl key (default: read from plait with the CLI's "
+             "context, as plait job controller-key JOB does)")] = None,
+    url: Annotated[str, typer.Option(help="Shard Manager's URL")] = "http://127.0.0.1:7090",
+    token_file: Annotated[Path, typer.Option(help="the service's token")] = Path("sm-token"),
+) -> None:
+    """Define (or change) a sharded application: Shard Manager lays its shards out over
+    the job's tasks and becomes the job's TaskController (point the job's
+    task_controller at URL/v1/apps/APP/taskcontrol)."""
+    import httpx
+
+    if controller_key is None:
+        from plait.cli.common import api
+        controller_key = str(api().get(f"/v1/jobs/{job}/controller-key")["key"])
+    r = httpx.put(f"{url.rstrip('/')}/v1/apps/{app}", json={
+        "job": job, "shards": shards, "replication": replication, "max_down": max_down,
+        "controller_key": controller_key},
+        headers={"Authorization": f"Bearer {_token(token_file)}"}, timeout=30)
+    if not r.is_success:
+        typer.echo(f"error: {r.status_code} {r.text}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"application {app}: {shards} shards x {replication} on job {job}; its "
+               f"TaskController: {url.rstrip('/')}/v1/apps/{app}/taskcontrol")

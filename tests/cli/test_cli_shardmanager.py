@@ -1,0 +1,66 @@
+"""plait shardmanager: serve makes its token file (mode 0600) and serves; define takes
+the job's controller key from plait when it is not given; show prints what it
+holds; a missing token file and a malformed key are refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from test_cli_client import plait, write
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_define_and_show(plane, tmp_path: Path) -> None:
+    token_file, port = tmp_path / "sm-token", free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plait.cli.main", "shardmanager", "serve", "--port", str(port),
+         "--token-file", str(token_file), "--data-dir", str(tmp_path / "sm")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # (a liveness bound)
+            try:
+                if httpx.get(f"{url}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        plait("entitlement", "create", "--name", "e", "--owner", "alice", "--machines", "4")
+        plait("job", "deploy", str(write(tmp_path, "kv.yaml", "name: kv\nentitlement: e\n"
+                                         "task_count: 2\ncommand: sleep\nargs: ['3600']\n"
+                                         "resources: {cpu: 1, memory_gb: 1}\n")))
+        said = plait("shardmanager", "define", "kv", "--job", "kv", "--shards", "8",
+                     "--url", url, "--token-file", str(token_file)).stdout
+        assert f"{url}/v1/apps/kv/taskcontrol" in said
+        shown = json.loads(plait("shardmanager", "show", "kv", "--url", url,
+                                 "--token-file", str(token_file)).stdout)
+        assert shown["shards"] == 8 and shown["controller"] is True
+        assert shown["spec"]["job"] == "kv" and "controller_key" not in shown["spec"]
+        bad = plait("shardmanager", "define", "kv2", "--job", "kv", "--shards", "8",
+                    "--controller-key", "nope", "--url", url, "--token-file",
+                    str(token_file), ok=False)
+        assert bad.exit_code == 1 and "controller_key" in bad.output
+        missing = plait("shardmanager", "show", "kv", "--url", url, "--token-file",
+                        str(tmp_path / "none"), ok=False)
+        said = " ".join(missing.output.replace("│", " ").split())
+        assert missing.exit_code != 0 and "does not exist" in said
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
