@@ -43,6 +43,8 @@ from plait.taskcontrol.protocol import (
 _PREFERENCE = {OpKind.MOVE: 0, OpKind.UPDATE: 1, OpKind.RESTART: 1, OpKind.STOP: 2}
 #: how soon to be asked again while a task is being emptied
 EVACUATING_ASK_AGAIN = 2.0
+#: how soon to be asked again while operations are held back
+HELD_ASK_AGAIN = 1.0
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,10 @@ class ShardController:
         self.last_batch = tuple(sorted(t for t in batch if t not in down))
         for op in acks:
             self.in_flight[op.op_id] = op
-        again = EVACUATING_ASK_AGAIN if evacuate else None
+        # (held back: a replica being loaded or a task coming back frees room soon,
+        # which plait would otherwise look at only at its next re-check)
+        held = any(t not in batch for t in planned)
+        again = EVACUATING_ASK_AGAIN if evacuate else HELD_ASK_AGAIN if held else None
         return TaskControlResponse(tuple(op.op_id for op in acks), again)
 
 

@@ -35,7 +35,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -187,6 +187,7 @@ class ShardManager:
                 app.ready = {s: ts for s, ts in old.ready.items() if s in set(app.shards)}
                 app.generation = old.generation + 1
                 app.controller.in_flight = old.controller.in_flight
+                app.controller.evacuate = old.controller.evacuate
                 self.apps[name] = app
             self._changed(app)
         return app
@@ -248,6 +249,15 @@ class ShardManager:
                         changed = True
             app.sequence = max(app.sequence, request.sequence_number)
             response = app.controller.process(request)
+            # a task acked away is out of the published map at once (clients stop
+            # sending it requests); it is loaded again when it comes back
+            acked = set(response.ack)
+            for op in request.request:
+                if op.op_id in acked:
+                    for tasks in app.ready.values():
+                        if op.task.index in tasks:
+                            tasks.discard(op.task.index)
+                            changed = True
             if changed or app.controller.evacuate:
                 self._changed(app)
         return response_to_wire(response)
@@ -323,17 +333,19 @@ class ShardManager:
             now = self.clock()
             for app in self.apps.values():
                 calls += self._plan(app, now)
-        futures = [(c, self._pool.submit(self._call, *c)) for c in calls]
-        for (name, shard, task, op, _), fut in futures:
-            ok = fut.result()
+        futures = {self._pool.submit(self._call, *c): c for c in calls}
+        for fut in as_completed(futures):  # (each published as soon as it answered)
+            name, shard, task, op, _ = futures[fut]
+            ok, incarnation = fut.result()
             with self.lock:
                 found = self.apps.get(name)
                 if found is None:
                     continue
                 app = found
                 app.busy.discard((shard, task))
-                if not ok:
-                    continue
+                info = app.tasks.get(task)
+                if not ok or info is None or info.incarnation != incarnation:
+                    continue  # (failed, or answered by a process that has been replaced)
                 if op == "add":
                     app.ready.setdefault(shard, set()).add(task)
                 else:
@@ -381,11 +393,13 @@ class ShardManager:
                             app.busy.discard((shard, t))
         return calls
 
-    def _call(self, name: str, shard: str, task: int, op: str, peers: list[str]) -> bool:
+    def _call(self, name: str, shard: str, task: int, op: str,
+              peers: list[str]) -> tuple[bool, str]:
+        """Whether the task's process answered the call, and which process it was."""
         with self.lock:
             info = self.apps[name].tasks.get(task) if name in self.apps else None
         if info is None:
-            return False
+            return False, ""
         body: dict[str, Any] = {"shard": shard}
         if op == "add":
             body["peers"] = peers
@@ -394,11 +408,16 @@ class ShardManager:
         except httpx.HTTPError as exc:
             log.info("task call failed", app=name, task=task, op=op, shard=shard,
                      error=f"{type(exc).__name__}: {exc}")
-            return False
+            return False, info.incarnation
         if not r.is_success:
             log.info("task refused", app=name, task=task, op=op, shard=shard,
                      status=r.status_code, body=r.text[:200])
-        return r.is_success
+            return False, info.incarnation
+        try:  # (the process that answered: the client library says which it is)
+            said = r.json().get("incarnation", info.incarnation)
+        except ValueError:
+            said = info.incarnation
+        return True, str(said)
 
     def _run(self) -> None:
         while not self._stop.is_set():
