@@ -99,12 +99,6 @@ def test_shards_are_loaded_published_and_acked_by_availability(sm: ShardManager)
     tasks = [task(sm, i, i % 3) for i in range(6)]
     try:
         until(lambda: full(c))
-        view = c.get("/v1/apps/kv").json()
-        assert view["fully_replicated"] == 12 and view["min_ready"] == 3
-        m = c.get("/v1/apps/kv/map").json()
-        for eps in m["shards"].values():  # three tasks, three MSBs
-            idx = [int(ep.rsplit(":", 1)[1]) for ep in eps]
-            assert len(set(idx)) == 3
         # (the moves of the first rounds, while tasks were joining, end with drops)
         until(lambda: sum(len(t.impl.held) for t in tasks) == 36)  # type: ignore[attr-defined]
         # the map is watched: a call past the generation waits for the next change (the
@@ -119,6 +113,11 @@ def test_shards_are_loaded_published_and_acked_by_availability(sm: ShardManager)
             return later["generation"] == now["generation"] and full(c)
         until(quiet)
         m = settled[0]
+        view = c.get("/v1/apps/kv").json()
+        assert view["fully_replicated"] == 12 and view["min_ready"] == 3
+        for eps in m["shards"].values():  # three tasks, three MSBs
+            idx = [int(ep.rsplit(":", 1)[1]) for ep in eps]
+            assert len(set(idx)) == 3
         # an update of every task: the ack never takes a shard two replicas down
         answer = control(c, TaskControlRequest("kv", ops(range(6)), sequence_number=1))
         assert answer.status_code == 200, answer.text

@@ -28,6 +28,7 @@ a restarted service goes on with the replicas its tasks hold.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -148,7 +149,7 @@ class ShardManager:
         self.token = token
         self.clock = clock
         self.apps: dict[str, App] = {}
-        self.lock = threading.Condition()
+        self.lock = threading.RLock()
         self.path = None if data_dir is None else Path(data_dir) / "shardmanager.json"
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -158,6 +159,9 @@ class ShardManager:
         self._saved_at = 0.0
         self._dirty = False
         self._thread: threading.Thread | None = None
+        #: the server's event loop (set at its first watch) and the event watchers wait on
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick = asyncio.Event()
         self.server: Any = None
         self.url = ""
         self._load()
@@ -262,16 +266,26 @@ class ShardManager:
                 self._changed(app)
         return response_to_wire(response)
 
-    def map_view(self, name: str, after: int, wait: float) -> dict[str, Any]:
+    async def watch(self, name: str, after: int, wait: float) -> dict[str, Any]:
+        """``map_view`` once the application's generation is past ``after``, or after
+        ``wait`` seconds: a watcher holds no thread while it waits (woken by
+        ``_changed`` through the event loop)."""
         deadline = time.monotonic() + wait
+        while True:
+            with self.lock:
+                tick = self._tick
+                if self.app(name).generation > after or self._stop.is_set():
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tick.wait(), left)
+        return self.map_view(name)
+
+    def map_view(self, name: str) -> dict[str, Any]:
         with self.lock:
             app = self.app(name)
-            while app.generation <= after and not self._stop.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self.lock.wait(left)
-                app = self.app(name)
             endpoint = {t: i.endpoint for t, i in app.tasks.items()}
             wanted = app.layout.replicas if app.layout is not None else {}
             return {
@@ -322,8 +336,17 @@ class ShardManager:
         """(Under the lock.)"""
         app.generation += 1
         self._dirty = True
-        self.lock.notify_all()
         self._wake.set()
+        if self._loop is not None:  # (the watchers wait on the server's event loop)
+            with contextlib.suppress(RuntimeError):  # (a loop that has closed)
+                self._loop.call_soon_threadsafe(self._ring, self._tick)
+
+    def _ring(self, tick: asyncio.Event) -> None:
+        """(On the event loop.) Wake every watcher; the next ones wait on a new event."""
+        with self.lock:
+            if self._tick is tick:
+                self._tick = asyncio.Event()
+        tick.set()
 
     # -- the reconciler ---------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -488,8 +511,9 @@ class ShardManager:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        with self.lock:
-            self.lock.notify_all()
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._ring, self._tick)
         if self.server is not None:
             self.server.stop()
         if self._thread is not None:
@@ -527,9 +551,11 @@ def create_app(sm: ShardManager) -> FastAPI:
         return sm.app_view(app)
 
     @api.get("/v1/apps/{app}/map", dependencies=auth)
-    def get_map(app: str, after: int = -1,
-                wait: Annotated[float, Query(ge=0, le=60)] = 0.0) -> dict[str, Any]:
-        return sm.map_view(app, after, wait)
+    async def get_map(app: str, after: int = -1,
+                      wait: Annotated[float, Query(ge=0, le=60)] = 0.0) -> dict[str, Any]:
+        if sm._loop is None:
+            sm._loop = asyncio.get_running_loop()
+        return await sm.watch(app, after, wait)
 
     @api.post("/v1/apps/{app}/tasks", dependencies=auth)
     def register(app: str, reg: Registration) -> dict[str, Any]:
