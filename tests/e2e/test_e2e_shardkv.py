@@ -21,7 +21,7 @@ import httpx
 import yaml
 
 from plait.harness.region import LocalRegion
-from plait.shardmanager.service import ShardManager
+from plait.shardmanager.service import ShardManager, app_token
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "shardkv"
 TASKS, SHARDS, REPLICATION = 6, 32, 3
@@ -71,7 +71,7 @@ def test_a_rolling_update_of_shardkv_loses_no_acknowledged_write() -> None:
         assert sm_api.put("/v1/apps/kv", json=app).status_code == 200
         region.send("POST", "/v1/entitlements", {"name": "kv", "owner": "o",
                                                  "quota": {"machines": TASKS}})
-        region.send("PUT", "/v1/jobs/kv", kv_job(sm.url, token, "1"))
+        region.send("PUT", "/v1/jobs/kv", kv_job(sm.url, app_token(token, "kv"), "1"))
         # Shard Manager becomes the job's controller once it has the job's key
         key = region.get("/v1/jobs/kv/controller-key")["key"]
         r = sm_api.put("/v1/apps/kv", json={**app, "controller_key": key})
@@ -89,7 +89,7 @@ def test_a_rolling_update_of_shardkv_loses_no_acknowledged_write() -> None:
 
         # the client starts on a fully replicated map: from here on it tracks the
         # fewest ready replicas of each shard in every map it sees
-        client = kv.KvClient(sm.url, token)
+        client = kv.KvClient(sm.url, app_token(token, "kv"))  # (the tasks' own token)
         assert client.wait_for_map(lambda m: m["shards"] and all(
             len(ready) == REPLICATION for ready in m["shards"].values()), 30)
         load = kv.Load(client, writers=3, readers=2, keys=2000).start()
@@ -98,7 +98,7 @@ def test_a_rolling_update_of_shardkv_loses_no_acknowledged_write() -> None:
         # roll the job to version 2
         before_update = load.writes_acked
         phase("load")
-        region.send("PUT", "/v1/jobs/kv", kv_job(sm.url, token, "2"))
+        region.send("PUT", "/v1/jobs/kv", kv_job(sm.url, app_token(token, "kv"), "2"))
 
         def rolled() -> bool:
             job = region.get("/v1/jobs/kv")
@@ -134,7 +134,8 @@ def test_a_rolling_update_of_shardkv_loses_no_acknowledged_write() -> None:
         # no shard was ever without a ready replica, in any map the client saw (it
         # saw the rollout: some shard was short of a replica at some point)
         assert set(client.min_ready) == {f"s{i:05d}" for i in range(SHARDS)}, report
-        assert min(client.min_ready.values()) >= 1, report
+        # (replication 3, at most one replica down: two always serve)
+        assert min(client.min_ready.values()) >= 2, report
         assert client.short, report
         # every task runs the new version (its environment is its process's: a new one)
         tasks = {t["index"]: t for t in region.get("/v1/jobs/kv/tasks")["tasks"]}

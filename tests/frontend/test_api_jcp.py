@@ -303,3 +303,40 @@ def test_a_code_config_and_host_profile_canary_runs_on_machines_of_its_own(
     assert {ent for ent, _ in where()["serve"]} == {"e"}
     started = events(live, "canary_started")
     assert "host profile tuned" in started[-1]["message"]
+
+
+def test_a_host_profile_canary_is_refused_where_it_could_not_get_machines(
+        live: Live, alice: httpx.Client) -> None:
+    """Lenders, borrowers and entitlements with no unused machine quota get no
+    host-profile canary (its machines would be counted nowhere, or never come), and no
+    job runs in a canary entitlement directly; each refusal names why."""
+    assert live.admin.put("/v1/hostprofiles/tuned", json={
+        "name": "tuned", "sysctls": {"net.core.somaxconn": "4096"}}).status_code == 201
+    canary = {"spec": spec(command="serve-canary"), "tasks": 1, "host_profile": "tuned"}
+    # e holds 4 of 4 machines (whole-machine tasks): no room for a canary's machine
+    assert live.admin.post("/v1/entitlements", json={
+        "name": "e", "owner": "alice", "quota": {"machines": 4}}).status_code == 200
+    alice.put("/v1/jobs/web", json=spec(resources={"cpu": 16, "memory_gb": 1}))
+    wait_for(lambda: alice.get("/v1/entitlements/e").json()["machines"] == 4)
+    r = alice.put("/v1/jobs/web/canaries/pc", json={
+        **canary, "spec": spec(command="serve-canary", resources={"cpu": 16,
+                                                                   "memory_gb": 1})})
+    assert r.status_code == 422 and "unused machine" in r.text, r.text
+    # a lender
+    live.admin.post("/v1/entitlements", json={"name": "e", "owner": "alice", "lends": True,
+                                              "quota": {"machines": 24}})
+    r = alice.put("/v1/jobs/web/canaries/pc", json={
+        **canary, "spec": spec(command="serve-canary", resources={"cpu": 16,
+                                                                   "memory_gb": 1})})
+    assert r.status_code == 422 and "lends or borrows" in r.text, r.text
+    # a job straight into a canary entitlement
+    live.admin.post("/v1/entitlements", json={"name": "e", "owner": "alice",
+                                              "quota": {"machines": 24}})
+    r = alice.put("/v1/jobs/web/canaries/pc", json={
+        **canary, "spec": spec(command="serve-canary", resources={"cpu": 16,
+                                                                   "memory_gb": 1})})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: bool(alice.get("/v1/jobs/web/canaries/pc").json()["entitlement"]))
+    child = alice.get("/v1/jobs/web/canaries/pc").json()["entitlement"]
+    r = alice.post("/v1/jobs", json={**JOB, "name": "other", "entitlement": child})
+    assert r.status_code == 422 and "canary entitlement" in r.text, r.text

@@ -230,9 +230,11 @@ def test_a_short_maintenance_empties_a_task_whose_shard_has_no_other_ready_repli
                                    unhealthy=[6]))
     assert response.ack == ()
     assert ctl.evacuate == {0: "mnt-1", 3: "mnt-1"}
-    # with 6 up, both are served elsewhere and the maintenance is sat out
+    # with 6 up, each is served elsewhere, but not both at once: x would lose two
+    # replicas, so 0 sits the maintenance out and 3 is emptied
     response = ctl.process(request(ops, notices=[notice([0, 3], end=200.0)], seq=2))
-    assert response.ack == () and ctl.evacuate == {}
+    assert response.ack == () and ctl.evacuate == {3: "mnt-1"}
+    assert "short" in ctl.waiting[0]
 
 
 def test_a_noticed_task_already_down_is_let_go_at_once():

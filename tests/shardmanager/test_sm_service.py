@@ -16,7 +16,7 @@ import pytest
 
 from plait.model import TaskRef
 from plait.shardmanager.client import ShardApp, ShardTask
-from plait.shardmanager.service import ShardManager
+from plait.shardmanager.service import ShardManager, app_token
 from plait.taskcontrol.protocol import (
     AdvanceNotice,
     NoticeKind,
@@ -65,7 +65,7 @@ def sm(tmp_path) -> Iterator[ShardManager]:
 
 def task(sm: ShardManager, index: int, msb: int) -> ShardTask:
     return ShardTask(Dict(), app="kv", job="kv", index=index, port=free_port(),
-                     manager=sm.url, token=TOKEN,
+                     manager=sm.url, token=app_token(TOKEN, "kv"),
                      domains=(f"msb{msb}", f"rack{index}", f"m{index}")).start()
 
 
@@ -133,7 +133,7 @@ def test_shards_are_loaded_published_and_acked_by_availability(sm: ShardManager)
         # a restarted task (a new incarnation, empty) is loaded again
         first = min(t for t in acked if tasks[t].impl.held)  # type: ignore[attr-defined]
         tasks[first].stop()
-        done = ops([first])
+        done = ops(sorted(acked))  # (the others were updated in place, say)
         control(c, TaskControlRequest("kv", (), completed=done,
                                       all_unhealthy_tasks=(TaskRef("kv", first),),
                                       sequence_number=3))
@@ -189,5 +189,69 @@ def test_a_task_under_long_maintenance_is_emptied_before_its_move(sm: ShardManag
         finally:
             again.stop()
     finally:
+        for t in tasks:
+            t.stop()
+
+
+def test_a_replayed_call_is_refused_and_acks_outlive_a_restart(sm: ShardManager,
+                                                               tmp_path) -> None:
+    """An older sequence number is a replay (refused, naming it); what was acked is on
+    disk before the answer, so a restarted service still counts that task as going
+    down and acks none of its partners."""
+    c = api(sm)
+    c.put("/v1/apps/kv", json={"job": "kv", "shards": 6, "replication": 3,
+                               "controller_key": KEY})
+    tasks = [task(sm, i, i % 3) for i in range(6)]
+    try:
+        until(lambda: full(c))
+        before = c.get("/v1/apps/kv/map").json()["shards"]
+        one = control(c, TaskControlRequest("kv", ops([0]), sequence_number=5)).json()
+        assert one["ack"] == ["kv/0/update/1"]
+        old = control(c, TaskControlRequest("kv", ops([0]), sequence_number=4))
+        assert old.status_code == 422 and "sequence_number" in old.text
+        sm.stop()
+        again = ShardManager(TOKEN, tmp_path / "sm").start()
+        try:
+            c2 = api(again)
+            held = {s for s, eps in before.items() if tasks[0].endpoint in eps}
+            partners = {int(ep.rsplit(":", 1)[1]) for s, eps in before.items()
+                        if s in held for ep in eps}
+            ports = {int(t.endpoint.rsplit(":", 1)[1]): t.index for t in tasks}
+            others = sorted(ports[p] for p in partners if ports[p] != 0)
+            assert others  # (0 shares shards with some tasks)
+            answer = control(c2, TaskControlRequest("kv", ops(others), sequence_number=6))
+            assert answer.json()["ack"] == []  # 0 still counts as going down
+        finally:
+            again.stop()
+    finally:
+        for t in tasks:
+            t.stop()
+
+
+def test_a_task_that_cannot_be_called_holds_up_no_other(sm: ShardManager) -> None:
+    c = api(sm)
+    c.put("/v1/apps/kv", json={"job": "kv", "shards": 6, "replication": 2})
+    tasks = [task(sm, i, i % 2) for i in range(4)]
+    member = httpx.Client(base_url=sm.url, timeout=30, headers={
+        "Authorization": f"Bearer {app_token(TOKEN, 'kv')}"})
+    try:
+        r = member.post("/v1/apps/kv/tasks", json={
+            "index": 9, "endpoint": "http://[::1", "job": "kv", "incarnation": "x",
+            "domains": ["msb9", "rack9", "m9"]})
+        assert r.status_code == 200, r.text
+        # every shard is served twice by the others; only the replicas laid out on
+        # task 9 wait (and the replicas they were to replace stay until they are ready)
+
+        def loaded() -> bool:
+            m = c.get("/v1/apps/kv/map").json()
+            stuck = [ep for eps in m["adding"].values() for ep in eps]
+            return bool(stuck) and set(stuck) == {"http://[::1"} and all(
+                len(eps) == 2 for eps in m["shards"].values())
+        until(loaded)
+        # the application's token may not define applications, nor read another's map
+        assert member.put("/v1/apps/kv", json={"job": "kv", "shards": 1}).status_code == 401
+        assert member.get("/v1/apps/other/map").status_code == 401
+    finally:
+        member.close()
         for t in tasks:
             t.stop()

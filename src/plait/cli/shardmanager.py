@@ -102,3 +102,15 @@ def define(
         raise typer.Exit(1)
     typer.echo(f"application {app}: {shards} shards x {replication} on job {job}; its "
                f"TaskController: {url.rstrip('/')}/v1/apps/{app}/taskcontrol")
+
+
+@shardmanager_app.command("token")
+def token(
+    app: str,
+    token_file: Annotated[Path, typer.Option(help="the service's token")] = Path("sm-token"),
+) -> None:
+    """The token of an application's tasks and clients (``PLAIT_SM_TOKEN``): they may
+    register and read its map, nothing else."""
+    from plait.shardmanager.service import app_token
+
+    typer.echo(app_token(_token(token_file), app))

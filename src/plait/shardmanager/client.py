@@ -11,13 +11,14 @@ port, next to the application's own requests.
 
     ShardTask.from_env(Kv(), app="kv").serve_forever()
 
-Shard Manager's calls (``POST /sm/add`` with ``{"shard", "peers", "generation"}``,
-``POST /sm/drop`` with ``{"shard", "generation"}``) carry its token; every other
-request goes to the application's ``handle``. A task learns the region's settings
+Shard Manager's calls (``POST /sm/add`` with ``{"shard", "peers"}``, ``POST
+/sm/drop`` with ``{"shard"}``) carry the application's token (``plait shardmanager
+token APP``, the one the task registers with); every other request goes to the
+application's ``handle``. A task learns the region's settings
 from the environment its agent gives it: ``PLAIT_JOB``, ``PLAIT_TASK_INDEX``,
 ``PLAIT_PORT``, ``PLAIT_FAULT_DOMAIN`` (region/dc/msb/row/rack) and
-``PLAIT_MACHINE``; Shard Manager's URL and token from ``PLAIT_SM_URL`` and
-``PLAIT_SM_TOKEN`` (or ``PLAIT_SM_TOKEN_FILE``).
+``PLAIT_MACHINE``; Shard Manager's URL and the application's token from
+``PLAIT_SM_URL`` and ``PLAIT_SM_TOKEN`` (or ``PLAIT_SM_TOKEN_FILE``).
 """
 
 from __future__ import annotations

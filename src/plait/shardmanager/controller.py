@@ -101,6 +101,7 @@ class ShardController:
         #: tasks left in place for a short maintenance: down by its deadline, so they
         #: count as down for everything else acked now
         staying: set[int] = set()
+        staying_on: dict[str, int] = {}
         for t, op in ops.items():
             if t not in noticed:
                 planned[t] = op
@@ -115,10 +116,13 @@ class ShardController:
                 if t in self.evacuate:
                     leaving[t] = self.evacuate[t]
                 continue
-            if short and all(_elsewhere(view, s, t, down, noticed) for s in mine) and (
-                    all(missing_now.get(s, 0) + 1 <= self.max_down for s in mine)):
+            if short and all(_elsewhere(view, s, t, down, noticed) for s in mine) and all(
+                    missing_now.get(s, 0) + staying_on.get(s, 0) + 1 <= self.max_down
+                    for s in mine):
                 self.waiting[t] = f"{notice_id}: short, every shard served elsewhere"
                 staying.add(t)
+                for s in mine:  # (two overlapping notices may not both stay on a shard)
+                    staying_on[s] = staying_on.get(s, 0) + 1
                 continue  # nothing to do: back after the maintenance
             evacuate[t] = notice_id
             self.waiting[t] = f"{notice_id}: its {len(mine)} shards are being moved away"

@@ -18,25 +18,33 @@ application's TaskController for plait.
   clients --> GET /v1/apps/A/map?after=G&wait=S   (long poll: ready replicas per shard)
 ```
 
-Every /v1 route but the TaskControl one needs the service's token; the TaskControl
-route needs plait's signature with the job's controller key (``plait job
-controller-key JOB``), given when the application is defined. Calls to tasks are made
-off the lock, each with a deadline and a bounded answer. The maps are saved to
-``DATA_DIR/shardmanager.json`` (written whole, then renamed) at most once a second, so
-a restarted service goes on with the replicas its tasks hold.
+Defining an application and reading its view need the service's token; registering
+a task and reading the map also take the application's own token (``app_token``,
+derived from the service's: a task of one application can touch nothing else), which
+Shard Manager's calls to the tasks carry; the TaskControl route needs plait's
+signature with the job's controller key (``plait job controller-key JOB``), given when
+the application is defined, and a sequence number no older than the last (a replay
+is refused). Calls to tasks are made off the lock, each within ``CALL_TIMEOUT`` and
+``CALL_BYTES``, and applied as each answers. The maps are saved to
+``DATA_DIR/shardmanager.json`` (written whole, mode 0600, then renamed) at most once a
+second, and the acked operations to ``in-flight.json`` before plait hears of them, so
+a restarted service goes on with the replicas its tasks hold and still counts the
+tasks it let go as going down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 import hmac
 import json
 import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -52,7 +60,12 @@ from plait.model.base import Value
 from plait.model.policy import Name
 from plait.shardmanager.controller import ShardController, ShardView
 from plait.shardmanager.layout import Layout, TaskPlace, assign, rebalance
-from plait.taskcontrol.protocol import request_from_wire, response_to_wire
+from plait.taskcontrol.protocol import (
+    op_from_wire,
+    op_to_wire,
+    request_from_wire,
+    response_to_wire,
+)
 from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, verify
 
 log = logconfig.get("plait.shardmanager")
@@ -65,9 +78,19 @@ EVERY = 0.5
 REBALANCE_MOVES = 50
 #: a call to a task: its deadline, and the most of its answer read
 CALL_TIMEOUT = 10.0
+CALL_BYTES = 64 * 1024
 #: the largest TaskControl request read (1,000 tasks' operations are about 200 kB)
 MAX_TASKCONTROL = 8 * 1024 * 1024
 MAX_SHARDS = 100_000
+
+
+def app_token(token: str, app: str) -> str:
+    """The token of one application's tasks and clients (register, read its map; Shard
+    Manager's calls to its tasks carry it too), derived from the service's token: a
+    task of one application can neither define applications nor touch another's."""
+    digest = hmac.new(token.encode(), b"plait shardmanager app\0" + app.encode(),
+                      hashlib.sha256).hexdigest()
+    return f"smt_{digest}"
 
 
 class AppSpec(Value):
@@ -110,7 +133,8 @@ class Registration(Value):
     domains: tuple[Annotated[str, pydantic.StringConstraints(max_length=512)], ...] = (
         pydantic.Field(default=(), max_length=8))
     #: the shards the task says it serves (after a restart of the service)
-    shards: tuple[str, ...] = pydantic.Field(default=(), max_length=MAX_SHARDS)
+    shards: tuple[Annotated[str, pydantic.StringConstraints(max_length=128)], ...] = (
+        pydantic.Field(default=(), max_length=MAX_SHARDS))
 
 
 @dataclass
@@ -135,8 +159,12 @@ class App:
     busy: set[tuple[str, int]] = field(default_factory=set)
     load: dict[str, float] = field(default_factory=dict)
     generation: int = 0
-    #: the latest TaskControl sequence number seen (a replay is refused)
+    #: the latest TaskControl sequence number seen (an older request is refused)
     sequence: int = -1
+    shard_set: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        self.shard_set = frozenset(self.shards)
 
     def view(self) -> ShardView:
         return ShardView({s: tuple(sorted(ts)) for s, ts in self.ready.items()},
@@ -154,8 +182,7 @@ class ShardManager:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="sm-call")
-        self.http = httpx.Client(timeout=CALL_TIMEOUT,
-                                 headers={"Authorization": f"Bearer {token}"})
+        self.http = httpx.Client(timeout=CALL_TIMEOUT)
         self._saved_at = 0.0
         self._dirty = False
         self._thread: threading.Thread | None = None
@@ -188,8 +215,10 @@ class ShardManager:
                 old = app
                 app = self._make(name, spec)
                 app.tasks, app.layout, app.load = old.tasks, old.layout, old.load
-                app.ready = {s: ts for s, ts in old.ready.items() if s in set(app.shards)}
+                app.ready = {s: ts for s, ts in old.ready.items() if s in app.shard_set}
                 app.generation = old.generation + 1
+                if spec.controller_key == old.spec.controller_key:
+                    app.sequence = old.sequence  # (a new key: a new job, numbered anew)
                 app.controller.in_flight = old.controller.in_flight
                 app.controller.evacuate = old.controller.evacuate
                 self.apps[name] = app
@@ -220,7 +249,7 @@ class ShardManager:
                     if reg.index in tasks and shard not in says:
                         tasks.discard(reg.index)
                 for shard in says:
-                    if shard in app.ready or shard in set(app.shards):
+                    if shard in app.shard_set:
                         app.ready.setdefault(shard, set()).add(reg.index)
                 self._changed(app)
             return {"app": name, "index": reg.index, "generation": app.generation}
@@ -245,14 +274,22 @@ class ShardManager:
             if request.job_handle != app.spec.job:
                 raise ValidationError("job_handle", f"this is the controller of job "
                                                     f"{app.spec.job}")
+            if request.sequence_number < app.sequence:
+                raise ValidationError("sequence_number", f"{request.sequence_number} is "
+                                      f"older than {app.sequence}, already answered (a replay)")
+            app.sequence = request.sequence_number
             changed = False
             for ref in request.all_unhealthy_tasks:
                 for tasks in app.ready.values():
                     if ref.index in tasks:
                         tasks.discard(ref.index)
                         changed = True
-            app.sequence = max(app.sequence, request.sequence_number)
+            before = dict(app.controller.in_flight)
             response = app.controller.process(request)
+            if app.controller.in_flight != before:
+                # (what is acked is on disk before plait hears of it: a restarted
+                # service still counts those tasks as going down)
+                self._save_in_flight()
             # a task acked away is out of the published map at once (clients stop
             # sending it requests); it is loaded again when it comes back
             acked = set(response.ack)
@@ -271,17 +308,20 @@ class ShardManager:
         ``wait`` seconds: a watcher holds no thread while it waits (woken by
         ``_changed`` through the event loop)."""
         deadline = time.monotonic() + wait
-        while True:
-            with self.lock:
-                tick = self._tick
-                if self.app(name).generation > after or self._stop.is_set():
-                    break
+        while True:  # (no lock on the event loop: plain reads of two attributes)
+            tick = self._tick
+            if self.app(name).generation > after or self._stop.is_set():
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tick.wait(), left)
-        return self.map_view(name)
+        from starlette.concurrency import run_in_threadpool
+
+        # (the map is built under the lock: never on the event loop, which every
+        # request, TaskControl's too, goes through)
+        return await run_in_threadpool(self.map_view, name)
 
     def map_view(self, name: str) -> dict[str, Any]:
         with self.lock:
@@ -342,39 +382,55 @@ class ShardManager:
                 self._loop.call_soon_threadsafe(self._ring, self._tick)
 
     def _ring(self, tick: asyncio.Event) -> None:
-        """(On the event loop.) Wake every watcher; the next ones wait on a new event."""
-        with self.lock:
-            if self._tick is tick:
-                self._tick = asyncio.Event()
+        """(On the event loop, where watchers read ``_tick``.) Wake every watcher; the
+        next ones wait on a new event."""
+        if self._tick is tick:
+            self._tick = asyncio.Event()
         tick.set()
 
     # -- the reconciler ---------------------------------------------------------------------
     def reconcile(self) -> None:
-        """One round over every application: lay it out, then add and drop."""
+        """One round over every application: lay it out, then start its adds and drops
+        (each applied when its task answers: a round never waits for a slow task)."""
         calls: list[tuple[str, str, int, str, list[str]]] = []
         with self.lock:
             now = self.clock()
             for app in self.apps.values():
                 calls += self._plan(app, now)
-        futures = {self._pool.submit(self._call, *c): c for c in calls}
-        for fut in as_completed(futures):  # (each published as soon as it answered)
-            name, shard, task, op, _ = futures[fut]
-            ok, incarnation = fut.result()
-            with self.lock:
-                found = self.apps.get(name)
-                if found is None:
-                    continue
-                app = found
-                app.busy.discard((shard, task))
-                info = app.tasks.get(task)
-                if not ok or info is None or info.incarnation != incarnation:
-                    continue  # (failed, or answered by a process that has been replaced)
-                if op == "add":
-                    app.ready.setdefault(shard, set()).add(task)
-                else:
-                    app.ready.get(shard, set()).discard(task)
-                self._changed(app)
+        for call in calls:
+            self._pool.submit(self._call, *call).add_done_callback(
+                functools.partial(self._answered, call))
         self._save()
+
+    def _answered(self, call: tuple[str, str, int, str, list[str]],
+                  fut: Future[tuple[bool, str]]) -> None:
+        name, shard, task, op, _ = call
+        try:
+            ok, incarnation = fut.result()
+        except Exception as exc:  # (never left busy: the next round tries again)
+            log.warning("task call failed", app=name, task=task, op=op, error=repr(exc))
+            ok, incarnation = False, ""
+        with self.lock:
+            app = self.apps.get(name)
+            if app is None:
+                return
+            app.busy.discard((shard, task))
+            info = app.tasks.get(task)
+            if not ok or info is None or info.incarnation != incarnation:
+                return  # (failed, or answered by a process that has been replaced)
+            if op == "add":
+                if task in self._leaving(app):
+                    return  # (acked away meanwhile: it is going down)
+                app.ready.setdefault(shard, set()).add(task)
+            else:
+                app.ready.get(shard, set()).discard(task)
+            self._changed(app)
+
+    @staticmethod
+    def _leaving(app: App) -> set[int]:
+        """(Under the lock.) Tasks with an operation acked and not completed: going down,
+        so nothing is loaded onto them."""
+        return {op.task.index for op in app.controller.in_flight.values()}
 
     def _plan(self, app: App, now: float) -> list[tuple[str, str, int, str, list[str]]]:
         """(Under the lock.) The layout, and the adds and drops it asks for."""
@@ -397,11 +453,13 @@ class ShardManager:
             self._changed(app)
         calls = []
         endpoint = {t: i.endpoint for t, i in app.tasks.items()}
+        leaving = self._leaving(app)
         for shard in app.shards:
             want = layout.replicas.get(shard, ())
             ready = app.ready.setdefault(shard, set())
             for t in want:
-                if t not in ready and (shard, t) not in app.busy and t in endpoint:
+                if t not in ready and (shard, t) not in app.busy and t in endpoint and (
+                        t not in leaving):
                     peers = [endpoint[p] for p in sorted(ready) if p in endpoint]
                     app.busy.add((shard, t))
                     calls.append((app.name, shard, t, "add", peers))
@@ -418,7 +476,8 @@ class ShardManager:
 
     def _call(self, name: str, shard: str, task: int, op: str,
               peers: list[str]) -> tuple[bool, str]:
-        """Whether the task's process answered the call, and which process it was."""
+        """Whether the task's process answered the call, and which process it was (its
+        answer read up to ``CALL_BYTES``, the whole call within ``CALL_TIMEOUT``)."""
         with self.lock:
             info = self.apps[name].tasks.get(task) if name in self.apps else None
         if info is None:
@@ -426,21 +485,30 @@ class ShardManager:
         body: dict[str, Any] = {"shard": shard}
         if op == "add":
             body["peers"] = peers
+        deadline = time.monotonic() + CALL_TIMEOUT
         try:
-            r = self.http.post(f"{info.endpoint}/sm/{op}", json=body)
-        except httpx.HTTPError as exc:
+            with self.http.stream("POST", f"{info.endpoint}/sm/{op}", json=body, headers={
+                    "Authorization": f"Bearer {app_token(self.token, name)}"}) as r:
+                data = b""
+                for chunk in r.iter_bytes():
+                    data += chunk
+                    if len(data) > CALL_BYTES or time.monotonic() > deadline:
+                        raise ValueError(f"answer over {CALL_BYTES} B or {CALL_TIMEOUT} s")
+                status = r.status_code
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError, OSError) as exc:
             log.info("task call failed", app=name, task=task, op=op, shard=shard,
                      error=f"{type(exc).__name__}: {exc}")
             return False, info.incarnation
-        if not r.is_success:
+        if not 200 <= status < 300:
             log.info("task refused", app=name, task=task, op=op, shard=shard,
-                     status=r.status_code, body=r.text[:200])
+                     status=status, body=data[:200].decode("utf-8", "replace"))
             return False, info.incarnation
         try:  # (the process that answered: the client library says which it is)
-            said = r.json().get("incarnation", info.incarnation)
+            said = json.loads(data)
+            incarnation = said.get("incarnation") if isinstance(said, dict) else None
         except ValueError:
-            said = info.incarnation
-        return True, str(said)
+            incarnation = None
+        return True, str(incarnation or info.incarnation)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -474,21 +542,34 @@ class ShardManager:
                 for name, app in self.apps.items()}}
             self._dirty = False
         self._saved_at = now
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self.path)
+        _write(self.path, data)
+
+    def _save_in_flight(self) -> None:
+        """(Under the lock.) The acked, not completed operations of every application,
+        on disk before the answer that acks them goes out (small: one per task at
+        most)."""
+        if self.path is None:
+            return
+        _write(self.path.with_name("in-flight.json"), {"schema": 1, "apps": {
+            name: [op_to_wire(op) for op in app.controller.in_flight.values()]
+            for name, app in self.apps.items()}})
 
     def _load(self) -> None:
         if self.path is None or not self.path.exists():
             return
         data = json.loads(self.path.read_text())
+        flying: dict[str, Any] = {}
+        with contextlib.suppress(FileNotFoundError):
+            flying = json.loads(self.path.with_name("in-flight.json").read_text())["apps"]
         for name, saved in data.get("apps", {}).items():
             app = self._make(name, AppSpec.model_validate(saved["spec"]))
             app.ready = {s: set(ts) for s, ts in saved.get("ready", {}).items()}
             app.load = {s: float(v) for s, v in saved.get("load", {}).items()}
             app.controller.evacuate = {int(t): str(n)
                                        for t, n in saved.get("evacuate", {}).items()}
+            for wire in flying.get(name, ()):
+                op = op_from_wire(wire)
+                app.controller.in_flight[op.op_id] = op
             now = self.clock()  # (each has TASK_TIMEOUT to register again)
             app.tasks = {int(t): TaskInfo(str(i["endpoint"]), str(i["incarnation"]),
                                           tuple(i["domains"]), now)
@@ -523,6 +604,19 @@ class ShardManager:
         self.http.close()
 
 
+def _write(path: Path, data: Any) -> None:
+    """``data`` as JSON at ``path``, whole or not at all, readable by the owner only
+    (it holds the jobs' controller keys), flushed to disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(data))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
 def create_app(sm: ShardManager) -> FastAPI:
     api = FastAPI(title="plait Shard Manager", version="1")
 
@@ -532,6 +626,16 @@ def create_app(sm: ShardManager) -> FastAPI:
             raise HTTPException(401, "a valid token is required (Authorization: Bearer ...)")
 
     auth = [Depends(authorized)]
+
+    def app_member(request: Request, app: str) -> None:
+        """The service's token, or the application's own (``app_token``)."""
+        given = request.headers.get("Authorization", "").encode()
+        if not (hmac.compare_digest(given, f"Bearer {sm.token}".encode())
+                or hmac.compare_digest(given, f"Bearer {app_token(sm.token, app)}".encode())):
+            raise HTTPException(401, f"the service's token or application {app}'s is "
+                                     "required (Authorization: Bearer ...)")
+
+    member = [Depends(app_member)]
 
     @api.exception_handler(ValidationError)
     def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
@@ -550,20 +654,28 @@ def create_app(sm: ShardManager) -> FastAPI:
     def get_app(app: str) -> dict[str, Any]:
         return sm.app_view(app)
 
-    @api.get("/v1/apps/{app}/map", dependencies=auth)
+    @api.get("/v1/apps/{app}/map", dependencies=member)
     async def get_map(app: str, after: int = -1,
                       wait: Annotated[float, Query(ge=0, le=60)] = 0.0) -> dict[str, Any]:
         if sm._loop is None:
             sm._loop = asyncio.get_running_loop()
         return await sm.watch(app, after, wait)
 
-    @api.post("/v1/apps/{app}/tasks", dependencies=auth)
+    @api.get("/v1/apps/{app}/token", dependencies=auth)
+    def get_token(app: str) -> dict[str, Any]:
+        """The application's token, for its tasks (``PLAIT_SM_TOKEN``) and clients."""
+        sm.app(app)
+        return {"app": app, "token": app_token(sm.token, app)}
+
+    @api.post("/v1/apps/{app}/tasks", dependencies=member)
     def register(app: str, reg: Registration) -> dict[str, Any]:
         return sm.register(app, reg)
 
     @api.post("/v1/apps/{app}/load", dependencies=auth)
     def load(app: str, body: dict[str, Annotated[float, pydantic.Field(ge=0, le=1e9)]]
              ) -> dict[str, Any]:
+        if len(body) > MAX_SHARDS:
+            raise ValidationError("load", f"at most {MAX_SHARDS} shards")
         return sm.set_load(app, body)
 
     @api.post("/v1/apps/{app}/taskcontrol")

@@ -348,9 +348,14 @@ class ControlPlane:
         return ent
 
     def check_job(self, spec: JobSpec) -> None:
-        if spec.entitlement not in self.allocator.entitlements:
+        found = self.allocator.entitlements.get(spec.entitlement)
+        if found is None:
             raise ValidationError("entitlement",
                                   f"entitlement {spec.entitlement!r} does not exist")
+        if found.canary_of is not None:
+            raise ValidationError("entitlement", f"{spec.entitlement!r} is a canary "
+                                  f"entitlement of {found.canary_of!r}: it holds a canary's "
+                                  f"tasks only (run the job in {found.canary_of!r})")
         req = spec.policy.requirements
         self.check_dc("policy.requirements.dc", req.dc)
         self.check_dc("policy.requirements.attributes.dc", req.attributes.get("dc"))

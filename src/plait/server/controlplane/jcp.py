@@ -277,32 +277,27 @@ class JobControlPlane:
             raise ValidationError("hardware", f"no machine of type {intent.hardware!r} in "
                                   f"this region (types: {', '.join(self.cp.fleet.type_names)})")
         if intent.host_profile is not None:
-            try:
-                self.cp.profiles.store.get(intent.host_profile)
-            except NotFound:
-                raise ValidationError("host_profile", f"host profile "
-                                      f"{intent.host_profile!r} does not exist") from None
+            self._check_profile_canary(doc.entitlement, intent,
+                                       canary_entitlement(doc.entitlement, job, name))
         now, actor = self.cp.clock(), _actor()
-        retired: list[str] = []
 
         def edit(rec: JcpRecord) -> JcpRecord:
             old = rec.canaries.get(name)
             same = old is not None and old.intent.spec == intent.spec and (
                 old.intent.hardware == intent.hardware) and (
                 old.intent.host_profile == intent.host_profile)
-            entitlement = None
-            if old is not None and old.entitlement is not None:
-                if old.intent.host_profile == intent.host_profile:
-                    entitlement = old.entitlement
-                else:
-                    retired[:] = [old.entitlement]
+            # (one canary entitlement per canary name: another profile rolls over it)
+            entitlement = old.entitlement if old is not None and (
+                intent.host_profile is not None) else None
             canary = StoredCanary(intent=intent, version=old.version if same and old else None,
                                   entitlement=entitlement, actor=actor, started=now,
                                   until=now + intent.duration_seconds)
             return rec.model_copy(update={"canaries": {**rec.canaries, name: canary}})
+        before = self.record(job).canaries.get(name)
         self._change(job, edit)
-        for ent in retired:
-            self._retire(ent)
+        if before is not None and before.entitlement is not None and (
+                intent.host_profile is None):
+            self._retire(before.entitlement)
         where = f" on {intent.hardware} machines" if intent.hardware else ""
         if intent.host_profile is not None:
             where += (f" on machines of their own with host profile {intent.host_profile} "
@@ -541,6 +536,36 @@ class JobControlPlane:
         req = spec.policy.requirements.model_copy(update={"machine_types": (intent.hardware,)})
         return spec.model_copy(update={"policy": spec.policy.model_copy(
             update={"requirements": req})})
+
+    def _check_profile_canary(self, entitlement: str, intent: CanaryIntent,
+                              child: str) -> None:
+        """A host-profile canary needs machines of its own from its entitlement's
+        unused machine quota (decision 103): refused, by name, where that cannot be."""
+        try:
+            self.cp.profiles.store.get(intent.host_profile or "")
+        except NotFound:
+            raise ValidationError("host_profile", f"host profile {intent.host_profile!r} "
+                                  "does not exist") from None
+        ent = self.cp.entitlement(entitlement)
+        why = None
+        if ent.quota.machines is None:
+            why = "its quota is in RRU: a canary's machines are counted in machines"
+        elif ent.lends or ent.elastic is not None:
+            why = "it lends or borrows machines (loans are counted without canaries)"
+        elif ent.canary_of is not None:
+            why = f"it is itself a canary entitlement of {ent.canary_of!r}"
+        else:
+            with self.cp.lock:
+                room = self.cp.allocator.quota_of(ent).machines or 0
+                held = self.cp.allocator.usage(ent.name).machines
+                running = child in self.cp.allocator.entitlements and (
+                    self.cp.allocator.usage(child).machines > 0)
+            if room - held < 1 and not running:
+                why = (f"it holds {held} of the {room} machines its quota leaves it: a "
+                       "host-profile canary needs at least one unused machine of its quota")
+        if why is not None:
+            raise ValidationError("host_profile", f"entitlement {entitlement!r} cannot run "
+                                  f"a host-profile canary: {why}")
 
     def _canary_entitlement(self, doc: JobDoc, name: str, canary: StoredCanary) -> str:
         """A host-profile canary's canary entitlement, defined (or brought back) as it
