@@ -29,7 +29,8 @@ def zookeeper(tmp_path_factory):
     cfg.write_text(f"tickTime=500\ndataDir={work / 'data'}\nclientPort={port}\n"
                    "clientPortAddress=127.0.0.1\nadmin.enableServer=false\n"
                    "minSessionTimeout=1000\nmaxSessionTimeout=60000\n")
-    env = dict(os.environ, ZOO_LOG_DIR=str(work))
+    env = dict(os.environ, ZOO_LOG_DIR=str(work),
+               JVMFLAGS=os.environ.get("JVMFLAGS", "-Xmx256m") + " -Djute.maxbuffer=16777216")
     proc = subprocess.Popen([ZK_SERVER, "start-foreground", str(cfg)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

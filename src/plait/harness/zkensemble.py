@@ -15,6 +15,9 @@ from pathlib import Path
 from plait.errors import PlaitError
 
 ZK_SERVER = "/usr/share/zookeeper/bin/zkServer.sh"
+#: the largest request the ensemble takes (bytes): a pass's transaction may carry a
+#: split job's parts, several records of up to 1 MB (plait.store.zookeeper.MAX_TXN_BYTES)
+JUTE_MAXBUFFER = 16 * 1024 * 1024
 
 
 def installed() -> bool:
@@ -87,8 +90,10 @@ class LocalEnsemble:
 
     def start_member(self, i: int) -> None:
         cfg = self._config(i)
-        env = dict(os.environ, ZOO_LOG_DIR=str(cfg.parent),
-                   JVMFLAGS=os.environ.get("JVMFLAGS", "-Xmx256m"))
+        flags = os.environ.get("JVMFLAGS", "-Xmx256m")
+        if "jute.maxbuffer" not in flags:  # (what plait's transactions need: decision 106)
+            flags += f" -Djute.maxbuffer={JUTE_MAXBUFFER}"
+        env = dict(os.environ, ZOO_LOG_DIR=str(cfg.parent), JVMFLAGS=flags)
         with open(cfg.parent / "zookeeper.out", "ab") as out:
             self.procs[i] = subprocess.Popen([ZK_SERVER, "start-foreground", str(cfg)],
                                              env=env, stdout=out, stderr=subprocess.STDOUT,

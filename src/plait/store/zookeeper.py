@@ -16,19 +16,28 @@ events arrive on kazoo's thread.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
 from kazoo.protocol.states import KazooState
 from kazoo.recipe.election import Election
 from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from kazoo.security import make_digest_acl
 
-from plait.errors import Conflict, NotFound, TransientError
+from plait.errors import Conflict, NotFound, TransientError, ValidationError
 from plait.store.protocol import Transaction, WatchCallback, check_key, check_value
 
 #: (user, password) of ZooKeeper's digest scheme
@@ -155,12 +164,34 @@ class ZkElection:
             self._thread.join(timeout=10)
 
 
+#: the largest transaction sent (bytes): under the 16 MiB jute.maxbuffer plait's
+#: ensembles run with (decision 106), less room for the request's own framing
+MAX_TXN_BYTES = 16 * 1024 * 1024 - 64 * 1024
+#: what a read may meet while the ensemble is out of reach (kazoo reconnects meanwhile)
+_UNREACHABLE = (ConnectionLoss, SessionExpiredError, OperationTimeoutError)
+
+
+def _reading(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A read that met a lost connection says so as a ``TransientError`` (an API
+    answers 503 with Retry-After, not 500). Writes keep kazoo's errors: a lost
+    connection leaves a write's outcome unknown, which only its caller can settle."""
+    @functools.wraps(fn)
+    def read(self: ZkStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except _UNREACHABLE as exc:
+            raise TransientError(f"ZooKeeper at {self.hosts}: {type(exc).__name__}; "
+                                 "retry", 1.0) from exc
+    return read
+
+
 class ZkStore:
     def __init__(self, hosts: str, timeout: float = 10.0,
                  auth: Credentials | None = None) -> None:
         self.hosts, self.timeout, self.auth = hosts, timeout, auth
         self.client = _client(hosts, timeout, auth)
 
+    @_reading
     def get(self, key: str) -> tuple[bytes, int]:
         try:
             data, stat = self.client.get(check_key(key))
@@ -168,6 +199,7 @@ class ZkStore:
             raise NotFound("key", key) from None
         return bytes(data), int(stat.version)
 
+    @_reading
     def get_many(self, keys: list[str]) -> dict[str, tuple[bytes, int]]:
         """Several keys in one go: the reads are pipelined (sent together, answered
         together), so N keys cost about one round trip, not N. Missing keys are left
@@ -182,9 +214,11 @@ class ZkStore:
             found[key] = (bytes(data), int(stat.version))
         return found
 
+    @_reading
     def exists(self, key: str) -> bool:
         return self.client.exists(check_key(key)) is not None
 
+    @_reading
     def is_ephemeral(self, key: str) -> bool:
         stat = self.client.exists(check_key(key))
         return stat is not None and bool(stat.ephemeralOwner)
@@ -221,6 +255,7 @@ class ZkStore:
         stat = self.client.exists(key)
         return None if stat is None else int(stat.version)
 
+    @_reading
     def children(self, prefix: str) -> list[str]:
         try:
             return sorted(self.client.get_children(check_key(prefix)))
@@ -228,10 +263,18 @@ class ZkStore:
             return []
 
     def commit(self, txn: Transaction, session: ZkSession | None = None) -> None:
-        """One ZooKeeper multi-op: all of it or nothing."""
+        """One ZooKeeper multi-op: all of it or nothing. One larger than
+        ``MAX_TXN_BYTES`` is refused before it is sent (the ensemble would drop the
+        connection every other request shares)."""
         client = session.client if session is not None else self.client
+        size = 0
         for op in txn.ops:
             check_value(op.key, op.value)
+            size += len(op.key) + len(op.value or b"") + 32
+        if size > MAX_TXN_BYTES:
+            raise ValidationError("transaction", f"{size:,} bytes, over the {MAX_TXN_BYTES:,} "
+                                  "a ZooKeeper request may carry here (the ensemble's "
+                                  "jute.maxbuffer must be at least 16 MiB: decision 106)")
         created = {op.key for op in txn.ops if op.kind == "create"}
         parents: dict[str, None] = {}
         for op in txn.ops:  # ZooKeeper wants parents in place; make the missing ones
