@@ -30,8 +30,10 @@ def missing(replicas: Mapping[str, Sequence[int]], down: Collection[int],
     """Per shard, its replicas down now: on a down task, or missing from its
     replication factor."""
     out: dict[str, int] = {}
+    downs = down if isinstance(down, (set, frozenset)) else set(down)
+    contains = downs.__contains__
     for shard, tasks in replicas.items():
-        n = sum(1 for t in tasks if t in down)
+        n = sum(map(contains, tasks)) if downs else 0
         if replication is not None and len(tasks) < replication:
             n += replication - len(tasks)
         out[shard] = n
@@ -47,15 +49,16 @@ def safe_batch(candidates: Iterable[int], replicas: Mapping[str, Sequence[int]],
     ``max_down`` replicas down. ``replication``: the replicas each shard should have
     (fewer count as down)."""
     cands = set(candidates)
-    taken = sorted(cands & set(down))
-    pending = cands - set(down)
+    down = down if isinstance(down, (set, frozenset)) else set(down)
+    taken = sorted(cands & down)
+    pending = cands - down
     if not pending:
         return taken
     room: dict[str, int] = {}
     shards_of: dict[int, list[str]] = {t: [] for t in pending}
     for shard, n in missing(replicas, down, replication).items():
         left = max_down - n
-        tasks = [t for t in set(replicas[shard]) if t in pending]
+        tasks = pending.intersection(replicas[shard])
         if not tasks:
             continue
         if left <= 0:  # a shard with no room: none of its tasks may go down

@@ -96,8 +96,9 @@ class ShardController:
         self.waiting = {}
         evacuate: dict[int, str] = {}
         planned: dict[int, TaskOp] = {}
-        shards_on = _shards_on(view)
-        missing_now = missing(view.ready, down, view.replication)
+        # (only for the tasks under notice: a rolling update alone needs neither)
+        shards_on = _shards_on(view) if noticed else {}
+        missing_now = missing(view.ready, down, view.replication) if noticed else {}
         #: tasks left in place for a short maintenance: down by its deadline, so they
         #: count as down for everything else acked now
         staying: set[int] = set()
