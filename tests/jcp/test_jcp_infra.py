@@ -40,7 +40,9 @@ def on_v2(sim, job: str) -> bool:
         sim.agents[m].profile == ("web", 2) for m in machines(sim, job))
 
 
-def test_a_roll_waits_for_a_push_under_way_and_the_push_carries_its_tasks_over():
+def rolled_while_a_pushes():
+    """Web's profile gets version 2 while job a's push is under way; returns the
+    simulation, a's machines then, and the set the roll's drained machines go into."""
     sim = setup()
     s = sim.scheduler
     pushed = machines(sim, "a")
@@ -48,6 +50,12 @@ def test_a_roll_waits_for_a_push_under_way_and_the_push_carries_its_tasks_over()
     sim.observers.append(lambda sm: drained.update(s.rolling))
     s.pushing = {"a"}  # (the Job Control Plane: a's push is under way)
     s.define_profile(HostProfile(spec=WEB.model_copy(update={"turbo": True}), version=2))
+    return sim, pushed, drained
+
+
+def test_a_roll_waits_for_a_push_under_way_and_the_push_carries_its_tasks_over():
+    sim, pushed, drained = rolled_while_a_pushes()
+    s = sim.scheduler
     # b's machines are drained and its tasks move to machines on v2; a's wait
     assert sim.run_until(lambda: on_v2(sim, "b"), 3000)
     assert not drained & pushed
@@ -67,13 +75,8 @@ def test_a_roll_waits_for_a_push_under_way_and_the_push_carries_its_tasks_over()
 
 
 def test_when_the_push_ends_the_roll_goes_on():
-    sim = setup()
+    sim, pushed, drained = rolled_while_a_pushes()
     s = sim.scheduler
-    pushed = machines(sim, "a")
-    drained: set[int] = set()
-    sim.observers.append(lambda sm: drained.update(s.rolling))
-    s.pushing = {"a"}
-    s.define_profile(HostProfile(spec=WEB.model_copy(update={"turbo": True}), version=2))
     assert sim.run_until(lambda: on_v2(sim, "b"), 3000)
     sim.run(120)
     assert not drained & pushed and s.stale.get("web") == pushed

@@ -79,6 +79,17 @@ def full(c: httpx.Client) -> bool:
     return all(len(eps) == 3 for eps in shards.values())
 
 
+def six_tasks(sm: ShardManager, shards: int) -> tuple[httpx.Client, list[ShardTask]]:
+    """Application kv (``shards`` x 3, plait's controller key) on six tasks in three
+    MSBs, once every shard has its three replicas."""
+    c = api(sm)
+    c.put("/v1/apps/kv", json={"job": "kv", "shards": shards, "replication": 3,
+                               "controller_key": KEY})
+    tasks = [task(sm, i, i % 3) for i in range(6)]
+    until(lambda: full(c))
+    return c, tasks
+
+
 def control(c: httpx.Client, request: TaskControlRequest, key: str = KEY) -> httpx.Response:
     body = json.dumps(to_wire(request)).encode()
     return c.post("/v1/apps/kv/taskcontrol", content=body, headers={
@@ -157,12 +168,8 @@ def test_shards_are_loaded_published_and_acked_by_availability(sm: ShardManager)
 
 def test_a_task_under_long_maintenance_is_emptied_before_its_move(sm: ShardManager,
                                                                   tmp_path) -> None:
-    c = api(sm)
-    c.put("/v1/apps/kv", json={"job": "kv", "shards": 8, "replication": 3,
-                               "controller_key": KEY})
-    tasks = [task(sm, i, i % 3) for i in range(6)]
+    c, tasks = six_tasks(sm, shards=8)
     try:
-        until(lambda: full(c))
         victim = 0
         notice = AdvanceNotice("mx-1", NoticeKind.MAINTENANCE, ("m0",),
                                (TaskRef("kv", victim),), time.time() + 600,
@@ -198,12 +205,8 @@ def test_a_replayed_call_is_refused_and_acks_outlive_a_restart(sm: ShardManager,
     """An older sequence number is a replay (refused, naming it); what was acked is on
     disk before the answer, so a restarted service still counts that task as going
     down and acks none of its partners."""
-    c = api(sm)
-    c.put("/v1/apps/kv", json={"job": "kv", "shards": 6, "replication": 3,
-                               "controller_key": KEY})
-    tasks = [task(sm, i, i % 3) for i in range(6)]
+    c, tasks = six_tasks(sm, shards=6)
     try:
-        until(lambda: full(c))
         before = c.get("/v1/apps/kv/map").json()["shards"]
         one = control(c, TaskControlRequest("kv", ops([0]), sequence_number=5)).json()
         assert one["ack"] == ["kv/0/update/1"]
