@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -26,6 +27,8 @@ class Live:
     server: ApiServer
     #: what else to stop, last first (a front end, its store, a ZooKeeper)
     closers: list[Callable[[], object]] = field(default_factory=list)
+    #: the front end's router, when the API is reached through one
+    router: Any = None
 
     def client(self, token: str | None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -73,10 +76,11 @@ def start_behind_front_end(work: Path, store: str | None = None) -> Live:
     assert token is not None
     shard = ApiServer(cp, replica=True, session_timeout=1.0).start()
     front_store = store_for(work / "cp", store)
-    front = AsgiServer(ShardRouter(front_store)).start()
+    router = ShardRouter(front_store)
+    front = AsgiServer(router).start()
     admin = httpx.Client(base_url=front.url, headers={"Authorization": f"Bearer {token}"},
                          timeout=30)
-    api = Live(front.url, cp, admin, token, shard, [front_store.close, front.stop])
+    api = Live(front.url, cp, admin, token, shard, [front_store.close, front.stop], router)
     wait_for(lambda: admin.get("/healthz").status_code == 200)
     return api
 

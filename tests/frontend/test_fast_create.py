@@ -95,6 +95,9 @@ def test_only_a_plain_create_is_answered_without_the_route() -> None:
     async def create(scope, body: bytes):
         return None if b"refuse" in body else (201, b'{"made":' + body + b"}")
 
+    async def batch(scope, body: bytes):
+        return 200, b"batch:" + body, b"application/x-plait-creates"
+
     async def call(method: str, path: str, body: bytes, query: bytes = b""):
         sent: list[dict[str, Any]] = []
         parts = [body[:3], body[3:]]
@@ -107,7 +110,7 @@ def test_only_a_plain_create_is_answered_without_the_route() -> None:
             sent.append(message)
         scope = {"type": "http", "method": method, "path": path, "query_string": query,
                  "headers": []}
-        await FastCreate(route, create)(scope, receive, send)
+        await FastCreate(route, create, batch)(scope, receive, send)
         return sent[0]["status"], sent[1]["body"]
 
     async def scenario() -> None:
@@ -116,6 +119,8 @@ def test_only_a_plain_create_is_answered_without_the_route() -> None:
         assert await call("POST", "/v1/jobs", b"x", b"dry_run=true") == (418, b"route")
         assert await call("GET", "/v1/jobs", b"") == (418, b"route")
         assert await call("POST", "/v1/jobs/web", b"abcdef") == (418, b"route")
+        # the front end's batches of creates: answered by ``batch``, never the route
+        assert await call("POST", "/v1/shard/creates", b"xyz") == (200, b"batch:xyz")
 
     asyncio.run(scenario())
     # the route got each body whole: read whole and given again, or never read

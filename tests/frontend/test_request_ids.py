@@ -96,8 +96,12 @@ def test_one_id_from_the_caller_through_the_front_end_to_the_shard_and_its_effec
     assert r.headers["x-request-id"] == "deploy-42"  # the caller's id is kept
 
     front, shard = accessed(logs, "deploy-42")
+    # the shard's line is the batch's that carried the create (a batch of one here,
+    # named by its first create's id)
+    assert (front["method"], front["path"], front["status"]) == ("POST", "/v1/jobs", 201)
+    assert (shard["method"], shard["path"], shard["status"]) == (
+        "POST", "/v1/shard/creates", 200)
     for line in (front, shard):
-        assert (line["method"], line["path"], line["status"]) == ("POST", "/v1/jobs", 201)
         assert line["level"] == "info" and line["duration_ms"] >= 0
         assert line["token_id"] == token_id and line["actor"] == "admin:admin"
         assert {"timestamp", "component", "event"} <= set(line)

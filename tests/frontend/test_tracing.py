@@ -63,18 +63,20 @@ def test_a_request_is_one_trace_from_the_front_end_to_the_shards_store(traced) -
     assert front["attributes"]["http.request.method"] == "POST"
     assert front["attributes"]["http.response.status_code"] == 201
     assert front["attributes"]["plait.request_id"] == "deploy-web-1"
-    # its children: the shard map read from the store, and the hop to the shard
+    # its children: the shard map read from the store, and the hop to the shard (a
+    # create is carried in a batch of the creates waiting for that shard: here one)
     below = children(spans, front)
     assert any(s["name"].startswith("store.") for s in below)
     hops = [s for s in below if s["name"] == "proxy"]
     assert len(hops) == 1 and hops[0]["kind"] == "client"
-    assert hops[0]["attributes"]["http.response.status_code"] == 201
-    # the shard: a server span whose parent is the hop (it came in traceparent)
+    assert hops[0]["attributes"]["http.response.status_code"] == 200
+    # the shard: a server span whose parent is the hop (it came in traceparent), with
+    # the id of the batch's first create
     shard = children(spans, hops[0])
-    assert [s["name"] for s in shard] == ["POST /v1/jobs"]
+    assert [s["name"] for s in shard] == ["POST /v1/shard/creates"]
     assert shard[0]["kind"] == "server"
     assert shard[0]["attributes"]["plait.request_id"] == "deploy-web-1"
-    assert shard[0]["attributes"]["http.response.status_code"] == 201
+    assert shard[0]["attributes"]["http.response.status_code"] == 200
     # ... and its store write of the job: the acknowledgement of the request (the
     # transaction of its batch of creates: group commit, here a batch of one)
     writes = [s for s in children(spans, shard[0]) if s["name"] == "store.commit"]

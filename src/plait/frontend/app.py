@@ -15,6 +15,7 @@ applies it asynchronously, and its progress shows in the job's status and events
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import json
 from typing import Annotated, Any, Literal
@@ -34,7 +35,7 @@ from swagger_ui_bundle import swagger_ui_path
 from plait import __version__, paging, requestid, tracing
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
-from plait.frontend import hostprofiles, jcp
+from plait.frontend import batch, hostprofiles, jcp
 from plait.frontend.fastcreate import FastCreate
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body, replaying
 from plait.frontend.requestlog import RequestLog
@@ -269,6 +270,10 @@ class BodyLimit:
         await self.app(scope, replaying(body, receive), send)
 
 
+def _error_bytes(kind: str, message: str) -> bytes:
+    return json.dumps({"error": kind, "message": message}).encode()
+
+
 def _event(e: Event) -> dict[str, Any]:
     return {"seq": e.seq, "time": e.time, "source": e.source, "kind": e.kind,
             "message": e.message, "job": e.job, "entitlement": e.entitlement,
@@ -392,7 +397,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return _error(422, "invalid", message, field)
 
     # innermost: a follower forwards creates, and bodies over the limit never get here
-    app.add_middleware(FastCreate, create=lambda scope, body: create_plain(scope, body))
+    app.add_middleware(FastCreate, create=lambda scope, body: create_plain(scope, body),
+                       batch=lambda scope, body: create_batch(scope, body))
     if leadership is not None:
         app.add_middleware(FollowerProxy, leadership=leadership)
     app.add_middleware(BodyLimit)
@@ -564,17 +570,13 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             body["created"] = created
         return body
 
-    async def create_plain(scope: Scope, body: bytes) -> tuple[int, bytes] | None:
-        """``create_job`` for a plain create (``FastCreate``): the status and JSON body
-        of its answer, or None for anything else, which the route answers: a token not
-        in the cache or not an owner's or admin's, a body that is not a JSON spec,
-        another owner's entitlement or an unknown one, a TaskController (its URL is
-        checked off the event loop), a create refused (stored nothing; the route tries
-        it once more and answers the error)."""
-        headers = dict(scope["headers"])
-        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not headers.get(
-                b"content-type", b"").startswith(b"application/json"):
+    def plain(authorization: bytes, content_type: bytes, body: bytes
+              ) -> tuple[Principal, JobSpec] | None:
+        """Who asks and what, for a plain create: a cached owner's or admin's token, a
+        JSON spec with no TaskController, of the caller's own entitlement (an admin:
+        any); None for anything else."""
+        scheme, _, token = authorization.decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not content_type.startswith(b"application/json"):
             return None
         try:
             who = cp.tokens.verify_cached(token.strip())
@@ -589,15 +591,78 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                 spec.entitlement in cp.allocator.entitlements) else None
             if ent is None or ent.owner != who.name:
                 return None
-        scope.setdefault("state", {})["principal"] = who  # (as the route's ``principal``)
-        requestid.actor.set(str(who))
-        try:
-            doc, created = await asyncio.wrap_future(cp.commands.submit_create(spec))
-        except PlaitError:
-            return None
+        return who, spec
+
+    def acked(result: tuple[Any, bool]) -> tuple[int, bytes]:
+        doc, created = result
         return (201 if created else 200), json.dumps(
             ack(doc, created), ensure_ascii=False, allow_nan=False, separators=(",", ":")
         ).encode()
+
+    async def create_plain(scope: Scope, body: bytes) -> tuple[int, bytes] | None:
+        """``create_job`` for a plain create (``FastCreate``): the status and JSON body
+        of its answer, or None for anything else, which the route answers: a token not
+        in the cache or not an owner's or admin's, a body that is not a JSON spec,
+        another owner's entitlement or an unknown one, a TaskController (its URL is
+        checked off the event loop), a create refused (stored nothing; the route tries
+        it once more and answers the error)."""
+        headers = dict(scope["headers"])
+        asked = plain(headers.get(b"authorization", b""), headers.get(b"content-type", b""),
+                      body)
+        if asked is None:
+            return None
+        who, spec = asked
+        scope.setdefault("state", {})["principal"] = who  # (as the route's ``principal``)
+        requestid.actor.set(str(who))
+        try:
+            return acked(await asyncio.wrap_future(cp.commands.submit_create(spec)))
+        except PlaitError:
+            return None
+
+    def submit_as(rid: str, who: Principal, spec: JobSpec) -> Any:
+        requestid.current.set(rid)
+        requestid.actor.set(str(who))
+        return cp.commands.submit_create(spec)
+
+    async def create_batch(scope: Scope, body: bytes) -> tuple[int, bytes, bytes]:
+        """``POST /v1/shard/creates`` (``plait.frontend.batch``): the front end's creates
+        for this shard, each checked as ``create_plain`` checks it, under its own token
+        and request id, and stored together (group commit). The request's own token
+        must be valid too. The answer: (status, body, content type)."""
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        try:
+            if scheme.lower() != "bearer":
+                raise AuthError(401, "missing bearer token")
+            who = cp.tokens.verify_cached(token.strip()) or await run_in_threadpool(
+                cp.tokens.verify, token.strip())
+        except AuthError as exc:
+            return exc.status, _error_bytes("unauthorized", exc.reason), b"application/json"
+        scope.setdefault("state", {})["principal"] = who
+        if headers.get(b"content-type", b"") != batch.CONTENT_TYPE.encode():
+            return 415, _error_bytes("invalid", f"a batch of creates is sent as "
+                                                f"{batch.CONTENT_TYPE}"), b"application/json"
+        try:
+            items = batch.decode(body)
+        except batch.BadBatch as exc:
+            return 422, _error_bytes("invalid", f"batch of creates: {exc}"), b"application/json"
+        json_type = b"application/json"
+        futures: list[Any] = []
+        for item in items:
+            asked = plain(item.authorization.encode("latin-1", "replace"), json_type,
+                          item.body)
+            futures.append(None if asked is None else contextvars.copy_context().run(
+                submit_as, requestid.accept(item.request_id), *asked))
+        waited = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures
+                                        if f is not None), return_exceptions=True)
+        results = iter(waited)
+        answers: list[tuple[int, bytes] | None] = []
+        for f in futures:
+            got = None if f is None else next(results)
+            # (a refusal or a failure: the front end sends that create alone)
+            answers.append(None if got is None or isinstance(got, BaseException)
+                           else acked(got))
+        return 200, batch.encode_answers(answers), batch.CONTENT_TYPE.encode()
 
     @app.post("/v1/jobs", response_model=t.JobAck | t.Plan, tags=["jobs"], status_code=201,
               responses={200: {"model": t.JobAck | t.Plan,

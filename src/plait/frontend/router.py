@@ -30,6 +30,7 @@ records, and the new shard's desired sets are the old one's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import json
 import time
@@ -39,8 +40,9 @@ import httpx
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from plait import __version__, paging, tracing
+from plait import __version__, paging, requestid, tracing
 from plait.errors import Conflict, NotFound, ValidationError
+from plait.frontend import batch
 from plait.frontend.hop import Hop
 from plait.frontend.proxy import (
     FORWARDED,
@@ -278,6 +280,98 @@ def _unpack(cursor: int, shards: list[int]) -> dict[int, int]:
     return {s: (cursor >> (40 * s)) & ((1 << 40) - 1) for s in shards}
 
 
+class Creates:
+    """Single-job creates carried to their shard in batches (``plait.frontend.batch``).
+
+    A create waits in its shard's queue; a batch leaves as soon as fewer than
+    ``in_flight`` of the shard's batches are on their way, with every create queued
+    then (so a quiet front end sends each create at once, and under load the batches
+    grow: no timer, no added wait). Each create is answered from its part of the
+    batch's answer; a create the batch path does not answer (a refusal, an error, a
+    token the shard has not cached) goes to the shard alone and gets the route's own
+    answer. A batch the shard could not be asked fails each of its creates as a create
+    sent alone would have (503 with a Retry-After)."""
+
+    def __init__(self, router: ShardRouter, in_flight: int = 2) -> None:
+        self.router = router
+        self.in_flight = in_flight
+        self._queues: dict[int, list[tuple[batch.Item, asyncio.Future[Any]]]] = {}
+        self._sending: dict[int, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: batches sent, and creates in them (read by the tests)
+        self.batches = 0
+        self.carried = 0
+
+    async def create(self, shard: int, scope: Scope, body: bytes) -> Any:
+        headers = dict(scope["headers"])
+        auth = headers.get(b"authorization", b"")
+        if (len(body) > batch.MAX_ITEM or not headers.get(b"content-type", b"").startswith(
+                b"application/json") or scope.get("query_string")):
+            return await self.router.to_shard(shard, scope, body)
+        rid = requestid.current.get() or requestid.new()
+        waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(shard, []).append(
+            (batch.Item(auth.decode("latin-1"), rid, body), waiting))
+        self._kick(shard)
+        got = await waiting
+        if got is None:  # (the route's own answer)
+            return await self.router.to_shard(shard, scope, body)
+        status, payload = got
+        return status, payload, [(b"content-type", b"application/json")]
+
+    def _kick(self, shard: int) -> None:
+        queue = self._queues.get(shard)
+        if not queue or self._sending.get(shard, 0) >= self.in_flight:
+            return
+        taken, size = 0, 0
+        for item, _ in queue:
+            if taken and (taken >= batch.MAX_ITEMS or size + len(item.body) > batch.MAX_BYTES):
+                break
+            taken += 1
+            size += len(item.body)
+        sent, queue[:] = queue[:taken], queue[taken:]
+        self._sending[shard] = self._sending.get(shard, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._send(shard, sent))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, shard: int, sent: list[tuple[batch.Item, asyncio.Future[Any]]]
+                    ) -> None:
+        try:
+            items = [item for item, _ in sent]
+            rid = items[0].request_id  # (the batch's: its first create's, in every log)
+            scope = {"type": "http", "method": "POST", "path": batch.PATH,
+                     "raw_path": batch.PATH.encode(), "query_string": b"",
+                     "headers": [(b"authorization", items[0].authorization.encode("latin-1")),
+                                 (b"content-type", batch.CONTENT_TYPE.encode()),
+                                 (b"x-request-id", rid.encode())]}
+            self.batches += 1
+            self.carried += len(items)
+            try:
+                r = await self.router.to_shard(shard, scope, batch.encode(items))
+            except Refused as exc:
+                for _, waiting in sent:
+                    if not waiting.done():
+                        waiting.set_exception(exc)  # (its reply, for each caller)
+                return
+            answers: list[tuple[int, bytes] | None] = [None] * len(sent)
+            if r.status_code == 200 and r.headers.get("content-type") == batch.CONTENT_TYPE:
+                # (an answer not in the form: each create alone, the route's answers)
+                with contextlib.suppress(batch.BadBatch):
+                    answers = batch.decode_answers(r.content, len(sent))
+            for (_, waiting), got in zip(sent, answers, strict=True):
+                if not waiting.done():
+                    waiting.set_result(got)
+        except BaseException as exc:
+            for _, waiting in sent:
+                if not waiting.done():
+                    waiting.set_exception(exc)
+            raise
+        finally:
+            self._sending[shard] -= 1
+            self._kick(shard)
+
+
 class ShardRouter:
     """The front end as a plain ASGI app."""
 
@@ -289,6 +383,8 @@ class ShardRouter:
         self.identity = identity
         self.ca_file = ca_file
         self._client: Hop | None = None
+        #: creates carried to their shard in batches
+        self.creates = Creates(self)
         #: the store's reads are quick and local (SQLite): the create path makes them
         #: on the event loop instead of handing them to a thread (ZooKeeper's are
         #: network round trips: handed to a thread)
@@ -407,7 +503,7 @@ class ShardRouter:
                     raise Refused(409, "conflict", f"job {spec['name']}: expected absent or "
                                                    f"the same spec, found a job of entitlement "
                                                    f"{have[1]!r}")
-                return await self.to_shard(found[0]["shard"], scope, body)
+                return await self.creates.create(found[0]["shard"], scope, body)
             return await self.to_job(scope, body, parts[2], write=method != "GET",
                                      moving=parts[3:] == ["move"])
         if parts[:2] == ["v1", "discovery"] and len(parts) == 3:
