@@ -437,3 +437,35 @@ def test_a_job_too_large_for_one_record_is_stored_in_parts(tmp_path):
         persist.save(allocator=sched.allocator)
     assert store.children("/scheduler/state") == []
     store.close()
+
+
+def test_a_versions_runtime_key_is_the_digest_stored_keys_were_made_with() -> None:
+    """Keys are stored with versions: the key of a spec is the digest of its JSON form
+    with the fields that do not change how it runs set to fixed values, as it was
+    made by copying the spec with those values, whatever the spec holds."""
+    import hashlib
+    import json
+
+    from plait.model import JobSpec
+    from plait.persist.scheduler import runtime_key
+    from plait.scheduler.records import NOT_RUNTIME
+
+    def made_by_copy(spec: JobSpec) -> str:
+        runs = spec.model_copy(update=NOT_RUNTIME).model_dump(mode="json")
+        return hashlib.blake2b(json.dumps(runs, sort_keys=True).encode(),
+                               digest_size=12).hexdigest()
+    base = {"name": "web", "entitlement": "e", "command": "serve", "task_count": 1,
+            "resources": {"cpu": 1, "memory_gb": 1}}
+    specs = [JobSpec.model_validate({**base, **extra}) for extra in (
+        {},
+        {"task_count": 7, "keep_versions": 3, "kill_timeout_seconds": 2.5},
+        {"task_controller": "http://127.0.0.1:9/tc",
+         "update": {"max_unavailable": 3}},
+        {"args": ["--port", "8080"], "env": {"A": "1"},
+         "resources": {"cpu": 2, "memory_gb": 1.5}},
+    )]
+    keys = [runtime_key(s) for s in specs]
+    assert keys == [made_by_copy(s) for s in specs]
+    assert keys == [runtime_key(s, s.model_dump(mode="json")) for s in specs]
+    # count, pacing, TaskController and kept versions change nothing of how it runs
+    assert keys[0] == keys[1] == keys[2] != keys[3]

@@ -229,13 +229,24 @@ class Allocator:
                 int(ix.total_cpu[m]) for m in claimed) - sum(int(ix.total_cpu[m]) for m in gone)
             if rru > round(ent.quota.rru * 1000):
                 raise Conflict(f"entitlement {ent.name} rru", ent.quota.rru, rru / 1000)
-        if plan.assign:
+        # one task placed (a single-task job, a replacement): checked and applied on
+        # the machine's own values, without the arrays a batch of tasks is worth
+        one = plan.assign[0][1] if len(plan.assign) == 1 else None
+        if one is not None and changed:
+            if not ((one in claimed or (ix.ent[one] == plan.ent_code
+                                        and ix.state[one] == HEALTHY))
+                    and all(free[one] >= k + f for free, k, f in (
+                        (ix.free_cpu, need[0], floor[0]), (ix.free_mem, need[1], floor[1]),
+                        (ix.free_disk, need[2], floor[2])) if k or f)):
+                raise Conflict(f"machine {ix.fleet.name(one)}", "room for the plan's tasks",
+                               "taken meanwhile")
+        elif plan.assign:
             # tasks per machine, counted in C; vectorised checks over those machines
             per_machine = Counter(map(itemgetter(1), plan.assign))
             n = len(per_machine)
             uniq = np.fromiter(per_machine, np.int64, n)
             cnt = np.fromiter(per_machine.values(), np.int64, n)
-        if plan.assign and changed:
+        if plan.assign and changed and one is None:
             ok = (ix.ent[uniq] == plan.ent_code) & (ix.state[uniq] == HEALTHY)
             if claimed:
                 ok |= np.fromiter((m in claimed for m in per_machine), np.bool_, n)
@@ -273,11 +284,17 @@ class Allocator:
             ix.free_disk[m] += d
             ix.remove_task(m)
             emptied.add(m)
-        if plan.assign:
+        if one is not None:
+            for free, k in zip((ix.free_cpu, ix.free_mem, ix.free_disk), need, strict=True):
+                if k:
+                    free[one] -= k
+            ix.add_task(one)
+        elif plan.assign:
             for free, k in zip((ix.free_cpu, ix.free_mem, ix.free_disk), need, strict=True):
                 if k:
                     free[uniq] -= cnt * k
             ix.add_tasks(uniq, cnt)
+        if plan.assign:
             job.placement.update(plan.assign)
             assigned = list(map(itemgetter(0), plan.assign))
             job.units.fill(assigned, need)

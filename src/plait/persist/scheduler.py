@@ -24,6 +24,7 @@ them again under new operation ids (``op_counter`` is kept, so ids never repeat)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -63,12 +64,32 @@ _ATTEMPTS = 20
 ControllerFor = Callable[[JobSpec], TaskController | RemoteController | None]
 
 
-def runtime_key(spec: JobSpec) -> str:
+def runtime_key(spec: JobSpec, dumped: dict[str, Any] | None = None) -> str:
     """What a version runs, as a short digest: two versions with the same key run the
-    same way (``same_runtime``), so a task moved between them is not restarted."""
-    runs = spec.model_copy(update=NOT_RUNTIME).model_dump(mode="json")
+    same way (``same_runtime``), so a task moved between them is not restarted.
+    ``dumped``: the spec's JSON form, when the caller made it already. (The digest is
+    of the spec's JSON form with the fields that do not change how it runs set to
+    fixed values; keys are stored with versions, so it never changes.)"""
+    runs = dict(spec.model_dump(mode="json") if dumped is None else dumped)
+    for key, value in _fixed_not_runtime().items():
+        if value is _ABSENT_FIELD:
+            runs.pop(key, None)
+        else:
+            runs[key] = value
     return hashlib.blake2b(json.dumps(runs, sort_keys=True).encode(),
                            digest_size=12).hexdigest()
+
+
+_ABSENT_FIELD = object()
+
+
+@functools.cache
+def _fixed_not_runtime() -> dict[str, Any]:
+    """``NOT_RUNTIME``'s fields in a spec's JSON form (or absent from it)."""
+    any_spec = JobSpec.model_validate({"name": "x", "entitlement": "x", "command": "x",
+                                       "task_count": 1, "resources": {"cpu": 1}})
+    fixed = any_spec.model_copy(update=NOT_RUNTIME).model_dump(mode="json")
+    return {key: fixed.get(key, _ABSENT_FIELD) for key in NOT_RUNTIME}
 
 
 @dataclass
@@ -173,12 +194,12 @@ class JobDoc:
         return {self.target, *self.pins.values()}
 
     def _append(self, spec: JobSpec) -> int:
-        key = runtime_key(spec)
+        dumped = spec.model_dump(mode="json")
+        key = runtime_key(spec, dumped)
         self.version += 1
         revision = next((int(e["revision"]) for _, e in sorted(self.kept.items())
                          if e.get("runtime") == key), self.version)
-        self.kept[self.version] = {"spec": spec.model_dump(mode="json"),
-                                   "revision": revision, "runtime": key}
+        self.kept[self.version] = {"spec": dumped, "revision": revision, "runtime": key}
         self._parsed[self.version] = spec
         return self.version
 
