@@ -54,10 +54,7 @@ class PersistentRegion(Region):
                        if cordoned is None else cordoned)
         seen = self._stored.get(machine)
         try:
-            if seen is None:
-                if self.ns.exists(key):  # written by another process since we loaded
-                    raise Conflict(f"machine {self.fleet.name(machine)} record", "unseen",
-                                   "changed in the store")
+            if seen is None:  # (a Conflict if another process wrote it since we loaded)
                 self._stored[machine] = self.ns.create(key, data)
             else:
                 self._stored[machine] = self.ns.set(key, data, seen)
