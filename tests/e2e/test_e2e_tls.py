@@ -35,8 +35,14 @@ def plait(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-def stop(procs: list[subprocess.Popen[bytes]], tmp_path) -> None:
-    """Ctrl-C every process started, then kill what is left (a failed run's)."""
+def stop(procs: list[subprocess.Popen[bytes]], tmp_path,
+         clients: list[httpx.Client]) -> None:
+    """Close the test's own clients, Ctrl-C every process started, then kill what is
+    left (a failed run's). The clients go first: a server shutting down waits for the
+    TLS close of each idle keep-alive connection, and a pooled connection nobody reads
+    never answers it (asyncio gives up after 30 s)."""
+    for client in clients:
+        client.close()
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
@@ -70,10 +76,13 @@ def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
            "--ca-file", ca]
     trust = ssl.create_default_context(cafile=ca)
     client = httpx.Client(verify=trust, timeout=10)
+    clients = [client]
     try:
+        # one machine: the agent's, so the task is placed on it at once (a second
+        # machine, never joined, would hold the task until its startup grace ran out)
         for i, port in enumerate(ports):
             spawn(f"serve-{i}", "plait.cli.main", "serve", "--data-dir", str(tmp_path / "cp"),
-                  "--port", str(port), "--machines", "2", "--dcs", "1", "--msbs-per-dc", "1",
+                  "--port", str(port), "--machines", "1", "--dcs", "1", "--msbs-per-dc", "1",
                   "--heartbeat-timeout", "5", *tls, *(["--no-write-config"] if i else []))
             wait_for(lambda port=port: client.get(f"https://127.0.0.1:{port}/healthz")
                      .json().get("role") in ("leader", "follower"), what="a replica serves")
@@ -82,6 +91,7 @@ def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
         admin = httpx.Client(base_url=urls[1], timeout=30,  # the follower: forwarded
                              verify=trust,
                              headers={"Authorization": f"Bearer {token}"})
+        clients.append(admin)
         assert admin.post("/v1/entitlements", json={
             "name": "e", "owner": "o", "quota": {"machines": 2}}).status_code == 201
         join = admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
@@ -118,7 +128,7 @@ def test_replicas_agents_and_the_cli_speak_tls(tmp_path):
         said = " ".join(bad.stderr.split())
         assert bad.returncode != 0 and "missing.pem is not a file" in said, said
     finally:
-        stop(procs, tmp_path)
+        stop(procs, tmp_path, clients)
 
 
 def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
@@ -143,6 +153,7 @@ def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
                                           stderr=subprocess.STDOUT, start_new_session=True))
 
     client = httpx.Client(verify=ssl.create_default_context(cafile=ca), timeout=10)
+    clients = [client]
     try:
         for s in (0, 1):
             spawn(f"shard-{s}", "plait.cli.main", "scheduler", "--shard", str(s), "--data-dir",
@@ -157,6 +168,7 @@ def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
         token = (tmp_path / "cp" / "admin-token").read_text().strip()
         admin = httpx.Client(base_url=front, timeout=30, verify=ssl.create_default_context(
             cafile=ca), headers={"Authorization": f"Bearer {token}"})
+        clients.append(admin)
         for ent in ("a", "b"):  # one on each shard
             assert admin.post("/v1/entitlements", json={
                 "name": ent, "owner": "o", "quota": {"machines": 1}}).status_code == 201
@@ -182,4 +194,4 @@ def test_a_sharded_region_speaks_tls_front_end_to_shards(tmp_path):
         moved = plait(env, "admin", "entitlement", "move", "b", "--to-shard", "0")
         assert moved.returncode == 0, moved.stderr
     finally:
-        stop(procs, tmp_path)
+        stop(procs, tmp_path, clients)

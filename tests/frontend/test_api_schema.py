@@ -84,12 +84,17 @@ def live_module(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         auth.write_text("plait:fuzzing-secret\n")
         auth.chmod(0o600)
         url = f"{ensemble.url}?auth_file={auth}"
-    api = (start_live(work / "data", store=url) if route == "direct"
-           else start_behind_front_end(work, url))
-    if ensemble is not None:
-        api.closers.insert(0, ensemble.stop)
-    yield api
-    stop_live(api)
+    try:
+        api = (start_live(work / "data", store=url) if route == "direct"
+               else start_behind_front_end(work, url))
+        yield api
+        stop_live(api)
+    finally:
+        # the ensemble stops after every client of it: stopped first, the API
+        # server's stop waits out its 30 s bound on a control plane whose store
+        # keeps retrying the lost ZooKeeper
+        if ensemble is not None:
+            ensemble.stop()
 
 
 @pytest.fixture(scope="module")

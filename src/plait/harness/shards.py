@@ -79,6 +79,11 @@ class ShardedBox:
 
     def close(self) -> None:
         self.stop_agents.set()
+        # the agents' desired-set long-polls answered now (as a shard's own stop does),
+        # not when their wait runs out: a poll held through the front end would hold
+        # the agent's thread, and then the front end's stop, for up to 10 s
+        for s in self.shards:
+            s.cp.gateway.waiters.close()
         for t in self.threads:
             t.join(timeout=30)
         for a in self.agents:

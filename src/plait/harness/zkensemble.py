@@ -90,7 +90,9 @@ class LocalEnsemble:
 
     def start_member(self, i: int) -> None:
         cfg = self._config(i)
-        flags = os.environ.get("JVMFLAGS", "-Xmx256m")
+        # (a heap that holds a few of the 16 MiB requests decision 106 allows: with
+        # 256 MiB an ensemble under the API fuzzing once ran out of memory)
+        flags = os.environ.get("JVMFLAGS", "-Xmx512m")
         if "jute.maxbuffer" not in flags:  # (what plait's transactions need: decision 106)
             flags += f" -Djute.maxbuffer={JUTE_MAXBUFFER}"
         env = dict(os.environ, ZOO_LOG_DIR=str(cfg.parent), JVMFLAGS=flags)
