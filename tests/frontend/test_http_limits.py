@@ -178,3 +178,62 @@ def test_writes_in_one_turn_of_the_loop_leave_as_one_and_close_sends_them_first(
         return raw
 
     asyncio.run(scenario())
+
+
+def test_a_tls_server_stops_at_once_with_an_idle_keep_alive_client(tmp_path):
+    """An idle TLS connection does not hold the server's stop until asyncio's 30 s for
+    a close_notify the client never sends; a request under way still completes."""
+    import ssl
+    import threading
+
+    import uvicorn
+
+    from plait.server.limits import uvicorn_options
+    from plait.server.serve import free_port
+    from plait.tls import make_lab_certs
+
+    release = threading.Event()
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/slow":  # answered only once the stop has begun
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+    certs = make_lab_certs(tmp_path / "certs", ["127.0.0.1"])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", **uvicorn_options(),
+        ssl_certfile=str(certs["server"]), ssl_keyfile=str(certs["server-key"])))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    trust = ssl.create_default_context(cafile=str(certs["ca"]))
+    idle = httpx.Client(verify=trust, base_url=f"https://127.0.0.1:{port}")
+    busy = httpx.Client(verify=trust, base_url=f"https://127.0.0.1:{port}", timeout=30)
+    try:
+        assert idle.get("/").text == "ok"  # its connection stays open, idle
+        answers: list[httpx.Response] = []
+        under_way = threading.Thread(target=lambda: answers.append(busy.get("/slow")))
+        under_way.start()
+        time.sleep(0.3)  # (the request has reached the app)
+        started = time.monotonic()
+        server.should_exit = True
+        time.sleep(0.3)
+        release.set()
+        under_way.join(30)
+        thread.join(20)
+        assert not thread.is_alive(), "the server's stop waited on the idle connection"
+        assert time.monotonic() - started < 20
+        assert [a.text for a in answers] == ["ok"]  # the request under way completed
+    finally:
+        idle.close()
+        busy.close()
+        server.should_exit = True
+        thread.join(35)

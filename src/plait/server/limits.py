@@ -85,6 +85,17 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._disarm()
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        """The server stops: an idle TLS connection is dropped at once. Closed as
+        uvicorn closes it, it would wait for the client's close_notify, which a pooled
+        idle client never sends, for asyncio's 30 s, and the server's stop with it. (A
+        connection with a request under way finishes it first, as uvicorn does.)"""
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and self.transport.get_extra_info("ssl_object") is not None:
+            self.transport.abort()
+            return
+        super().shutdown()
+
     def _refuse(self) -> None:
         self._disarm()
         if not self.transport.is_closing():
