@@ -20,6 +20,7 @@ The regression tests at the end pin the bugs the fuzzing found.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -277,7 +278,20 @@ def test_state_survives_fuzzing(live_module: Live, seeded: dict[str, Any], tmp_p
     r = api.admin.put(f"/v1/jobs/{KEEP}", json={**SPEC, "command": "serve-again"})
     assert r.status_code == 200, r.text
     version = r.json()["version"]
-    wait_for(lambda: api.admin.get(f"/v1/jobs/{KEEP}").json()["applied_version"] == version)
+    steps = cp.steps
+    try:  # (or a later one: an autoscaling policy the fuzzing set may resize the job)
+        wait_for(lambda: api.admin.get(f"/v1/jobs/{KEEP}").json()["applied_version"]
+                 >= version)
+    except AssertionError:  # what the loop was doing meanwhile, to tell why
+        failed = api.admin.get("/v1/events", params={"kind": "step_failed"}).json()
+        raise AssertionError(
+            f"version {version} of {KEEP} not applied: {cp.steps - steps} passes since "
+            f"(failures {cp.failures}, last pass ended "
+            f"{time.monotonic() - (cp.last_step or 0):.1f}s ago, jobs "
+            f"{len(cp.scheduler.jobs)}, tasks "
+            f"{sum(len(j.tasks) for j in cp.scheduler.jobs.values())}); "
+            f"job {api.admin.get(f'/v1/jobs/{KEEP}').text[:400]}; "
+            f"failed passes {failed['events'][-3:]}") from None
     # the allocator's invariants hold, and a restart from the store sees the same
     with cp.lock:
         check_invariants(Cluster(cp.fleet, cp.region, cp.allocator.index, cp.allocator))
