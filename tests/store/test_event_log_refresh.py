@@ -77,3 +77,26 @@ def test_who_what_why_is_kept_and_an_older_record_still_reads():
     assert [e.seq for e in again.query(limit=10, task=3)[0]] == [1]
     assert [e.seq for e in again.query(limit=10, request="r1")[0]] == [1]
     assert [e.seq for e in again.query(limit=10, actor="scheduler")[0]] == [1]
+
+
+def test_a_cursor_reads_only_the_events_after_it_page_by_page(tmp_path):
+    """Polls with a cursor (``after``) see each event once, in order, with filters
+    and pages; a cursor at or past the newest event reads nothing."""
+    store = SqliteStore(str(tmp_path / "plait.db"))
+    log = EventLog(store, Retention(max_count=50, max_age_seconds=1e9))
+    log.append([NewEvent(float(k), "test", "even" if k % 2 == 0 else "odd", f"m{k}")
+                for k in range(1, 31)])  # seq 1..30
+    seen: list[int] = []
+    cursor = 0
+    while True:
+        page, nxt = log.query(after=cursor, limit=4, kind="even")
+        seen += [e.seq for e in page]
+        if nxt is None:
+            break
+        cursor = nxt
+    assert seen == list(range(2, 31, 2))
+    assert [e.seq for e in log.query(after=27)[0]] == [28, 29, 30]
+    assert log.query(after=30) == ([], None) and log.query(after=99) == ([], None)
+    log.append([NewEvent(31.0, "test", "even", "new")])
+    assert [e.message for e in log.query(after=30)[0]] == ["new"]
+    store.close()

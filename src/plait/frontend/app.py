@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 from swagger_ui_bundle import swagger_ui_path
 
-from plait import __version__, paging, requestid, tracing
+from plait import __version__, fastjson, paging, requestid, tracing
 from plait.client import types as t
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, TransientError, ValidationError
 from plait.frontend import batch, hostprofiles, jcp
@@ -580,7 +580,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             return None
         try:
             who = cp.tokens.verify_cached(token.strip())
-            spec = JobSpec.model_validate(json.loads(body))
+            spec = JobSpec.model_validate(fastjson.loads(body))
         except Exception:  # (any refusal is the route's to make, with its answer)
             return None
         if who is None or who.role not in (Role.ADMIN, Role.OWNER) or (
@@ -595,9 +595,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
 
     def acked(result: tuple[Any, bool]) -> tuple[int, bytes]:
         doc, created = result
-        return (201 if created else 200), json.dumps(
-            ack(doc, created), ensure_ascii=False, allow_nan=False, separators=(",", ":")
-        ).encode()
+        return (201 if created else 200), fastjson.dumps(ack(doc, created))
 
     async def create_plain(scope: Scope, body: bytes) -> tuple[int, bytes] | None:
         """``create_job`` for a plain create (``FastCreate``): the status and JSON body

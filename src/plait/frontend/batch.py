@@ -18,8 +18,9 @@ one alone, and its caller gets the route's own answer, word for word."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+from plait import fastjson
 
 CONTENT_TYPE = "application/x-plait-creates"
 PATH = "/v1/shard/creates"
@@ -45,9 +46,8 @@ class Item:
 def encode(items: list[Item]) -> bytes:
     out: list[bytes] = []
     for it in items:
-        head = json.dumps({"authorization": it.authorization, "request_id": it.request_id,
-                           "length": len(it.body)}, separators=(",", ":"))
-        out.append(head.encode())
+        out.append(fastjson.dumps({"authorization": it.authorization,
+                                   "request_id": it.request_id, "length": len(it.body)}))
         out.append(b"\n")
         out.append(it.body)
     return b"".join(out)
@@ -63,7 +63,7 @@ def decode(data: bytes, max_items: int = MAX_ITEMS) -> list[Item]:
         if end < 0:
             raise BadBatch(f"create {len(items)}: no header line")
         try:
-            head = json.loads(data[at:end])
+            head = fastjson.loads(data[at:end])
             auth, rid, length = head["authorization"], head["request_id"], head["length"]
         except (ValueError, KeyError, TypeError):
             raise BadBatch(f"create {len(items)}: the header line is not "

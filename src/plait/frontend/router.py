@@ -40,7 +40,7 @@ import httpx
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from plait import __version__, paging, requestid, tracing
+from plait import __version__, fastjson, paging, requestid, tracing
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.frontend import batch
 from plait.frontend.hop import Hop
@@ -160,7 +160,7 @@ class ShardMap:
             value, version = self.ns.get(f"/entitlements/{entitlement}")
         except NotFound:
             return None
-        return json.loads(value), version
+        return fastjson.loads(value), version
 
     def route(self, entitlement: str) -> tuple[dict[str, Any], int] | None:
         """``entry``, or for a canary entitlement that the map does not hold (the Job
@@ -241,11 +241,11 @@ class ShardMap:
         entry = None
         if ent_key in found:
             value, version = found[ent_key]
-            entry = json.loads(value), version
+            entry = fastjson.loads(value), version
         for s in shards:
             got = found.get(job_keys[s])
             if got is not None:
-                return entry, (s, str(json.loads(got[0])["entitlement"]))
+                return entry, (s, str(fastjson.loads(got[0])["entitlement"]))
         return entry, None
 
     def job(self, name: str) -> tuple[int, str] | None:
@@ -258,7 +258,7 @@ class ShardMap:
         for s in shards:
             got = found.get(f"{shard_prefix(s)}/scheduler/jobs/{name}")
             if got is not None:
-                return s, str(json.loads(got[0])["entitlement"])
+                return s, str(fastjson.loads(got[0])["entitlement"])
         return None
 
     def machine(self, machine: str) -> str | None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any, Protocol
 
+from plait import fastjson
 from plait.allocator import (
     AllocationRequest,
     AllocationResult,
@@ -139,8 +140,8 @@ class PersistentAllocator(Allocator):
         fleet = self.index.fleet
         tasks = {str(t): [fleet.name(m), *state.units[t], names[state.ents[t]]]
                  for t, m in state.placement.items()}
-        return json.dumps({"schema": SCHEMA, "entitlement": names[state.entitlement],
-                           "tasks": tasks}, sort_keys=True).encode()
+        return fastjson.dumps({"schema": SCHEMA, "entitlement": names[state.entitlement],
+                               "tasks": tasks}, sort_keys=True)
 
     def _save(self, job: str) -> None:
         data = self._record(job)
@@ -165,7 +166,7 @@ class PersistentAllocator(Allocator):
         for job in allocator.ns.children("/jobs"):
             value, version = allocator.ns.get(f"/jobs/{job}")
             allocator._stored[f"/jobs/{job}"] = version
-            data: dict[str, Any] = json.loads(value)
+            data: dict[str, Any] = fastjson.loads(value)
             if int(data.get("schema", 0)) > SCHEMA:
                 raise ValueError(f"job {job}: a record of a newer schema than this plait reads")
             records.append((job, data))

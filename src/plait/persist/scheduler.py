@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from plait import requestid
+from plait import fastjson, requestid
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, ValidationError
 from plait.model import JobSpec, parse
 from plait.model.entitlement import NAME_RE
@@ -228,7 +228,7 @@ class JobDoc:
         return entry
 
     def to_bytes(self) -> bytes:
-        return json.dumps({
+        return fastjson.dumps({
             "schema": JOB_SCHEMA, "name": self.name, "entitlement": self.entitlement,
             "version": self.version,
             "versions": {str(v): entry for v, entry in self.kept.items()},
@@ -236,11 +236,11 @@ class JobDoc:
             **({} if self.stable is None else {"stable": self.stable}),
             **({"pins": {str(i): v for i, v in sorted(self.pins.items())}}
                if self.pins else {}),
-        }, sort_keys=True).encode()
+        }, sort_keys=True)
 
     @classmethod
     def from_bytes(cls, value: bytes) -> JobDoc:
-        data = json.loads(value)
+        data = fastjson.loads(value)
         schema = int(data.get("schema", 1))
         if schema > JOB_SCHEMA:
             raise ValidationError("schema", f"job record schema {data['schema']} is newer than "
@@ -514,7 +514,7 @@ class JobStore:
             value, _ = self.ns.get(f"/state/{name}")
         except NotFound:
             return live  # not applied yet: the scheduler starts at the latest version
-        data = json.loads(value)
+        data = fastjson.loads(value)
         run = data["run"] if "run" in data else [row[0] for row in data["tasks"].values()]
         return live | {int(data["target"])} | {int(v) for v in run}
 
@@ -751,22 +751,22 @@ class PersistentScheduler:
         whole = self._whole(job)
         if len(whole) <= PART_BYTES:
             return [whole]
-        data = json.loads(whole)
+        data = fastjson.loads(whole)
         tasks: dict[str, Any] = data.pop("tasks")
         parts: list[bytes] = []
         chunk: dict[str, Any] = {}
         size = 0
         for key, row in tasks.items():
-            item = len(key) + len(json.dumps(row)) + 6
+            item = len(key) + len(fastjson.dumps(row)) + 6
             if chunk and size + item > PART_BYTES - 64:
-                parts.append(json.dumps({"tasks": chunk}, sort_keys=True).encode())
+                parts.append(fastjson.dumps({"tasks": chunk}, sort_keys=True))
                 chunk, size = {}, 0
             chunk[key] = row
             size += item
-        parts.append(json.dumps({"tasks": chunk}, sort_keys=True).encode())
+        parts.append(fastjson.dumps({"tasks": chunk}, sort_keys=True))
         header = {**data, "schema": SPLIT_SCHEMA, "tasks": {}, "parts": len(parts),
                   "run": sorted({int(row[0]) for row in tasks.values()})}
-        return [json.dumps(header, sort_keys=True).encode(), *parts]
+        return [fastjson.dumps(header, sort_keys=True), *parts]
 
     def _whole(self, job: JobRecord) -> bytes:
         sched = self.scheduler
@@ -776,7 +776,7 @@ class PersistentScheduler:
             desired = rec.machine is not None and job.ref(index) in sched.desired.get(
                 rec.machine, {})
             tasks[str(index)] = _task_state(job, rec, desired, name)
-        return json.dumps({
+        return fastjson.dumps({
             "schema": SCHEMA, "applied": self.applied.get(job.name, 0),
             "versions": len(job.versions), "target": job.target, "deleting": job.deleting,
             "halted": job.halted, "rollout_active": job.rollout_active,
@@ -788,7 +788,7 @@ class PersistentScheduler:
             # a block reserved ahead (records.SEQUENCE_BLOCK)
             "sequence_number": -(-job.sequence_number // SEQUENCE_BLOCK) * SEQUENCE_BLOCK,
             "tasks": tasks,
-        }, sort_keys=True).encode()
+        }, sort_keys=True)
 
     def save(self, allocator: PersistentAllocator | None = None) -> int:
         """Write the state of every job that changed, drop the records of jobs whose
@@ -888,11 +888,11 @@ class PersistentScheduler:
         saved = self._saved.get(name)
         if saved is None:
             return None
-        data = dict(json.loads(saved[1]))
+        data = dict(fastjson.loads(saved[1]))
         for j in range(1, self._parts.get(name, 0) + 1):
             part = self._saved.get(f"{name}~{j}")
             if part is not None:
-                data["tasks"].update(json.loads(part[1])["tasks"])
+                data["tasks"].update(fastjson.loads(part[1])["tasks"])
         return data
 
     # -- rebuild ---------------------------------------------------------------------------
@@ -917,7 +917,7 @@ class PersistentScheduler:
                 value, version = states[f"/state/{name}"]
             except KeyError:
                 continue  # never applied: sync creates it
-            data = json.loads(value)
+            data = fastjson.loads(value)
             if int(data.get("schema", 1)) > SPLIT_SCHEMA:
                 raise ValidationError("schema", f"state record of job {name} has schema "
                                       f"{data['schema']}, newer than this plait "
@@ -935,7 +935,7 @@ class PersistentScheduler:
                                               f"part {j} of {count}")
                     part, part_version = found[key]
                     self._saved[f"{name}~{j}"] = (part_version, part)
-                    data["tasks"].update(json.loads(part)["tasks"])
+                    data["tasks"].update(fastjson.loads(part)["tasks"])
                 self._parts[name] = count
             self.applied[name] = int(data["applied"])
             self._restore(doc, data)

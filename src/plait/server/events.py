@@ -12,11 +12,11 @@ The process that writes also keeps the retained events in memory for queries.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from collections import deque
 from dataclasses import dataclass, fields
 
+from plait import fastjson
 from plait.errors import NotFound
 from plait.store.protocol import Namespace, Store, Transaction
 
@@ -62,7 +62,7 @@ _FIELDS = frozenset(Event.__dataclass_fields__)
 
 
 def _decode(raw: bytes) -> Event:
-    data = json.loads(raw)
+    data = fastjson.loads(raw)
     return Event(**{k: v for k, v in data.items() if k in _FIELDS})
 
 
@@ -74,8 +74,8 @@ _ORDER = tuple(f.name for f in fields(Event))
 def _encode(event: Event) -> bytes:
     # the fields left empty are not stored (most events have no task, op, decision);
     # (every field is a plain value: read as it is, not copied as ``asdict`` would)
-    return json.dumps({k: v for k in _ORDER
-                       if (v := getattr(event, k)) is not None}).encode()
+    return fastjson.dumps({k: v for k in _ORDER
+                           if (v := getattr(event, k)) is not None})
 
 
 #: the events stored in one transaction at most (a ZooKeeper multi-op must stay under
@@ -189,10 +189,15 @@ class EventLog:
         ``entitlements`` restricts to events of those entitlements (an owner's view)."""
         found: list[Event] = []
         with self._lock:
-            snapshot = list(self._events)
+            # the events after the cursor, found from the newest back: a poll asks
+            # for what is new, a few of thousands held (sequence numbers only grow)
+            snapshot: list[Event] = []
+            for event in reversed(self._events):
+                if event.seq <= after:
+                    break
+                snapshot.append(event)
+        snapshot.reverse()
         for event in snapshot:
-            if event.seq <= after:
-                continue
             if ((job is not None and event.job != job)
                     or (kind is not None and event.kind != kind)
                     or (source is not None and event.source != source)

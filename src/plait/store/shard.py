@@ -32,8 +32,11 @@ def shard_prefix(shard: int) -> str:
     return f"/shards/{shard}"
 
 
+_SHARED_UNDER = tuple(p + "/" for p in SHARED)
+
+
 def _shared(key: str) -> bool:
-    return any(key == p or key.startswith(p + "/") for p in SHARED)
+    return key in SHARED or key.startswith(_SHARED_UNDER)
 
 
 class ShardStore:

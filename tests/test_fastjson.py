@@ -1,0 +1,45 @@
+"""plait.fastjson writes what the standard library reads, and reads what it writes:
+stored records written before it are read the same, and its sorted keys are in the
+standard library's order."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from plait import fastjson
+
+_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(
+    allow_nan=False, allow_infinity=False) | st.text()
+values = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=4)
+                      | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20)
+
+
+@given(values)
+def test_what_one_writes_the_other_reads(value):
+    assert json.loads(fastjson.dumps(value)) == value
+    assert fastjson.loads(json.dumps(value).encode()) == value
+    assert fastjson.loads(json.dumps(value, sort_keys=True)) == value  # (str too)
+
+
+@given(st.dictionaries(st.text(), st.integers(0, 9), max_size=8))
+def test_sorted_keys_are_in_the_standard_librarys_order(value):
+    assert list(json.loads(fastjson.dumps(value, sort_keys=True))) == list(
+        json.loads(json.dumps(value, sort_keys=True)))
+
+
+def test_int_keys_are_written_as_strings_and_compact():
+    assert fastjson.dumps({2: "b", "a": [1, 0.1, None]}, sort_keys=True) == (
+        b'{"2":"b","a":[1,0.1,null]}')
+
+
+def test_garbage_is_a_value_error_and_an_unwritable_value_a_type_error():
+    with pytest.raises(ValueError):
+        fastjson.loads(b'{"a": ')
+    with pytest.raises(ValueError):
+        fastjson.loads(b"NaN")
+    with pytest.raises(TypeError):
+        fastjson.dumps({"a": object()})
+    with pytest.raises(TypeError):
+        fastjson.dumps(2**70)
