@@ -99,6 +99,38 @@ def test_transactions_are_all_or_nothing(env):
     assert s.exists("/a")
 
 
+def test_many_creates_in_one_transaction_are_all_or_nothing_too(env):
+    """A run of creates (a pass's events, new jobs' state) with one key taken: none of
+    them is stored; without it, all of them,
+    with their parents; a set at a stale version likewise."""
+    s = env.store
+    s.create("/log/0003", b"taken")
+    many = Transaction()
+    for k in range(1, 7):
+        many.create(f"/log/{k:04d}", b"x")
+    many.create("/fresh/deep/key", b"y")
+    with pytest.raises(Conflict):
+        s.commit(many)
+    assert s.children("/log") == ["0003"] and not s.exists("/fresh/deep/key")
+    assert s.get("/log/0003") == (b"taken", 0)
+    ok = Transaction()
+    for k in (1, 2, 4, 5):
+        ok.create(f"/log/{k:04d}", b"x")
+    ok.create("/fresh/deep/key", b"y").set("/log/0003", b"again", 0)
+    s.commit(ok)
+    assert s.children("/log") == ["0001", "0002", "0003", "0004", "0005"]
+    assert s.get("/fresh/deep/key") == (b"y", 0) and s.get("/fresh/deep") == (b"", 0)
+    assert s.get("/log/0003") == (b"again", 1)
+    stale = Transaction().create("/log/0006", b"x").create("/log/0007", b"x").create(
+        "/log/0008", b"x").set("/log/0003", b"stale", 0)
+    with pytest.raises(Conflict):
+        s.commit(stale)
+    assert not s.exists("/log/0006") and s.get("/log/0003") == (b"again", 1)
+    with pytest.raises((NotFound, Conflict)):  # (ZooKeeper's transaction: a conflict)
+        s.commit(Transaction().set("/log/0099", b"x", 0))
+    assert not s.exists("/log/0099")
+
+
 def test_election_hands_over_when_the_leaders_session_dies(env):
     s = env.store
     a, b = s.session(ttl=5), s.session(ttl=60)

@@ -38,6 +38,10 @@ SCHEMA_VERSION = "1"
 #: change-log rows kept for watchers that poll late
 CHANGES_KEPT = 10_000
 LIVE = "(n.session IS NULL OR n.session IN (SELECT id FROM sessions WHERE expires > ?))"
+#: ``LIVE`` in a statement on ``nodes`` without an alias (an update)
+_LIVE_ROW = "(session IS NULL OR session IN (SELECT id FROM sessions WHERE expires > ?))"
+#: plain creates in a row of one transaction written by one statement from this many
+_MANY_CREATES = 3
 
 
 def _parent(key: str) -> str:
@@ -243,6 +247,15 @@ class SqliteStore:
         key = op.key
         if op.kind == "create":
             return self._create(cur, op, session)
+        if op.kind == "set" and op.version != -1:
+            # the usual case in one statement: the key is live at that version
+            cur.execute(f"UPDATE nodes SET value = ?, version = version + 1 WHERE path = ? "
+                        f"AND version = ? AND {_LIVE_ROW}",
+                        (op.value, key, op.version, self.clock()))
+            if cur.rowcount == 1:
+                self._changed(cur, key)
+                return op.version + 1
+            # (else missing, or at another version: the read below says which)
         row = cur.execute(f"SELECT n.version FROM nodes n WHERE n.path = ? AND {LIVE}",
                           (key, self.clock())).fetchone()
         if row is None:
@@ -288,6 +301,35 @@ class SqliteStore:
         self._changed(cur, key)
         return 0
 
+    def _create_many(self, cur: sqlite3.Cursor, ops: list[Op]) -> None:
+        """Plain creates (not ephemeral) that follow each other in a transaction, in
+        one statement (a pass stores a few hundred: its events, new jobs' state). If
+        a key is taken, none of them is kept and each is made as ``_create`` makes it,
+        which gives the same outcome and error as one at a time."""
+        before = len(self._new_parents)
+        made: set[str] = set()  # (parents made for this batch)
+        cur.execute("SAVEPOINT creates")
+        try:
+            for op in ops:
+                parent = _parent(op.key)
+                while parent != "/" and parent not in self._parents and parent not in made:
+                    cur.execute("INSERT OR IGNORE INTO nodes VALUES (?, ?, x'', 0, NULL)",
+                                (parent, _parent(parent)))
+                    self._new_parents.append(parent)
+                    made.add(parent)
+                    parent = _parent(parent)
+            cur.executemany("INSERT INTO nodes VALUES (?, ?, ?, 0, NULL)",
+                            [(op.key, _parent(op.key), op.value) for op in ops])
+        except sqlite3.IntegrityError:
+            cur.execute("ROLLBACK TO creates")
+            cur.execute("RELEASE creates")
+            del self._new_parents[before:]
+            for op in ops:
+                self._create(cur, op, None)
+            return
+        cur.execute("RELEASE creates")
+        self._changes.extend((op.key,) for op in ops)
+
     def create(self, key: str, value: bytes, session: SqliteSession | None = None) -> int:
         op = Op("create", check_key(key), check_value(key, value), ephemeral=session is not None)
         with self._write() as cur:
@@ -311,8 +353,17 @@ class SqliteStore:
             check_value(op.key, op.value)
         with self._write() as cur:
             self._expire(cur)
-            for op in txn.ops:
-                self._apply(cur, op, session)
+            ops, i = txn.ops, 0
+            while i < len(ops):
+                j = i
+                while j < len(ops) and ops[j].kind == "create" and not ops[j].ephemeral:
+                    j += 1
+                if j - i >= _MANY_CREATES:
+                    self._create_many(cur, ops[i:j])
+                    i = j
+                else:
+                    self._apply(cur, ops[i], session)
+                    i += 1
             cur.execute("DELETE FROM changes WHERE zxid <= (SELECT max(zxid) FROM changes) - ?",
                         (CHANGES_KEPT,))
 
