@@ -232,8 +232,9 @@ class Allocator:
         # one task placed (a single-task job, a replacement): checked and applied on
         # the machine's own values, without the arrays a batch of tasks is worth
         one = plan.assign[0][1] if len(plan.assign) == 1 else None
-        if one is not None and changed:
-            if not ((one in claimed or (ix.ent[one] == plan.ent_code
+        if one is not None:
+            if changed and not (
+                    (one in claimed or (ix.ent[one] == plan.ent_code
                                         and ix.state[one] == HEALTHY))
                     and all(free[one] >= k + f for free, k, f in (
                         (ix.free_cpu, need[0], floor[0]), (ix.free_mem, need[1], floor[1]),
