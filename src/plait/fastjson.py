@@ -8,30 +8,35 @@ library's JSON and the other way round. What stays on ``json``: a digest made of
 record's JSON (``persist.scheduler.runtime_key``), whose stored values must not change,
 and the answers FastAPI renders.
 
-Differences from ``json.dumps`` that matter: a float that is not finite is written as
-``null`` (``json.dumps`` writes ``NaN``, which is not JSON; plait's records hold none);
-an integer beyond 64 bits is refused (a ``TypeError``, as an object ``json.dumps``
-cannot write is); keys that are not strings (an int) are written as strings, as
-``json.dumps`` does."""
+What orjson does not take goes to the standard library, so nothing it wrote before is
+refused now: a string holding a lone surrogate (a ``"\\ud800"`` escape in some JSON a
+tenant's TaskController answered) or an integer beyond 64 bits is written by ``json``,
+and read back by it (orjson refuses the escape). A float that is not finite is written
+as ``null`` (``json.dumps`` wrote ``NaN``, which is not JSON; no record holds one)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
-
-#: a parse error (a ``ValueError``, as ``json.JSONDecodeError`` is)
-JSONDecodeError = orjson.JSONDecodeError
 
 _PLAIN = orjson.OPT_NON_STR_KEYS
 _SORTED = orjson.OPT_NON_STR_KEYS | orjson.OPT_SORT_KEYS
 
 
 def dumps(obj: Any, *, sort_keys: bool = False) -> bytes:
-    """``obj`` as compact JSON bytes (its keys sorted with ``sort_keys``)."""
-    return orjson.dumps(obj, option=_SORTED if sort_keys else _PLAIN)
+    """``obj`` as compact JSON bytes (its keys sorted with ``sort_keys``); a
+    ``TypeError`` for what is not JSON, as ``json.dumps`` raises."""
+    try:
+        return orjson.dumps(obj, option=_SORTED if sort_keys else _PLAIN)
+    except TypeError:  # (orjson's error is one) a lone surrogate, a big int, or no JSON
+        return json.dumps(obj, sort_keys=sort_keys, separators=(",", ":")).encode()
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
-    """Parse JSON (a ``ValueError`` naming the problem when it is not)."""
-    return orjson.loads(data)
+    """Parse JSON; a ``ValueError`` naming the problem when it is not."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:  # (what only the standard library reads, or garbage)
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
