@@ -20,10 +20,13 @@ from plait.sidekick.appliers import make
 MACHINES = ["m0000000", "m0000001"]
 PROFILE = {"name": "web", "sysctls": {"net.core.somaxconn": "4096"}, "turbo": True,
            "user": {"tier": "frontend"}}
-# the task prints the profile its machine had on record when it started
-TASK = ('cat "$PLAIT_DATA_DIR/../../sidekick/host-profile.json" > "$PLAIT_DATA_DIR/seen.json"; '
-        'cat "$PLAIT_DATA_DIR/../../sidekick/script-ran" > "$PLAIT_DATA_DIR/script.txt" '
-        '2>/dev/null; exec sleep 600')
+# the task prints the profile its machine had on record when it started, and what the
+# script applied; seen.json last, whole (renamed into place): the test reads both once
+# it is there (a task is running from its start, maybe before it wrote either)
+TASK = ('cat "$PLAIT_DATA_DIR/../../sidekick/script-ran" > "$PLAIT_DATA_DIR/script.txt" '
+        '2>/dev/null; '
+        'cat "$PLAIT_DATA_DIR/../../sidekick/host-profile.json" > "$PLAIT_DATA_DIR/seen.tmp" '
+        '&& mv "$PLAIT_DATA_DIR/seen.tmp" "$PLAIT_DATA_DIR/seen.json"; exec sleep 600')
 
 
 class Box(test_agent_policies.Box):
@@ -79,8 +82,8 @@ def test_the_record_applier_switches_a_joining_machine_before_its_task_starts(bo
     wait_for(box.running, what="the job running")
     used = {t["machine"] for t in box.api.get("/v1/jobs/svc/tasks").json()["tasks"]}
     for machine in used:
+        wait_for(lambda m=machine: box.seen(m), what=f"the task on {machine} writing what it saw")
         seen = box.seen(machine)
-        assert seen, machine
         for profile, _ in seen:  # on record before the task's first line ran
             assert profile["name"] == "web" and profile["version"] == 1
             assert profile["settings"]["sysctls"] == PROFILE["sysctls"]
@@ -129,6 +132,7 @@ echo "$name" > "$(dirname "$2")/script-ran"
         e["machine"] for e in box.events("profile_switched") if "web v1" in e["message"]}
     assert back == set(MACHINES)
     for machine in MACHINES:
+        wait_for(lambda m=machine: box.seen(m), what=f"the task on {machine} writing what it saw")
         for profile, ran in box.seen(machine):
             assert profile["name"] == "web" and ran.strip() == "web"
     machines = box.api.get("/v1/machines").json()["machines"]
