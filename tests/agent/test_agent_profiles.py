@@ -87,9 +87,14 @@ def test_the_record_applier_switches_a_joining_machine_before_its_task_starts(bo
         for profile, _ in seen:  # on record before the task's first line ran
             assert profile["name"] == "web" and profile["version"] == 1
             assert profile["settings"]["sysctls"] == PROFILE["sysctls"]
+    # each machine's last switch is to web; one that joined while its entitlement still
+    # named the default profile (the box made it so) switched to that first
     switched = box.events("profile_switched")
-    assert {e["machine"] for e in switched} >= used
-    assert all("host profile web v1 applied" in e["message"] for e in switched)
+    last = {e["machine"]: e["message"] for e in switched}
+    assert set(last) >= used
+    assert all("host profile web v1 applied" in last[m] for m in used), last
+    assert all(any(f"host profile {p} v1 applied" in e["message"] for p in ("web", "default"))
+               for e in switched), [e["message"] for e in switched]
     # the control plane knows what each machine carries
     machines = {m["id"]: m for m in box.api.get("/v1/machines").json()["machines"]}
     assert all(machines[m]["state"] == "healthy" for m in used)
