@@ -86,7 +86,8 @@ def scheduled_causes(api: Live, job: str) -> dict[int, str | None]:
 def test_one_id_from_the_caller_through_the_front_end_to_the_shard_and_its_effects(
         region: Live, logs: Logs) -> None:
     api = region.admin
-    token_id = region.admin_token.split("_")[1]
+    # plait_<id>_<secret>; the secret is URL-safe base64 and can hold "_" itself
+    token_id = region.admin_token.split("_", 2)[1]
     r = api.post("/v1/entitlements", json={"name": "e", "owner": "alice",
                                            "quota": {"machines": 4}},
                  headers={"X-Request-Id": "ent-1"})
@@ -110,7 +111,7 @@ def test_one_id_from_the_caller_through_the_front_end_to_the_shard_and_its_effec
     assert command["job"] == "web" and command["logger"] == "plait.controlplane.commands"
     # never the token itself
     assert region.admin_token not in logs.out.getvalue()
-    assert region.admin_token.split("_")[2] not in logs.out.getvalue()
+    assert region.admin_token.split("_", 2)[2] not in logs.out.getvalue()
 
     # the job remembers the request that made it; so do its stored state and log, and
     # the desired set of each of its tasks
