@@ -49,6 +49,7 @@ import math
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -274,6 +275,81 @@ class Connection:
         if self.writer is not None:
             self.writer.close()
         self.reader = self.writer = None
+
+
+class BlockingConnection:
+    """``Connection`` on a blocking socket, for a closed-loop client that has one
+    request out at a time: no event loop between the request and its answer. Each
+    request costs the client about a quarter of what it costs on asyncio streams,
+    CPU that a load generator on the same box as the server takes from the server.
+    ``timeout``: seconds to connect, and for each read of the answer."""
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+        self.sock: socket.socket | None = None
+        self.reader: Any = None
+
+    def open(self) -> None:
+        self.close()
+        sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock, self.reader = sock, sock.makefile("rb")
+
+    def request(self, data: bytes) -> tuple[int, bytes]:
+        """As ``Connection.request``: a request that gets no byte back on a reused
+        connection is sent once more on a new one."""
+        for attempt in (0, 1):
+            fresh = self.sock is None
+            if self.sock is None:
+                self.open()
+            assert self.sock is not None
+            try:
+                self.sock.sendall(data)
+                line = self.reader.readline()
+            except ConnectionError:
+                line = b""
+            if line:
+                break
+            self.close()
+            if fresh or attempt:
+                raise ConnectionError("the server closed the connection without answering")
+        try:
+            return self._response(line)
+        except BaseException:
+            self.close()
+            raise
+
+    def _response(self, line: bytes) -> tuple[int, bytes]:
+        parts = line.split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise HttpError(f"bad status line {line[:80]!r}")
+        status = int(parts[1])
+        length: int | None = None
+        close = False
+        while (header := self.reader.readline()) not in (b"\r\n", b""):
+            name, _, value = header.partition(b":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding" and b"chunked" in value:
+                raise HttpError("a chunked answer (not expected here)")
+            elif name == b"connection":
+                close = b"close" in value
+        if length is None:
+            body, close = self.reader.read(), True
+        else:
+            body = self.reader.read(length)
+            if len(body) != length:
+                raise EOFError("the connection closed within the answer's body")
+        if close:
+            self.close()
+        return status, body
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.reader.close()
+            self.sock.close()
+        self.sock = self.reader = None
 
 
 def load(url: str, token: str, rate: float, seconds: float, warmup: float, connections: int,

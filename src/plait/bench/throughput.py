@@ -13,7 +13,8 @@ a connection sends its next ``POST /v1/jobs`` (a new one-task job of 1 cpu, 0.1 
 soon as the previous answer arrives, until the ``jobs`` creates are shared out. They
 start together at a wall-clock instant given to all of them. Latency is the time from
 sending a request to its answer; an error is any status but 201, a transport error, or
-no answer within ``timeout`` seconds.
+no byte of the answer for ``timeout`` seconds (a blocking socket per client: one
+request out at a time, no event loop between a request and its answer).
 
 Meanwhile this process watches the placements: it polls the serve's event log for
 ``task_placed`` events (``GET /v1/events?kind=task_placed&after=``, each poll only
@@ -29,7 +30,6 @@ creates.
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import os
 import subprocess
@@ -45,7 +45,7 @@ import httpx
 import numpy as np
 
 from plait.bench.api import (
-    Connection,
+    BlockingConnection,
     HttpError,
     Server,
     _ready,
@@ -98,12 +98,9 @@ class FrontEnd:
 def client(url: str, token: str, names: list[str], start_at: float,
            timeout: float) -> dict[str, Any]:
     """Create the jobs ``names`` one after another over one keep-alive connection,
-    starting at wall-clock ``start_at``; the raw figures."""
-    return asyncio.run(_client(url, token, names, start_at, timeout))
-
-
-async def _client(url: str, token: str, names: list[str], start_at: float,
-                  timeout: float) -> dict[str, Any]:
+    starting at wall-clock ``start_at``; the raw figures. (A blocking socket: one
+    request is out at a time, and an event loop would cost this client, on the same
+    cores as the server, several times the CPU per request.)"""
     target = httpx.URL(url)
     host, port = target.host, target.port or 80
     head = ("POST /v1/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}"
@@ -116,20 +113,18 @@ async def _client(url: str, token: str, names: list[str], start_at: float,
     latency = np.full(len(names), np.nan)
     status = np.zeros(len(names), np.int32)
     failures: Counter[str] = Counter()
-    conn = Connection(host, port)
-    # open the connection before the start, as a keep-alive client would have it
-    conn.reader, conn.writer = await asyncio.open_connection(host, port)
+    conn = BlockingConnection(host, port, timeout)
+    conn.open()  # before the start, as a keep-alive client would have it
     delay = start_at - time.time()
     if delay > 0:
-        await asyncio.sleep(delay)
+        time.sleep(delay)
     first = time.time()
     cpu0 = time.process_time()
     clock = time.perf_counter
     for i, data in enumerate(requests):
         t0 = clock()
         try:
-            async with asyncio.timeout(timeout):
-                code, answer = await conn.request(data)
+            code, answer = conn.request(data)
             status[i] = code
             if code != 201:
                 failures[f"http {code}: {answer[:120].decode(errors='replace')}"] += 1
