@@ -3,6 +3,9 @@ replaced, and a machine with no task left has no entry."""
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from plait.model.task import TaskRef
 from plait.scheduler import Assignment
 from plait.scheduler.machinesets import (
@@ -94,3 +97,20 @@ def test_several_tasks_of_a_job_leave_a_machine_as_one_at_a_time_would():
     assert 7 not in many  # a machine left with no task has no entry
     undesire_all(many, 7, "db", {1})  # (no entry: nothing to do)
     assert many == {}
+
+
+@given(st.lists(st.tuples(st.sampled_from(["web", "db", "api"]), st.integers(0, 4)),
+                max_size=24, unique=True),
+       st.sampled_from(["web", "db", "api", "nosuch"]), st.integers(0, 5))
+def test_a_task_is_found_in_a_set_of_any_size(tasks, job, index):
+    """A machine packed with small tasks holds dozens; a look-up finds the task's own
+    pair (its job and index both) however many the set holds, or nothing."""
+    pairs: list[object] = []
+    for name, i in tasks:
+        pairs += [Assigned(name, 1, 1, SPECS.get(name, SPECS["web"])), i]
+    got = DesiredSet(tuple(pairs))
+    assert (TaskRef(job, index) in got) == ((job, index) in tasks)
+    found = got.get(TaskRef(job, index))
+    assert (found is None) == ((job, index) not in tasks)
+    if found is not None:
+        assert (found.job, found.index) == (job, index)

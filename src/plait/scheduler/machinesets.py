@@ -22,12 +22,17 @@ left with no task has no entry.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator
+from operator import attrgetter
 from typing import cast
 
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assigned, Assignment
 
 _ALL = slice(None)
+_EVEN = slice(0, None, 2)
+_JOB = attrgetter("job")
+#: pairs (doubled) up to which ``_find`` scans in Python
+_SCAN = 2 * 6
 
 
 class DesiredSet(tuple[object, ...]):
@@ -37,12 +42,25 @@ class DesiredSet(tuple[object, ...]):
     __slots__ = ()
 
     def _find(self, job: str, index: int) -> int:
-        """The position of the task's pair, or -1."""
+        """The position of the task's pair, or -1. (A machine packed with small tasks
+        holds dozens: past a few, the jobs are listed and searched in C.)"""
         get = tuple.__getitem__
-        for k in range(0, tuple.__len__(self), 2):
-            if get(self, k + 1) == index and cast(Assigned, get(self, k)).job == job:
-                return k
-        return -1
+        n = tuple.__len__(self)
+        if n <= _SCAN:
+            for k in range(0, n, 2):
+                if get(self, k + 1) == index and cast(Assigned, get(self, k)).job == job:
+                    return k
+            return -1
+        jobs = list(map(_JOB, get(self, _EVEN)))
+        start = 0
+        while True:
+            try:
+                p = jobs.index(job, start)
+            except ValueError:
+                return -1
+            if get(self, 2 * p + 1) == index:
+                return 2 * p
+            start = p + 1
 
     def get(self, ref: TaskRef, default: Assignment | None = None) -> Assignment | None:
         k = self._find(ref.job, ref.index)
