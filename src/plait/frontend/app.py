@@ -14,10 +14,12 @@ applies it asynchronously, and its progress shows in the job's status and events
 
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
 import json
+import threading
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -293,6 +295,35 @@ DOCS_STATIC = "/docs/static"
 bearer = HTTPBearer(auto_error=False, scheme_name="token", description=(
     "A plait token (plait_<id>_<secret>): the admin token written at first start, an "
     "owner's from plait token create, or a machine's from /v1/agents/join."))
+
+
+async def all_done(futures: list[concurrent.futures.Future[Any]]) -> None:
+    """Wait until every one of ``futures`` (answered on another thread: the create
+    committer's) is done, woken once for all of them: a wrapped future each would cost
+    a wake-up of the event loop (a system call) and a callback chain per create."""
+    if not futures:
+        return
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[None] = loop.create_future()
+    left = len(futures)
+    lock = threading.Lock()
+
+    def one_done(_: concurrent.futures.Future[Any]) -> None:
+        nonlocal left
+        with lock:
+            left -= 1
+            last = left == 0
+        if last and not loop.is_closed():  # (closed: the server stopped meanwhile)
+            loop.call_soon_threadsafe(_wake, woken)
+
+    for f in futures:
+        f.add_done_callback(one_done)
+    await woken
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():  # (the request may have been cancelled meanwhile)
+        woken.set_result(None)
 
 
 def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = False,
@@ -651,12 +682,10 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                           item.body)
             futures.append(None if asked is None else contextvars.copy_context().run(
                 submit_as, requestid.accept(item.request_id), *asked))
-        waited = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures
-                                        if f is not None), return_exceptions=True)
-        results = iter(waited)
+        await all_done([f for f in futures if f is not None])
         answers: list[tuple[int, bytes] | None] = []
         for f in futures:
-            got = None if f is None else next(results)
+            got = None if f is None else (f.exception() or f.result())
             # (a refusal or a failure: the front end sends that create alone)
             answers.append(None if got is None or isinstance(got, BaseException)
                            else acked(got))
