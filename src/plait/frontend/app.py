@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import functools
+import inspect
 import json
 import threading
 from typing import Annotated, Any, Literal
@@ -257,19 +258,22 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = _error(413, "too_large", f"request body over {MAX_BODY} bytes")
         size = dict(scope["headers"]).get(b"content-length")
         if size is not None:
             if not size.isdigit() or int(size) > MAX_BODY:
-                await too_large(scope, receive, send)
+                await _too_large()(scope, receive, send)
                 return
             await self.app(scope, receive, send)
             return
         body = await read_body(receive, MAX_BODY)
         if body is None:
-            await too_large(scope, receive, send)
+            await _too_large()(scope, receive, send)
             return
         await self.app(scope, replaying(body, receive), send)
+
+
+def _too_large() -> JSONResponse:
+    return _error(413, "too_large", f"request body over {MAX_BODY} bytes")
 
 
 def _error_bytes(kind: str, message: str) -> bytes:
@@ -289,6 +293,14 @@ def spec_wire(spec: JobSpec) -> dict[str, Any]:
     the same version; the result is only serialized, never changed)."""
     return spec.model_dump(mode="json")
 
+
+#: FastAPI's own OpenTelemetry instrumentation (FastAPI 0.160 and later) off: plait
+#: traces its requests itself (``plait.tracing``), and FastAPI would otherwise check
+#: the global providers on every request (a few microseconds) and, were one set,
+#: record a second span of each request
+NO_NATIVE_TELEMETRY: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 
 #: where /docs finds the Swagger UI files
 DOCS_STATIC = "/docs/static"
@@ -353,7 +365,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                   description="The plait control plane: entitlements, jobs, tasks, machines, "
                               "maintenance, events and service discovery. Every call but "
                               "/healthz takes a bearer token (Authorize, above).",
-                  docs_url=None, redoc_url=None)
+                  docs_url=None, redoc_url=None, **NO_NATIVE_TELEMETRY)
     # /docs from the Swagger UI files of the swagger-ui-bundle package: it works on a
     # machine without internet (FastAPI's default page loads them from a CDN)
     app.mount(DOCS_STATIC, StaticFiles(directory=swagger_ui_path), name="docs-static")
