@@ -144,6 +144,28 @@ def bench_throughput(
     print(json.dumps(result))
 
 
+@bench_app.command("createcost")
+def bench_createcost(
+    machines: Annotated[int, typer.Option(min=1, help="machines of the region")] = 1000,
+    jobs: Annotated[int, typer.Option(min=2, help="one-task jobs (1 cpu) created per "
+                                                  "measurement")] = 2000,
+    batch: Annotated[list[int] | None, typer.Option(
+        min=1, max=256, help="a size of the front end's batches of creates to measure "
+                             "(repeat the option; default 1, 4 and 16)")] = None,
+    pass_batch: Annotated[int, typer.Option(min=1, help="creates between two passes")] = 24,
+) -> None:
+    """CPU per create of a shard's request path (by batch size) and of its pass over a
+    job's life, in-process (one JSON object on stdout)."""
+    from plait.bench import createcost
+
+    try:
+        result = createcost.run(machines=machines, jobs=jobs,
+                                batches=tuple(batch or (1, 4, 16)), pass_batch=pass_batch)
+    except PlaitError as exc:
+        raise refuse(exc) from None
+    print(json.dumps(result))
+
+
 @bench_app.command("taskcontrol")
 def bench_taskcontrol(
     jobs: Annotated[int, typer.Option(min=2, help="jobs, each with an HTTP TaskController")]
