@@ -39,7 +39,8 @@ def test_a_batch_larger_than_the_retention_keeps_only_its_newest_events(tmp_path
     made = log.append([_ev(2.0, f"n{k}") for k in range(8)])
     assert [e.seq for e in made] == list(range(2, 10)) and log.last_seq == 9
     assert [e.message for e in log.query(limit=100)[0]] == ["n3", "n4", "n5", "n6", "n7"]
-    assert len(store.children("/events/log")) == 5
+    # what is stored is what is held: one page, the batch's newest five
+    assert store.children("/events/log") == [f"{5:012d}"]
     assert [e.seq for e in EventLog(store, Retention(max_count=5)).query(limit=100)[0]] == [
         5, 6, 7, 8, 9]
     store.close()
@@ -69,9 +70,9 @@ def test_who_what_why_is_kept_and_an_older_record_still_reads():
     assert (old.kind, old.actor, old.task) == ("old", None, None)
     assert newer.kind == "newer"
     # the empty fields are not stored
-    assert json.loads(log.ns.get("/log/000000000001")[0])["decision"].startswith("acked")
+    assert json.loads(log.ns.get("/log/000000000001")[0])[0]["decision"].startswith("acked")
     (plain,) = again.append([NewEvent(4.0, "api", "note", "no task")])
-    stored = json.loads(again.ns.get(f"/log/{plain.seq:012d}")[0])
+    (stored,) = json.loads(again.ns.get(f"/log/{plain.seq:012d}")[0])
     assert "task" not in stored and "decision" not in stored and stored["kind"] == "note"
     # filters on the new fields
     assert [e.seq for e in again.query(limit=10, task=3)[0]] == [1]
@@ -99,4 +100,73 @@ def test_a_cursor_reads_only_the_events_after_it_page_by_page(tmp_path):
     assert log.query(after=30) == ([], None) and log.query(after=99) == ([], None)
     log.append([NewEvent(31.0, "test", "even", "new")])
     assert [e.message for e in log.query(after=30)[0]] == ["new"]
+    store.close()
+
+
+def _stored(store) -> list[list[int]]:
+    """The sequence numbers of each stored page, oldest first."""
+    pages = []
+    for key in store.children("/events/log"):
+        rows = json.loads(store.get(f"/events/log/{key}")[0])
+        rows = rows if isinstance(rows, list) else [rows]
+        assert rows[0]["seq"] == int(key)  # (a page is keyed by its first event)
+        pages.append([r["seq"] for r in rows])
+    return pages
+
+
+def test_an_append_is_one_page_and_a_page_goes_once_all_its_events_are_dropped(tmp_path):
+    store = SqliteStore(str(tmp_path / "plait.db"))
+    log = EventLog(store, Retention(max_count=6, max_age_seconds=1e9))
+    log.append([_ev(1.0, f"a{k}") for k in range(3)])
+    log.append([_ev(2.0, f"b{k}") for k in range(3)])
+    assert _stored(store) == [[1, 2, 3], [4, 5, 6]]
+    log.append([_ev(3.0, "c0"), _ev(3.0, "c1")])  # drops 1 and 2: page 1 still holds 3
+    assert [e.seq for e in log.query(limit=100)[0]] == [3, 4, 5, 6, 7, 8]
+    assert _stored(store) == [[1, 2, 3], [4, 5, 6], [7, 8]]
+    # a restart holds what the retention keeps, not the page's older events
+    assert [e.seq for e in EventLog(store, Retention(max_count=6)).query(limit=100)[0]] == [
+        3, 4, 5, 6, 7, 8]
+    log.append([_ev(4.0, "d0")])  # drops 3: the first page goes
+    assert _stored(store) == [[4, 5, 6], [7, 8], [9]]
+    # the age limit drops whole pages as well
+    aged = EventLog(store, Retention(max_count=6, max_age_seconds=10.0))
+    aged.append([_ev(13.5, "late")])  # 4..8 are older than 3.5: dropped, with their pages
+    assert [e.seq for e in aged.query(limit=100)[0]] == [9, 10]
+    assert _stored(store) == [[9], [10]]
+    store.close()
+
+
+def test_a_large_append_is_split_into_pages_under_the_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr("plait.server.events.PAGE_BYTES", 400)
+    store = SqliteStore(str(tmp_path / "plait.db"))
+    log = EventLog(store, Retention(max_count=100, max_age_seconds=1e9))
+    log.append([_ev(1.0, "x" * 150) for _ in range(5)])  # about 230 bytes an event
+    pages = _stored(store)
+    assert [seq for page in pages for seq in page] == [1, 2, 3, 4, 5] and len(pages) > 1
+    for key in store.children("/events/log"):
+        value = store.get(f"/events/log/{key}")[0]
+        assert len(value) <= 400 or len(json.loads(value)) == 1
+    assert [e.seq for e in EventLog(store).query(limit=100)[0]] == [1, 2, 3, 4, 5]
+    store.close()
+
+
+def test_records_of_one_event_and_pages_read_together_and_follow(tmp_path):
+    """An older plait stored one event a record: a log holding both reads them in
+    order, drops the old ones by the same rule, and a follower catches up on both."""
+    store = SqliteStore(str(tmp_path / "plait.db"))
+    ns_log = EventLog(store, Retention(max_count=4, max_age_seconds=1e9))
+    for seq in (1, 2):
+        ns_log.ns.create(f"/log/{seq:012d}", json.dumps(
+            {"seq": seq, "time": 1.0, "source": "api", "kind": "old",
+             "message": f"o{seq}"}).encode())
+    ns_log.ns.create("/seq", b"2")
+    log = EventLog(store, Retention(max_count=4, max_age_seconds=1e9))
+    follower = EventLog(SqliteStore(str(tmp_path / "plait.db")),
+                        Retention(max_count=4, max_age_seconds=1e9))
+    log.append([_ev(2.0, "n0"), _ev(2.0, "n1")])
+    assert [e.message for e in log.query(limit=100)[0]] == ["o1", "o2", "n0", "n1"]
+    log.append([_ev(3.0, "n2")])  # drops o1: its record goes
+    assert _stored(store) == [[2], [3, 4], [5]]
+    assert follower.refresh() == 3
+    assert [e.message for e in follower.query(limit=100)[0]] == ["o2", "n0", "n1", "n2"]
     store.close()

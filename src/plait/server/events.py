@@ -1,10 +1,19 @@
 """The region's event log: what happened to jobs, machines and requests.
 
-Events are stored in the ``/events`` namespace, one record per event under a
-sequence number, and kept under a retention limit (a count and an age, both
-configurable): older ones are dropped as new ones arrive. Appends are batched, one
-transaction per batch. Readers page with ``after`` (the last sequence number they
-saw), so a client that follows the log misses nothing still retained.
+Events are stored in the ``/events`` namespace in pages: each append (a pass's events,
+a request's) writes its events as one record, a JSON array under the sequence number
+of its first event (``/log/000000000042``), split only past ``PAGE_BYTES``; a record
+written by an older plait holds one event (a JSON object) and reads as a page of one.
+They are kept under a retention limit (a count and an age, both configurable): older
+ones are dropped as new ones arrive, from memory at once and from the store a page
+at a time, once all of its events are dropped (the store holds at most one page more
+than the limit). Appends are batched, one transaction per batch. Readers page with
+``after`` (the last sequence number they saw), so a client that follows the log
+misses nothing still retained.
+
+One record per page, not per event: a pass stores three events per new job, and a
+record costs the store a row, a change-log row and their indexes (about 20 µs an
+event with SQLite, a third of that as pages).
 
 The process that writes also keeps the retained events in memory for queries.
 """
@@ -15,6 +24,7 @@ import contextlib
 import threading
 from collections import deque
 from dataclasses import dataclass, fields
+from typing import Any
 
 from plait import fastjson
 from plait.errors import NotFound
@@ -61,9 +71,12 @@ class Event(NewEvent):
 _FIELDS = frozenset(Event.__dataclass_fields__)
 
 
-def _decode(raw: bytes) -> Event:
+def _decode(raw: bytes) -> list[Event]:
+    """A stored page's events (a record of one event, as older plaits wrote: a page
+    of one)."""
     data = fastjson.loads(raw)
-    return Event(**{k: v for k, v in data.items() if k in _FIELDS})
+    rows = data if isinstance(data, list) else [data]
+    return [Event(**{k: v for k, v in row.items() if k in _FIELDS}) for row in rows]
 
 
 #: a stored event's fields, in their order (the stored JSON's keys)
@@ -82,16 +95,37 @@ def _numbered(new: NewEvent, seq: int) -> Event:
     return event
 
 
-def _encode(event: Event) -> bytes:
+def _fields(event: Event) -> dict[str, Any]:
     # the fields left empty are not stored (most events have no task, op, decision);
     # (every field is a plain value: read as it is, not copied as ``asdict`` would)
-    return fastjson.dumps({k: v for k in _ORDER
-                           if (v := getattr(event, k)) is not None})
+    return {k: v for k in _ORDER if (v := getattr(event, k)) is not None}
+
+
+def _pages(events: list[Event]) -> list[tuple[list[Event], bytes]]:
+    """``events`` as the pages that store them, each with its record: as few as fit
+    ``PAGE_BYTES`` (an event larger than that is a page of its own)."""
+    pages: list[tuple[list[Event], bytes]] = []
+    page: list[Event] = []
+    rows: list[bytes] = []
+    size = 0
+    for event in events:
+        row = fastjson.dumps(_fields(event))
+        if page and size + len(row) > PAGE_BYTES:
+            pages.append((page, b"[" + b",".join(rows) + b"]"))
+            page, rows, size = [], [], 0
+        page.append(event)
+        rows.append(row)
+        size += len(row) + 1
+    if page:
+        pages.append((page, b"[" + b",".join(rows) + b"]"))
+    return pages
 
 
 #: the events stored in one transaction at most (a ZooKeeper multi-op must stay under
 #: its 1 MB packet bound; an event is well under 1 kB)
 CHUNK = 500
+#: bytes of one page's record at most (well under the store's bound per record)
+PAGE_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -106,6 +140,8 @@ class EventLog:
         self.retention = retention or Retention()
         self._lock = threading.Lock()
         self._events: deque[Event] = deque()
+        #: the pages stored, oldest first: (the key's sequence number, the last event's)
+        self._pages: deque[tuple[int, int]] = deque()
         self._seq = 0
         self._seq_version: int | None = None
         self._load()
@@ -118,14 +154,27 @@ class EventLog:
             self._seq_version = None
         for key in sorted(self.ns.children("/log")):
             value, _ = self.ns.get(f"/log/{key}")
-            self._events.append(_decode(value))
+            self._add_page(int(key), _decode(value))
+        self._trim()
+
+    def _add_page(self, key: int, events: list[Event]) -> None:
+        if events:
+            self._pages.append((key, events[-1].seq))
+            self._events.extend(events)
+
+    def _trim(self) -> None:
+        """Hold no more events than the retention's count (a page partly dropped stays
+        stored until its last event is dropped: it may hold older ones)."""
+        extra = len(self._events) - self.retention.max_count
+        for _ in range(max(extra, 0)):
+            self._events.popleft()
 
     def refresh(self) -> int:
         """Catch up with what another process (the previous leader) stored since this
         log was read: the new sequence and the events after the newest held, without
-        the dropped ones; one listing and one read per new event (a follower refreshes
-        now and then, so a takeover reads only the last few). Returns how many were
-        read."""
+        the dropped ones; one listing and one read per new page (a follower refreshes
+        now and then, so a takeover reads only the last few). Returns how many events
+        were read."""
         with self._lock:
             try:
                 value, version = self.ns.get("/seq")
@@ -133,16 +182,21 @@ class EventLog:
                 return 0
             if version == self._seq_version:
                 return 0
-            stored = set(self.ns.children("/log"))
+            stored = {int(k) for k in self.ns.children("/log")}
             held = self._events[-1].seq if self._events else 0
-            while self._events and f"{self._events[0].seq:012d}" not in stored:
-                self._events.popleft()  # dropped by the retention meanwhile
-            new = sorted(k for k in stored if int(k) > held)
-            for key in new:
+            while self._pages and self._pages[0][0] not in stored:
+                _, last = self._pages.popleft()  # dropped by the retention meanwhile
+                while self._events and self._events[0].seq <= last:
+                    self._events.popleft()
+            read = 0
+            for key in sorted(k for k in stored if k > held):
                 with contextlib.suppress(NotFound):
-                    self._events.append(_decode(self.ns.get(f"/log/{key}")[0]))
+                    events = _decode(self.ns.get(f"/log/{key:012d}")[0])
+                    self._add_page(key, events)
+                    read += len(events)
+            self._trim()
             self._seq, self._seq_version = int(value), version
-            return len(new)
+            return read
 
     def append(self, events: list[NewEvent]) -> list[Event]:
         """Store a batch of events, in one transaction (callers keep batches within
@@ -158,22 +212,33 @@ class EventLog:
                 made.append(_numbered(new, seq))
             # a batch larger than the whole retention keeps only its newest events
             kept = made[-self.retention.max_count:]
-            for event in kept:
-                txn.create(f"/log/{event.seq:012d}", _encode(event))
+            pages = _pages(kept)
+            for page, record in pages:
+                txn.create(f"/log/{page[0].seq:012d}", record)
             if self._seq_version is None:
                 txn.create("/seq", str(seq).encode())
             else:
                 txn.set("/seq", str(seq).encode(), self._seq_version)
             now = events[-1].time
             dropped = self._expired(kept, now)
-            for old in dropped:
-                txn.delete(f"/log/{old.seq:012d}", 0)
+            # the oldest event held once this batch is in: the pages before it go
+            first = (self._events[len(dropped)].seq if len(dropped) < len(self._events)
+                     else kept[0].seq)
+            gone = 0
+            for key, last in self._pages:
+                if last >= first:
+                    break
+                txn.delete(f"/log/{key:012d}", 0)
+                gone += 1
             self.ns.commit(txn)
             self._seq_version = 0 if self._seq_version is None else self._seq_version + 1
             self._seq = seq
             for _ in dropped:
                 self._events.popleft()
-            self._events.extend(kept)
+            for _ in range(gone):
+                self._pages.popleft()
+            for page, _ in pages:
+                self._add_page(page[0].seq, page)
             return made
 
     def _expired(self, incoming: list[Event], now: float) -> list[Event]:
