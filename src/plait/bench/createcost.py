@@ -23,17 +23,19 @@ create with CPU time instead, in one process over a fresh SQLite store:
   CPU work) per job, the largest first.
 
 HTTP parsing (uvicorn) and the hop from the front end are not in these figures: the
-app is called as an ASGI application.
+app is called as an ASGI application. Log lines are written as a serve writes them
+(JSON, to a file).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,7 @@ def request_path(machines: int, jobs: int, batch: int) -> float:
 
     with tempfile.TemporaryDirectory(prefix="plait-bench-createcost-") as tmp:
         cp, token = _control_plane(Path(tmp), machines)
+        cp.loop.prepare()  # (the collector as in a serve, whose loop sets it)
         app = create_app(cp, run_loop=False)
         auth = f"Bearer {token}"
         bodies = [wire.encode([wire.Item(auth, f"r{i + k}",
@@ -157,6 +160,23 @@ def pass_cost(machines: int, jobs: int, pass_batch: int,
     return spent * 1000 / jobs, stages
 
 
+@contextlib.contextmanager
+def _logging_as_a_serve(path: Path) -> Iterator[None]:
+    """Log lines written as a serve writes them (JSON, to a file), unless this process
+    has set its logging up already (then as it did); what was set up here is taken
+    out after."""
+    from plait import logconfig
+
+    if logconfig.configured():
+        yield
+        return
+    logconfig.configure("bench", file=path, fmt="json")
+    try:
+        yield
+    finally:
+        logconfig.reset()
+
+
 def _running(cp: Any) -> int:
     return sum(1 for job in cp.scheduler.jobs.values() for rec in job.tasks.values()
                if rec.state.value == "running" and rec.healthy)
@@ -183,13 +203,15 @@ def run(machines: int = 1000, jobs: int = 2000, batches: tuple[int, ...] = (1, 4
     if jobs <= max(batches):
         raise ValidationError("jobs", f"must be more than the largest batch ({max(batches)})")
     started = time.monotonic()
-    per_create = {b: round(request_path(machines, jobs, b), 4) for b in batches}
+    with tempfile.TemporaryDirectory(prefix="plait-bench-createcost-") as tmp, \
+            _logging_as_a_serve(Path(tmp) / "serve.log"):
+        per_create = {b: round(request_path(machines, jobs, b), 4) for b in batches}
+        pass_ms, stages = pass_cost(machines, jobs, pass_batch)
     lo, hi = min(batches), max(batches)
     per_batch = per_item = None
     if hi > lo:  # cost(b) = per_batch / b + per_item
         per_batch = (per_create[lo] - per_create[hi]) / (1 / lo - 1 / hi)
         per_item = per_create[hi] - per_batch / hi
-    pass_ms, stages = pass_cost(machines, jobs, pass_batch)
     return {
         "request_cpu_ms_per_create": {str(b): v for b, v in per_create.items()},
         "request_cpu_ms_per_batch": None if per_batch is None else round(per_batch, 4),
