@@ -131,6 +131,42 @@ def test_many_creates_in_one_transaction_are_all_or_nothing_too(env):
     assert not s.exists("/log/0099")
 
 
+def test_many_sets_in_one_transaction_are_all_or_nothing_too(env):
+    """A run of sets at a version (a pass's job states) with one stale or missing: none
+    of them applies, and the error names it; all current: each moves one version."""
+    s = env.store
+    for k in range(1, 6):
+        s.create(f"/state/{k}", b"v0")
+    s.set("/state/3", b"v1", 0)  # /state/3 is at version 1, the others at 0
+    stale = Transaction()
+    for k in range(1, 6):
+        stale.set(f"/state/{k}", b"new", 0)
+    with pytest.raises(Conflict):
+        s.commit(stale)
+    assert [s.get(f"/state/{k}") for k in range(1, 6)] == [
+        (b"v0", 0), (b"v0", 0), (b"v1", 1), (b"v0", 0), (b"v0", 0)]
+    missing = Transaction()
+    for k in (1, 2, 9):
+        missing.set(f"/state/{k}", b"new", 0)
+    with pytest.raises((NotFound, Conflict)):  # (ZooKeeper's transaction: a conflict)
+        s.commit(missing)
+    assert s.get("/state/1") == (b"v0", 0) and not s.exists("/state/9")
+    ok = Transaction()
+    for k in range(1, 6):
+        ok.set(f"/state/{k}", f"s{k}".encode(), 1 if k == 3 else 0)
+    ok.create("/state/6", b"c")
+    s.commit(ok)
+    assert [s.get(f"/state/{k}") for k in range(1, 7)] == [
+        (b"s1", 1), (b"s2", 1), (b"s3", 2), (b"s4", 1), (b"s5", 1), (b"c", 0)]
+    seen: list[str] = []
+    s.watch("/state", seen.append)  # each set is a change a watcher hears of
+    again = Transaction()
+    for k in range(1, 4):
+        again.set(f"/state/{k}", b"again", 1 if k != 3 else 2)
+    s.commit(again)
+    assert env.settle(lambda: {"/state/1", "/state/2", "/state/3"} <= set(seen))
+
+
 def test_election_hands_over_when_the_leaders_session_dies(env):
     s = env.store
     a, b = s.session(ttl=5), s.session(ttl=60)
