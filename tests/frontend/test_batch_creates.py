@@ -206,6 +206,20 @@ def test_a_batch_sent_to_the_shard_directly_is_checked_create_by_create(region: 
     (answer,) = batch.decode_answers(r.content, 1)
     assert answer is not None and answer[0] == 201
     assert [j["name"] for j in region.admin.get("/v1/jobs").json()["jobs"]] == ["d1"]
+    # a batch of many is stored in one transaction (one fsync), the refused one left
+    # out of it, each answered for itself
+    committed = region.cp.creates.batches
+    many = batch.encode([
+        *(batch.Item(f"Bearer {alice_token}", f"m{k}",
+                     httpx.Request("POST", "/", json=spec(f"m{k}")).content)
+          for k in range(12)),
+        batch.Item(f"Bearer {alice_token}", "m-bad", b"not json")])
+    r = send(alice_token, many)
+    answers = batch.decode_answers(r.content, 13)
+    assert [a[0] if a else None for a in answers] == [201] * 12 + [None]
+    assert region.cp.creates.batches == committed + 1
+    assert {j["name"] for j in region.admin.get("/v1/jobs").json()["jobs"]} == {
+        "d1", *(f"m{k}" for k in range(12))}
 
 
 def test_creates_whose_shard_cannot_be_reached_get_a_retry(region: Live) -> None:

@@ -660,10 +660,10 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         except PlaitError:
             return None
 
-    def submit_as(rid: str, who: Principal, spec: JobSpec) -> Any:
+    def prepare_as(rid: str, who: Principal, spec: JobSpec) -> Any:
         requestid.current.set(rid)
         requestid.actor.set(str(who))
-        return cp.commands.submit_create(spec)
+        return cp.commands.prepare_create(spec)
 
     async def create_batch(scope: Scope, body: bytes) -> tuple[int, bytes, bytes]:
         """``POST /v1/shard/creates`` (``plait.frontend.batch``): the front end's creates
@@ -689,11 +689,22 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             return 422, _error_bytes("invalid", f"batch of creates: {exc}"), b"application/json"
         json_type = b"application/json"
         futures: list[Any] = []
+        prepared: list[Any] = []
         for item in items:
             asked = plain(item.authorization.encode("latin-1", "replace"), json_type,
                           item.body)
-            futures.append(None if asked is None else contextvars.copy_context().run(
-                submit_as, requestid.accept(item.request_id), *asked))
+            if asked is None:
+                futures.append(None)
+                continue
+            try:  # (each in its own context: its id and caller, in its record and log)
+                pending = contextvars.copy_context().run(
+                    prepare_as, requestid.accept(item.request_id), *asked)
+            except Exception:  # (refused: the front end sends it alone, for its answer)
+                futures.append(None)
+                continue
+            prepared.append(pending)
+            futures.append(pending.answer)
+        cp.commands.submit_prepared(prepared)  # one transaction for the batch
         await all_done([f for f in futures if f is not None])
         answers: list[tuple[int, bytes] | None] = []
         for f in futures:

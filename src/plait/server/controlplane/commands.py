@@ -19,6 +19,7 @@ from plait.persist.scheduler import JobDoc
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
+    from plait.server.controlplane.creates import Pending
 
 log = logconfig.get("plait.controlplane.commands")
 
@@ -64,6 +65,19 @@ class JobCommands:
         if spec.task_controller is not None:
             self.cp.controllers.check_controller_url(spec.task_controller)
         return self.cp.creates.submit(spec)
+
+    def prepare_create(self, spec: JobSpec) -> Pending:
+        """``submit_create``'s first half: the create's record, made (and its
+        TaskController's URL checked) in the current request's context; queued with
+        others by ``submit_prepared``."""
+        if spec.task_controller is not None:
+            self.cp.controllers.check_controller_url(spec.task_controller)
+        return self.cp.creates.prepare(spec)
+
+    def submit_prepared(self, pending: list[Pending]) -> None:
+        """Queue prepared creates at once: stored in one transaction (a front end's
+        batch), each answered through its ``answer``."""
+        self.cp.creates.enqueue(pending)
 
     def changed(self, doc: JobDoc) -> JobDoc:
         # (the request's access line says which command; seq: its job's operation log)

@@ -87,16 +87,29 @@ class CreateCommitter:
     def submit(self, spec: JobSpec) -> Future[tuple[JobDoc, bool]]:
         """Queue a create; the future is answered once it is durably stored (or
         refused). The record is made here, in the request (who asked, its id)."""
+        pending = self.prepare(spec)
+        self.enqueue([pending])
+        return pending.answer
+
+    def prepare(self, spec: JobSpec) -> Pending:
+        """A create's record, made in the current context (the request's: who asked,
+        its id), not queued yet (``enqueue``)."""
         doc, value = new_job(spec, self.cp.clock())
-        pending = Pending(doc, value, Future())
+        return Pending(doc, value, Future())
+
+    def enqueue(self, pending: list[Pending]) -> None:
+        """Queue creates together: the committer takes none of them before all are
+        queued, so a batch from the front end is one transaction (one fsync), not
+        split wherever the committer woke up."""
+        if not pending:
+            return
         with self._cond:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="plait-creates",
                                                 daemon=True)
                 self._thread.start()
-            self._queue.append(pending)
+            self._queue.extend(pending)
             self._cond.notify()
-        return pending.answer
 
     def take_stored(self) -> dict[str, JobDoc]:
         """The records this committer stored since the last call (for the pass)."""
