@@ -201,6 +201,45 @@ class HttpError(Exception):
     """A response that is not HTTP/1.1 as expected."""
 
 
+#: what ends a response's head (an empty line), or the connection closed
+_END = (b"\r\n", b"")
+
+
+def _retry_or_raise(last: bool) -> None:
+    """A request got no byte back: sent once more on a new connection, unless the
+    connection was new (or this was the second try)."""
+    if last:
+        raise ConnectionError("the server closed the connection without answering")
+
+
+def _status(line: bytes) -> int:
+    """The status of a response's first line."""
+    parts = line.split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise HttpError(f"bad status line {line[:80]!r}")
+    return int(parts[1])
+
+
+class _Head:
+    """What a response's headers say of its body and connection, a line at a time."""
+
+    __slots__ = ("chunked", "close", "length")
+
+    def __init__(self) -> None:
+        self.length: int | None = None
+        self.chunked = self.close = False
+
+    def add(self, header: bytes) -> None:
+        name, _, value = header.partition(b":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == b"content-length":
+            self.length = int(value)
+        elif name == b"transfer-encoding":
+            self.chunked = b"chunked" in value
+        elif name == b"connection":
+            self.close = b"close" in value
+
+
 class Connection:
     """One keep-alive HTTP/1.1 connection, one request at a time: a lean client on
     asyncio streams. (``httpx.AsyncClient`` was measured at ~110 requests/s over 50
@@ -231,8 +270,7 @@ class Connection:
             if line:
                 break
             self.close()
-            if fresh or attempt:
-                raise ConnectionError("the server closed the connection without answering")
+            _retry_or_raise(fresh or attempt > 0)
         try:
             return await self._response(line)
         except BaseException:
@@ -241,22 +279,11 @@ class Connection:
 
     async def _response(self, line: bytes) -> tuple[int, bytes]:
         assert self.reader is not None
-        parts = line.split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise HttpError(f"bad status line {line[:80]!r}")
-        status = int(parts[1])
-        length: int | None = None
-        chunked = close = False
-        while (header := await self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = header.partition(b":")
-            name, value = name.strip().lower(), value.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value
-            elif name == b"connection":
-                close = b"close" in value
-        if chunked:
+        status, head = _status(line), _Head()
+        while (header := await self.reader.readline()) not in _END:
+            head.add(header)
+        length, close = head.length, head.close
+        if head.chunked:
             body = bytearray()
             while size := int((await self.reader.readline()).split(b";")[0], 16):
                 body += await self.reader.readexactly(size + 2)
@@ -311,8 +338,7 @@ class BlockingConnection:
             if line:
                 break
             self.close()
-            if fresh or attempt:
-                raise ConnectionError("the server closed the connection without answering")
+            _retry_or_raise(fresh or attempt > 0)
         try:
             return self._response(line)
         except BaseException:
@@ -320,21 +346,12 @@ class BlockingConnection:
             raise
 
     def _response(self, line: bytes) -> tuple[int, bytes]:
-        parts = line.split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise HttpError(f"bad status line {line[:80]!r}")
-        status = int(parts[1])
-        length: int | None = None
-        close = False
-        while (header := self.reader.readline()) not in (b"\r\n", b""):
-            name, _, value = header.partition(b":")
-            name, value = name.strip().lower(), value.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding" and b"chunked" in value:
-                raise HttpError("a chunked answer (not expected here)")
-            elif name == b"connection":
-                close = b"close" in value
+        status, head = _status(line), _Head()
+        while (header := self.reader.readline()) not in _END:
+            head.add(header)
+        if head.chunked:
+            raise HttpError("a chunked answer (not expected here)")
+        length, close = head.length, head.close
         if length is None:
             body, close = self.reader.read(), True
         else:
