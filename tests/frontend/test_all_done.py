@@ -44,7 +44,7 @@ def test_nothing_to_wait_for_and_all_done_already():
     asyncio.run(main())
 
 
-def test_a_wait_given_up_leaves_the_answers_to_come_harmless():
+def test_a_wait_given_up_leaves_the_answers_to_come_harmless(caplog):
     async def main() -> Future[int]:
         pending: Future[int] = Future()
         with pytest.raises(TimeoutError):
@@ -54,3 +54,4 @@ def test_a_wait_given_up_leaves_the_answers_to_come_harmless():
     pending = asyncio.run(main())
     pending.set_result(1)  # (its loop is closed: nothing is woken, nothing raised)
     assert pending.result() == 1
+    assert not [r for r in caplog.records if r.name == "concurrent.futures"]

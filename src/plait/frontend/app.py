@@ -325,8 +325,10 @@ async def all_done(futures: list[concurrent.futures.Future[Any]]) -> None:
         with lock:
             left -= 1
             last = left == 0
-        if last and not loop.is_closed():  # (closed: the server stopped meanwhile)
-            loop.call_soon_threadsafe(_wake, woken)
+        if last:
+            # (a loop closed meanwhile, as the server stopped: nobody waits any more)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake, woken)
 
     for f in futures:
         f.add_done_callback(one_done)
