@@ -3,7 +3,9 @@ exit) and its HTTP probes. Waits are liveness bounds."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import socket
 import subprocess
 import sys
 import threading
@@ -162,3 +164,69 @@ def test_an_http_probe_judges_the_status_line_and_never_reads_an_endless_body():
     finally:
         stop.set()
         listener.close()
+
+
+def _answering(*chunks: bytes, gap: float = 0.0) -> tuple[socket.socket, threading.Event]:
+    """A one-connection server that reads the request and sends ``chunks``, ``gap``
+    seconds apart, then closes."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            for chunk in chunks:
+                if stop.wait(gap):
+                    return
+                with contextlib.suppress(OSError):
+                    conn.sendall(chunk)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, stop
+
+
+@pytest.mark.parametrize(("chunks", "verdict"), [
+    ((b"HTTP/1.1 204 No Content\r\n\r\n",), True),
+    ((b"HTTP/1.0 302 Found\r\nLocation: /x\r\n\r\n",), True),
+    ((b"HTT", b"P/1.1 2", b"00 OK\r\n"), True),  # a status line in pieces
+    ((b"HTTP/1.1 200\r\n",), True),  # (no reason phrase)
+    ((b"HTTP/1.1 404 Not Found\r\n\r\n",), False),
+    ((b"HTTP/1.1 503 Unavailable\r\n\r\n",), False),
+    ((b"SSH-2.0-OpenSSH_9.2\r\n",), False),  # not HTTP
+    ((b"HTTP/1.1 2000 OK\r\n",), False),
+    ((b"x" * 5000,), False),  # no status line within its bound
+    ((), False),  # closed without a word
+])
+def test_an_http_probe_reads_only_a_well_formed_status_line(chunks, verdict):
+    listener, stop = _answering(*chunks, gap=0.05)
+    try:
+        assert http_probe("127.0.0.1", listener.getsockname()[1], "/healthz", 5.0) is verdict
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_an_http_probe_that_drips_fails_at_its_deadline():
+    """The timeout bounds the whole probe, not each read: a task sending its status
+    line a byte at a time, slower than that, fails."""
+    listener, stop = _answering(*(bytes([b]) for b in b"HTTP/1.1 200 OK\r\n"), gap=0.3)
+    try:
+        started = time.monotonic()
+        assert not http_probe("127.0.0.1", listener.getsockname()[1], "/", 1.0)
+        assert time.monotonic() - started < 30  # (a liveness bound: it did end)
+    finally:
+        stop.set()
+        listener.close()
+
+
+@pytest.mark.parametrize("path", ["/a b", "/x\r\nX-Injected: 1", "relative", "/é"])
+def test_an_http_probe_sends_no_path_a_spec_could_not_hold(path):
+    server = _Server()
+    try:
+        assert not http_probe("127.0.0.1", server.port, path, 5.0)
+        assert server.connections == 0
+    finally:
+        server.close()
