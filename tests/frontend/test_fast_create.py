@@ -126,3 +126,75 @@ def test_only_a_plain_create_is_answered_without_the_route() -> None:
     # the route got each body whole: read whole and given again, or never read
     assert routed == [("POST", "/v1/jobs", b"refuse me"), ("POST", "/v1/jobs", b"x"),
                       ("GET", "/v1/jobs", b""), ("POST", "/v1/jobs/web", b"abc")]
+
+
+def test_an_agents_plain_report_is_answered_as_the_route_answers_it(tmp_path, monkeypatch
+                                                                    ) -> None:
+    handed: list[bytes] = []
+
+    def replaying(body, receive):
+        handed.append(body)
+        return fastcreate_replaying(body, receive)
+    monkeypatch.setattr(fastcreate, "replaying", replaying)
+    from livecp import start_live, stop_live
+
+    live = start_live(tmp_path / "data", sim_agents=False)
+    try:
+        join = live.admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
+        token = live.client(join).post("/v1/agents/join", json={"machine": "m0000003"}
+                                       ).json()["token"]
+        agent = live.client(token)
+        agent.get("/v1/machines/m0000003/desired")  # (its credential cached, as it runs)
+        report = {"tasks": [], "profile": {"name": None}}
+        plain = agent.post("/v1/machines/m0000003/status", json=report)
+        routed = agent.post("/v1/machines/m0000003/status", params={"x": "1"}, json=report)
+        assert (plain.status_code, routed.status_code) == (200, 200)
+        assert plain.json() == routed.json() and plain.json()["accepted"] == 0
+        assert handed == []  # the plain report never reached the route
+        # the heartbeat was taken: the pass gives the machine's agent a beat
+        wait_for(lambda: live.cp.liveness.last.get("m0000003") is not None)
+        # refusals are the route's own: another machine, a malformed report, an
+        # unknown machine (an admin's token), a bad token
+        other = agent.post("/v1/machines/m0000004/status", json=report)
+        assert other.status_code == 403, other.text
+        bad = agent.post("/v1/machines/m0000003/status", json={"tasks": [
+            {"job": "j", "index": -1, "revision": 1, "phase": "running"}]})
+        assert bad.status_code == 422 and bad.json()["field"] == "tasks.0.index", bad.text
+        gone = live.admin.post("/v1/machines/nowhere/status", json=report)
+        assert gone.status_code == 404, gone.text
+        anon = httpx.post(f"{live.url}/v1/machines/m0000003/status", json=report,
+                          headers={"Authorization": "Bearer plait_nope_nope"})
+        assert anon.status_code == 401
+        assert len(handed) == 4
+    finally:
+        stop_live(live)
+
+
+def test_a_report_that_repeats_the_last_one_wakes_no_pass(tmp_path) -> None:
+    """An agent's heartbeat while nothing changes is taken (its beat counts) without
+    waking the pass (decision 111); a report with news wakes it."""
+    from livecp import REGION
+
+    from plait.scheduler.records import TaskStatus
+    from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+    from plait.server.serve import store_for
+
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(region=REGION))
+    try:
+        running = [TaskStatus("j", 0, 1, "running", True)]
+        woken = []
+        for statuses in ([], [], running, running, [TaskStatus("j", 0, 1, "running", False)]):
+            cp.wake.clear()
+            cp.gateway.report("m0000001", statuses, {})
+            woken.append(cp.wake.is_set())
+        assert woken == [True, False, True, False, True]
+        reports, beats = cp.gateway.take()
+        assert len(reports) == 5 and set(beats) == {"m0000001"}  # (every one taken)
+        cp.wake.clear()
+        cp.gateway.report("m0000001", [], {}, usage={("j", 0): 0.5})  # (cpu: no news)
+        assert cp.wake.is_set()  # (the statuses changed back: news)
+        cp.wake.clear()
+        cp.gateway.report("m0000002", [], {})  # (another machine's first: news)
+        assert cp.wake.is_set()
+    finally:
+        cp.store.close()

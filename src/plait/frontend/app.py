@@ -443,7 +443,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
 
     # innermost: a follower forwards creates, and bodies over the limit never get here
     app.add_middleware(FastCreate, create=lambda scope, body: create_plain(scope, body),
-                       batch=lambda scope, body: create_batch(scope, body))
+                       batch=lambda scope, body: create_batch(scope, body),
+                       report=lambda scope, machine, body: report_plain(scope, machine, body))
     if leadership is not None:
         app.add_middleware(FollowerProxy, leadership=leadership)
     app.add_middleware(BodyLimit)
@@ -1144,12 +1145,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         taken = cp.gateway.task_output(machine, [(c.job, c.index, c.data) for c in body.chunks])
         return {"machine": machine, "accepted": taken, "refused": len(body.chunks) - taken}
 
-    @app.post("/v1/machines/{machine}/status", response_model=t.StatusAck, tags=["agents"])
-    async def status(machine: str, body: Report, who: Who,
-                     request: Request) -> dict[str, Any]:
-        """An agent's report of the tasks on its machine (taken at once, never
-        blocking: applied by the next pass)."""
-        machine_only(request, who, machine)
+    def take_report(machine: str, body: Report) -> dict[str, Any]:
         cp.gateway.report(machine, [TaskStatus(t.job, t.index, t.revision, t.phase, t.healthy,
                                                t.exit_code, t.final, t.killed)
                                     for t in body.tasks],
@@ -1160,5 +1156,36 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                           {(t.job, t.index): t.cpu for t in body.tasks if t.cpu is not None})
         return {"machine": machine, "accepted": len(body.tasks),
                 "generation": cp.gateway.desired_generation(machine)}
+
+    @app.post("/v1/machines/{machine}/status", response_model=t.StatusAck, tags=["agents"])
+    async def status(machine: str, body: Report, who: Who,
+                     request: Request) -> dict[str, Any]:
+        """An agent's report of the tasks on its machine (taken at once, never
+        blocking: applied by the next pass)."""
+        machine_only(request, who, machine)
+        return take_report(machine, body)
+
+    async def report_plain(scope: Scope, machine: str, body: bytes
+                           ) -> tuple[int, bytes] | None:
+        """``status`` for an agent's plain report (``FastCreate``): a cached machine
+        credential of this machine (or an admin's), a JSON body the ``Report`` model
+        takes, a machine this control plane has; None for anything else (the route
+        answers it, refusals and all)."""
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not headers.get(b"content-type", b"").startswith(
+                b"application/json"):
+            return None
+        try:
+            who = cp.tokens.verify_cached(token.strip())
+            if who is None or not (who.role is Role.ADMIN or (
+                    who.role is Role.MACHINE and who.name == machine)):
+                return None
+            report = Report.model_validate_json(body)
+            scope.setdefault("state", {})["principal"] = who  # (as the route's)
+            requestid.actor.set(str(who))
+            return 200, fastjson.dumps(take_report(machine, report))
+        except Exception:  # (an unknown machine, a malformed body: the route's answer)
+            return None
 
     return app

@@ -11,7 +11,12 @@ request goes to the FastAPI route with its body given again, so every refusal an
 error is the route's own answer, word for word.
 
 It answers the front end's batches of creates (``POST /v1/shard/creates``,
-``plait.frontend.batch``) too, with ``batch`` (the app's ``create_batch``).
+``plait.frontend.batch``) too, with ``batch`` (the app's ``create_batch``), and an
+agent's heartbeat (``POST /v1/machines/{machine}/status``) with ``report`` (the app's
+``report_plain``): every agent sends one each second, so a shard of a thousand
+machines takes a thousand a second while nothing changes, and FastAPI's share of
+each was most of its cost. A report it does not answer (None) goes to the route, as
+a create does.
 """
 
 from __future__ import annotations
@@ -27,23 +32,41 @@ from plait.frontend.proxy import read_body, replaying
 Create = Callable[[Scope, bytes], Awaitable[tuple[int, bytes] | None]]
 #: a batch's answer: (status, body, content type)
 Batch = Callable[[Scope, bytes], Awaitable[tuple[int, bytes, bytes]]]
+#: an agent's report's answer, given its machine: (status, JSON body), or None
+Report = Callable[[Scope, str, bytes], Awaitable[tuple[int, bytes] | None]]
+
+MACHINES = "/v1/machines/"
+STATUS = "/status"
 
 
 class FastCreate:
-    def __init__(self, app: ASGIApp, create: Create, batch: Batch) -> None:
-        self.app, self.create, self.batch = app, create, batch
+    def __init__(self, app: ASGIApp, create: Create, batch: Batch,
+                 report: Report | None = None) -> None:
+        self.app, self.create, self.batch, self.report = app, create, batch, report
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] != "http" or scope["method"] != "POST"
-                or scope["path"] not in ("/v1/jobs", BATCH_PATH) or scope.get("query_string")):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("query_string"):
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        machine = None
+        if path.startswith(MACHINES) and path.endswith(STATUS) and self.report is not None:
+            machine = path[len(MACHINES):-len(STATUS)]
+            if not machine or "/" in machine:
+                machine = None
+        if machine is None and path not in ("/v1/jobs", BATCH_PATH):
             await self.app(scope, receive, send)
             return
         body = await read_body(receive)  # (bounded by the body limit, outside)
         assert body is not None
-        if scope["path"] == BATCH_PATH:
+        if path == BATCH_PATH:
             status, payload, content_type = await self.batch(scope, body)
         else:
-            answer = await self.create(scope, body)
+            if machine is not None:
+                assert self.report is not None
+                answer = await self.report(scope, machine, body)
+            else:
+                answer = await self.create(scope, body)
             if answer is None:
                 await self.app(scope, replaying(body, receive), send)
                 return

@@ -28,6 +28,10 @@ class AgentGateway:
         #: heartbeats' times, read by the next pass
         self._reports: list[Report] = []
         self._beats: dict[str, float] = {}
+        #: what each machine reported last (its statuses, endpoints and profile): a
+        #: report that repeats it wakes no pass
+        self._last: dict[str, tuple[list[TaskStatus], dict[tuple[str, int], str],
+                                    Applied | None]] = {}
         #: the long-polls of desired sets, woken when their machine's set changes
         self.waiters = Waiters()
 
@@ -108,15 +112,23 @@ class AgentGateway:
         """An agent's heartbeat: its tasks' statuses and where they listen (and the
         cores each used, for autoscaling). Taken at once, without waiting for a pass
         (decision 45): the heartbeat counts from now, the statuses are applied by the
-        next pass."""
+        next pass. A report that says something new wakes the pass; one that repeats
+        the machine's last report (an agent's heartbeat while nothing changes) waits
+        for the next pass that is due anyway (decision 111)."""
         self.cp.membership.check_owned(machine)
         now = self.cp.clock()
+        endpoints = dict(endpoints or {})
+        said = (statuses, endpoints, profile)
         with self.cp.pending_lock:
             self._beats[machine] = now
-            self._reports.append((machine, statuses, dict(endpoints or {}), now, profile))
+            self._reports.append((machine, statuses, endpoints, now, profile))
+            new = self._last.get(machine) != said
+            if new:
+                self._last[machine] = said
         if usage:
             self.cp.autoscaling.record_cpu(usage, now)
-        self.cp.wake.set()
+        if new:
+            self.cp.wake.set()
 
     def wait_for_agents(self, machines: list[str], timeout: float) -> int:
         """Wait (at most ``timeout`` seconds) until every machine's agent has
