@@ -80,14 +80,24 @@ class SqliteElection:
         self.key = check_key(f"/_elections/{name}/leader")
 
     def campaign(self) -> bool:
+        """Whether this session holds the lease (taking it when no live session
+        does). A replica campaigns every poll (20 times a second), so the lease is
+        read first: only a lease that is free takes a write transaction (which the
+        store's other writers, a leader's passes and creates, would wait for)."""
+        holder = self._holder()
+        if holder is not None:
+            return holder == self.session.id
         try:
             self.store.create(self.key, self.identity.encode(), self.session)
             return True
-        except Conflict:
-            rows = self.store._read(
-                f"SELECT n.session FROM nodes n WHERE n.path = ? AND {LIVE}",
-                (self.key, self.store.clock()))
-            return bool(rows) and rows[0][0] == self.session.id
+        except Conflict:  # (taken meanwhile, or held by a session that lapsed just now)
+            return self._holder() == self.session.id
+
+    def _holder(self) -> str | None:
+        """The live session that holds the lease, if any."""
+        rows = self.store._read(f"SELECT n.session FROM nodes n WHERE n.path = ? AND {LIVE}",
+                                (self.key, self.store.clock()))
+        return str(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def fence(self) -> tuple[str, int] | None:
         """None: a lease key is created again (version 0) by the next leader, so its
