@@ -406,3 +406,37 @@ def test_rotation_while_the_task_writes(env: Env) -> None:
     text = h.log_path.read_text()
     assert "\x00" not in text
     assert text == "" or text.startswith("line ")
+
+
+def test_cpu_seconds_count_the_task_and_never_a_process_that_reused_its_pid(env: Env) -> None:
+    import dataclasses
+
+    h = env.run("""
+        import time
+        end = time.process_time() + 0.3
+        while time.process_time() < end:
+            pass
+        time.sleep(60)
+    """)
+    wait_for(lambda: (env.rt.cpu_seconds(h) or 0.0) >= 0.2)
+    # (without a cgroup, the pid's own count: one of another start time is not ours)
+    plain = dataclasses.replace(h, cgroup=None, cgroups=[])
+    assert (env.rt.cpu_seconds(plain) or 0.0) >= 0.2
+    assert env.rt.cpu_seconds(dataclasses.replace(plain, start_time=h.start_time + 1)) is None
+    env.rt.stop(h, grace=5)
+
+
+def test_a_restarted_runtime_reads_the_log_offsets_its_rotations_left(env: Env) -> None:
+    rt = ProcessRuntime(env.data_dir, isolation=env.isolation, max_log_bytes=100)
+    key = env.key()
+    h = env.run("import sys; sys.stdout.write('a' * 150)", key=key, rt=rt)
+    env.wait_exit(h, rt)
+    assert rt.rotate_logs() == [h.log_path.name]
+    h = env.run("import sys; sys.stdout.write('b' * 10)", key=key, rt=rt)
+    env.wait_exit(h, rt)
+    assert rt.read_log(h, 150) == (b"b" * 10, 160)
+    assert rt.read_log(h, 160) == (b"", 160)  # (nothing new)
+    again = ProcessRuntime(env.data_dir, isolation=env.isolation, max_log_bytes=100)
+    assert again.read_log(h, 150) == (b"b" * 10, 160)
+    assert again.read_log(h, 0) == (b"a" * 150, 150)  # (the rotated file, read first)
+    rt.cleanup(key)

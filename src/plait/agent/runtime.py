@@ -237,6 +237,8 @@ class ProcessRuntime:
         self._handles: dict[str, Handle] = {}
         #: exit codes of adopted (non-child) tasks seen to have exited
         self._foreign_exit: dict[str, int] = {}
+        #: each task log's base offset (``_base``), by log name
+        self._bases: dict[str, int] = {}
         log.info("process runtime: %s", self.describe())
 
     # ----------------------------------------------------------------- isolation
@@ -575,13 +577,13 @@ class ProcessRuntime:
                 return int((group / "cpuacct.usage").read_text()) / 1e9
             except (OSError, ValueError):
                 pass
-        if not self._same_process(handle):
-            return None
         try:
             raw = Path(f"/proc/{handle.pid}/stat").read_bytes()
         except OSError:
             return None
         rest = raw[raw.rindex(b")") + 2:].split()
+        if int(rest[19]) != handle.start_time:  # (field 22: a pid reused since)
+            return None
         # fields 14-17 (utime, stime, cutime, cstime) are rest[11:15], in clock ticks
         return sum(int(x) for x in rest[11:15]) / _CLOCK_TICKS
 
@@ -695,10 +697,16 @@ class ProcessRuntime:
         return self.log_dir / f"{name}.offset"
 
     def _base(self, name: str) -> int:
-        try:
-            return int(self._base_path(name).read_text())
-        except (OSError, ValueError):
-            return 0
+        """The logical offset of the task's current log file's first byte (its output
+        rotated away before it), kept in memory once read: only ``_rotate`` changes it."""
+        base = self._bases.get(name)
+        if base is None:
+            try:
+                base = int(self._base_path(name).read_text())
+            except (OSError, ValueError):
+                base = 0
+            self._bases[name] = base
+        return base
 
     def _segments(self, log_path: Path) -> list[tuple[Path, int, int]]:
         """(file, logical start, size) of the task's log files, oldest first."""
@@ -727,7 +735,23 @@ class ProcessRuntime:
         """Up to ``max_bytes`` of the task's output from ``offset`` (counted over its
         whole output, across rotations) and the offset after them. An offset older than
         the oldest kept file skips to that file's start."""
-        segs = self._segments(handle.log_path)
+        path = handle.log_path
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        start = self._base(path.name[: -len(".log")])
+        if offset >= start + size:  # (nothing new: the report of a quiet task)
+            return b"", start + size
+        if offset >= start:  # (all of it in the current file: no rotated one looked at)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset - start)
+                    data = f.read(min(max_bytes, start + size - offset))
+            except FileNotFoundError:
+                return b"", offset
+            return data, offset + len(data)
+        segs = self._segments(path)
         first, last = segs[0], segs[-1]
         end = last[1] + last[2]
         if offset >= end:
@@ -770,8 +794,10 @@ class ProcessRuntime:
         os.truncate(path, 0)  # the task appends (O_APPEND): its next write lands at 0
         name = path.name[: -len(".log")]
         tmp = self._base_path(name).with_suffix(".offset.tmp")
-        tmp.write_text(str(self._base(name) + copied))
+        base = self._base(name) + copied
+        tmp.write_text(str(base))
         os.replace(tmp, self._base_path(name))
+        self._bases[name] = base
 
     # ----------------------------------------------------------------- cleanup
 
@@ -798,6 +824,7 @@ class ProcessRuntime:
         self._procs.pop(key, None)
         self._handles.pop(key, None)
         self._foreign_exit.pop(key, None)
+        self._bases.pop(name, None)
 
 
 #: the runtimes :func:`create_runtime` makes
