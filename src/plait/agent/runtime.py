@@ -741,17 +741,9 @@ class ProcessRuntime:
         except FileNotFoundError:
             size = 0
         start = self._base(path.name[: -len(".log")])
-        if offset >= start + size:  # (nothing new: the report of a quiet task)
-            return b"", start + size
-        if offset >= start:  # (all of it in the current file: no rotated one looked at)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset - start)
-                    data = f.read(min(max_bytes, start + size - offset))
-            except FileNotFoundError:
-                return b"", offset
-            return data, offset + len(data)
-        segs = self._segments(path)
+        # a reader at or past the current file's start (every report of a task's
+        # output but the first after a rotation) looks at no rotated file
+        segs = [(path, start, size)] if offset >= start else self._segments(path)
         first, last = segs[0], segs[-1]
         end = last[1] + last[2]
         if offset >= end:

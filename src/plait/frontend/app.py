@@ -616,20 +616,31 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             body["created"] = created
         return body
 
+    def cached_caller(authorization: bytes, content_type: bytes) -> Principal | None:
+        """The caller of a plain request the hot paths answer (``FastCreate``): a JSON
+        body and a bearer token whose record is cached; None otherwise (the route
+        answers, refusals and all)."""
+        scheme, _, token = authorization.decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or not content_type.startswith(b"application/json"):
+            return None
+        try:
+            return cp.tokens.verify_cached(token.strip())
+        except Exception:  # (a bad token: the route's 401)
+            return None
+
     def plain(authorization: bytes, content_type: bytes, body: bytes
               ) -> tuple[Principal, JobSpec] | None:
         """Who asks and what, for a plain create: a cached owner's or admin's token, a
         JSON spec with no TaskController, of the caller's own entitlement (an admin:
         any); None for anything else."""
-        scheme, _, token = authorization.decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not content_type.startswith(b"application/json"):
+        who = cached_caller(authorization, content_type)
+        if who is None:
             return None
         try:
-            who = cp.tokens.verify_cached(token.strip())
             spec = JobSpec.model_validate(fastjson.loads(body))
         except Exception:  # (any refusal is the route's to make, with its answer)
             return None
-        if who is None or who.role not in (Role.ADMIN, Role.OWNER) or (
+        if who.role not in (Role.ADMIN, Role.OWNER) or (
                 spec.task_controller is not None):
             return None
         if who.role is not Role.ADMIN:
@@ -1172,15 +1183,12 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         takes, a machine this control plane has; None for anything else (the route
         answers it, refusals and all)."""
         headers = dict(scope["headers"])
-        scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or not headers.get(b"content-type", b"").startswith(
-                b"application/json"):
+        who = cached_caller(headers.get(b"authorization", b""),
+                            headers.get(b"content-type", b""))
+        if who is None or not (who.role is Role.ADMIN or (
+                who.role is Role.MACHINE and who.name == machine)):
             return None
         try:
-            who = cp.tokens.verify_cached(token.strip())
-            if who is None or not (who.role is Role.ADMIN or (
-                    who.role is Role.MACHINE and who.name == machine)):
-                return None
             report = Report.model_validate_json(body)
             scope.setdefault("state", {})["principal"] = who  # (as the route's)
             requestid.actor.set(str(who))
