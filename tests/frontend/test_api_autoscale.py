@@ -62,3 +62,48 @@ def test_the_autoscaler_resizes_a_job_to_its_pushed_load(live: Live) -> None:
     assert removed.status_code == 200 and removed.json()["policy"]["max_tasks"] == 20
     assert alice.get("/v1/jobs/web/autoscale").status_code == 404
     assert size(live) == 1
+
+
+def test_a_machine_reports_cpu_only_for_the_tasks_placed_on_it(tmp_path) -> None:
+    """An agent's CPU figures reach a job's autoscaler only for that job's tasks on
+    the agent's own machine: a machine credential cannot drive another job's size by
+    reporting usage for tasks it does not run."""
+    from livecp import start_live, stop_live
+
+    live = start_live(tmp_path / "data", sim_agents=False)
+    try:
+        assert live.admin.post("/v1/entitlements", json={
+            "name": "e", "owner": "alice", "quota": {"machines": 24}}).status_code == 201
+        alice = live.owner("alice")
+        assert alice.post("/v1/jobs", json={**JOB, "task_count": 1}).status_code == 201
+        assert alice.put("/v1/jobs/web/autoscale", json={**POLICY, "policy": {
+            **POLICY["policy"], "metric": "cpu", "max_tasks": 50}}).status_code == 200
+        def placed() -> str | None:
+            tasks = alice.get("/v1/jobs/web/tasks").json()["tasks"]
+            return tasks[0]["machine"] if tasks else None
+        wait_for(lambda: placed() is not None)
+        host = placed()
+        other = "m0000011" if host != "m0000011" else "m0000012"
+        join = live.admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
+
+        def agent(machine: str):
+            token = live.client(join).post("/v1/agents/join", json={"machine": machine}
+                                           ).json()["token"]
+            return live.client(token)
+        burn = {"tasks": [{"job": "web", "index": i, "revision": 1, "phase": "running",
+                           "cpu": 100_000} for i in range(3)]}
+        intruder = agent(other)
+        r = intruder.post(f"/v1/machines/{other}/status", json=burn)
+        assert r.status_code == 200, r.text  # (taken: a stale copy is not an error)
+        wait_for(lambda: live.cp.liveness.last.get(other) is not None)  # (applied)
+        live.cp.autoscaling.decide(live.cp.clock())
+        assert not live.cp.autoscaling.cpu.get("web")
+        assert size(live) == 1
+        # the machine the task is on speaks for it (index 0 only: 1 and 2 do not exist)
+        own = agent(host)
+        assert own.post(f"/v1/machines/{host}/status", json={"tasks": [
+            {"job": "web", "index": i, "revision": 1, "phase": "running", "cpu": 0.25}
+            for i in range(3)]}).status_code == 200
+        wait_for(lambda: set(live.cp.autoscaling.cpu.get("web", {})) == {0})
+    finally:
+        stop_live(live)

@@ -45,6 +45,7 @@ from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics
 from plait.model import Entitlement, JobSpec, Resources
+from plait.model.job import MAX_TASKS
 from plait.model.machine import FaultDomain, Machine, MachineState
 from plait.model.task import TaskState
 from plait.paging import BadRequest
@@ -163,7 +164,7 @@ class Join(pydantic.BaseModel):
 class StatusIn(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     job: str = pydantic.Field(min_length=1, max_length=64)
-    index: int = pydantic.Field(ge=0)
+    index: int = pydantic.Field(ge=0, le=MAX_TASKS - 1)
     revision: int = pydantic.Field(ge=1)
     phase: Phase
     healthy: bool = True

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 #: (machine, its tasks' statuses, their endpoints, when it reported, the host profile
 #: it applied: None from an agent that does not say)
-Report = tuple[str, list[TaskStatus], dict[tuple[str, int], str], float, Applied | None]
+Report = tuple[str, list[TaskStatus], dict[tuple[str, int], str], float, Applied | None,
+               dict[tuple[str, int], float]]
 
 
 class AgentGateway:
@@ -121,12 +122,13 @@ class AgentGateway:
         said = (statuses, endpoints, profile)
         with self.cp.pending_lock:
             self._beats[machine] = now
-            self._reports.append((machine, statuses, endpoints, now, profile))
+            # (the CPU figures go to autoscaling from the pass, for the tasks placed
+            # on this machine only: a machine speaks for its own tasks, no other's)
+            self._reports.append((machine, statuses, endpoints, now, profile,
+                                  dict(usage or {})))
             new = self._last.get(machine) != said
             if new:
                 self._last[machine] = said
-        if usage:
-            self.cp.autoscaling.record_cpu(usage, now)
         if new:
             self.cp.wake.set()
 

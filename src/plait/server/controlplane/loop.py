@@ -179,7 +179,7 @@ class Loop:
             if self.cp.known(machine):
                 self.cp.liveness.beat(machine, at)
         jobs = self.cp.scheduler.jobs
-        for machine, statuses, endpoints, at, profile in reports:
+        for machine, statuses, endpoints, at, profile, usage in reports:
             try:
                 m = self.cp.membership.check_owned(machine)
             except (NotFound, TransientError):
@@ -195,6 +195,15 @@ class Loop:
                 if rec is not None and rec.machine == m and rec.endpoint != endpoint:
                     rec.endpoint = endpoint
                     self.cp.scheduler.mark(job)
+            if usage:  # (only the tasks placed there: no other job's autoscaler)
+                placed = {}
+                for (job, index), cores in usage.items():
+                    found = jobs.get(job)
+                    rec = found.tasks.get(index) if found is not None else None
+                    if rec is not None and rec.machine == m:
+                        placed[job, index] = cores
+                if placed:
+                    self.cp.autoscaling.record_cpu(placed, at)
 
     def sim_output(self) -> None:
         assert self.cp.sim is not None and self.cp.sim.output is not None
