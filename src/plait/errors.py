@@ -30,6 +30,11 @@ class NotFound(PlaitError):
         super().__init__(message or f"{kind} {name!r} not found")
 
 
+#: what a create finds where another owner's job holds the name: job names are
+#: region-wide, and that is all it is told (not the job's spec, state or entitlement)
+NAME_TAKEN = "a name taken in the region (job names are region-wide)"
+
+
 class Conflict(PlaitError):
     """A compare-and-swap lost: the caller expected one state and found another."""
 

@@ -71,6 +71,16 @@ def test_a_plain_create_is_answered_as_the_route_answers_it(live: Live, monkeypa
                           headers={"Authorization": "Bearer plait_nope_nope"})
         assert anon.status_code == 401 and anon.json()["message"] == "invalid token"
         assert len(handed) == 5  # each refusal was the route's (the 409's: a second try)
+        # another owner's create of her job's name learns that the name is taken, and
+        # nothing else (job names are region-wide); hers says what it found
+        with owner_client(live, "bob") as bob:
+            taken = bob.post("/v1/jobs", json=spec("fast", entitlement="db"))
+            assert taken.status_code == 409, taken.text
+            assert taken.json()["message"] == ("job fast: expected 'a free name', found "
+                                               "'a name taken in the region (job names are "
+                                               "region-wide)'")
+            assert bob.get("/v1/jobs/fast").status_code == 404
+        assert "another spec" in conflict.json()["message"]
     # the stored job names who created it, as the route's does (recorded by a pass)
 
     def created_events() -> list[dict]:
@@ -80,6 +90,50 @@ def test_a_plain_create_is_answered_as_the_route_answers_it(live: Live, monkeypa
     created = created_events()
     assert {e["job"]: e["actor"] for e in created} == {"fast": "owner:alice",
                                                       "slow": "owner:alice"}
+
+
+def test_a_repeated_header_or_another_json_type_is_read_as_the_route_reads_it(
+        live: Live, monkeypatch) -> None:
+    """The hot path answers a create only with one Authorization and one Content-Type,
+    ``application/json`` itself: anything else is the route's, which reads the first of
+    repeated headers (as Starlette does) and its own JSON types."""
+    handed: list[bytes] = []
+
+    def replaying(body, receive):
+        handed.append(body)
+        return fastcreate_replaying(body, receive)
+    monkeypatch.setattr(fastcreate, "replaying", replaying)
+    live.admin.post("/v1/entitlements", json={"name": "web", "owner": "alice",
+                                              "quota": {"machines": 12}})
+    alice = owner_client(live, "alice")
+    bob = owner_client(live, "bob")
+    alice.get("/v1/jobs")
+    bob.get("/v1/jobs")  # (both cached)
+    body = json.dumps(spec("h1")).encode()
+
+    def post(headers: list[tuple[str, str]]) -> httpx.Response:
+        return httpx.post(f"{live.url}/v1/jobs", content=body, headers=headers)
+    a, b = alice.headers["authorization"], bob.headers["authorization"]
+    ctype = ("Content-Type", "application/json")
+    # a bad token first, alice's after: the first one is the caller's
+    r = post([("Authorization", "Bearer plait_nope_nope"), ("Authorization", a), ctype])
+    assert r.status_code == 401 and r.json()["message"] == "invalid token"
+    # bob's first, alice's after: bob asks, for alice's entitlement (refused as unknown)
+    r = post([("Authorization", b), ("Authorization", a), ctype])
+    assert r.status_code == 422 and "does not exist" in r.json()["message"]
+    # a type that is not JSON first: the route's 422
+    r = post([("Authorization", a), ("Content-Type", "text/plain"), ctype])
+    assert r.status_code == 422, r.text
+    for other in ("application/json-seq", "application/jsonx"):
+        r = post([("Authorization", a), ("Content-Type", other)])
+        assert r.status_code == 422, (other, r.text)
+    assert len(handed) == 5 and alice.get("/v1/jobs").json()["jobs"] == []
+    # JSON itself, with a parameter, or another JSON type the route takes: created
+    r = post([("Authorization", a), ("Content-Type", "application/json; charset=utf-8")])
+    assert r.status_code == 201 and len(handed) == 5, r.text
+    body = json.dumps(spec("h2")).encode()
+    r = post([("Authorization", a), ("Content-Type", "application/merge-patch+json")])
+    assert r.status_code == 201 and len(handed) == 6, r.text
 
 
 def test_only_a_plain_create_is_answered_without_the_route() -> None:
@@ -165,7 +219,11 @@ def test_an_agents_plain_report_is_answered_as_the_route_answers_it(tmp_path, mo
         anon = httpx.post(f"{live.url}/v1/machines/m0000003/status", json=report,
                           headers={"Authorization": "Bearer plait_nope_nope"})
         assert anon.status_code == 401
-        assert len(handed) == 4
+        # a bad token first and the machine's after: the first is the caller's
+        twice = httpx.post(f"{live.url}/v1/machines/m0000003/status", json=report, headers=[
+            ("Authorization", "Bearer plait_nope_nope"), ("Authorization", f"Bearer {token}")])
+        assert twice.status_code == 401
+        assert len(handed) == 5
     finally:
         stop_live(live)
 

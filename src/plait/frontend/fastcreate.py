@@ -11,12 +11,18 @@ request goes to the FastAPI route with its body given again, so every refusal an
 error is the route's own answer, word for word.
 
 It answers the front end's batches of creates (``POST /v1/shard/creates``,
-``plait.frontend.batch``) too, with ``batch`` (the app's ``create_batch``), and an
+``plait.frontend.batch``) too, with ``batch`` (the app's ``create_batch``; a batch
+whose own token is not a cached owner's or admin's goes to the route, which refuses
+it as any route refuses a token), and an
 agent's heartbeat (``POST /v1/machines/{machine}/status``) with ``report`` (the app's
 ``report_plain``): every agent sends one each second, so a shard of a thousand
 machines takes a thousand a second while nothing changes, and FastAPI's share of
 each was most of its cost. A report it does not answer (None) goes to the route, as
 a create does.
+
+A hot path answers only a request whose Authorization and Content-Type each come
+once, the type ``application/json`` (``plain_headers``): a repeated header, or
+another JSON type, is the route's to read and answer.
 """
 
 from __future__ import annotations
@@ -30,13 +36,39 @@ from plait.frontend.proxy import read_body, replaying
 
 #: a plain create's answer: (status, JSON body), or None for the route to answer
 Create = Callable[[Scope, bytes], Awaitable[tuple[int, bytes] | None]]
-#: a batch's answer: (status, body, content type)
-Batch = Callable[[Scope, bytes], Awaitable[tuple[int, bytes, bytes]]]
+#: a batch's answer: (status, body, content type), or None for the route to answer
+Batch = Callable[[Scope, bytes], Awaitable[tuple[int, bytes, bytes] | None]]
 #: an agent's report's answer, given its machine: (status, JSON body), or None
 Report = Callable[[Scope, str, bytes], Awaitable[tuple[int, bytes] | None]]
 
 MACHINES = "/v1/machines/"
 STATUS = "/status"
+JSON = b"application/json"
+
+
+def is_json(content_type: bytes) -> bool:
+    """Is this Content-Type JSON itself (``application/json``, its parameters aside)?
+    The routes take other JSON types too (``+json``): those go to the route."""
+    return content_type.split(b";", 1)[0].strip().lower() == JSON
+
+
+def plain_headers(scope: Scope) -> tuple[bytes, bytes] | None:
+    """(Authorization, Content-Type) of a request a hot path may answer: each given
+    once, the type JSON itself; None otherwise, for the route to answer (a repeated
+    header is read there as Starlette reads it, and refused or taken there)."""
+    auth = ctype = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            if auth is not None:
+                return None
+            auth = value
+        elif name == b"content-type":
+            if ctype is not None:
+                return None
+            ctype = value
+    if auth is None or ctype is None or not is_json(ctype):
+        return None
+    return auth, ctype
 
 
 class FastCreate:
@@ -60,7 +92,11 @@ class FastCreate:
         body = await read_body(receive)  # (bounded by the body limit, outside)
         assert body is not None
         if path == BATCH_PATH:
-            status, payload, content_type = await self.batch(scope, body)
+            got = await self.batch(scope, body)
+            if got is None:
+                await self.app(scope, replaying(body, receive), send)
+                return
+            status, payload, content_type = got
         else:
             if machine is not None:
                 assert self.report is not None

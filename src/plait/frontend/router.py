@@ -41,8 +41,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from plait import __version__, fastjson, paging, requestid, tracing
-from plait.errors import Conflict, NotFound, ValidationError
+from plait.errors import NAME_TAKEN, Conflict, NotFound, ValidationError
 from plait.frontend import batch
+from plait.frontend.fastcreate import plain_headers
 from plait.frontend.hop import Hop
 from plait.frontend.proxy import (
     FORWARDED,
@@ -305,11 +306,10 @@ class Creates:
         self.carried = 0
 
     async def create(self, shard: int, scope: Scope, body: bytes) -> Any:
-        headers = dict(scope["headers"])
-        auth = headers.get(b"authorization", b"")
-        if (len(body) > batch.MAX_ITEM or not headers.get(b"content-type", b"").startswith(
-                b"application/json") or scope.get("query_string")):
+        given = plain_headers(scope)  # (a repeated header or another JSON type: alone)
+        if given is None or len(body) > batch.MAX_ITEM or scope.get("query_string"):
             return await self.router.to_shard(shard, scope, body)
+        auth = given[0]
         rid = requestid.current.get() or requestid.new()
         waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queues.setdefault(shard, []).append(
@@ -502,9 +502,9 @@ class ShardRouter:
                     return await self.to_shard(0, scope, body)  # (its 422 names it)
                 self._writable(ent, found[0])
                 if have is not None and have[0] != found[0]["shard"]:
-                    raise Refused(409, "conflict", f"job {spec['name']}: expected absent or "
-                                                   f"the same spec, found a job of entitlement "
-                                                   f"{have[1]!r}")
+                    # (its entitlement is not named: it may be another owner's)
+                    raise Refused(409, "conflict", f"job {spec['name']}: expected 'a free "
+                                                   f"name', found {NAME_TAKEN!r}")
                 return await self.creates.create(found[0]["shard"], scope, body)
             return await self.to_job(scope, body, parts[2], write=method != "GET",
                                      moving=parts[3:] == ["move"])
@@ -707,8 +707,9 @@ class ShardRouter:
     async def authenticated(self, scope: Scope) -> Principal:
         """The caller's principal; 401 without a valid token (one answer for every
         bad token, as the shards give)."""
-        headers = dict(forward_headers(scope))
-        token = headers.get("authorization", headers.get("Authorization", ""))
+        # (the first Authorization, as the shards and Starlette read it)
+        token = next((v for k, v in forward_headers(scope) if k.lower() == "authorization"),
+                     "")
         scheme, _, secret = token.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise Refused(401, "unauthorized", "missing bearer token (Authorization: Bearer "
