@@ -50,3 +50,12 @@ def test_what_orjson_refuses_is_written_and_read_back_all_the_same(text):
     value = {"reason": text, "big": 2**70, "n": [1, -(2**64)]}
     assert fastjson.loads(fastjson.dumps(value, sort_keys=True)) == value
     assert fastjson.loads(fastjson.dumps(value)) == json.loads(json.dumps(value))
+
+
+@pytest.mark.parametrize("data", [b"[" * 5000 + b"]" * 5000, b'{"a":' * 3000 + b"1" + b"}" * 3000,
+                                  b"[" * 100000 + b"\n"])
+def test_json_nested_too_deeply_is_a_value_error(data):
+    """Past orjson's depth the standard library's parser runs out of stack: both are
+    a ValueError, as for any JSON that cannot be read."""
+    with pytest.raises(ValueError):
+        fastjson.loads(data)

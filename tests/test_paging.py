@@ -4,6 +4,8 @@ once, and shards' pages merged by key are the pages of the whole."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -99,6 +101,10 @@ def test_without_limit_or_token_the_whole_list_and_no_token():
     (None, "%%%", "continue"), (None, "eyJ2IjogMn0", "continue"),
     (None, encode("a", scope_of("jobs", state="settled")), "continue"),
     (None, encode("a", scope_of("entitlements")), "continue"),
+    # thousands of digits (int() refuses them), JSON nested past any parser's depth
+    ("9" * 5000, None, "limit"),
+    (None, base64.urlsafe_b64encode(b"[" * 20000).decode(), "continue"),
+    (None, base64.urlsafe_b64encode(b'{"v":1,"after":' + b"[" * 20000).decode(), "continue"),
 ])
 def test_bad_limits_and_tokens_are_refused_naming_them(limit, token, field):
     with pytest.raises(BadRequest) as refused:

@@ -39,4 +39,7 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:  # (what only the standard library reads, or garbage)
-        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+        try:
+            return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+        except RecursionError:  # (nested deeper than either parser goes)
+            raise ValueError("JSON nested too deeply to read") from None

@@ -89,9 +89,11 @@ def parse_limit(raw: str | None) -> int | None:
     if raw is None:
         return None
     text = raw.strip()
-    # (ASCII digits only: "¹" and other digits of Unicode pass isdigit, not int)
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIMIT:
-        raise BadRequest("limit", f"limit: {raw!r} is not a whole number from 1 to "
+    # (ASCII digits only: "¹" and other digits of Unicode pass isdigit, not int; and
+    # few of them: int() refuses thousands of digits)
+    if not (text.isascii() and text.isdigit() and len(text) <= 12) or not (
+            1 <= int(text) <= MAX_LIMIT):
+        raise BadRequest("limit", f"{raw!r} is not a whole number from 1 to "
                                   f"{MAX_LIMIT}")
     return int(text)
 
@@ -105,13 +107,13 @@ def decode(token: str, scope: str) -> Key:
         after = data["after"]
         ok = (isinstance(data, dict) and data.get("v") == 1
               and isinstance(after, (str, int)) and not isinstance(after, bool))
-    except (ValueError, TypeError, KeyError, binascii.Error):
-        ok = False
+    except (ValueError, TypeError, KeyError, binascii.Error, RecursionError):
+        ok = False  # (RecursionError: JSON nested deeper than the parser goes)
     if not ok:
-        raise BadRequest("continue", "continue: not a continue token of this API (pass "
+        raise BadRequest("continue", "not a continue token of this API (pass "
                                      "the `continue` of the previous page as it is)")
     if data.get("scope") != _digest(scope):
-        raise BadRequest("continue", "continue: the token was made for another list or "
+        raise BadRequest("continue", "the token was made for another list or "
                                      "other filters; list again from the start without it")
     return after  # type: ignore[no-any-return]
 
@@ -132,7 +134,7 @@ def page(keys: Sequence[Key], win: Window, wanted: Callable[[Key], T | None]
     the page is full and one more item is known to follow. Returns the items and the
     next token (None: nothing follows)."""
     if win.after is not None and keys and type(win.after) is not type(keys[0]):
-        raise BadRequest("continue", "continue: not a continue token of this list")
+        raise BadRequest("continue", "not a continue token of this list")
     start = 0 if win.after is None else bisect.bisect_right(keys, win.after)
     found: list[T] = []
     last: Key | None = None

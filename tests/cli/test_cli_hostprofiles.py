@@ -109,7 +109,15 @@ def test_owners_read_profiles_and_admins_write_them(plane, tmp_path: Path):
                                                    "name: bad\nsysctls: {'no such': '1'}\n")),
                 ok=False)
     assert res.exit_code == 2 and "sysctls" in res.output and "not a valid sysctl" in res.output
-    assert "bad" not in {p["name"] for p in json.loads(
+    # user settings nested past a bound (the store writes them as JSON) are refused
+    deep = "x"
+    for _ in range(40):
+        deep = f"[{deep}]"
+    res = plait("hostprofile", "create", str(write(tmp_path, "deep.yaml",
+                                                   f"name: deep\nuser: {{a: {deep}}}\n")),
+                ok=False)
+    assert res.exit_code == 2 and "nested more than 32 deep" in res.output, res.output
+    assert not {"bad", "deep"} & {p["name"] for p in json.loads(
         plait("hostprofile", "list", "-o", "json").stdout)["profiles"]}
 
 

@@ -169,6 +169,22 @@ def test_moving_an_entitlement_refuses_bad_requests(region):
     r = api.post("/v1/entitlements", json={"name": "Bad Name", "owner": "o",
                                            "quota": {"machines": 1}})
     assert r.status_code == 422
+    # a path with dot segments is not served: the hop to a shard would resolve them to
+    # another path (here: the shard's own part, which the front end does not serve)
+    for method, raw in (("GET", "/v1/jobs/%2e%2e/tokens"), ("POST", "/v1/jobs/%2E%2E/shard/x"),
+                        ("GET", "/v1/jobs/%2e/a")):
+        r = api.request(method, raw)
+        assert r.status_code == 404 and "'..' segments" in r.json()["message"], (raw, r.text)
+    # a body nested past any parser's depth is the shard's 422 (never a 503 to retry)
+    deep = b"[" * 5000 + b"]" * 5000
+    for path in ("/v1/jobs", "/v1/entitlements"):
+        r = api.post(path, content=deep, headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (path, r.text)
+    # an events cursor: thousands of digits, or bits of no shard, are refused naming it
+    for after in ("9" * 5000, str(1 << 200)):
+        r = api.get("/v1/events", params={"after": after})
+        assert r.status_code == 422 and r.json()["field"] == "after", r.text
+    assert api.get("/v1/events", params={"after": str((1 << 40) + 1)}).status_code == 200
     for path in ("/v1/jobs/a..b", "/v1/machines/x..y", "/v1/entitlements/a..b"):
         assert api.get(path).status_code in (404, 422), path
     # a shard's own part in a move is not reachable through the front end

@@ -994,7 +994,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                                 loaned="1" if loaned else None)
         after = None if not cont else str(paging.decode(cont, scope))
         if after is not None and offset:
-            raise BadRequest("offset", "offset: give either offset or continue")
+            raise BadRequest("offset", "give either offset or continue")
         states = parse_states(state, tuple(s.value for s in MachineState))
         found, total, last = cp.views.machines(states, entitlement, offset, limit, after,
                                                loaned)

@@ -35,6 +35,23 @@ CgroupController = Literal["cpu", "cpuset", "io", "memory", "pids", "hugetlb", "
 MAX_SETTINGS = 256  # sysctls, and NIC settings
 MAX_VALUE = 256  # characters of one setting's value
 MAX_USER_BYTES = 16 * 1024  # the user settings, as JSON
+MAX_USER_DEPTH = 32  # lists and objects within each other
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and objects nest in ``value`` (0 for a scalar), without
+    recursion: a body the API takes can nest thousands deep."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth + 1)
+            if deepest > MAX_USER_DEPTH:
+                return deepest
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
 
 #: the kinds of setting, in the order ``kinds_changed`` lists them
 KINDS = ("sysctls", "cgroup_controllers", "turbo", "hugepages", "fs_label", "nic", "user")
@@ -105,6 +122,8 @@ class HostProfileSpec(Value):
     @pydantic.field_validator("user")
     @classmethod
     def _user(cls, values: dict[str, Any]) -> dict[str, Any]:
+        if _depth(values) > MAX_USER_DEPTH:
+            raise ValueError(f"user settings are nested more than {MAX_USER_DEPTH} deep")
         size = len(json.dumps(values, sort_keys=True))
         if size > MAX_USER_BYTES:
             raise ValueError(f"user settings are {size:,} bytes of JSON; at most "

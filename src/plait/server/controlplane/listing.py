@@ -117,7 +117,7 @@ def parse_states(raw: str | None, allowed: tuple[str, ...]) -> frozenset[str] | 
     wanted = frozenset(s.strip() for s in raw.split(",") if s.strip())
     unknown = sorted(wanted - set(allowed))
     if unknown or not wanted:
-        raise BadRequest("state", f"state: {raw!r} is not one of {', '.join(allowed)} "
+        raise BadRequest("state", f"{raw!r} is not one of {', '.join(allowed)} "
                                   "(several: comma-separated)")
     return wanted
 

@@ -285,7 +285,7 @@ class Views:
             try:
                 start = self.cp.machine_index(after)
             except NotFound:
-                raise BadRequest("continue", f"continue: machine {after!r} is not in the "
+                raise BadRequest("continue", f"machine {after!r} is not in the "
                                              "region; list again from the start") from None
         with self.cp.lock:
             elastic = self.cp.scheduler.elastic
