@@ -24,9 +24,11 @@ them again under new operation ids (``op_counter`` is kept, so ids never repeat)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,6 +43,7 @@ from plait.persist.allocator import PersistentAllocator
 from plait.scheduler import Scheduler
 from plait.scheduler.records import NOT_RUNTIME, SEQUENCE_BLOCK, JobRecord, TaskRecord
 from plait.store.protocol import MAX_VALUE_BYTES, Namespace, Store, Transaction
+from plait.taskcontrol import signing
 from plait.taskcontrol.protocol import (
     RemoteController,
     TaskController,
@@ -117,6 +120,10 @@ class JobDoc:
     #: task index -> the version it runs instead of the target (``plait.jcp``'s
     #: unified spec), as the Job Control Plane last wrote it
     pins: dict[int, int] = field(default_factory=dict)
+    #: this job's id, made at its create: state kept apart from the record (its
+    #: autoscale policy, its intents, its TaskControl key) belongs to this job and to
+    #: no job made later under the same name. "": a job stored before jobs had ids
+    uid: str = ""
     _parsed: dict[int, JobSpec] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -236,6 +243,7 @@ class JobDoc:
             **({} if self.stable is None else {"stable": self.stable}),
             **({"pins": {str(i): v for i, v in sorted(self.pins.items())}}
                if self.pins else {}),
+            **({"uid": self.uid} if self.uid else {}),
         }, sort_keys=True)
 
     @classmethod
@@ -246,7 +254,8 @@ class JobDoc:
             raise ValidationError("schema", f"job record schema {data['schema']} is newer than "
                                             f"this plait ({JOB_SCHEMA})")
         doc = cls(data["name"], data["entitlement"], 0, {}, int(data["seq"]),
-                  list(data["log"]), bool(data.get("deleting", False)))
+                  list(data["log"]), bool(data.get("deleting", False)),
+                  uid=str(data.get("uid", "")))
         if schema >= 2:
             doc.version = int(data["version"])
             doc.kept = {int(v): entry for v, entry in data["versions"].items()}
@@ -263,6 +272,7 @@ def new_job(spec: JobSpec, now: float) -> tuple[JobDoc, bytes]:
     """A new job's record and its stored form (who asked, within an API request, is
     recorded with its create)."""
     doc = JobDoc.new(spec)
+    doc.uid = secrets.token_hex(8)
     doc.record(now, "create", f"created with {spec.task_count} tasks", version=1)
     return doc, _fits(doc)
 
@@ -644,14 +654,14 @@ class PersistentScheduler:
                 first = doc.log[0] if doc.log and doc.log[0]["seq"] == 1 else {}
                 sched.acting = (first.get("actor"), first.get("request"))
                 try:
-                    sched.create_job(doc.spec, now, self.controller_for(doc.spec), cause)
+                    sched.create_job(doc.spec, now, self._controller(doc, doc.spec), cause)
                 finally:
                     sched.acting = (None, None)
             else:
                 target = doc.target
                 job = JobRecord(doc.name, doc.entitlement,
                                 [doc.standin(v) for v in range(1, doc.version + 1)], target,
-                                self.controller_for(doc.spec))
+                                self._controller(doc, doc.spec))
                 doc.pin(job, range(1, doc.version + 1))
                 job.tasks = {i: TaskRecord(i, target) for i in range(doc.spec.task_count)}
                 job.cause = cause
@@ -681,6 +691,13 @@ class PersistentScheduler:
         if current is not None:
             self._pins(doc, now)
         self.applied[doc.name] = doc.seq
+
+    def _controller(self, doc: JobDoc, spec: JobSpec) -> TaskController | RemoteController | None:
+        """``controller_for(spec)``, a remote one signing with this job's key."""
+        ctl = self.controller_for(spec)
+        if isinstance(ctl, RemoteController) and doc.uid:
+            ctl = dataclasses.replace(ctl, key_name=signing.key_name(doc.name, doc.uid))
+        return ctl
 
     def _pins(self, doc: JobDoc, now: float) -> None:
         """The tasks pinned to versions other than the target, as the record says
@@ -727,7 +744,7 @@ class PersistentScheduler:
                 for v in range(len(job.versions) + 1, version + 1):
                     spec = doc.standin(v)
                     if spec.task_controller != job.spec.task_controller:
-                        job.controller = self.controller_for(spec)  # paces from now on
+                        job.controller = self._controller(doc, spec)  # paces from now on
                         job.in_flight = None  # (an answer of the old one is dropped)
                         job.recheck = None
                     sched.append_version(spec, now,
@@ -951,7 +968,7 @@ class PersistentScheduler:
         # the entitlement of the version applied (a move stored since is applied by
         # the ``sync`` that follows)
         job = JobRecord(doc.name, versions[target - 1].entitlement, versions, target,
-                        self.controller_for(versions[-1]))
+                        self._controller(doc, versions[-1]))
         doc.pin(job, range(1, count + 1))
         job.deleting = bool(data["deleting"])
         job.halted = data["halted"]

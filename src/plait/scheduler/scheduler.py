@@ -907,6 +907,6 @@ class Scheduler(SchedulerState):
             job.in_flight = request
             job.in_flight_since = now
             self._answers.pop(job.name, None)  # (a stale answer of a forgotten call)
-            self.outbox.append(ControllerCall(job.name, ctl.url, request))
+            self.outbox.append(ControllerCall(job.name, ctl.url, request, ctl.key_name))
         else:
             apply.call_in_process(self, job, ctl, request, now)

@@ -47,6 +47,13 @@ class TaskLogs:
                 del tail.data[:extra]
                 tail.start += extra
 
+    def forget(self, job: str) -> None:
+        """Drop every tail of ``job`` (its deletion finished: a job made later under
+        the name starts with none)."""
+        with self._lock:
+            for key in [k for k in self._tails if k[0] == job]:
+                del self._tails[key]
+
     def read(self, job: str, index: int, after: int = 0,
              limit: int = 1 << 20) -> tuple[str, int, bool, str | None]:
         """(text after offset ``after``, the next offset, whether output between

@@ -70,7 +70,7 @@ class Dispatcher:
                  key_for: Callable[[str], str | None] = lambda job: None,
                  clock: Callable[[], float] = time.time) -> None:
         """``verify(url)``: what an https controller's certificate is checked against;
-        ``key_for(job)``: the job's signing key (None: unsigned)."""
+        ``key_for(name)``: the signing key of a job's ``key_name`` (None: unsigned)."""
         self.deliver = deliver
         self.deadline = deadline
         self.max_reply_bytes = max_reply_bytes
@@ -186,7 +186,7 @@ class Dispatcher:
         body = json.dumps(to_wire(call.request), separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
                    signing.JOB_HEADER: call.job}
-        key = self.key_for(call.job)
+        key = self.key_for(call.key_name or call.job)
         if key is not None:
             headers[signing.SIGNATURE_HEADER] = signing.sign(key, body, self.clock())
         client, ssl = self._client(url)

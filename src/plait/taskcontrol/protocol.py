@@ -136,6 +136,8 @@ class RemoteController:
     or hung controller delays its own job's operations and nothing else."""
 
     url: str
+    #: what the job's signing key is derived from (``signing.key_name``; "": the name)
+    key_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +147,8 @@ class ControllerCall:
     job: str
     url: str
     request: TaskControlRequest
+    #: what the call's signing key is derived from (``signing.key_name``; "": ``job``)
+    key_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,13 @@ class SignatureError(ValidationError):
         super().__init__(SIGNATURE_HEADER, message)
 
 
+def key_name(job: str, uid: str) -> str:
+    """What a job's key is derived from: its name and the id of this job (``JobDoc.uid``),
+    so a job made later under the same name has a key of its own. A job stored before
+    jobs had ids (uid ``""``) keeps the key of its name."""
+    return f"{job}#{uid}" if uid else job
+
+
 def job_key(secret: bytes, job: str) -> str:
     """The job's signing key (hex), derived from the region's secret."""
     return hmac.new(secret, _KEY_CONTEXT + job.encode(), hashlib.sha256).hexdigest()

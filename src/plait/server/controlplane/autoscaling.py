@@ -12,6 +12,10 @@ fresh (``plait.autoscaler.recommend``), and writes the job's sizing intent (deci
 101), which the Job Control Plane's reconciler turns into a resize right after.
 The load history is kept in memory (two weeks): a new leader predicts from what it has
 measured since it took over.
+
+A policy belongs to the job it was set on (its ``JobDoc.uid``, stored with it): a job
+made later under the same name has none until its owner sets one, and the stale
+record is dropped at the next decision.
 """
 
 from __future__ import annotations
@@ -60,8 +64,10 @@ class Autoscaling:
         self.decided: dict[str, float] = {}
         self.decisions = 0
         #: the stored policies, read again every ``REFRESH`` seconds (another replica
-        #: may have written them) and at once after a write here
+        #: may have written them) and at once after a write here; and the job (its
+        #: uid) each was set on
         self.policies: dict[str, JobAutoscale] = {}
+        self.owners: dict[str, str] = {}
         self._read_at: float | None = None
         #: per job with a ``cpu`` policy: per task, the cores it used as its agent last
         #: reported, and when
@@ -69,27 +75,62 @@ class Autoscaling:
 
     # -- the API --------------------------------------------------------------------------
     def put(self, job: str, body: JobAutoscale) -> dict[str, Any]:
-        self.cp.jobs.get(job)  # NotFound for an unknown job
-        value = json.dumps({"schema": SCHEMA, **body.model_dump(mode="json")},
-                           sort_keys=True).encode()
+        doc = self.cp.jobs.get(job)  # NotFound for an unknown job
+        if doc.deleting:
+            raise Conflict(f"job {job}", "a live job", "being deleted")
+        value = json.dumps({"schema": SCHEMA, "job_uid": doc.uid,
+                            **body.model_dump(mode="json")}, sort_keys=True).encode()
         try:
-            _, version = self.ns.get(f"/{job}")
+            stored, version = self.ns.get(f"/{job}")
+            fresh = json.loads(stored).get("job_uid", "") != doc.uid  # (a former job's)
             self.ns.set(f"/{job}", value, version)
         except NotFound:
+            fresh = True
             self.ns.create(f"/{job}", value)
         with self._lock:
+            if fresh:  # (what was measured for a former job of the name is not its)
+                self._drop(job)
             self.policies[job] = body
+            self.owners[job] = doc.uid
         return self.view(job)
 
-    def get(self, job: str) -> JobAutoscale:
-        self.cp.jobs.get(job)
-        try:
-            value, _ = self.ns.get(f"/{job}")
-        except NotFound:
-            raise NotFound("autoscale policy of job", job) from None
+    def _read(self, job: str) -> tuple[JobAutoscale, str, int]:
+        """The stored policy of ``job``'s name, the uid of the job it was set on, and
+        the record's version."""
+        value, version = self.ns.get(f"/{job}")
         data = json.loads(value)
         data.pop("schema", None)
-        return parse(JobAutoscale, data)
+        uid = str(data.pop("job_uid", ""))
+        return parse(JobAutoscale, data), uid, version
+
+    def get(self, job: str) -> JobAutoscale:
+        doc = self.cp.jobs.get(job)
+        try:
+            body, uid, _ = self._read(job)
+        except NotFound:
+            raise NotFound("autoscale policy of job", job) from None
+        if uid != doc.uid:  # (set on a former job of the name: not this one's)
+            raise NotFound("autoscale policy of job", job)
+        return body
+
+    def _drop(self, job: str) -> None:
+        """Forget what is kept in memory for ``job`` (the caller holds ``_lock``)."""
+        for kept in (self.policies, self.owners, self.history, self.live, self.decided,
+                     self.cpu):
+            kept.pop(job, None)
+
+    def _forget_stale(self, job: str, uid: str) -> None:
+        """The policy set on a job that is gone (uid ``uid``): dropped from memory, and
+        its record deleted unless it was set again meanwhile."""
+        with self._lock:
+            if self.owners.get(job) == uid:
+                self._drop(job)
+        try:
+            _, stored, version = self._read(job)
+            if stored == uid:
+                self.ns.delete(f"/{job}", version)
+        except (NotFound, Conflict):
+            pass
 
     def view(self, job: str) -> dict[str, Any]:
         body = self.get(job)
@@ -105,11 +146,7 @@ class Autoscaling:
         _, version = self.ns.get(f"/{job}")
         self.ns.delete(f"/{job}", version)
         with self._lock:
-            self.policies.pop(job, None)
-            self.history.pop(job, None)
-            self.live.pop(job, None)
-            self.decided.pop(job, None)
-            self.cpu.pop(job, None)
+            self._drop(job)
 
     def push_load(self, job: str, value: float, at: float | None = None) -> dict[str, Any]:
         """A measurement of the job's load (tasks' worth of work)."""
@@ -156,40 +193,41 @@ class Autoscaling:
             return
         self._read_at = now
         found: dict[str, JobAutoscale] = {}
+        owners: dict[str, str] = {}
         try:
             for job in self.ns.children("/"):
-                value, _ = self.ns.get(f"/{job}")
-                data = json.loads(value)
-                data.pop("schema", None)
-                found[job] = parse(JobAutoscale, data)
+                found[job], owners[job], _ = self._read(job)
         except NotFound:
             pass
         except (OSError, PlaitError, ValueError) as exc:
             log.warning("autoscale policies not read", error=str(exc))
             return
         with self._lock:
-            self.policies = found
+            self.policies, self.owners = found, owners
 
     def decide(self, now: float) -> None:
         """The leader, after a pass: resize the jobs whose decision is due."""
         self._refresh(now)
         with self._lock:
-            due = list(self.policies.items())
-        for job, body in due:
+            due = [(job, body, self.owners.get(job, "")) for job, body in self.policies.items()]
+        for job, body, uid in due:
             try:
-                self._decide(job, body, now)
+                self._decide(job, body, uid, now)
             except (PlaitError, OSError, ValueError) as exc:
                 log.warning("autoscaling failed", job=job, error=str(exc))
 
-    def _decide(self, job: str, body: JobAutoscale, now: float) -> None:
+    def _decide(self, job: str, body: JobAutoscale, uid: str, now: float) -> None:
+        try:
+            doc = self.cp.jobs.get(job)
+        except NotFound:
+            doc = None
+        if doc is None or doc.uid != uid:  # the job it was set on is gone
+            self._forget_stale(job, uid)
+            return
         with self._lock:
             last = self.decided.get(job)
         if last is not None and now - last < body.interval_seconds:
             return
-        try:
-            doc = self.cp.jobs.get(job)
-        except NotFound:
-            return  # (deleted: its policy goes with the next write or refresh)
         tasks = doc.spec.task_count
         if body.policy.metric == "cpu":  # what the job's agents reported
             measured = self._cpu_load(job, tasks, doc.spec.resources.cpu, now,

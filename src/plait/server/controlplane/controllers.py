@@ -73,7 +73,7 @@ class Controllers:
                     max_reply_bytes=config.controller_reply_bytes,
                     max_in_flight=config.controller_concurrency, policy=self.url_policy,
                     verify=lambda url: tls_verify(config.ca_file, url),
-                    key_for=self.controller_key, clock=self.cp.clock)
+                    key_for=self._key_of, clock=self.cp.clock)
         return self.dispatcher
 
     def _deliver(self, answer: ControllerAnswer) -> None:
@@ -138,5 +138,9 @@ class Controllers:
         return self._signing_secret
 
     def controller_key(self, job: str) -> str:
-        """The key a job's controller verifies this region's calls with."""
-        return signing.job_key(self._secret(), job)
+        """The key a job's controller verifies this region's calls with: of this job,
+        not of its name (a job made later under the name has another)."""
+        return self._key_of(signing.key_name(job, self.cp.jobs.get(job).uid))
+
+    def _key_of(self, key_name: str) -> str:
+        return signing.job_key(self._secret(), key_name)

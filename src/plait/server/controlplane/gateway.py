@@ -97,8 +97,10 @@ class AgentGateway:
             placed = self.cp.scheduler.placed.get(m, ())
             taken = [(job, index, text) for job, index, text in chunks
                      if TaskRef(job, index) in placed]
-        for job, index, text in taken:
-            self.cp.logs.append(job, index, machine, text)
+            # (kept under the lock: a pass that finishes a job's deletion forgets its
+            # output under it too, so none of it outlives the job)
+            for job, index, text in taken:
+                self.cp.logs.append(job, index, machine, text)
         return len(taken)
 
     def task_logs(self, job: str, index: int, after: int,

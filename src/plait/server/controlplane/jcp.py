@@ -20,10 +20,15 @@ intents (decision 101):
    is resumed, so they can go back).
 
 Each change is an event of source ``jcp`` naming the intent's writer.
+
+A record belongs to the job its intents were set on (``JobDoc.uid``, stored with it):
+to a job made later under the same name it holds no intent; the reconciler drops it
+(retiring its canaries' entitlements), and a write replaces it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable
@@ -96,16 +101,34 @@ class JobControlPlane:
         self._unpin: set[str] = set()
 
     # -- the stored records ---------------------------------------------------------------
-    def _read(self, job: str) -> tuple[JcpRecord, int | None]:
+    def _stored(self, job: str) -> tuple[JcpRecord, str, int | None]:
+        """The record at ``job``'s name as stored: its intents, the uid of the job they
+        were set on, its version (None: no record)."""
         try:
             value, version = self.ns.get(f"/{job}")
         except NotFound:
-            return JcpRecord(), None
+            return JcpRecord(), "", None
         data = json.loads(value)
         if int(data.pop("schema", 1)) > SCHEMA:
             raise ValidationError("schema", f"the intents of job {job} have a schema newer "
                                             f"than this plait ({SCHEMA})")
-        return parse(JcpRecord, data), version
+        uid = str(data.pop("job_uid", ""))
+        return parse(JcpRecord, data), uid, version
+
+    def _uid(self, job: str) -> str | None:
+        """The uid of the job now under the name (None: no job)."""
+        try:
+            return self.cp.jobs.get(job).uid
+        except NotFound:
+            return None
+
+    def _read(self, job: str) -> tuple[JcpRecord, int | None]:
+        """The intents of the job now under the name (a former job's record holds none
+        of its own) and the record's version."""
+        rec, uid, version = self._stored(job)
+        if version is not None and uid != self._uid(job):
+            return JcpRecord(), version
+        return rec, version
 
     def record(self, job: str) -> JcpRecord:
         return self._read(job)[0]
@@ -113,12 +136,16 @@ class JobControlPlane:
     def _change(self, job: str, edit: Callable[[JcpRecord], JcpRecord | None]) -> JcpRecord:
         """Read, edit, write back with compare-and-swap (an empty record is deleted)."""
         for _ in range(_ATTEMPTS):
-            rec, version = self._read(job)
+            uid = self._uid(job) or ""
+            stored, stored_uid, version = self._stored(job)
+            stale = version is not None and stored_uid != uid  # (a former job's record)
+            rec = JcpRecord() if stale else stored
             new = edit(rec)
-            if new is None or new == rec:
+            if (new is None or new == rec) and not stale:
                 return rec
-            value = json.dumps({"schema": SCHEMA, **new.model_dump(mode="json")},
-                               sort_keys=True).encode()
+            new = rec if new is None else new
+            value = json.dumps({"schema": SCHEMA, "job_uid": uid,
+                                **new.model_dump(mode="json")}, sort_keys=True).encode()
             try:
                 if version is None:
                     if not new.empty:
@@ -129,6 +156,8 @@ class JobControlPlane:
                     self.ns.set(f"/{job}", value, version)
             except (Conflict, NotFound):
                 continue
+            if stale:  # (replaced: its canaries' entitlements claim no machine more)
+                self._retire_canaries(stored)
             with self._lock:
                 if new.empty:
                     self.records.pop(job, None)
@@ -378,8 +407,7 @@ class JobControlPlane:
         found: dict[str, JcpRecord] = {}
         try:
             for job in self.ns.children("/"):
-                rec, _ = self._read(job)
-                found[job] = rec
+                found[job] = self._stored(job)[0]  # (a former job's too: reconciled away)
         except NotFound:
             pass
         except (OSError, PlaitError, ValueError) as exc:
@@ -429,27 +457,40 @@ class JobControlPlane:
         self.reconciles += 1
 
     def _forget(self, job: str) -> None:
-        """The job is gone: so are its intents (and its canaries' entitlements claim
-        no machine more)."""
+        """The job its record was written for is gone (deleted, or another job now
+        under the name): so are its intents, and its canaries' entitlements claim no
+        machine more. A record written meanwhile for the job now under the name is
+        left alone."""
         with self._lock:
-            rec = self.records.get(job)
-        for canary in (rec.canaries.values() if rec is not None else ()):
-            if canary.entitlement is not None:
-                self._retire(canary.entitlement)
+            kept = self.records.get(job)
         try:
-            _, version = self.ns.get(f"/{job}")
-            self.ns.delete(f"/{job}", version)
-        except (NotFound, Conflict):
-            pass
+            rec, uid, version = self._stored(job)
+        except (PlaitError, OSError, ValueError):
+            rec, uid, version = JcpRecord(), "", None
+        if version is not None and uid == self._uid(job):
+            return  # (the job now under the name's own)
+        for old in (kept, rec if version is not None else None):
+            if old is not None:
+                self._retire_canaries(old)
+        if version is not None:
+            with contextlib.suppress(NotFound, Conflict):
+                self.ns.delete(f"/{job}", version)
         with self._lock:
             self.records.pop(job, None)
         self._gates.pop(job, None)
+
+    def _retire_canaries(self, rec: JcpRecord) -> None:
+        for canary in rec.canaries.values():
+            if canary.entitlement is not None:
+                self._retire(canary.entitlement)
 
     def _reconcile(self, job: str, now: float) -> None:
         doc = self.cp.jobs.get(job)
         if doc.deleting:
             raise NotFound("job", job)
-        rec, _ = self._read(job)
+        rec, uid, version = self._stored(job)
+        if version is not None and uid != doc.uid:
+            raise NotFound("job", job)  # (its record is a former job's: forgotten)
         if rec.empty:
             with self._lock:
                 self.records.pop(job, None)

@@ -140,6 +140,12 @@ class Loop:
             changed = self.cp.scheduler.changed_jobs
             changed = None if changed is None else set(changed)
             tracing.idle(not events and changed == set())
+            # jobs whose deletion this save finishes: their output goes first, so a job
+            # made under the name once the record is gone starts with none
+            jobs, applied = self.cp.scheduler.jobs, self.cp.persist.applied
+            for gone in [n for n in (applied if changed is None else changed)
+                         if n not in jobs and n in applied]:
+                self.cp.logs.forget(gone)
             phase("save", changed_jobs=-1 if changed is None else len(changed))
             try:
                 self.cp.persist.save(self.cp.allocator)
