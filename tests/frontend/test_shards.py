@@ -110,6 +110,26 @@ def test_an_entitlement_moves_between_shards_without_restarting_a_task(region):
     r = api.put("/v1/jobs/ja", json=job("ja", "a", tasks=3, version="2"))
     assert r.status_code == 409 and r.headers["retry-after"] == "1"
     assert "moving to scheduler shard 1" in r.json()["message"]
+    # its owner is told so too; another owner is told what a missing job or an
+    # entitlement that does not exist would tell it (not that this one moves)
+    o = httpx.Client(base_url=region.front.url, timeout=30, headers={
+        "Authorization": "Bearer " + api.post("/v1/tokens", json={
+            "role": "owner", "name": "o"}).json()["token"]})
+    x = httpx.Client(base_url=region.front.url, timeout=30, headers={
+        "Authorization": "Bearer " + api.post("/v1/tokens", json={
+            "role": "owner", "name": "x"}).json()["token"]})
+    assert o.post("/v1/jobs/ja/resize", json={"task_count": 2}).status_code == 409
+    for method, path, body in (("POST", "/v1/jobs/{}/resize", {"task_count": 2}),
+                               ("DELETE", "/v1/jobs/{}", None)):
+        theirs = x.request(method, path.format("ja"), json=body)
+        missing = x.request(method, path.format("nope"), json=body)
+        assert theirs.status_code == missing.status_code == 404, theirs.text
+        assert theirs.json()["message"] == missing.json()["message"].replace("nope", "ja")
+    theirs = x.post("/v1/jobs", json=job("jx", "a"))
+    missing = x.post("/v1/jobs", json=job("jx", "nowhere"))
+    assert theirs.status_code == missing.status_code == 422, theirs.text
+    assert "moving" not in theirs.json()["message"]
+    assert api.get("/v1/jobs/ja").json()["spec"]["task_count"] == 3  # (nothing changed)
     machine = api.get("/v1/jobs/ja/tasks").json()["tasks"][0]["machine"]
     r = api.get(f"/v1/machines/{machine}/desired")
     assert r.status_code == 200 and {t["job"] for t in r.json()["tasks"]} == {"ja"}
@@ -198,6 +218,14 @@ def test_moving_an_entitlement_refuses_bad_requests(region):
     # (the message names no entitlement: the job may be another owner's)
     assert r.status_code == 409 and "region-wide" in r.json()["message"]
     assert "'a'" not in r.json()["message"]
+    # another owner naming entitlement b is told what an unknown entitlement tells it
+    x = httpx.Client(base_url=region.front.url, timeout=30, headers={
+        "Authorization": "Bearer " + api.post("/v1/tokens", json={
+            "role": "owner", "name": "x"}).json()["token"]})
+    theirs, missing = x.post("/v1/jobs", json=job("same", "b", tasks=1)), x.post(
+        "/v1/jobs", json=job("same", "nowhere", tasks=1))
+    assert theirs.status_code == missing.status_code == 422, theirs.text
+    assert theirs.json()["message"] == missing.json()["message"].replace("nowhere", "b")
     assert not region.front_store.exists("/shards/1/scheduler/jobs/same")
     # nothing was half-done: the entitlement is where it was, and takes writes
     assert region.entry("a") == {"shard": 0, "machines": 1}

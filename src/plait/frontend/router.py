@@ -264,6 +264,16 @@ class ShardMap:
                 return s, str(fastjson.loads(got[0])["entitlement"])
         return None
 
+    def owner(self, entitlement: str, entry: dict[str, Any]) -> str | None:
+        """The owner of ``entitlement``, as the shard its map ``entry`` names stored it
+        (None: not stored there)."""
+        try:
+            value, _ = self.store.get(f"{shard_prefix(int(entry['shard']))}/allocator/"
+                                      f"entitlements/{entitlement}")
+            return str(fastjson.loads(value).get("owner"))
+        except (NotFound, ValidationError, ValueError, KeyError, TypeError):
+            return None
+
     def machine(self, machine: str) -> str | None:
         """The entitlement the machine is bound to (None: free or unknown)."""
         try:
@@ -484,7 +494,7 @@ class ShardRouter:
                 weight = await run_in_threadpool(m.weight, spec.get("quota"))
                 loans = bool(spec.get("lends")) or bool(spec.get("elastic"))
                 entry = await run_in_threadpool(m.place, name, weight, loans)
-                self._writable(name, entry)
+                await self._writable(scope, name, entry)
                 return await self.to_shard(entry["shard"], scope, body)
             if len(parts) == 2:  # another method: shard 0 answers 405
                 return await self.to_shard(0, scope, body)
@@ -492,7 +502,7 @@ class ShardRouter:
             if found is None:
                 return await self.to_shard(0, scope, body)  # (its 404)
             if method != "GET":
-                self._writable(parts[2], found[0])
+                await self._writable(scope, parts[2], found[0])
             return await self.to_shard(found[0]["shard"], scope, body)
         if parts[:2] == ["v1", "jobs"]:
             if len(parts) == 2 and method == "GET":
@@ -507,9 +517,13 @@ class ShardRouter:
                                else await run_in_threadpool(m.create_target, ent, name))
                 if found is None or not NAME_RE.match(name):
                     return await self.to_shard(0, scope, body)  # (its 422 names it)
-                self._writable(ent, found[0])
+                await self._writable(scope, ent, found[0])
                 if have is not None and have[0] != found[0]["shard"]:
-                    # (its entitlement is not named: it may be another owner's)
+                    if not await self._may_change(scope, ent, found[0]):
+                        # (the shard refuses it as for an entitlement that does not
+                        # exist: whether this one does is not the caller's to learn)
+                        return await self.to_shard(found[0]["shard"], scope, body)
+                    # (the job's entitlement is not named: it may be another owner's)
                     raise Refused(409, "conflict", f"job {spec['name']}: expected 'a free "
                                                    f"name', found {NAME_TAKEN!r}")
                 return await self.creates.create(found[0]["shard"], scope, body)
@@ -528,7 +542,8 @@ class ShardRouter:
                 return await self.to_shard(0, scope, body)
             entry = found[0]
             agent = len(parts) == 4 and parts[3] in _AGENT_PARTS
-            if entry.get("moving_to") is not None and method != "GET" and not agent:
+            if entry.get("moving_to") is not None and method != "GET" and not agent and (
+                    await self._may_change(scope, bound, entry)):
                 raise Refused(409, "conflict", f"machine {parts[2]}'s entitlement {bound!r} "
                                                f"is moving to scheduler shard "
                                                f"{entry['moving_to']}: retry", retry=True)
@@ -550,13 +565,29 @@ class ShardRouter:
             return {}
         return data if isinstance(data, dict) else {}
 
-    @staticmethod
-    def _writable(entitlement: str, entry: dict[str, Any]) -> None:
-        if entry.get("moving_to") is not None:
-            raise Refused(409, "conflict", f"entitlement {entitlement!r} is moving to "
-                                           f"scheduler shard {entry['moving_to']}: its jobs "
-                                           "accept no changes until it has moved; retry",
-                          retry=True)
+    async def _writable(self, scope: Scope, entitlement: str, entry: dict[str, Any]) -> None:
+        """Refuse (409, retry) a change to an entitlement that is moving between shards,
+        for a caller who may change it. Anyone else is not told that it moves (nor that
+        it exists): the request goes on to the shard, which refuses it as it refuses
+        whatever the caller may not touch."""
+        if entry.get("moving_to") is None or not await self._may_change(scope, entitlement,
+                                                                          entry):
+            return
+        raise Refused(409, "conflict", f"entitlement {entitlement!r} is moving to scheduler "
+                                       f"shard {entry['moving_to']}: its jobs accept no "
+                                       "changes until it has moved; retry", retry=True)
+
+    async def _may_change(self, scope: Scope, entitlement: str, entry: dict[str, Any]) -> bool:
+        """Is the caller an admin, or the owner of ``entitlement``?"""
+        try:
+            who = await self.authenticated(scope)
+        except Refused:
+            return False
+        if who.role is Role.ADMIN:
+            return True
+        if who.role is not Role.OWNER:
+            return False
+        return bool(await run_in_threadpool(self.map.owner, entitlement, entry) == who.name)
 
     async def to_job(self, scope: Scope, body: bytes, job: str, write: bool,
                      moving: bool = False) -> Any:
@@ -567,7 +598,7 @@ class ShardRouter:
             ent = str(self._body(body).get("entitlement", ""))
             entry = await run_in_threadpool(self.map.entry, ent)
             if entry is not None:
-                self._writable(ent, entry[0])
+                await self._writable(scope, ent, entry[0])
                 return await self.to_shard(entry[0]["shard"], scope, body)
         if found is None:
             return await self.to_shard(0, scope, body)  # (its 404)
@@ -575,12 +606,12 @@ class ShardRouter:
         if write:
             entry = await run_in_threadpool(self.map.entry, ent)
             if entry is not None:
-                self._writable(ent, entry[0])
+                await self._writable(scope, ent, entry[0])
             if moving:  # a job moves between entitlements of one shard
                 target = str(self._body(body).get("entitlement", ""))
                 other = await run_in_threadpool(self.map.entry, target)
                 if other is not None:
-                    self._writable(target, other[0])
+                    await self._writable(scope, target, other[0])
                 if other is not None and other[0]["shard"] != shard:
                     raise Refused(422, "invalid", f"entitlement {target!r} is managed by "
                                                   f"scheduler shard {other[0]['shard']}, job "
