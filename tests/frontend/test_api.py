@@ -8,6 +8,8 @@ import httpx
 import pytest
 from livecp import REGION, start_live, wait_for
 
+from plait.errors import NotFound
+from plait.model import JobSpec
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.events import Retention
 from plait.server.serve import ApiServer, store_for
@@ -245,6 +247,22 @@ def test_dry_run_shows_the_plan_and_changes_nothing(live):
                           ).json()
     assert plan["action"] == "update" and plan["tasks_updated"] == 0
     assert set(plan["changes"]) == {"update", "task_controller"}
+    # another owner's dry run under the name is a missing job's answer, never a diff
+    # against the job's spec: the check is on the very record the plan would diff
+    live.admin.post("/v1/entitlements", json={"name": "mine", "owner": "bob",
+                                              "quota": {"machines": 2}})
+    bob = live.owner("bob")
+    theirs = {**SPEC, "entitlement": "mine", "task_count": 1}
+    assert bob.put("/v1/jobs/web", params={"dry_run": "true"}, json=theirs).status_code == 404
+    assert bob.post("/v1/jobs", params={"dry_run": "true"}, json=theirs).status_code == 404
+    seen: list[str] = []
+
+    def refuse(entitlement: str) -> None:
+        seen.append(entitlement)
+        raise NotFound("job", "web")
+    with pytest.raises(NotFound):
+        live.cp.views.plan(JobSpec.model_validate(theirs), refuse)
+    assert seen == [SPEC["entitlement"]]
 
 
 def test_an_acknowledged_create_is_stored_before_the_scheduler_sees_it(tmp_path):

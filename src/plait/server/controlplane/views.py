@@ -4,7 +4,7 @@ job it changed (decision 45)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -150,14 +150,20 @@ class Views:
         return [{"index": i, "machine": m, "endpoint": endpoint}
                 for i, m, endpoint in job.serving_on]
 
-    def plan(self, spec: JobSpec) -> dict[str, Any]:
+    def plan(self, spec: JobSpec,
+             may_see: Callable[[str], None] = lambda entitlement: None) -> dict[str, Any]:
         """What deploying ``spec`` would do, changing nothing: the spec fields that
-        differ from the current version, and where new tasks would go."""
+        differ from the current version, and where new tasks would go. ``may_see``
+        (given the entitlement of the job the name holds now, read once with the spec
+        it is diffed against) raises for a caller who may not see that job."""
         self.cp.check_job(spec)
         try:
-            current: JobSpec | None = self.cp.jobs.get(spec.name).spec
+            doc = self.cp.jobs.get(spec.name)
         except NotFound:
-            current = None
+            doc = None
+        if doc is not None:
+            may_see(doc.entitlement)
+        current: JobSpec | None = None if doc is None else doc.spec
         changes = {}
         if current is not None:
             old, new = current.model_dump(mode="json"), spec.model_dump(mode="json")
