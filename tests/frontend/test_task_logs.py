@@ -49,3 +49,9 @@ def test_task_output_is_read_through_the_api_and_only_a_tasks_machine_may_send_i
     assert "hello from the task" in follow["data"] and "not mine" not in follow["data"]
     assert live.owner("bob").get("/v1/jobs/web/tasks/0/logs").status_code == 404
     assert live.admin.get("/v1/jobs/nope/tasks/0/logs").status_code == 404
+    # an index or an offset no task can have is refused, naming it
+    for path, params, field in (("/v1/jobs/web/tasks/-1/logs", {}, "index"),
+                                ("/v1/jobs/web/tasks/100000/logs", {}, "index"),
+                                ("/v1/jobs/web/tasks/0/logs", {"after": "9" * 30}, "after")):
+        r = live.admin.get(path, params=params)
+        assert r.status_code == 422 and r.json()["field"] == field, r.text

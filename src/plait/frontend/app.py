@@ -24,7 +24,7 @@ import threading
 from typing import Annotated, Any, Literal
 
 import pydantic
-from fastapi import Body, Depends, FastAPI, Query, Request, Response, Security
+from fastapi import Body, Depends, FastAPI, Path, Query, Request, Response, Security
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -241,6 +241,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 #: the one answer to every token that is not valid (malformed, unknown, revoked, or
 #: with a wrong secret): why is recorded as an auth event, not told to the caller
 INVALID_TOKEN = "invalid token"
+#: a task's index in a path (a job has at most ``MAX_TASKS``)
+TaskIndex = Annotated[int, Path(ge=0, le=MAX_TASKS - 1)]
 
 _HTTP_KINDS = {400: "invalid", 401: "unauthorized", 403: "forbidden", 404: "not_found",
                405: "method_not_allowed", 413: "too_large"}
@@ -963,13 +965,13 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         return {"job": name, "tasks": found, **({"continue": nxt} if win.paged else {})}
 
     @app.post("/v1/jobs/{name}/tasks/{index}/restart", response_model=t.JobAck, tags=["tasks"])
-    def restart_task(name: str, index: int, who: User, request: Request) -> dict[str, Any]:
+    def restart_task(name: str, index: TaskIndex, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
         return ack(cp.commands.restart_job(name, index))
 
     @app.get("/v1/jobs/{name}/tasks/{index}/logs", response_model=t.TaskLogs, tags=["tasks"])
-    def task_logs(name: str, index: int, who: User, request: Request,
-                  after: Annotated[int, Query(ge=0)] = 0,
+    def task_logs(name: str, index: TaskIndex, who: User, request: Request,
+                  after: Annotated[int, Query(ge=0, le=1 << 62)] = 0,
                   limit: Annotated[int, Query(ge=1, le=1 << 20)] = 1 << 16) -> dict[str, Any]:
         """The tail of a task's output (the agent keeps the whole log); follow it by
         asking again with ``after`` = the ``next`` of the last answer."""
