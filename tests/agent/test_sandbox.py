@@ -593,3 +593,29 @@ def test_hidden_directories_are_not_visible(env: Env, tmp_path: Path) -> None:
     assert env.wait_exit(h, rt) == 0
     assert env.log_text(h).split() == ["listing", "end"]  # empty, unreadable, read-only
     assert (secret_dir / "admin-token").read_text() == "plait_secret"
+
+
+def test_the_tasks_environment_is_set_inside_the_sandbox_only(env: Env, tmp_path: Path) -> None:
+    """bwrap starts with no environment of the task's: a loader variable in the job's
+    spec (LD_PRELOAD) reaches the task's own processes, never bwrap itself, which
+    holds every capability until the sandbox is made. A PATH in the spec names no host
+    directory under /tmp to bind."""
+    marker = tmp_path / "preloaded"
+    host_dir = Path(tempfile.mkdtemp(prefix="plait-sandbox-path-", dir="/tmp"))
+    (host_dir / "secret").write_text("host")
+    try:
+        task_env = {**env.task_env(), "LD_PRELOAD": f"{marker}.so", "X_SET": "yes",
+                    "PATH": f"{host_dir}:{os.defpath}"}
+        h = env.start(["/bin/sh", "-c", f"echo x=$X_SET pre=$LD_PRELOAD; "
+                                        f"cat {host_dir}/secret 2>/dev/null; echo; echo done; "
+                                        "sleep 30"],
+                      env=task_env)
+        env.wait_log(h, "done")
+        lines = env.log_text(h).splitlines()
+        # (the task's own programs get it: here ld.so says the file is missing)
+        assert f"x=yes pre={marker}.so" in lines and "host" not in lines, lines
+        environ = Path(f"/proc/{h.pid}/environ").read_bytes().split(b"\0")
+        assert SandboxRuntime._is_bwrap(h.pid)
+        assert [e for e in environ if e] == [f"PATH={os.defpath}".encode()]
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)

@@ -403,6 +403,11 @@ class ProcessRuntime:
         made, so it may raise to refuse the start."""
         return [command, *args]
 
+    def _exec_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The environment the task's process is started with (its own, here; a
+        subclass that wraps the command may pass it on another way)."""
+        return env
+
     def start(
         self,
         key: str,
@@ -452,7 +457,7 @@ class ProcessRuntime:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     cwd=cwd,
-                    env=env,
+                    env=self._exec_env(env),
                     start_new_session=True,
                     preexec_fn=child_setup,
                     close_fds=True,

@@ -112,10 +112,11 @@ def _namespaces() -> list[str]:
 
 def _host_tmp_dirs(command: str, env: Mapping[str, str], cwd: Path) -> list[Path]:
     """The top-level directories of the host's /tmp that hold the task's command or a
-    directory of its PATH."""
+    directory of the agent's PATH."""
     tmp = Path("/tmp")
     candidates = [Path(cwd, command)] if "/" in command else []
-    candidates += [Path(e) for e in env.get("PATH", "").split(os.pathsep) if e]
+    # (the agent's own PATH: a PATH in the job's spec names no host directory to bind)
+    candidates += [Path(e) for e in os.environ.get("PATH", "").split(os.pathsep) if e]
     found: list[Path] = []
     for path in candidates:
         try:
@@ -269,7 +270,16 @@ class SandboxRuntime(ProcessRuntime):
         for m in masked:
             # read-only once the task's directories are bound inside it (not recursive)
             argv += ["--remount-ro", str(m)]
-        return [*argv, *setenv, "--chdir", str(workdir), "--", command, *args]
+        # the task's environment is set inside the sandbox only: bwrap itself starts
+        # with none of it (its loader would honour LD_PRELOAD and the like while it
+        # still holds every capability)
+        environment = ["--clearenv"]
+        for name, value in env.items():
+            environment += ["--setenv", name, value]
+        return [*argv, *environment, *setenv, "--chdir", str(workdir), "--", command, *args]
+
+    def _exec_env(self, env: dict[str, str]) -> dict[str, str]:
+        return {"PATH": os.defpath}
 
     # ----------------------------------------------------------------- stop
 
