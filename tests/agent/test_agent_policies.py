@@ -3,6 +3,8 @@ live control plane on loopback. Every wait is a liveness bound, not a speed chec
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -406,3 +408,39 @@ def test_one_agent_per_data_dir(tmp_path):
     holder.kill()
     holder.wait(timeout=30)
     Agent("m0000000", ["http://127.0.0.1:9"], None, tmp_path).close()
+
+
+def test_a_start_is_saved_before_the_agent_reports_it(box):
+    """An agent killed between a task's start and its report (the control plane does
+    not answer) comes back with the task's process adopted: never a second copy."""
+    wait_for(lambda: all(a.reachable and a.profile.applied is not None
+                         and a.profile.may_start() for a in box.agents),
+             what="the agents carry their host profile")
+    box.stop.set()
+    for t in box.threads:
+        t.join(timeout=30)
+    agent = box.agents[0]
+    box.stop.clear()
+
+    def unreachable(now):
+        raise ConnectionError("the control plane does not answer (a test)")
+    agent._report = unreachable
+    box.api.post("/v1/jobs", json={
+        "name": "once", "entitlement": "e", "task_count": 2, "command": "sleep",
+        "args": ["300"], "resources": {"cpu": 0.1, "memory_gb": 0.1}})
+
+    def started() -> bool:
+        with contextlib.suppress(ConnectionError):
+            agent.step()
+        return bool(agent.handles)
+    wait_for(started, what="a task starts on the first agent")
+    (key, handle), = agent.handles.items()
+    saved = json.loads((agent.data_dir / "agent.json").read_text())
+    assert saved["tasks"][key]["handle"]["pid"] == handle.pid  # (before any report)
+    # as after a SIGKILL: the state file is all the next agent has
+    agent.close()
+    again = Agent(agent.machine, [box.server.url], None, agent.data_dir)
+    box.agents[0] = again
+    assert again.handles[key].pid == handle.pid
+    again.step()
+    assert again.handles[key].pid == handle.pid and len(again.handles) == 1

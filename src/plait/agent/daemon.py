@@ -423,6 +423,10 @@ class Agent:
                       restarts=task.restarts)
         self.handles[task.key] = handle
         task.handle = handle.to_dict()
+        # saved at once, before anything that may block or fail (a report to the
+        # control plane): an agent killed after this start adopts the process when it
+        # comes back, and never starts a second copy of the task
+        self._save()
         self._dirty = True
         self.metrics.starts.inc()
         self.prober.forget(task.key)  # unhealthy until its probe passes
