@@ -408,6 +408,29 @@ def test_rotation_while_the_task_writes(env: Env) -> None:
     assert text == "" or text.startswith("line ")
 
 
+def test_a_task_that_floods_its_output_is_rotated_in_bounded_copies(env: Env) -> None:
+    """A task writing as fast as it can never holds the rotation (and the agent's
+    loop) on its file: each copy is at most what the file held and the bound again,
+    and a file many times over the bound keeps its last ``max_log_bytes`` only, the
+    bytes between skipped in the offsets."""
+    bound = 100_000
+    rt = ProcessRuntime(env.data_dir, isolation=env.isolation, max_log_bytes=bound)
+    h = rt.start(env.key(), "/bin/sh", ["-c", "yes 0123456789abcdef"],
+                 env={"PATH": os.defpath}, cwd=env.work, cpu=0.5, memory_mb=64)
+    env.handles.append((rt, h))
+    try:
+        wait_for(lambda: h.log_path.stat().st_size > 10 * bound)
+        assert rt.rotate_logs() == [h.log_path.name]
+        first = h.log_path.with_name(h.log_path.name + ".1")
+        assert bound <= first.stat().st_size <= 2 * bound
+        assert not h.log_path.with_name(h.log_path.name + ".2").exists()
+        # a reader from the start is moved to what is kept, whole lines of it on
+        data, nxt = rt.read_log(h, 0, 1 << 20)
+        assert nxt > 10 * bound and b"0123456789abcdef\n" in data
+    finally:
+        rt.stop(h, grace=1)
+
+
 def test_cpu_seconds_count_the_task_and_never_a_process_that_reused_its_pid(env: Env) -> None:
     import dataclasses
 

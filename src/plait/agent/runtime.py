@@ -47,7 +47,6 @@ import errno
 import logging
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import time
@@ -71,6 +70,9 @@ MIN_CPU_QUOTA_US = 1_000
 DEFAULT_MAX_LOG_BYTES = 10 * 1024 * 1024
 #: rotated logs kept per task: <name>.log.1 (newest) .. <name>.log.3
 OLD_LOGS = 3
+#: a log this many times over ``max_log_bytes`` is a flood: only its last ``max_log_bytes``
+#: are kept when it is rotated
+FLOOD = 4
 ISOLATIONS = ("cgroup2", "cgroup1", "rlimit")
 _V1_CONTROLLERS = ("memory", "cpu", "pids")
 _V2_CONTROLLERS = ("cpu", "memory", "pids")
@@ -780,18 +782,38 @@ class ProcessRuntime:
         return rotated
 
     def _rotate(self, path: Path) -> None:
+        """Move the log's bytes to ``.1`` (the older ones along) and empty it. The copy is
+        bounded, whatever the task writes meanwhile: what the file held, and at most
+        ``max_log_bytes`` more. A log many times over the bound (a task that floods its
+        output) keeps only its last ``max_log_bytes``, and the older files go: the
+        bytes between are dropped (their offsets are skipped)."""
+        size = path.stat().st_size
+        skipped = size - self.max_log_bytes if size > FLOOD * self.max_log_bytes else 0
         for i in range(OLD_LOGS - 1, 0, -1):
             src = path.with_name(f"{path.name}.{i}")
-            if src.exists():
+            if skipped:  # (before the gap: no reader could place them)
+                with contextlib.suppress(FileNotFoundError):
+                    src.unlink()
+            elif src.exists():
                 os.replace(src, path.with_name(f"{path.name}.{i + 1}"))
+        if skipped:
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(f"{path.name}.{OLD_LOGS}").unlink()
         first = path.with_name(f"{path.name}.1")
         with open(path, "rb") as src_f, open(first, "wb") as dst_f:
-            shutil.copyfileobj(src_f, dst_f, 1 << 20)
+            src_f.seek(skipped)
+            budget = size - skipped + self.max_log_bytes
+            while budget > 0:
+                chunk = src_f.read(min(1 << 20, budget))
+                if not chunk:
+                    break
+                dst_f.write(chunk)
+                budget -= len(chunk)
             copied = dst_f.tell()
         os.truncate(path, 0)  # the task appends (O_APPEND): its next write lands at 0
         name = path.name[: -len(".log")]
         tmp = self._base_path(name).with_suffix(".offset.tmp")
-        base = self._base(name) + copied
+        base = self._base(name) + skipped + copied
         tmp.write_text(str(base))
         os.replace(tmp, self._base_path(name))
         self._bases[name] = base
