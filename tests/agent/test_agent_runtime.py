@@ -463,3 +463,30 @@ def test_a_restarted_runtime_reads_the_log_offsets_its_rotations_left(env: Env) 
     assert again.read_log(h, 150) == (b"b" * 10, 160)
     assert again.read_log(h, 0) == (b"a" * 150, 150)  # (the rotated file, read first)
     rt.cleanup(key)
+
+
+def test_a_command_probe_runs_in_its_tasks_cgroups_and_leaves_nothing(env: Env) -> None:
+    """A command probe starts as its task does: in the task's cgroups (their limits
+    hold it; the task's stop kills what it left), and its session is killed when it
+    ends, whatever it started in the background."""
+    from plait.agent.probe import command_probe
+
+    key = env.key()
+    h = env.rt.start(key, "sleep", ["300"], env={"PATH": os.defpath}, cwd=env.work,
+                     cpu=0.5, memory_mb=64)
+    env.handles.append((env.rt, h))
+    out = env.work / "probe.txt"
+    script = (f"cat /proc/self/cgroup > {out}; sleep 301 & echo $! >> {out}; "
+              f"setsid sleep 302 & echo $! >> {out}; exit 0")
+    argv, penv, setup = env.rt.probe_command(key, ["/bin/sh", "-c", script],
+                                             {"PATH": os.defpath}, env.work)
+    assert command_probe(argv, penv, env.work, 10.0, setup)
+    *groups, background, detached = out.read_text().splitlines()
+    wait_for(lambda: gone(int(background), None))  # (its session: killed at its end)
+    if env.isolation != "rlimit":
+        name = Path(h.cgroups[0]).name
+        assert any(line.endswith("/" + name) for line in groups), groups
+        env.rt.stop(h, grace=1)  # the task's stop takes what the probe left in its group
+        wait_for(lambda: gone(int(detached), None))
+    else:
+        os.kill(int(detached), signal.SIGKILL)  # (rlimit: no group holds it)

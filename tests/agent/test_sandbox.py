@@ -619,3 +619,19 @@ def test_the_tasks_environment_is_set_inside_the_sandbox_only(env: Env, tmp_path
         assert [e for e in environ if e] == [f"PATH={os.defpath}".encode()]
     finally:
         shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def test_a_command_probe_runs_in_its_tasks_sandbox(env: Env) -> None:
+    """A sandboxed task's command probe sees what the task sees: not the agent's
+    data dir (its credential), nor the host's /tmp."""
+    from plait.agent.probe import command_probe
+
+    (env.data_dir / "agent.json").write_text('{"token": "machine-secret"}')
+    key = env.key()
+    h = env.start(["/bin/sh", "-c", "sleep 300"], key=key)
+    argv, penv, setup = env.rt.probe_command(key, [
+        "/bin/sh", "-c", f"cat {env.data_dir}/agent.json 2>/dev/null | grep -q secret && "
+                         "exit 1; exit 0"], env.task_env(), env.work)
+    assert argv[0] == env.rt.bwrap and "--clearenv" in argv
+    assert command_probe(argv, penv, env.work, 10.0, setup)
+    assert env.rt.poll(h) is None

@@ -545,9 +545,12 @@ class Agent:
         if not probe:
             return True  # no probe: healthy while the process runs
         # (an HTTP probe needs no environment: not built for it)
+        key = f"{self.prefix}/{task.key}"  # (the runtime's key of the task)
         return self.prober.check(task.key, probe, self.advertise, task.port,
                                  self._env(task, spec or {}) if probe.get("command") else {},
-                                 self.data_dir / "tasks" / task.key, now + PROBE_SLACK)
+                                 self.data_dir / "tasks" / task.key, now + PROBE_SLACK,
+                                 wrap=lambda argv, env, cwd: self.runtime.probe_command(
+                                     key, argv, env, cwd))
 
     def _cores(self, key: str, handle: Any, now: float) -> float | None:
         """The cores the task used since the last report (its CPU time over the wall

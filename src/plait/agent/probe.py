@@ -35,6 +35,12 @@ STATUS_LINE = re.compile(rb"HTTP/1\.[0-9] ([0-9]{3})(?: |\r?\n)")
 PATH = re.compile(r"/[\x21-\x7e]*\Z")
 #: bytes read at most looking for it
 STATUS_LINE_MAX = 1024
+#: seconds a killed command probe is waited for (one stuck in the kernel is left)
+KILL_WAIT = 5.0
+#: how a command probe starts in its task's isolation: (argv, env, cwd) -> (argv, env,
+#: what the child runs before the exec)
+Wrap = Callable[[list[str], dict[str, str], Path],
+                tuple[list[str], dict[str, str], Callable[[], None] | None]]
 
 
 @dataclass
@@ -81,22 +87,26 @@ def http_probe(host: str, port: int, path: str, timeout: float) -> bool:
     return match is not None and 200 <= int(match.group(1)) < 400
 
 
-def command_probe(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> bool:
+def command_probe(argv: list[str], env: dict[str, str], cwd: Path, timeout: float,
+                  setup: Callable[[], None] | None = None) -> bool:
     """Exit 0 within the timeout; the probe runs in a session of its own, all of which
-    is killed at the timeout."""
+    is killed when it ends (or at the timeout): nothing it started outlives it.
+    ``setup``: run in the child before the exec (it joins the task's cgroups)."""
     try:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=setup)
     except Exception:  # (a command that cannot start fails the check)
         return False
     try:
-        return proc.wait(timeout) == 0
+        ok = proc.wait(timeout) == 0
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return False
+        ok = False
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(KILL_WAIT)  # (a process stuck in the kernel: not waited for longer)
+    return ok
 
 
 class Prober:
@@ -109,8 +119,10 @@ class Prober:
         self.on_change = on_change
 
     def check(self, key: str, probe: dict[str, Any], address: str, port: int,
-              env: dict[str, str], cwd: Path, now: float) -> bool:
-        """The task's health now; starts its next probe when one is due."""
+              env: dict[str, str], cwd: Path, now: float,
+              wrap: Wrap | None = None) -> bool:
+        """The task's health now; starts its next probe when one is due. ``wrap``:
+        how a command probe starts in the task's isolation (``probe_command``)."""
         st = self.states.setdefault(key, _State())
         if st.running is not None and st.running.done():
             ok = st.running.result()
@@ -129,8 +141,13 @@ class Prober:
                 st.running = self.pool.submit(http_probe, address, port,
                                               str(probe["http"]), timeout)
             else:
-                st.running = self.pool.submit(
-                    command_probe, list(probe["command"]), env, cwd, timeout)
+                argv, penv, setup = list(probe["command"]), env, None
+                if wrap is not None:
+                    try:
+                        argv, penv, setup = wrap(argv, env, cwd)
+                    except (OSError, RuntimeError, ValueError):  # (it cannot start)
+                        argv = []
+                st.running = self.pool.submit(command_probe, argv, penv, cwd, timeout, setup)
             if self.on_change is not None:
                 healthy, due = st.healthy, st.next_due
                 st.running.add_done_callback(lambda f: self._done(f, healthy, due))

@@ -50,7 +50,7 @@ import resource
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -404,6 +404,26 @@ class ProcessRuntime:
         the command itself; a subclass may wrap it. Called before the task's cgroups are
         made, so it may raise to refuse the start."""
         return [command, *args]
+
+    def probe_command(self, key: str, argv: list[str], env: dict[str, str], cwd: Path
+                      ) -> tuple[list[str], dict[str, str], Callable[[], None] | None]:
+        """How a command probe of task ``key`` starts in the task's own isolation: the
+        argv (wrapped as the task's command is), its environment, and what its child
+        runs before the exec (it joins the task's cgroups: their limits hold it, and
+        the task's stop kills what it left behind)."""
+        wrapped = self._argv(key, argv[0], argv[1:], env, cwd)
+        procs = [os.fsencode(g / "cgroup.procs") for g in self._group_dirs(key).values()
+                 if g.is_dir()]
+
+        def join() -> None:
+            pid = str(os.getpid()).encode()
+            for path in procs:
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, pid)
+                finally:
+                    os.close(fd)
+        return wrapped, self._exec_env(env), join if procs else None
 
     def _exec_env(self, env: dict[str, str]) -> dict[str, str]:
         """The environment the task's process is started with (its own, here; a
