@@ -444,3 +444,19 @@ def test_a_start_is_saved_before_the_agent_reports_it(box):
     assert again.handles[key].pid == handle.pid
     again.step()
     assert again.handles[key].pid == handle.pid and len(again.handles) == 1
+
+
+def test_what_a_tasks_process_leaves_running_goes_with_it(box):
+    """A task whose main process exits leaving a child behind: the child is killed
+    with it (it held the task's cgroups, so that no restart could start, or ran on
+    beside the restart as a second copy), and each restart runs."""
+    box.deploy("leaves", 'sleep 299 & echo "child $!"; sleep 0.3; exit 1', tasks=1,
+               restart={"policy": "always"})
+    wait_for(lambda: any("leaves.0" in a.tasks for a in box.agents), what="it starts")
+    agent = next(a for a in box.agents if "leaves.0" in a.tasks)
+
+    def children() -> list[int]:
+        text = "".join(p.read_text() for p in (agent.data_dir / "logs").glob("*leaves.0.log*"))
+        return [int(line.split()[1]) for line in text.splitlines() if line.startswith("child ")]
+    wait_for(lambda: len(children()) >= 3, what="three runs of it started")
+    assert [pid for pid in children()[:-1] if alive(pid)] == []  # (each went with its run)

@@ -17,6 +17,7 @@ the task's job (``request_id``, both as the desired set gives them).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -462,6 +463,11 @@ class Agent:
             # that the memory cgroup does not count as out of memory
             task.killed = (code == -signal.SIGKILL
                            and self.runtime.oom_killed(handle) is False)
+            # what its main process left running goes with it (its cgroups, its process
+            # group), as a container's processes do: it would hold the task's groups
+            # (no restart could start) or run on as a second copy beside the restart
+            with contextlib.suppress(OSError, RuntimeError):
+                self.runtime.stop(handle, grace=0)
             self.metrics.exits.labels("killed" if task.killed else "exited").inc()
             del self.handles[key]
             task.handle = None
