@@ -155,6 +155,44 @@ def _batches(chunks: list[dict[str, Any]], limit: int = 512 * 1024
     return batches
 
 
+class BadDesired(ValueError):
+    """A desired set not in the form the agent takes (the reason says where): taken as
+    no answer, so every task keeps running as it is and the heartbeats go on."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def checked_desired(desired: Any) -> dict[str, Any]:
+    """``desired`` if every part the agent reads is there and of its type, else
+    ``BadDesired``: one malformed task must not stop the agent's loop, nor start or
+    stop anything on a set read only in part."""
+    if not isinstance(desired, dict) or not isinstance(desired.get("tasks"), list):
+        raise BadDesired("a desired set without a list of tasks")
+    if desired.get("generation") is not None and not _is_int(desired["generation"]):
+        raise BadDesired("a generation that is not a whole number")
+    for k, a in enumerate(desired["tasks"]):
+        spec = a.get("spec") if isinstance(a, dict) else None
+        res = spec.get("resources") if isinstance(spec, dict) else None
+        if not (isinstance(a, dict) and isinstance(a.get("job"), str)
+                and _is_int(a.get("index")) and _is_int(a.get("revision"))
+                and isinstance(spec, dict) and isinstance(spec.get("command"), str)
+                and isinstance(spec.get("args", []), list)
+                and isinstance(spec.get("env", {}), dict)
+                and isinstance(spec.get("restart") or {}, dict)
+                and isinstance(spec.get("health") or {}, dict)
+                and isinstance(res, dict) and isinstance(res.get("cpu"), (int, float))
+                and isinstance(res.get("memory_gb", 0), (int, float))):
+            raise BadDesired(f"task {k} of the desired set is malformed")
+    stopping = desired.get("stopping", [])
+    if not isinstance(stopping, list) or not all(
+            isinstance(x, dict) and isinstance(x.get("job"), str) and _is_int(x.get("index"))
+            for x in stopping):
+        raise BadDesired("a malformed list of tasks stopping")
+    return desired
+
+
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as s:
         # as a server binds it: connections of its last run in TIME_WAIT do not count
@@ -191,8 +229,9 @@ class Agent:
         self.describe = describe or {}
         # (loading the system's CA bundle costs a tenth of a second of cpu: only for
         # https, and only when no CA file of the control plane is given)
-        self.http = httpx.Client(timeout=timeout, verify=tls_verify(
-            ca_file, "https:" if any(u.startswith("https:") for u in self.urls) else "http:"))
+        self._verify = tls_verify(
+            ca_file, "https:" if any(u.startswith("https:") for u in self.urls) else "http:")
+        self.http = httpx.Client(timeout=timeout, verify=self._verify)
         self.runtime = runtime or ProcessRuntime(self.data_dir)
         self.state_path = self.data_dir / "agent.json"
         digest = hashlib.sha1(str(self.data_dir.resolve()).encode()).hexdigest()[:8]
@@ -285,10 +324,7 @@ class Agent:
             i = (self._url + k) % n
             url = self.urls[i]
             try:
-                r = self.http.request(method, url + path, json=body, params=params,
-                                      headers={"Authorization": f"Bearer {token}"},
-                                      timeout=self.http.timeout.read + wait
-                                      if self.http.timeout.read is not None else None)
+                r = self._request(method, url + path, body, params, token, wait)
             except httpx.TransportError as exc:
                 last = exc
                 continue
@@ -299,6 +335,35 @@ class Agent:
             self._url = i
             return r.json()
         raise ConnectionError(f"no control plane reachable at {', '.join(self.urls)}: {last}")
+
+    def _request(self, method: str, url: str, body: Any, params: dict[str, Any] | None,
+                 token: str | None, wait: float) -> httpx.Response:
+        """One request, answered whole within its deadline (the client's timeout and
+        the long-poll's wait, doubled) or failed: httpx bounds each read, and a server
+        that sends a byte now and then would hold the agent's loop forever. At the
+        deadline the client is closed (which ends the request) and made anew."""
+        read = self.http.timeout.read
+        client, expired = self.http, threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            client.close()
+        timer = threading.Timer(2 * ((read or 30.0) + wait), expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return client.request(method, url, json=body, params=params,
+                                  headers={"Authorization": f"Bearer {token}"},
+                                  timeout=read + wait if read is not None else None)
+        except Exception as exc:
+            if expired.is_set():
+                raise httpx.ReadTimeout(f"{url}: no whole answer within the deadline"
+                                        ) from exc
+            raise
+        finally:
+            timer.cancel()
+            if expired.is_set() and self.http is client:
+                self.http = httpx.Client(timeout=client.timeout, verify=self._verify)
 
     def join(self) -> None:
         if self.token is not None:
@@ -319,7 +384,7 @@ class Agent:
         desired: dict[str, Any] | None = None
         try:
             desired = self._pull(wait, self.generation)
-        except (ConnectionError, httpx.HTTPStatusError) as exc:
+        except (ConnectionError, httpx.HTTPStatusError, BadDesired) as exc:
             self._pulled(exc)
         else:
             self._pulled(desired)
@@ -341,7 +406,7 @@ class Agent:
         desired: dict[str, Any] = self._call(
             "GET", f"/v1/machines/{self.machine}/desired", self.token, params=params,
             wait=wait if params else 0.0)
-        return desired
+        return checked_desired(desired)
 
     def _pulled(self, desired: dict[str, Any] | Exception) -> None:
         """What a pull of the desired set brought: the set, or the error that it could

@@ -1,0 +1,139 @@
+"""An agent facing a control plane that answers garbage or drips its answers: its
+tasks keep running as they are, its heartbeats go on, and no request holds its loop
+past a deadline. (Liveness bounds only: nothing asserts speed.)"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from plait.agent.daemon import Agent, BadDesired, checked_desired
+
+GOOD_TASK = {"job": "a", "index": 0, "revision": 1,
+             "spec": {"command": "sleep", "args": ["60"], "resources": {"cpu": 0.1}}}
+
+
+@pytest.mark.parametrize("desired", [
+    None, [], {"generation": 1}, {"tasks": "x"}, {"tasks": [], "generation": "1"},
+    {"tasks": [{**GOOD_TASK, "spec": {"command": "sleep"}}]},  # (no resources)
+    {"tasks": [{k: v for k, v in GOOD_TASK.items() if k != "index"}]},
+    {"tasks": [{**GOOD_TASK, "index": True}]},
+    {"tasks": [GOOD_TASK, {**GOOD_TASK, "spec": {**GOOD_TASK["spec"], "env": ["X=1"]}}]},
+    {"tasks": [], "stopping": [{"job": "a"}]},
+])
+def test_a_malformed_desired_set_is_refused_whole(desired) -> None:
+    with pytest.raises(BadDesired):
+        checked_desired(desired)
+
+
+def test_a_well_formed_desired_set_is_taken() -> None:
+    desired = {"generation": 3, "tasks": [GOOD_TASK], "stopping": [{"job": "b", "index": 1}]}
+    assert checked_desired(desired) is desired
+
+
+class Plane(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, desired: bytes, drip: bool = False) -> None:
+        self.desired, self.drip = desired, drip
+        self.reports = 0
+        self.stop = threading.Event()
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: Plane
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not self.server.drip:
+            self.wfile.write(body)
+            return
+        for byte in body:  # a byte now and then, never the whole answer in time
+            if self.server.stop.wait(0.2):
+                return
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer(self.server.desired)
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length", 0))
+        self.rfile.read(length)
+        if self.path.endswith("/join"):
+            body = {"machine": "m0", "token": "t", "id": "i"}
+        else:
+            self.server.reports += 1
+            body = {"machine": "m0", "accepted": 0, "generation": 1}
+        self._answer(json.dumps(body).encode())
+
+
+@pytest.fixture
+def planes() -> Iterator[list[Plane]]:
+    made: list[Plane] = []
+    yield made
+    for plane in made:
+        plane.stop.set()
+        plane.shutdown()
+        plane.server_close()
+
+
+def test_a_malformed_desired_set_stops_no_heartbeat(planes, tmp_path: Path) -> None:
+    bad = {"generation": 1, "tasks": [{**GOOD_TASK, "spec": {"command": "sleep"}}]}
+    plane = Plane(json.dumps(bad).encode())
+    planes.append(plane)
+    agent = Agent("m0", [plane.url], "join", tmp_path / "agent", timeout=2.0)
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(0.2, stop), daemon=True)
+    runner.start()
+    try:
+        deadline = time.monotonic() + 60
+        while plane.reports < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert plane.reports >= 5  # (the heartbeats went on)
+        assert agent.handles == {}  # (nothing started from a set read in part)
+    finally:
+        stop.set()
+        runner.join(timeout=30)
+        agent.shutdown()
+        agent.close()
+
+
+def test_a_dripping_answer_fails_at_its_deadline(planes, tmp_path: Path) -> None:
+    plane = Plane(json.dumps({"generation": 1, "tasks": []}).encode() * 1000, drip=True)
+    planes.append(plane)
+    agent = Agent("m0", [plane.url], None, tmp_path / "agent", timeout=0.5)
+    agent.token = "t"
+    failed: list[BaseException] = []
+
+    def pull() -> None:
+        try:
+            agent._pull(0.0, None)
+        except BaseException as exc:
+            failed.append(exc)
+    puller = threading.Thread(target=pull, daemon=True)
+    puller.start()
+    puller.join(timeout=60)  # (a liveness bound: without a deadline it never ends)
+    assert not puller.is_alive()
+    assert failed and isinstance(failed[0], (ConnectionError, httpx.TimeoutException))
+    plane.stop.set()
+    agent.close()
