@@ -73,10 +73,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(bytes([byte]))
             self.wfile.flush()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._answer(self.server.desired)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", 0))
         self.rfile.read(length)
         if self.path.endswith("/join"):
@@ -137,3 +137,31 @@ def test_a_dripping_answer_fails_at_its_deadline(planes, tmp_path: Path) -> None
     assert failed and isinstance(failed[0], (ConnectionError, httpx.TimeoutException))
     plane.stop.set()
     agent.close()
+
+
+def test_stops_that_wait_out_their_kill_timeout_hold_up_no_other_stop(tmp_path: Path) -> None:
+    """Tasks that ignore SIGTERM keep their stops waiting for their whole kill
+    timeout (up to an hour): another task's stop (fencing, say) goes on meanwhile."""
+    from plait.agent.daemon import Stopping
+
+    agent = Agent("m0", ["http://127.0.0.1:9"], None, tmp_path / "agent")
+    release = threading.Event()
+    stopped: list[str] = []
+
+    class Stuck:
+        def stop(self, handle: object, grace: float) -> None:
+            if handle == "stubborn":
+                release.wait(60)
+            stopped.append(str(handle))
+    agent.runtime = Stuck()  # type: ignore[assignment]
+    try:
+        for k in range(16):
+            agent._stop_later(f"s.{k}", Stopping("s", k, 1, {}, 3600.0, False), "stubborn")
+        agent._stop_later("other.0", Stopping("other", 0, 1, {}, 10.0, False), "other")
+        deadline = time.monotonic() + 30  # (a liveness bound)
+        while "other" not in stopped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stopped == ["other"]
+    finally:
+        release.set()
+        agent.close()

@@ -113,6 +113,8 @@ LONG_POLL_SECONDS = 10.0
 
 #: the kill timeout of a task whose spec names none
 DEFAULT_KILL_TIMEOUT = 10.0
+#: stops under way at once at most (each waits out its task's kill timeout)
+STOP_THREADS = 256
 
 
 @dataclass
@@ -265,7 +267,9 @@ class Agent:
         #: stops under way in the background (SIGTERM, then SIGKILL after the job's
         #: kill timeout): a task that ignores SIGTERM never holds up a heartbeat
         self.stopping: dict[str, Stopping] = {}
-        self._stops = ThreadPoolExecutor(max_workers=8, thread_name_prefix="plait-stop")
+        #: (threads made as stops need them, up to more than a machine's tasks: a few
+        #: tasks that ignore SIGTERM for their whole kill timeout hold up no other stop)
+        self._stops = ThreadPoolExecutor(max_workers=STOP_THREADS, thread_name_prefix="plait-stop")
         #: the machine's host profile: switched before any task starts (Sidekick)
         self.profile = ProfileSwitcher(
             applier or make_applier("record", self.data_dir / "sidekick"), self.wakeup.set,
