@@ -115,6 +115,8 @@ LONG_POLL_SECONDS = 10.0
 DEFAULT_KILL_TIMEOUT = 10.0
 #: stops under way at once at most (each waits out its task's kill timeout)
 STOP_THREADS = 256
+#: how often the requests' deadlines are checked (seconds)
+WATCH_SECONDS = 0.5
 
 
 @dataclass
@@ -234,6 +236,13 @@ class Agent:
         self._verify = tls_verify(
             ca_file, "https:" if any(u.startswith("https:") for u in self.urls) else "http:")
         self.http = httpx.Client(timeout=timeout, verify=self._verify)
+        #: requests under way: their deadlines, clients, and whether they expired
+        #: (``_request``; the watchdog thread closes what runs past its deadline)
+        self._deadlines: dict[int, tuple[float, httpx.Client, threading.Event]] = {}
+        self._deadline_lock = threading.Lock()
+        self._requests = 0
+        self._watchdog: threading.Thread | None = None
+        self._closing = threading.Event()
         self.runtime = runtime or ProcessRuntime(self.data_dir)
         self.state_path = self.data_dir / "agent.json"
         digest = hashlib.sha1(str(self.data_dir.resolve()).encode()).hexdigest()[:8]
@@ -346,15 +355,18 @@ class Agent:
         the long-poll's wait, doubled) or failed: httpx bounds each read, and a server
         that sends a byte now and then would hold the agent's loop forever. At the
         deadline the client is closed (which ends the request) and made anew."""
-        read = self.http.timeout.read
-        client, expired = self.http, threading.Event()
-
-        def expire() -> None:
-            expired.set()
-            client.close()
-        timer = threading.Timer(2 * ((read or 30.0) + wait), expire)
-        timer.daemon = True
-        timer.start()
+        expired = threading.Event()
+        with self._deadline_lock:
+            client = self.http
+            read = client.timeout.read
+            deadline = time.monotonic() + 2 * ((read or 30.0) + wait)
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watch, daemon=True,
+                                                  name=f"plait-deadlines-{self.machine}")
+                self._watchdog.start()
+            self._requests += 1
+            n = self._requests
+            self._deadlines[n] = (deadline, client, expired)
         try:
             return client.request(method, url, json=body, params=params,
                                   headers={"Authorization": f"Bearer {token}"},
@@ -365,9 +377,23 @@ class Agent:
                                         ) from exc
             raise
         finally:
-            timer.cancel()
-            if expired.is_set() and self.http is client:
-                self.http = httpx.Client(timeout=client.timeout, verify=self._verify)
+            with self._deadline_lock:
+                self._deadlines.pop(n, None)
+
+    def _watch(self) -> None:
+        """Close the client of any request past its deadline, and put a new one in its
+        place (checked twice a second: one thread for the agent's life, not one per
+        request)."""
+        while not self._closing.wait(WATCH_SECONDS):
+            now = time.monotonic()
+            with self._deadline_lock:
+                for deadline, client, expired in list(self._deadlines.values()):
+                    if deadline <= now and not expired.is_set():
+                        expired.set()
+                        client.close()
+                        if self.http is client:
+                            self.http = httpx.Client(timeout=client.timeout,
+                                                     verify=self._verify)
 
     def join(self) -> None:
         if self.token is not None:
@@ -844,6 +870,7 @@ class Agent:
     def close(self) -> None:
         """Let go of the data dir (another agent may take it) and of the prober; the
         tasks run on, for the next agent to adopt."""
+        self._closing.set()
         self.prober.close()
         self.profile.close()
         self.wakeup.close()
