@@ -74,6 +74,18 @@ OLD_LOGS = 3
 #: are kept when it is rotated
 FLOOD = 4
 ISOLATIONS = ("cgroup2", "cgroup1", "rlimit")
+
+
+def _enter_cgroups(procs_files: list[bytes]) -> None:
+    """Move the calling process into the cgroups of these ``cgroup.procs`` files (run
+    in a child between its fork and its exec: system calls only)."""
+    pid = str(os.getpid()).encode()
+    for path in procs_files:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, pid)
+        finally:
+            os.close(fd)
 _V1_CONTROLLERS = ("memory", "cpu", "pids")
 _V2_CONTROLLERS = ("cpu", "memory", "pids")
 _CGROUP_SLACK = 1.5  # seconds stop() may spend after the grace (kill, reap, rmdir)
@@ -415,15 +427,8 @@ class ProcessRuntime:
         procs = [os.fsencode(g / "cgroup.procs") for g in self._group_dirs(key).values()
                  if g.is_dir()]
 
-        def join() -> None:
-            pid = str(os.getpid()).encode()
-            for path in procs:
-                fd = os.open(path, os.O_WRONLY)
-                try:
-                    os.write(fd, pid)
-                finally:
-                    os.close(fd)
-        return wrapped, self._exec_env(env), join if procs else None
+        return wrapped, self._exec_env(env), (
+            (lambda: _enter_cgroups(procs)) if procs else None)
 
     def _exec_env(self, env: dict[str, str]) -> dict[str, str]:
         """The environment the task's process is started with (its own, here; a
@@ -460,13 +465,7 @@ class ProcessRuntime:
         limit_as = self.isolation == "rlimit"
 
         def child_setup() -> None:
-            pid = str(os.getpid()).encode()
-            for path in procs_files:
-                fd = os.open(path, os.O_WRONLY)
-                try:
-                    os.write(fd, pid)
-                finally:
-                    os.close(fd)
+            _enter_cgroups(procs_files)
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             if limit_as:
                 resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))

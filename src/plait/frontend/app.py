@@ -47,7 +47,7 @@ from plait.errors import (
     ValidationError,
 )
 from plait.frontend import batch, hostprofiles, jcp
-from plait.frontend.fastcreate import FastCreate, is_json, plain_headers
+from plait.frontend.fastcreate import FastCreate, headers_once, is_json, plain_headers
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body, replaying
 from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -704,16 +704,10 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         front end sends it; None for anything else, which the route (``shard_creates``)
         answers, refusing a token as every route does. The answer: (status, body,
         content type)."""
-        auth = ctype = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                if auth is not None:
-                    return None
-                auth = value
-            elif name == b"content-type":
-                if ctype is not None:
-                    return None
-                ctype = value
+        given = headers_once(scope)
+        if given is None:
+            return None
+        auth, ctype = given
         scheme, _, token = (auth or b"").decode("latin-1").partition(" ")
         if scheme.lower() != "bearer":
             return None

@@ -52,10 +52,9 @@ def is_json(content_type: bytes) -> bool:
     return content_type.split(b";", 1)[0].strip().lower() == JSON
 
 
-def plain_headers(scope: Scope) -> tuple[bytes, bytes] | None:
-    """(Authorization, Content-Type) of a request a hot path may answer: each given
-    once, the type JSON itself; None otherwise, for the route to answer (a repeated
-    header is read there as Starlette reads it, and refused or taken there)."""
+def headers_once(scope: Scope) -> tuple[bytes | None, bytes | None] | None:
+    """(Authorization, Content-Type) of the request, each None when absent; None when
+    either is given more than once (the route reads the first, as Starlette does)."""
     auth = ctype = None
     for name, value in scope["headers"]:
         if name == b"authorization":
@@ -66,9 +65,17 @@ def plain_headers(scope: Scope) -> tuple[bytes, bytes] | None:
             if ctype is not None:
                 return None
             ctype = value
-    if auth is None or ctype is None or not is_json(ctype):
-        return None
     return auth, ctype
+
+
+def plain_headers(scope: Scope) -> tuple[bytes, bytes] | None:
+    """(Authorization, Content-Type) of a request a hot path may answer: each given
+    once, the type JSON itself; None otherwise, for the route to answer (a repeated
+    header is read there as Starlette reads it, and refused or taken there)."""
+    given = headers_once(scope)
+    if given is None or given[0] is None or given[1] is None or not is_json(given[1]):
+        return None
+    return given[0], given[1]
 
 
 class FastCreate:
