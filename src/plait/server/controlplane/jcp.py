@@ -122,6 +122,14 @@ class JobControlPlane:
         except NotFound:
             return None
 
+    def _live_uid(self, job: str) -> str | None:
+        """The uid of the job now under the name, unless it is being deleted."""
+        try:
+            doc = self.cp.jobs.get(job)
+        except NotFound:
+            return None
+        return None if doc.deleting else doc.uid
+
     def _read(self, job: str) -> tuple[JcpRecord, int | None]:
         """The intents of the job now under the name (a former job's record holds none
         of its own) and the record's version."""
@@ -467,8 +475,8 @@ class JobControlPlane:
             rec, uid, version = self._stored(job)
         except (PlaitError, OSError, ValueError):
             rec, uid, version = JcpRecord(), "", None
-        if version is not None and uid == self._uid(job):
-            return  # (the job now under the name's own)
+        if version is not None and uid == self._live_uid(job):
+            return  # (the job now under the name's own, and not being deleted)
         for old in (kept, rec if version is not None else None):
             if old is not None:
                 self._retire_canaries(old)
