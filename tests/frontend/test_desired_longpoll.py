@@ -135,3 +135,33 @@ def test_a_stopping_api_answers_its_waiting_polls_at_once(quiet):
     started = time.monotonic()
     assert admin.get(url, params={"since": gen, "wait": 50}).json()["generation"] == gen
     assert time.monotonic() - started < 25
+
+
+def test_a_long_poll_answered_after_its_replica_stopped_leading_is_a_503(tmp_path) -> None:
+    """A long-poll that began while its replica led and ends after it stopped leading
+    gets 503 (ask again, through the new leader), never the set this replica kept: it
+    may have moved a task the new leader placed elsewhere."""
+    import threading
+
+    from livecp import start_live, stop_live
+
+    live = start_live(tmp_path / "data", sim_agents=False)
+    try:
+        join = live.admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
+        token = live.client(join).post("/v1/agents/join", json={"machine": "m0000001"}
+                                       ).json()["token"]
+        agent = live.client(token)
+        since = agent.get("/v1/machines/m0000001/desired").json()["generation"]
+        answers = []
+        poll = threading.Thread(target=lambda: answers.append(agent.get(
+            "/v1/machines/m0000001/desired", params={"wait": 20, "since": since})))
+        poll.start()
+        time.sleep(0.3)  # (the poll waits)
+        live.cp.leading = lambda: False
+        live.cp.gateway.waiters.notify_all()  # (as a replica that lost its election does)
+        poll.join(timeout=60)
+        assert not poll.is_alive()
+        assert answers[0].status_code == 503 and "stopped leading" in answers[0].json()[
+            "message"], answers[0].text
+    finally:
+        stop_live(live)

@@ -1174,13 +1174,17 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             deadline = loop.time() + wait
             waiters = cp.gateway.waiters
             with waiters.waiting(machine) as changed:
-                while not waiters.closed and cp.gateway.desired_generation(machine) == since:
+                while (not waiters.closed and cp.leading()
+                       and cp.gateway.desired_generation(machine) == since):
                     left = deadline - loop.time()
                     if left <= 0:
                         break
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(changed.wait(), left)
                     changed.clear()
+            if not cp.leading():  # (a set this replica kept may be stale by now)
+                raise TransientError("this replica stopped leading while the request "
+                                     "waited: ask again")
         # (the generation is read first: never newer than the tasks)
         generation = cp.gateway.desired_generation(machine)
         tasks = cp.gateway.desired_kept(machine)

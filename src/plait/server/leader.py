@@ -91,6 +91,9 @@ class Leadership:
         elif not won and self.leading:
             self.leading = False
             self.cp.loop.stop()  # the loop writes nothing more
+            # the agents' long-polls waiting here are answered at once: 503, not a
+            # set this replica kept and may no longer hold
+            self.cp.gateway.waiters.notify_all()
             with contextlib.suppress(Exception):
                 self.cp.record("controlplane", "leadership_lost",
                                f"{self.identity} no longer leads {self.name}")
