@@ -39,6 +39,14 @@ class Live:
         assert r.status_code == 201, r.text
         return self.client(r.json()["token"])
 
+    def agent(self, machine: str) -> tuple[httpx.Client, str]:
+        """A client with the credential machine ``machine`` joins with (a new join
+        token's), and the credential."""
+        join = self.admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
+        r = self.client(join).post("/v1/agents/join", json={"machine": machine})
+        assert r.status_code == 201, r.text
+        return self.client(r.json()["token"]), r.json()["token"]
+
 
 def wait_for(check: Callable[[], bool], timeout: float = 60.0) -> None:
     """A liveness bound, not a speed assertion."""

@@ -84,15 +84,9 @@ def test_a_machine_reports_cpu_only_for_the_tasks_placed_on_it(tmp_path) -> None
         wait_for(lambda: placed() is not None)
         host = placed()
         other = "m0000011" if host != "m0000011" else "m0000012"
-        join = live.admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
-
-        def agent(machine: str):
-            token = live.client(join).post("/v1/agents/join", json={"machine": machine}
-                                           ).json()["token"]
-            return live.client(token)
         burn = {"tasks": [{"job": "web", "index": i, "revision": 1, "phase": "running",
                            "cpu": 100_000} for i in range(3)]}
-        intruder = agent(other)
+        intruder, _ = live.agent(other)
         r = intruder.post(f"/v1/machines/{other}/status", json=burn)
         assert r.status_code == 200, r.text  # (taken: a stale copy is not an error)
         wait_for(lambda: live.cp.liveness.last.get(other) is not None)  # (applied)
@@ -100,7 +94,7 @@ def test_a_machine_reports_cpu_only_for_the_tasks_placed_on_it(tmp_path) -> None
         assert not live.cp.autoscaling.cpu.get("web")
         assert size(live) == 1
         # the machine the task is on speaks for it (index 0 only: 1 and 2 do not exist)
-        own = agent(host)
+        own, _ = live.agent(host)
         assert own.post(f"/v1/machines/{host}/status", json={"tasks": [
             {"job": "web", "index": i, "revision": 1, "phase": "running", "cpu": 0.25}
             for i in range(3)]}).status_code == 200

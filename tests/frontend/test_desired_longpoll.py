@@ -147,10 +147,7 @@ def test_a_long_poll_answered_after_its_replica_stopped_leading_is_a_503(tmp_pat
 
     live = start_live(tmp_path / "data", sim_agents=False)
     try:
-        join = live.admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
-        token = live.client(join).post("/v1/agents/join", json={"machine": "m0000001"}
-                                       ).json()["token"]
-        agent = live.client(token)
+        agent, _ = live.agent("m0000001")
         since = agent.get("/v1/machines/m0000001/desired").json()["generation"]
         answers = []
         poll = threading.Thread(target=lambda: answers.append(agent.get(

@@ -194,10 +194,7 @@ def test_an_agents_plain_report_is_answered_as_the_route_answers_it(tmp_path, mo
 
     live = start_live(tmp_path / "data", sim_agents=False)
     try:
-        join = live.admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
-        token = live.client(join).post("/v1/agents/join", json={"machine": "m0000003"}
-                                       ).json()["token"]
-        agent = live.client(token)
+        agent, token = live.agent("m0000003")
         agent.get("/v1/machines/m0000003/desired")  # (its credential cached, as it runs)
         report = {"tasks": [], "profile": {"name": None}}
         plain = agent.post("/v1/machines/m0000003/status", json=report)
