@@ -238,9 +238,8 @@ class Agent:
         self.http = httpx.Client(timeout=timeout, verify=self._verify)
         #: requests under way: their deadlines, clients, and whether they expired
         #: (``_request``; the watchdog thread closes what runs past its deadline)
-        self._deadlines: dict[int, tuple[float, httpx.Client, threading.Event]] = {}
+        self._deadlines: dict[threading.Event, tuple[float, httpx.Client]] = {}
         self._deadline_lock = threading.Lock()
-        self._requests = 0
         self._watchdog: threading.Thread | None = None
         self._closing = threading.Event()
         self.runtime = runtime or ProcessRuntime(self.data_dir)
@@ -349,6 +348,11 @@ class Agent:
             return r.json()
         raise ConnectionError(f"no control plane reachable at {', '.join(self.urls)}: {last}")
 
+    def _runtime_key(self, key: str) -> str:
+        """The runtime's key of task ``key``: it carries the machine and the data dir
+        (agents of several machines may share a host, and its cgroup hierarchy)."""
+        return f"{self.prefix}/{key}"
+
     def _request(self, method: str, url: str, body: Any, params: dict[str, Any] | None,
                  token: str | None, wait: float) -> httpx.Response:
         """One request, answered whole within its deadline (the client's timeout and
@@ -364,9 +368,7 @@ class Agent:
                 self._watchdog = threading.Thread(target=self._watch, daemon=True,
                                                   name=f"plait-deadlines-{self.machine}")
                 self._watchdog.start()
-            self._requests += 1
-            n = self._requests
-            self._deadlines[n] = (deadline, client, expired)
+            self._deadlines[expired] = (deadline, client)
         try:
             return client.request(method, url, json=body, params=params,
                                   headers={"Authorization": f"Bearer {token}"},
@@ -378,7 +380,7 @@ class Agent:
             raise
         finally:
             with self._deadline_lock:
-                self._deadlines.pop(n, None)
+                self._deadlines.pop(expired, None)
 
     def _watch(self) -> None:
         """Close the client of any request past its deadline, and put a new one in its
@@ -387,7 +389,7 @@ class Agent:
         while not self._closing.wait(WATCH_SECONDS):
             now = time.monotonic()
             with self._deadline_lock:
-                for deadline, client, expired in list(self._deadlines.values()):
+                for expired, (deadline, client) in list(self._deadlines.items()):
                     if deadline <= now and not expired.is_set():
                         expired.set()
                         client.close()
@@ -507,7 +509,7 @@ class Agent:
             # runtime keys carry the machine and the data dir: agents of several
             # machines may share a host (`plait up`), and with it the cgroup hierarchy
             handle = self.runtime.start(
-                f"{self.prefix}/{task.key}", spec["command"], list(spec.get("args", [])), env,
+                self._runtime_key(task.key), spec["command"], list(spec.get("args", [])), env,
                 home, float(res["cpu"]), max(16, int(float(res.get("memory_gb", 0)) * 1024)))
         except (OSError, RuntimeError, ValueError) as exc:  # reported as a failed start
             self.log.error("task start failed", job=task.job, index=task.index,
@@ -630,7 +632,7 @@ class Agent:
                                    revision=stopping.revision, error=str(error))
 
     def _clean(self, key: str) -> None:
-        self.runtime.cleanup(f"{self.prefix}/{key}")
+        self.runtime.cleanup(self._runtime_key(key))
         shutil.rmtree(self.data_dir / "tasks" / key, ignore_errors=True)
 
     def _remove(self, key: str, reason: str, cause: str | None = None) -> None:
@@ -646,7 +648,7 @@ class Agent:
         if not probe:
             return True  # no probe: healthy while the process runs
         # (an HTTP probe needs no environment: not built for it)
-        key = f"{self.prefix}/{task.key}"  # (the runtime's key of the task)
+        key = self._runtime_key(task.key)
         return self.prober.check(task.key, probe, self.advertise, task.port,
                                  self._env(task, spec or {}) if probe.get("command") else {},
                                  self.data_dir / "tasks" / task.key, now + PROBE_SLACK,

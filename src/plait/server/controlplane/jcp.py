@@ -115,20 +115,14 @@ class JobControlPlane:
         uid = str(data.pop("job_uid", ""))
         return parse(JcpRecord, data), uid, version
 
-    def _uid(self, job: str) -> str | None:
-        """The uid of the job now under the name (None: no job)."""
-        try:
-            return self.cp.jobs.get(job).uid
-        except NotFound:
-            return None
-
-    def _live_uid(self, job: str) -> str | None:
-        """The uid of the job now under the name, unless it is being deleted."""
+    def _uid(self, job: str, deleting: bool = True) -> str | None:
+        """The uid of the job now under the name (None: no job, or with ``deleting``
+        false, one being deleted)."""
         try:
             doc = self.cp.jobs.get(job)
         except NotFound:
             return None
-        return None if doc.deleting else doc.uid
+        return None if doc.deleting and not deleting else doc.uid
 
     def _read(self, job: str) -> tuple[JcpRecord, int | None]:
         """The intents of the job now under the name (a former job's record holds none
@@ -475,7 +469,7 @@ class JobControlPlane:
             rec, uid, version = self._stored(job)
         except (PlaitError, OSError, ValueError):
             rec, uid, version = JcpRecord(), "", None
-        if version is not None and uid == self._live_uid(job):
+        if version is not None and uid == self._uid(job, deleting=False):
             return  # (the job now under the name's own, and not being deleted)
         for old in (kept, rec if version is not None else None):
             if old is not None:
