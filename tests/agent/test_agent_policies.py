@@ -108,6 +108,21 @@ def test_a_batch_job_completes_and_its_output_is_kept(box):
     wait_for(lambda: all(not a.tasks for a in box.agents), what="agents drop finished tasks")
 
 
+def test_a_task_gets_its_specs_environment_not_the_agents(box, monkeypatch):
+    # what the agent was started with (a cloud's key) is not the tasks'; what finds
+    # programs and sets the locale is, and the spec's own variables and plait's
+    monkeypatch.setenv("CLOUD_SECRET_KEY", "hunter2")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    box.deploy("envy", 'echo "secret=[$CLOUD_SECRET_KEY] mine=[$MINE] lang=[$LANG] '
+                       'path=[${PATH:+set}] job=[$PLAIT_JOB]"', tasks=1,
+               env={"MINE": "spec"}, restart={"policy": "never"})
+    wait_for(lambda: box.job("envy")["phase"] == "complete", what="it runs")
+    wait_for(lambda: "job=" in box.api.get("/v1/jobs/envy/tasks/0/logs").json()["data"],
+             what="its output")
+    logs = box.api.get("/v1/jobs/envy/tasks/0/logs").json()["data"]
+    assert "secret=[] mine=[spec] lang=[C.UTF-8] path=[set] job=[envy]" in logs, logs
+
+
 def test_on_failure_retries_then_fails_the_job(box):
     box.deploy("flaky", 'echo "try on $PLAIT_MACHINE"; exit 3', tasks=1,
                restart={"policy": "on-failure", "max_retries": 1})

@@ -105,6 +105,11 @@ def lock_data_dir(data_dir: Path) -> int:
 #: probes of an agent's tasks fall into step, and its loop wakes once for them all
 PROBE_SLACK = 0.1
 
+#: the variables of the agent's environment a task starts with (as a systemd service
+#: starts with its manager's few, not the shell's): what finds programs and sets the
+#: locale and time zone, and who the process runs as; the rest only from the spec
+TASK_HOST_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+
 #: how long the run loop's long-poll waits for a change of the desired set (the
 #: heartbeat is the report, sent every interval on its own; a report's answer names
 #: the set's generation, so a poll stuck on a replica that stopped leading is caught
@@ -531,8 +536,10 @@ class Agent:
         task.healthy = False
 
     def _env(self, task: Task, spec: dict[str, Any]) -> dict[str, str]:
-        # the agent's own PLAIT_* settings (tokens, URLs, config) are not the tasks'
-        host = {k: v for k, v in os.environ.items() if not k.startswith("PLAIT_")}
+        # of the agent's own environment only what locates and localizes a program: the
+        # rest (its PLAIT_* settings, a cloud's keys, a proxy's password) is not the tasks'
+        host = {k: v for k in TASK_HOST_ENV if (v := os.environ.get(k)) is not None}
+        host.setdefault("PATH", os.defpath)
         return {**host, **spec.get("env", {}), "PLAIT_PORT": str(task.port),
                 "PLAIT_JOB": task.job, "PLAIT_TASK_INDEX": str(task.index),
                 "PLAIT_MACHINE": self.machine,
