@@ -4,6 +4,7 @@ per task operation, the live stream follows new events; bad input is refused."""
 
 from __future__ import annotations
 
+import http.client
 import re
 from pathlib import Path
 
@@ -177,7 +178,112 @@ def test_logging_in_refuses_bad_tokens_and_bad_input(live: Live) -> None:
     assert live.admin.delete(f"/v1/tokens/{r['id']}").status_code == 200
     wait_for(lambda: ui.get("/ui/jobs").status_code == 303)
     r = c.post("/ui/logout")
-    assert r.status_code == 303 and 'plait_ui_token=""' in r.headers["set-cookie"]
+    assert r.status_code == 303 and 'plait_ui_session=""' in r.headers["set-cookie"]
+    # a token with a pasted zero-width space or quotes, or bytes that are no text
+    for token in (live.admin_token + "\u200b", f"\u2018{live.admin_token}\u2019"):
+        r = c.post("/ui/login", data={"token": token})
+        assert r.status_code == 401 and "not valid" in r.text, token
+    r = c.post("/ui/login", content=b"token=%ff",
+               headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 401 and "not valid" in r.text
+    r = httpx.get(f"{live.url}/ui/", headers={"cookie": "plait_ui_session=\u00e9".encode()})
+    assert r.status_code == 303
+
+
+def test_a_session_is_no_api_credential_and_ends_at_logout(live: Live) -> None:
+    ui = browser(live, live.admin_token)
+    sid = ui.cookies["plait_ui_session"]
+    assert live.admin_token not in sid and sid not in live.admin_token
+    # the cookie's value is no token of the API
+    assert httpx.get(f"{live.url}/v1/jobs", headers={
+        "Authorization": f"Bearer {sid}"}).status_code == 401
+    assert ui.get("/ui/jobs").status_code == 200
+    assert ui.post("/ui/logout").status_code == 303
+    # the session ended on the server: the same cookie, sent again, logs in no one
+    again = httpx.Client(base_url=live.url, cookies={"plait_ui_session": sid})
+    r = again.get("/ui/jobs")
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+    assert again.get("/ui/events.json").status_code == 401
+
+
+def test_a_login_or_logout_from_another_site_is_refused(live: Live) -> None:
+    c = browser(live, None)
+    host = httpx.URL(live.url).netloc.decode()
+    for origin in ("http://evil.example", "null"):
+        r = c.post("/ui/login", data={"token": live.admin_token, "next": "/ui/jobs"},
+                   headers={"origin": origin})
+        assert r.status_code == 403 and "set-cookie" not in r.headers, origin
+        assert "this site" in r.text
+    r = c.post("/ui/login", data={"token": live.admin_token},
+               headers={"referer": "http://evil.example/login.html"})
+    assert r.status_code == 403 and "set-cookie" not in r.headers
+    # the site's own login page may
+    r = c.post("/ui/login", data={"token": live.admin_token, "next": "/ui/jobs"},
+               headers={"origin": f"http://{host}", "referer": f"http://{host}/ui/login"})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/jobs"
+    # a logout posted by another site ends nothing
+    r = c.post("/ui/logout", headers={"origin": "http://evil.example"})
+    assert r.status_code == 403 and "set-cookie" not in r.headers
+    assert c.get("/ui/jobs").status_code == 200
+
+
+def test_a_revoked_sessions_live_stream_says_log_in_again(live: Live) -> None:
+    made = live.admin.post("/v1/tokens", json={"role": "owner", "name": "tab"}).json()
+    ui = browser(live, made["token"])
+    assert ui.get("/ui/events.json").status_code == 200
+    assert live.admin.delete(f"/v1/tokens/{made['id']}").status_code == 200
+    wait_for(lambda: ui.get("/ui/events.json").status_code == 401)
+    assert ui.get("/ui/events.json").json()["login"] == "/ui/login"
+    # (the script goes to the login page on a 401, and polls no more)
+    script = ui.get("/ui/static/ui.js").text
+    assert "r.status === 401" in script and "location.assign" in script
+
+
+def test_page_names_and_answers_outside_the_pages(live: Live) -> None:
+    ui = browser(live, live.admin_token)
+    # names no object may have, or another route's, are no page (not a 500, not a
+    # page of an empty job)
+    target = httpx.URL(live.url)
+    for page in ("/ui/machines/summary", "/ui/machines/.", "/ui/jobs/./gantt",
+                 "/ui/jobs/..", "/ui/jobs/Web!", "/ui/machines/-x"):
+        # (http.client sends the path as given, dot segments and all, as curl's
+        # --path-as-is does)
+        conn = http.client.HTTPConnection(target.host, target.port, timeout=30)
+        conn.request("GET", page, headers={
+            "cookie": f"plait_ui_session={ui.cookies['plait_ui_session']}"})
+        r = conn.getresponse()
+        body = r.read().decode()
+        conn.close()
+        assert r.status == 404 and "not found" in body, (page, r.status)
+    # a login keeps the query of the page it interrupts
+    r = httpx.get(f"{live.url}/ui/events?job=web", follow_redirects=False)
+    assert r.status_code == 303
+    assert r.headers["location"] == "/ui/login?next=/ui/events%3Fjob%3Dweb"
+    login = httpx.get(f"{live.url}{r.headers['location']}").text
+    assert 'value="/ui/events?job=web"' in login
+    # every answer of the UI carries its security headers, files and 404s too
+    for page in ("/ui/static/ui.js", "/ui/nowhere"):
+        r = ui.get(page)
+        assert r.headers["x-content-type-options"] == "nosniff", page
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"], page
+    r = ui.get("/ui/logout")
+    assert r.status_code == 405 and r.headers["x-content-type-options"] == "nosniff"
+
+
+def test_the_machines_page_pages(live: Live, monkeypatch) -> None:
+    import plait.ui.app
+
+    monkeypatch.setattr(plait.ui.app, "MACHINES_PAGE", 10)
+    ui = browser(live, live.admin_token)
+    first = ui.get("/ui/machines", params={"state": "healthy"}).text
+    assert len(re.findall(r'<tr data-machine="', first)) == 10
+    assert "1-10 shown of 24" in first and 'id="previous"' not in first
+    link = re.search(r'<a id="next" href="([^"]+)"', first).group(1).replace("&amp;", "&")
+    assert link == "/ui/machines?offset=10&state=healthy"
+    last = ui.get("/ui/machines", params={"offset": 20, "state": "healthy"}).text
+    assert len(re.findall(r'<tr data-machine="', last)) == 4
+    assert "21-24 shown of 24" in last and 'id="next"' not in last
+    assert re.search(r'<a id="previous" href="/ui/machines\?offset=10&amp;state=healthy"', last)
 
 
 def test_page_paths_are_not_metric_labels(live: Live) -> None:
@@ -211,3 +317,21 @@ def test_loans_show_on_the_entitlements_and_machines_pages(live: Live) -> None:
     assert "lends unused machines" in entitlements
     assert "elastic: 30.0s notice, at most 25.0%/min reclaimed" in entitlements
     assert "(on loan)" in admin.get("/ui/machines").text
+
+
+def test_sessions_end_at_their_lifetime_and_the_oldest_goes_first() -> None:
+    from plait.ui.app import Sessions
+
+    now = [1000.0]
+    sessions = Sessions(lifetime=60, most=2, clock=lambda: now[0])
+    a = sessions.open("tok-a")
+    assert sessions.token(a) == "tok-a" and sessions.token("nope") is None
+    now[0] += 59
+    b = sessions.open("tok-b")
+    assert sessions.token(a) == "tok-a"
+    now[0] += 1  # a's lifetime is over
+    assert sessions.token(a) is None and sessions.token(b) == "tok-b"
+    c, d = sessions.open("tok-c"), sessions.open("tok-d")  # at most two: b goes
+    assert sessions.token(b) is None and len(sessions) == 2
+    sessions.close(c)
+    assert sessions.token(c) is None and sessions.token(d) == "tok-d"

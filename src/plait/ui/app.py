@@ -5,13 +5,18 @@ CDN: the CSS and the one script are files of this package).
 The UI is a client of the region's own API: each page calls it in-process (an ASGI
 transport, no socket) with the token the user logged in with, so it shows exactly
 what that token may see: an owner sees its entitlements and jobs and nothing of
-another owner's; machines are for admins. The token is kept in an HttpOnly,
-SameSite=Strict cookie scoped to ``/ui``. The UI only reads; it changes nothing.
+another owner's; machines are for admins. The token stays on the server, in a session
+of this process (``Sessions``); the browser holds the session's random id in an
+HttpOnly, SameSite=Strict cookie scoped to ``/ui``, and logging out ends the session
+here. Logging in and out are taken only from a page of this origin (``_same_origin``).
+The UI only reads; it changes nothing.
 """
 
 from __future__ import annotations
 
 import collections
+import re
+import secrets
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -21,6 +26,7 @@ from typing import Any
 import httpx
 import jinja2
 from starlette.applications import Starlette
+from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -30,9 +36,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from plait.ui import gantt
 
 PREFIX = "/ui"
-COOKIE = "plait_ui_token"
+COOKIE = "plait_ui_session"
+#: a session ends this long after its login (the cookie's own lifetime too)
+SESSION_SECONDS = 12 * 3600
+#: sessions a process holds at most (the oldest ends first)
+MAX_SESSIONS = 10_000
 #: the most a login form may send
 MAX_FORM = 8192
+#: machines on one page of the machines list
+MACHINES_PAGE = 1000
 #: pages read at most this many events (1,000 per API call)
 MAX_EVENTS = 20_000
 _HERE = Path(__file__).parent
@@ -44,6 +56,11 @@ _SECURITY = {
     "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
+
+#: what a job's or an entitlement's name may be (``plait.model.entitlement.NAME_RE``),
+#: and a machine's (``Join.machine``): anything else is no page
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?\Z")
+_MACHINE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"),
                           autoescape=True, trim_blocks=True, lstrip_blocks=True)
@@ -71,6 +88,45 @@ class ApiError(Exception):
         self.message = message
 
 
+class Sessions:
+    """The UI's sessions in this process: a random id for each login, mapped to its
+    token until it ends (``lifetime`` after the login, or at logout). The cookie holds
+    the id, so a copied cookie is no API credential and dies with its session."""
+
+    def __init__(self, lifetime: float = SESSION_SECONDS, most: int = MAX_SESSIONS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.lifetime, self.most, self.clock = lifetime, most, clock
+        #: id -> (token, when it ends), oldest first
+        self._held: dict[str, tuple[str, float]] = {}
+
+    def open(self, token: str) -> str:
+        now = self.clock()
+        for sid in [sid for sid, (_, ends) in self._held.items() if ends <= now]:
+            del self._held[sid]
+        while len(self._held) >= self.most:
+            del self._held[next(iter(self._held))]
+        sid = secrets.token_urlsafe(32)
+        self._held[sid] = (token, now + self.lifetime)
+        return sid
+
+    def token(self, sid: str | None) -> str | None:
+        """The session's token, None if there is no such session (any more)."""
+        held = self._held.get(sid) if sid else None
+        if held is None:
+            return None
+        if held[1] <= self.clock():
+            self.close(sid)
+            return None
+        return held[0]
+
+    def close(self, sid: str | None) -> None:
+        if sid:
+            self._held.pop(sid, None)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
 class Ui:
     """The UI as an ASGI app; ``api`` is the region's API app it reads from (the front
     end, or a replica's app), set once that app exists."""
@@ -78,6 +134,7 @@ class Ui:
     def __init__(self, api: ASGIApp | None = None) -> None:
         self.api = api
         self._client: httpx.AsyncClient | None = None
+        self.sessions = Sessions()
         page = self._page
         self.app = Starlette(routes=[
             Route(PREFIX, page(self.overview)),
@@ -100,7 +157,16 @@ class Ui:
         return path == PREFIX or path.startswith(PREFIX + "/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.app(scope, receive, send)
+        async def secured(message: Any) -> None:
+            # every answer of the UI carries its security headers: static files,
+            # Starlette's own 404s and 405s too
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in _SECURITY.items():
+                    if name not in headers:
+                        headers.append(name, value)
+            await send(message)
+        await self.app(scope, receive, secured)
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -144,13 +210,18 @@ class Ui:
     def _page(self, handler: Callable[[Request, str], Awaitable[dict[str, Any]]]
               ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            token = request.cookies.get(COOKIE)
-            if not token:
-                return self._to_login(request)
+            sid = request.cookies.get(COOKIE)
+            token = self.sessions.token(sid)
+            if token is None:
+                response = self._to_login(request)
+                if sid is not None:
+                    response.delete_cookie(COOKIE, path=PREFIX)
+                return response
             try:
                 context = await handler(request, token)
             except ApiError as exc:
-                if exc.status == 401:
+                if exc.status == 401:  # (revoked or expired since the login)
+                    self.sessions.close(sid)
                     response = self._to_login(request)
                     response.delete_cookie(COOKIE, path=PREFIX)
                     return response
@@ -169,7 +240,8 @@ class Ui:
 
     @staticmethod
     def _to_login(request: Request) -> Response:
-        target = urllib.parse.quote(request.url.path, safe="/")
+        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        target = urllib.parse.quote(here, safe="/")
         return RedirectResponse(f"{PREFIX}/login?next={target}", status_code=303,
                                 headers=_SECURITY)
 
@@ -178,6 +250,11 @@ class Ui:
             return self.render(request, {"template": "login.html", "title": "log in",
                                          "next": _safe_next(request.query_params.get("next"))},
                                None)
+        if not _same_origin(request):
+            return self.render(request, {"template": "login.html", "title": "log in",
+                                         "error": "a login must come from this site's own "
+                                                  "login page", "next": PREFIX + "/"},
+                               None, status=403)
         body = b""
         async for chunk in request.stream():
             body += chunk
@@ -191,6 +268,9 @@ class Ui:
         who: dict[str, Any] | None = None
         if not token:
             error = "paste a token (plait token create, or the admin token of plait up)"
+        elif not (token.isascii() and token.isprintable()):
+            error = ("that token is not valid (a token is printable ASCII: was a space or "
+                     "a quote pasted with it?)")
         else:
             try:
                 who = await self.get(token, "/v1/whoami")
@@ -202,15 +282,22 @@ class Ui:
             else:
                 error = "that token may not use the UI (admin or owner tokens only)"
             if who is not None and who.get("role") in ("admin", "owner"):
+                self.sessions.close(request.cookies.get(COOKIE))
                 response = RedirectResponse(target, status_code=303, headers=_SECURITY)
-                response.set_cookie(COOKIE, token, httponly=True, samesite="strict",
-                                    path=PREFIX, secure=request.url.scheme == "https",
-                                    max_age=12 * 3600)
+                response.set_cookie(COOKIE, self.sessions.open(token), httponly=True,
+                                    samesite="strict", path=PREFIX,
+                                    secure=request.url.scheme == "https",
+                                    max_age=SESSION_SECONDS)
                 return response
         return self.render(request, {"template": "login.html", "title": "log in",
                                      "error": error, "next": target}, None, status=401)
 
     async def logout(self, request: Request) -> Response:
+        if not _same_origin(request):
+            return self.render(request, {"template": "error.html", "status": 403,
+                                         "title": "error", "message": "a logout must come "
+                                         "from a page of this site"}, None)
+        self.sessions.close(request.cookies.get(COOKIE))
         response = RedirectResponse(f"{PREFIX}/login", status_code=303, headers=_SECURITY)
         response.delete_cookie(COOKIE, path=PREFIX)
         return response
@@ -254,7 +341,7 @@ class Ui:
         return {"template": "jobs.html", "title": "jobs", "jobs": jobs}
 
     async def job(self, request: Request, token: str) -> dict[str, Any]:
-        name = request.path_params["name"]
+        name = _named(request, "name", _NAME, "job")
         job = await self.get(token, f"/v1/jobs/{_q(name)}")
         tasks = (await self.get(token, f"/v1/jobs/{_q(name)}/tasks"))["tasks"]
         history = await self.get(token, f"/v1/jobs/{_q(name)}/history")
@@ -270,7 +357,7 @@ class Ui:
                 "by_msb": sorted(by_msb.items())}
 
     async def gantt(self, request: Request, token: str) -> dict[str, Any]:
-        name = request.path_params["name"]
+        name = _named(request, "name", _NAME, "job")
         job = await self.get(token, f"/v1/jobs/{_q(name)}")
         events = await self.all_events(token, job=name)
         rows = gantt.bars(events)
@@ -288,14 +375,18 @@ class Ui:
         state = request.query_params.get("state") or None
         entitlement = request.query_params.get("entitlement") or None
         page = await self.get(token, "/v1/machines", state=state, entitlement=entitlement,
-                              limit=1000, offset=_int(request.query_params.get("offset")))
+                              limit=MACHINES_PAGE,
+                              offset=_int(request.query_params.get("offset")))
         return {"template": "machines.html", "title": "machines", "machines": page["machines"],
-                "total": page["total"], "offset": page.get("offset", 0), "state": state,
-                "entitlement": entitlement}
+                "total": page["total"], "offset": int(page.get("offset", 0)), "state": state,
+                "entitlement": entitlement, "page_size": MACHINES_PAGE}
 
     async def machine(self, request: Request, token: str) -> dict[str, Any]:
-        name = request.path_params["machine"]
+        name = _named(request, "machine", _MACHINE, "machine")
         machine = await self.get(token, f"/v1/machines/{_q(name)}")
+        if not isinstance(machine, dict) or machine.get("id") != name:
+            # (a name the API routes elsewhere: ``summary``)
+            raise ApiError(404, f"machine {name!r} not found")
         events = (await self.all_events(token, machine=name))[-100:]
         return {"template": "machine.html", "title": f"machine {name}", "machine": machine,
                 "events": events}
@@ -328,14 +419,20 @@ class Ui:
 
     async def events_json(self, request: Request) -> Response:
         """New events after ``after`` for the live stream (polled by ui.js)."""
-        token = request.cookies.get(COOKIE)
-        if not token:
-            return JSONResponse({"error": "log in first"}, status_code=401, headers=_SECURITY)
+        sid = request.cookies.get(COOKIE)
+        token = self.sessions.token(sid)
+        if token is None:
+            return JSONResponse({"error": "log in first", "login": f"{PREFIX}/login"},
+                                status_code=401, headers=_SECURITY)
         try:
             page = await self.get(token, "/v1/events",
                                   after=_int(request.query_params.get("after")), limit=200,
                                   job=request.query_params.get("job") or None)
         except ApiError as exc:
+            if exc.status == 401:  # (revoked or expired since the login)
+                self.sessions.close(sid)
+                return JSONResponse({"error": "log in again", "login": f"{PREFIX}/login"},
+                                    status_code=401, headers=_SECURITY)
             return JSONResponse({"error": exc.message}, status_code=exc.status,
                                 headers=_SECURITY)
         events = page["events"]
@@ -358,6 +455,29 @@ class WithUi:
             await self.ui(scope, receive, send)
         else:
             await self.app(scope, receive, send)
+
+
+def _named(request: Request, param: str, rule: re.Pattern[str], what: str) -> str:
+    """The object a page's path names; a name no object may have is no page (a 404, not
+    a call of the API with ``.``, ``..`` or another route's name)."""
+    name = str(request.path_params[param])
+    if not rule.match(name) or name in (".", ".."):
+        raise ApiError(404, f"{what} {name[:80]!r} not found")
+    return name
+
+
+def _same_origin(request: Request) -> bool:
+    """Did a page of this site send this form? A browser names the page's origin in
+    ``Origin`` (or at least ``Referer``) on every POST; a page of another site that
+    posts a login or a logout here is refused. A request with neither is not a
+    browser's form (a script's, which could send either header anyway)."""
+    origin = request.headers.get("origin") or request.headers.get("referer")
+    if origin is None:
+        return True
+    if origin == "null":
+        return False
+    return urllib.parse.urlsplit(origin).netloc.lower() == request.headers.get(
+        "host", "").lower()
 
 
 def _q(name: str) -> str:

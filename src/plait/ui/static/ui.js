@@ -37,6 +37,13 @@
     function poll() {
       var url = src + "?after=" + encodeURIComponent(cursor) + (job ? "&job=" + encodeURIComponent(job) : "");
       fetch(url, {credentials: "same-origin"}).then(function (r) {
+        if (r.status === 401) {
+          // the session ended (logged out, or its token revoked): no more polls, and
+          // the login page, which comes back here
+          var back = location.pathname + location.search;
+          location.assign(src.replace(/events\.json$/, "login") + "?next=" + encodeURIComponent(back));
+          throw new Error("logged out");
+        }
         if (!r.ok) throw new Error("HTTP " + r.status);
         return r.json();
       }).then(function (page) {
@@ -65,6 +72,7 @@
         marker.textContent = "(live)";
         setTimeout(poll, page.more ? 100 : 2000);
       }).catch(function (err) {
+        if (err.message === "logged out") { marker.textContent = "(logged out)"; return; }
         marker.textContent = "(reconnecting: " + err.message + ")";
         setTimeout(poll, 5000);
       });
