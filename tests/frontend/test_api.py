@@ -66,6 +66,37 @@ def test_every_endpoint_but_healthz_needs_a_token_and_refusals_are_events(live):
     assert any("wrong token secret" in e["message"] for e in refused)
 
 
+def test_a_flood_of_refusals_takes_only_its_share_of_the_events(live, monkeypatch):
+    # anyone can send a refused request: a burst is recorded whole, a flood only now
+    # and then, with how many were left out (the retained events are one pool; at 20
+    # a second a flood emptied the default 10,000 of everything else in 8 minutes)
+    anon = live.client(None)
+    for i in range(200):
+        assert anon.get(f"/v1/jobs/x{i}").status_code == 401
+    wait_for(lambda: len(events(live.admin, kind="unauthorized")) >= 20)
+    refused = events(live.admin, kind="unauthorized")
+    assert len(refused) == 20 and not events(live.admin, kind="refusals_suppressed")
+    clock = live.cp.clock
+    monkeypatch.setattr(live.cp, "clock", lambda: clock() + 10.5)  # one more allowed
+    assert anon.get("/v1/jobs/later").status_code == 401
+    assert anon.get("/v1/jobs/later2").status_code == 401  # (not yet another)
+    wait_for(lambda: len(events(live.admin, kind="unauthorized")) >= 21)
+    refused = events(live.admin, kind="unauthorized")
+    assert len(refused) == 21 and "GET /v1/jobs/later:" in refused[-1]["message"]
+    said = events(live.admin, kind="refusals_suppressed")
+    assert [e["message"] for e in said] == ["180 more refusals not recorded"]
+
+
+def test_a_refusal_budget_fills_at_its_rate_up_to_its_burst():
+    from plait.server.events import Budget
+
+    b = Budget(burst=2, per_second=0.5)
+    assert [b.take(0.0), b.take(0.0), b.take(0.0), b.take(1.0)] == [0, 0, None, None]
+    assert b.take(2.0) == 2  # a whole one again after 2 s: the two left out are said
+    assert b.take(2.0) is None
+    assert [b.take(100.0), b.take(100.0), b.take(100.0)] == [1, 0, None]  # at most 2
+
+
 def test_tokens_are_stored_only_as_hashes_and_can_be_revoked_and_rotated(live):
     r = live.admin.post("/v1/tokens", json={"role": "owner", "name": "alice"})
     assert r.status_code == 201

@@ -62,7 +62,7 @@ from plait.server.auth import AuthError, Principal, Role
 from plait.server.controlplane import ControlPlane
 from plait.server.controlplane.autoscaling import JobAutoscale
 from plait.server.controlplane.listing import JOB_STATES, parse_states
-from plait.server.events import Event
+from plait.server.events import Budget, Event
 from plait.server.leader import Leadership
 from plait.sidekick.book import Applied
 from plait.ui.app import Ui, WithUi
@@ -241,6 +241,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 #: the one answer to every token that is not valid (malformed, unknown, revoked, or
 #: with a wrong secret): why is recorded as an auth event, not told to the caller
 INVALID_TOKEN = "invalid token"
+#: refused requests recorded as events: a burst of this many, then one each 10 s (with
+#: how many were left out); a flood from anyone, with no token, then takes at most a
+#: fifth of an event a second of the retained events
+REFUSALS_BURST = 20
+REFUSALS_PER_SECOND = 0.1
 #: a task's index in a path (a job has at most ``MAX_TASKS``)
 TaskIndex = Annotated[int, Path(ge=0, le=MAX_TASKS - 1)]
 
@@ -472,24 +477,20 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         cp.leading = lambda: leadership.leading
 
     # -- authentication and authorization --------------------------------------------------
-    refusals = {"second": 0.0, "count": 0, "suppressed": 0}
+    refusals = Budget(REFUSALS_BURST, REFUSALS_PER_SECOND)
 
     def refuse(request: Request, status: int, reason: str,
                answer: str | None = None) -> AuthError:
-        # at most 20 refusals a second are recorded, so a flood of bad requests cannot
-        # push everything else out of the retained events; the rest are counted
-        now = cp.clock()
-        if now - refusals["second"] >= 1.0:
-            if refusals["suppressed"]:
+        # a burst of refusals is recorded, a flood only now and then (anyone can send
+        # one, with no token: they must not push everything else out of the retained
+        # events); those left out are counted with the next one recorded
+        skipped = refusals.take(cp.clock())
+        if skipped is not None:
+            if skipped:
                 cp.record("auth", "refusals_suppressed",
-                          f"{refusals['suppressed']:.0f} more refusals not recorded")
-            refusals.update(second=now, count=0, suppressed=0)
-        if refusals["count"] < 20:
-            refusals["count"] += 1
+                          f"{skipped} more refusals not recorded")
             cp.record("auth", "unauthorized" if status == 401 else "forbidden",
                       f"{request.method} {request.url.path}: {reason}")
-        else:
-            refusals["suppressed"] += 1
         return AuthError(status, reason if answer is None else answer)
 
     async def principal(request: Request, declared: Annotated[

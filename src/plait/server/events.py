@@ -134,6 +134,32 @@ class Retention:
     max_age_seconds: float = 7 * 86400.0
 
 
+class Budget:
+    """How many events of one kind may be recorded: a bucket of ``burst`` that fills
+    at ``per_second``. The refusals of requests (anyone may send them, with no token)
+    spend one each, so a flood of them can take only its share of the retained events
+    (``Retention.max_count`` is one pool for all): a burst is recorded whole, a flood
+    at ``per_second``, and what is left out is counted (``take`` gives the count of
+    those left out since the last recorded one, to be said with it)."""
+
+    def __init__(self, burst: float, per_second: float) -> None:
+        self.burst, self.per_second = burst, per_second
+        self._left, self._at, self._skipped = burst, None, 0
+
+    def take(self, now: float) -> int | None:
+        """None: not to be recorded (counted); else record it, with how many before it
+        were not."""
+        if self._at is not None:
+            self._left = min(self.burst, self._left + (now - self._at) * self.per_second)
+        self._at = now
+        if self._left < 1:
+            self._skipped += 1
+            return None
+        self._left -= 1
+        skipped, self._skipped = self._skipped, 0
+        return skipped
+
+
 class EventLog:
     def __init__(self, store: Store, retention: Retention | None = None) -> None:
         self.ns = Namespace(store, "/events")
