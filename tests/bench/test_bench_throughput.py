@@ -36,3 +36,16 @@ def test_cli_prints_one_json_object():
     assert res.exit_code == 0, res.output
     figures = json.loads(res.stdout)
     assert set(figures) >= KEYS and figures["errors"] == 0 and figures["placed"] == 20
+
+
+def test_the_serves_pass_gap_is_a_parameter():
+    # (the passes a second apart: what the front door takes with the pass nearly idle)
+    res = CliRunner().invoke(app, ["bench", "throughput", "--machines", "50", "--jobs", "20",
+                                   "--clients", "2", "--pass-gap", "1"])
+    assert res.exit_code == 0, res.output
+    figures = json.loads(res.stdout)
+    assert figures["params"]["serve_extra"] == ["--min-pass-gap", "1.0"]
+    assert figures["errors"] == 0 and figures["placed"] == 20
+    assert figures["server_log"] == []
+    res = CliRunner().invoke(app, ["serve", "--min-pass-gap", "11", "--data-dir", "/nowhere"])
+    assert res.exit_code != 0 and "min-pass-gap" in res.output

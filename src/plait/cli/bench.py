@@ -131,6 +131,11 @@ def bench_throughput(
     jobs: Annotated[int, typer.Option(min=1, help="one-task jobs (1 cpu) created")] = 2000,
     clients: Annotated[int, typer.Option(min=1, help="client processes, one keep-alive "
                                                      "connection each, closed loop")] = 8,
+    pass_gap: Annotated[float | None, typer.Option(
+        min=0.0, max=10.0, help="the serve's --min-pass-gap (default: the serve's own, "
+                                "0.05 s); 1 s leaves the request path nearly alone with "
+                                "the interpreter: what the front door takes without the "
+                                "pass beside it")] = None,
 ) -> None:
     """Single-job creates from many client processes: acknowledged per second, placed
     per second, latency (one JSON object on stdout)."""
@@ -138,7 +143,9 @@ def bench_throughput(
 
     try:
         result = throughput.run(machines=machines, jobs=jobs, clients=clients,
-                                frontend=frontend)
+                                frontend=frontend,
+                                serve_extra=() if pass_gap is None else (
+                                    "--min-pass-gap", str(pass_gap)))
     except PlaitError as exc:
         raise refuse(exc) from None
     print(json.dumps(result))

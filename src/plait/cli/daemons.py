@@ -39,6 +39,10 @@ def serve(
     = False,
     tick: Annotated[float, typer.Option(min=0.01, help="seconds between reconcile passes")]
     = 0.5,
+    min_pass_gap: Annotated[float, typer.Option(
+        min=0.0, max=10.0, help="seconds at least between two passes' starts: a burst of "
+                                "requests is taken in passes this far apart (longer: "
+                                "fewer, larger passes, and later placements)")] = 0.05,
     event_retention: Annotated[int, typer.Option(min=1, help="events kept")] = 10_000,
     event_max_age: Annotated[float, typer.Option(min=1, help="seconds events are kept")]
     = 7 * 86400.0,
@@ -107,6 +111,7 @@ def serve(
             if f is not None and not f.is_file():
                 raise ValidationError("tls", f"{f} is not a file")
         config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
+                                    min_pass_gap=min_pass_gap,
                                     retention=Retention(event_retention, event_max_age),
                                     heartbeat_timeout=heartbeat_timeout,
                                     startup_grace=startup_grace, ca_file=ca_file, shard=shard,
