@@ -149,6 +149,15 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def _some_port(host: str) -> int:
+    """A free port, or 0 when none can be had now (a task holds them all): the start
+    picks one then, or fails as a start does."""
+    try:
+        return _free_port(host)
+    except OSError:
+        return 0
+
+
 def _batches(chunks: list[dict[str, Any]], limit: int = 512 * 1024
              ) -> list[list[dict[str, Any]]]:
     """Output chunks in requests well under the API's body limit."""
@@ -314,20 +323,32 @@ class Agent:
                 task.handle = None
             self.tasks[key] = task
 
-    def _save(self) -> None:
+    def _save(self) -> bool:
+        """Write the agent's state if it changed; False if it could not be (a full
+        disk): it is tried again at the next save, which any change makes."""
         data = {"machine": self.machine, "token": self.token,
                 "profile": self.profile.applied,
                 "tasks": {k: asdict(t) for k, t in self.tasks.items()},
                 "stopping": {k: s.record() for k, s in self.stopping.items()}}
         if data == self._saved:
-            return  # (most steps change nothing: no write, no fsync)
-        self._saved = data
-        fd, tmp = tempfile.mkstemp(dir=self.data_dir, prefix=".agent.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.state_path)
+            return True  # (most steps change nothing: no write, no fsync)
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.data_dir, prefix=".agent.")
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.state_path)
+        except OSError as exc:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            self.log.error("agent state not saved", path=str(self.state_path),
+                           error=str(exc))
+            return False
+        self._saved = data  # (only once it is written)
+        return True
 
     # -- the control plane -----------------------------------------------------------------
     def _call(self, method: str, path: str, token: str | None, body: Any = None,
@@ -484,7 +505,7 @@ class Agent:
             task = self.tasks.get(key)
             if task is None:  # (plan.add)
                 task = self.tasks[key] = Task(a["job"], a["index"], a["revision"],
-                                              _free_port(self.advertise))
+                                              _some_port(self.advertise))
             restart = a["spec"].get("restart") or {}
             task.policy = restart.get("policy", "always")
             task.max_retries = int(restart.get("max_retries", 3))
@@ -503,14 +524,16 @@ class Agent:
             return
         cause, task.cause = cause or task.cause, None
         home = self.data_dir / "tasks" / task.key
-        home.mkdir(parents=True, exist_ok=True)
-        if not _port_free(self.advertise, task.port):
-            # taken meanwhile (by another process's connection, say): a new one, which
-            # the next status report publishes in discovery
-            task.port = _free_port(self.advertise)
-        env = self._env(task, spec)
         res = spec["resources"]
         try:
+            # (a full disk, or every port held by some task: a failed start, not a
+            # failed turn of the loop, which would stop the machine's heartbeats)
+            home.mkdir(parents=True, exist_ok=True)
+            if not task.port or not _port_free(self.advertise, task.port):
+                # taken meanwhile (by another process's connection, say): a new one,
+                # which the next status report publishes in discovery
+                task.port = _free_port(self.advertise)
+            env = self._env(task, spec)
             # runtime keys carry the machine and the data dir: agents of several
             # machines may share a host (`plait up`), and with it the cgroup hierarchy
             handle = self.runtime.start(
@@ -529,7 +552,16 @@ class Agent:
         # saved at once, before anything that may block or fail (a report to the
         # control plane): an agent killed after this start adopts the process when it
         # comes back, and never starts a second copy of the task
-        self._save()
+        if not self._save():
+            # a start the agent cannot remember (its disk is full) is not kept: an
+            # agent restarted would not know the process and start a second copy
+            self.handles.pop(task.key, None)
+            task.handle = None
+            self.runtime.stop(handle, grace=0.0)
+            self.log.error("task start undone: the agent's state could not be saved",
+                           job=task.job, index=task.index, revision=task.revision)
+            self._exit(task, 127, time.monotonic())
+            return
         self._dirty = True
         self.metrics.starts.inc()
         self.prober.forget(task.key)  # unhealthy until its probe passes

@@ -37,6 +37,11 @@ PATH = re.compile(r"/[\x21-\x7e]*\Z")
 STATUS_LINE_MAX = 1024
 #: seconds a killed command probe is waited for (one stuck in the kernel is left)
 KILL_WAIT = 5.0
+#: probes running at once at most (threads made as needed): a task has one probe out at
+#: a time, so one tenant's tasks whose probes hang for their whole timeout (up to 10
+#: minutes) hold only their own threads, not the other tasks' probes (with 4 shared
+#: threads, four such tasks left every other task on the machine unprobed: unhealthy)
+PROBE_THREADS = 256
 #: how a command probe starts in its task's isolation: (argv, env, cwd) -> (argv, env,
 #: what the child runs before the exec)
 Wrap = Callable[[list[str], dict[str, str], Path],
@@ -50,6 +55,19 @@ class _State:
     next_due: float = 0.0
     running: Future[bool] | None = None
     checks: int = 0
+    #: the command probe running now (its session is killed if the task goes first)
+    proc: subprocess.Popen[bytes] | None = None
+    gone: bool = False
+
+    def end(self) -> None:
+        """The task left (or the agent stops): its probe's session goes now, not at
+        its timeout. (With ``command_probe``'s own check, whichever of the two comes
+        second kills it.)"""
+        self.gone = True
+        proc = self.proc
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def http_probe(host: str, port: int, path: str, timeout: float) -> bool:
@@ -88,16 +106,22 @@ def http_probe(host: str, port: int, path: str, timeout: float) -> bool:
 
 
 def command_probe(argv: list[str], env: dict[str, str], cwd: Path, timeout: float,
-                  setup: Callable[[], None] | None = None) -> bool:
+                  setup: Callable[[], None] | None = None,
+                  state: _State | None = None) -> bool:
     """Exit 0 within the timeout; the probe runs in a session of its own, all of which
-    is killed when it ends (or at the timeout): nothing it started outlives it.
-    ``setup``: run in the child before the exec (it joins the task's cgroups)."""
+    is killed when it ends (or at the timeout, or when its task goes: ``state``):
+    nothing it started outlives it. ``setup``: run in the child before the exec (it
+    joins the task's cgroups)."""
     try:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True, preexec_fn=setup)
     except Exception:  # (a command that cannot start fails the check)
         return False
+    if state is not None:
+        state.proc = proc
+        if state.gone:  # (its task went while it started)
+            state.end()
     try:
         ok = proc.wait(timeout) == 0
     except subprocess.TimeoutExpired:
@@ -106,11 +130,13 @@ def command_probe(argv: list[str], env: dict[str, str], cwd: Path, timeout: floa
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(KILL_WAIT)  # (a process stuck in the kernel: not waited for longer)
+    if state is not None:
+        state.proc = None
     return ok
 
 
 class Prober:
-    def __init__(self, workers: int = 4,
+    def __init__(self, workers: int = PROBE_THREADS,
                  on_change: Callable[[], None] | None = None) -> None:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="plait-probe")
         self.states: dict[str, _State] = {}
@@ -147,7 +173,8 @@ class Prober:
                         argv, penv, setup = wrap(argv, env, cwd)
                     except (OSError, RuntimeError, ValueError):  # (it cannot start)
                         argv = []
-                st.running = self.pool.submit(command_probe, argv, penv, cwd, timeout, setup)
+                st.running = self.pool.submit(command_probe, argv, penv, cwd, timeout, setup,
+                                              st)
             if self.on_change is not None:
                 healthy, due = st.healthy, st.next_due
                 st.running.add_done_callback(lambda f: self._done(f, healthy, due))
@@ -181,8 +208,13 @@ class Prober:
         return st is None or not st.healthy
 
     def forget(self, key: str) -> None:
-        """The task (re)started or left: its health starts over."""
-        self.states.pop(key, None)
+        """The task (re)started or left: its health starts over, and a command probe
+        still running for it is killed."""
+        st = self.states.pop(key, None)
+        if st is not None:
+            st.end()
 
     def close(self) -> None:
+        for st in list(self.states.values()):
+            st.end()
         self.pool.shutdown(wait=False, cancel_futures=True)
