@@ -116,3 +116,27 @@ def test_a_task_that_finished_while_its_machine_was_unreachable_is_done():
     assert (rec.state, rec.exit_code, rec.machine) == (TaskState.SUCCEEDED, 0, None)
     sim.run(30)
     assert states(s, "b") == ["succeeded"]  # not placed and run again
+
+
+def test_a_final_exit_its_restart_policy_could_not_give_is_not_believed():
+    # a machine's credential says a service's task exited for good: a service's policy
+    # (always) never ends a task, so it exited and is to be started again (believed,
+    # the job would be complete and its task gone for good)
+    from plait.scheduler.records import Phase, TaskStatus
+
+    sim = world(machines=12)
+    s = sim.scheduler
+    s.create_job(job_spec("svc", 1, command="serve"), sim.now)
+    s.create_job(batch("b", 1, command="serve"), sim.now)
+    assert sim.run_until(lambda: states(s, "svc") == ["running"]
+                         and states(s, "b") == ["running"], 600)
+    for name in ("svc", "b"):
+        rec = s.job(name).tasks[0]
+        s.report(s.fleet.name(rec.machine), [TaskStatus(name, 0, 1, Phase.EXITED, False, 0,
+                                                        final=True)], sim.now)
+    svc = s.job("svc").tasks[0]
+    assert svc.state is not TaskState.SUCCEEDED and svc.machine is not None
+    assert "job_completed" not in [e.kind for e in s.events if e.job == "svc"]
+    # a batch task's exit 0 under on-failure is the end its policy gives: believed
+    assert states(s, "b") == ["succeeded"]
+    assert sim.run_until(lambda: states(s, "svc") == ["running"], 600)

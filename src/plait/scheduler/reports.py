@@ -14,8 +14,17 @@ from collections.abc import Iterable
 from plait.model.task import TaskRef, TaskState
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.machinesets import NOTHING_PLACED
-from plait.scheduler.records import Phase, TaskStatus
+from plait.scheduler.records import JobRecord, Phase, TaskRecord, TaskStatus
 from plait.scheduler.state import SchedulerState
+
+
+def _may_end(job: JobRecord, rec: TaskRecord, code: int | None) -> bool:
+    """Could the task's restart policy end it at this exit (its retries used up)? An
+    agent that says a task is final when its policy would start it again (a service's,
+    ``always``) is not believed: the task exited, and is to be started again. (A
+    machine's credential would otherwise end any task placed there for good.)"""
+    restart = job.versions[rec.spec_version - 1].restart
+    return restart.after_exit(0 if code is None else code, restart.max_retries) is None
 
 
 def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now: float) -> None:
@@ -53,7 +62,7 @@ def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now:
                 rec.served = rec.serving
             rec.healthy = st.healthy
             s.maybe_serving(job, rec, now)
-        elif phase is Phase.EXITED and st.final:
+        elif phase is Phase.EXITED and st.final and _may_end(job, rec, st.exit_code):
             s.finished(job, rec, st.exit_code, now)
         elif phase is Phase.EXITED:
             s.exited(job, rec, now, st.killed)
