@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -121,6 +122,21 @@ def test_a_task_gets_its_specs_environment_not_the_agents(box, monkeypatch):
              what="its output")
     logs = box.api.get("/v1/jobs/envy/tasks/0/logs").json()["data"]
     assert "secret=[] mine=[spec] lang=[C.UTF-8] path=[set] job=[envy]" in logs, logs
+
+
+def test_a_task_data_dir_is_absolute_when_the_agent_was_given_a_relative_one(
+        tmp_path, monkeypatch):
+    # `plait up` gives its agents relative data dirs (.plait/agents/M): a task runs in
+    # its own directory, where a relative PLAIT_DATA_DIR named nothing
+    monkeypatch.chdir(tmp_path)
+    agent = Agent("m0", ["http://127.0.0.1:9"], None, Path(".plait/agents/m0"))
+    try:
+        assert agent.data_dir == tmp_path / ".plait" / "agents" / "m0"
+        from plait.agent.daemon import Task
+        env = agent._env(Task("j", 0, 1, 8080), {"command": "x"})
+        assert env["PLAIT_DATA_DIR"] == str(tmp_path / ".plait/agents/m0/tasks/j.0")
+    finally:
+        agent.close()
 
 
 def test_on_failure_retries_then_fails_the_job(box):

@@ -237,7 +237,9 @@ class Agent:
         self.urls = [u.rstrip("/") for u in urls]
         self._url = 0  # the front end that answered last
         self.join_token = join_token
-        self.data_dir = Path(data_dir)
+        # absolute: tasks run in their own directory, and PLAIT_DATA_DIR is theirs to
+        # use from there (`plait up` gives a relative one)
+        self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)  # its machine credential and the tasks' files
         self._lock: int | None = lock_data_dir(self.data_dir)
@@ -258,7 +260,7 @@ class Agent:
         self._closing = threading.Event()
         self.runtime = runtime or ProcessRuntime(self.data_dir)
         self.state_path = self.data_dir / "agent.json"
-        digest = hashlib.sha1(str(self.data_dir.resolve()).encode()).hexdigest()[:8]
+        digest = hashlib.sha1(str(self.data_dir).encode()).hexdigest()[:8]
         self.prefix = f"{machine}.{digest}"
         self.token: str | None = None
         self.tasks: dict[str, Task] = {}
