@@ -61,6 +61,18 @@ def test_serve_define_and_show(plane, tmp_path: Path) -> None:
                         str(tmp_path / "none"), ok=False)
         said = " ".join(missing.output.replace("│", " ").split())
         assert missing.exit_code != 0 and "does not exist" in said
+        # a job plait does not have, a Shard Manager not there: one line each, named
+        nojob = plait("shardmanager", "define", "kv3", "--job", "nojob", "--shards", "8",
+                      "--url", url, "--token-file", str(token_file), ok=False)
+        assert nojob.exit_code != 0, nojob.output
+        assert "nojob" in nojob.output and "Traceback" not in nojob.output
+        assert nojob.exception is None or isinstance(nojob.exception, SystemExit)
+        away = f"http://127.0.0.1:{free_port()}"
+        gone = plait("shardmanager", "show", "kv", "--url", away, "--token-file",
+                     str(token_file), ok=False)
+        assert gone.exit_code == 3 and isinstance(gone.exception, SystemExit)
+        assert f"Shard Manager at {away}/v1/apps/kv not reached" in gone.output
+        assert len(gone.output.strip().splitlines()) <= 2
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

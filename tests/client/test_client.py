@@ -130,3 +130,32 @@ def test_a_post_whose_answer_is_lost_is_not_sent_again(transport):
         assert len(srv.seen) == 2
     finally:
         srv.close()
+
+
+def test_tls_to_a_server_that_speaks_none_is_not_retried(transport, monkeypatch, capfd):
+    # an https URL pointed at a plain HTTP server: no retry can mend the handshake, so
+    # the caller hears at once (it waited out every retry, a few seconds); a refused
+    # connection is still retried
+    srv = Server()
+    rounds = []
+    real = Client._round
+
+    def counted(self, *args):
+        rounds.append(1)
+        return real(self, *args)
+    monkeypatch.setattr(Client, "_round", counted)
+    try:
+        with Client(srv.url.replace("http://", "https://"), transport=transport,
+                    attempts=4, retry_timeout=10) as c, pytest.raises(Unreachable) as err:
+            c.get("/healthz")
+        assert len(rounds) == 1 and "cannot connect" in str(err.value)
+        assert srv.seen == []  # (the handshake failed: nothing was asked)
+    finally:
+        srv.close()
+    rounds.clear()
+    with Client(dead_url(), attempts=2, retry_timeout=5, transport=transport,
+                quiet=True) as c, pytest.raises(Unreachable):
+        c.get("/healthz")
+    assert len(rounds) == 2
+    out, errors = capfd.readouterr()  # (a quiet client's retries are not logged)
+    assert "retry_scheduled" not in out + errors

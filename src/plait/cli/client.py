@@ -47,7 +47,7 @@ class Api:
             # one or two calls per command: the standard library's HTTP client
             # starts sooner than httpx
             self.client = Client(ctx.urls, ctx.token, ctx.ca_file, timeout=timeout,
-                                 transport="stdlib")
+                                 transport="stdlib", quiet=True)
         except Exception as exc:
             raise CliError(str(exc), EXIT_INVALID) from None
 

@@ -11,9 +11,33 @@ from typing import Annotated
 
 import typer
 
+from plait.cli.client import EXIT_FAILED, EXIT_UNREACHABLE, CliError
+from plait.cli.common import guarded
+
 shardmanager_app = typer.Typer(
     help="Shard Manager: shard maps of sharded applications, served as their "
          "TaskController.", no_args_is_help=True)
+
+
+def _call(method: str, url: str, token_file: Path, timeout: float,
+          body: object = None) -> object:
+    """One request to Shard Manager: its JSON answer, or a one-line error that names
+    the service (not reached, or what it answered)."""
+    import httpx
+
+    try:
+        r = httpx.request(method, url, json=body, timeout=timeout,
+                          headers={"Authorization": f"Bearer {_token(token_file)}"})
+    except httpx.HTTPError as exc:
+        raise CliError(f"Shard Manager at {url} not reached: {exc} (is plait shardmanager "
+                       "serve running there? --url)", EXIT_UNREACHABLE) from None
+    if not r.is_success:
+        raise CliError(f"Shard Manager answered {r.status_code}: {r.text[:500]}", EXIT_FAILED)
+    try:
+        return r.json()
+    except ValueError:
+        raise CliError(f"Shard Manager answered {r.status_code} with no JSON",
+                       EXIT_FAILED) from None
 
 
 def _token(token_file: Path, make: bool = False) -> str:
@@ -54,6 +78,7 @@ def serve(
 
 
 @shardmanager_app.command("show")
+@guarded
 def show(
     app: str,
     url: Annotated[str, typer.Option(help="Shard Manager's URL")] = "http://127.0.0.1:7090",
@@ -61,17 +86,12 @@ def show(
         "sm-token"),
 ) -> None:
     """An application: its tasks, how many shards are fully replicated, what waits."""
-    import httpx
-
-    r = httpx.get(f"{url.rstrip('/')}/v1/apps/{app}",
-                  headers={"Authorization": f"Bearer {_token(token_file)}"}, timeout=10)
-    if not r.is_success:
-        typer.echo(f"error: {r.status_code} {r.text}", err=True)
-        raise typer.Exit(1)
-    typer.echo(json.dumps(r.json(), indent=2))
+    typer.echo(json.dumps(_call("GET", f"{url.rstrip('/')}/v1/apps/{app}", token_file, 10),
+                          indent=2))
 
 
 @shardmanager_app.command("define")
+@guarded
 def define(
     app: str,
     job: Annotated[str, typer.Option(help="the plait job whose tasks serve the application")],
@@ -88,18 +108,12 @@ def define(
     """Define (or change) a sharded application: Shard Manager lays its shards out over
     the job's tasks and becomes the job's TaskController (point the job's
     task_controller at URL/v1/apps/APP/taskcontrol)."""
-    import httpx
-
     if controller_key is None:
         from plait.cli.common import api
         controller_key = str(api().get(f"/v1/jobs/{job}/controller-key")["key"])
-    r = httpx.put(f"{url.rstrip('/')}/v1/apps/{app}", json={
+    _call("PUT", f"{url.rstrip('/')}/v1/apps/{app}", token_file, 30, {
         "job": job, "shards": shards, "replication": replication, "max_down": max_down,
-        "controller_key": controller_key},
-        headers={"Authorization": f"Bearer {_token(token_file)}"}, timeout=30)
-    if not r.is_success:
-        typer.echo(f"error: {r.status_code} {r.text}", err=True)
-        raise typer.Exit(1)
+        "controller_key": controller_key})
     typer.echo(f"application {app}: {shards} shards x {replication} on job {job}; its "
                f"TaskController: {url.rstrip('/')}/v1/apps/{app}/taskcontrol")
 

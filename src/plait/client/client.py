@@ -73,12 +73,14 @@ def _backoff(exc: Exception) -> bool | float:
 class Client:
     def __init__(self, urls: str | Sequence[str], token: str | None = None,
                  ca_file: str | None = None, timeout: float = 30.0, attempts: int = 6,
-                 retry_timeout: float = 30.0, transport: str = "httpx") -> None:
+                 retry_timeout: float = 30.0, transport: str = "httpx",
+                 quiet: bool = False) -> None:
         """``urls``: one URL or several (replicas, front ends), tried in order, the
         one that answered last first; ``attempts``/``retry_timeout`` bound the
         rounds of retries. ``transport``: ``httpx`` (connection pooling, HTTP/1.1
         keep-alive; for programs), or ``stdlib`` (``http.client``: a command that
-        makes one or two calls starts 70 ms sooner without importing httpx)."""
+        makes one or two calls starts 70 ms sooner without importing httpx).
+        ``quiet``: retries are not logged (a command says what failed, once)."""
         if transport not in ("httpx", "stdlib"):
             raise ValueError(f"transport must be httpx or stdlib, not {transport!r}")
         self.transport = transport
@@ -87,6 +89,7 @@ class Client:
             raise ValueError("a client needs at least one URL")
         self.token, self.ca_file, self.timeout = token, ca_file, timeout
         self.attempts, self.retry_timeout = attempts, retry_timeout
+        self.quiet = quiet
         self._http: httpx.Client | _Stdlib | None = None
         self._current = 0
         self.jobs = Jobs(self)
@@ -149,6 +152,8 @@ class Client:
             time.sleep(_backoff(first) if first.retry_after is not None else 0.2)
         import stamina
 
+        if self.quiet:  # (stamina logs each retry it schedules, by default)
+            stamina.instrumentation.set_on_retry_hooks([])
         try:
             for attempt in stamina.retry_context(
                     on=_backoff, attempts=self.attempts - 1, timeout=self.retry_timeout,
@@ -173,6 +178,7 @@ class Client:
             transport_errors = (httpx.TransportError,)
         causes: list[str] = []
         retry_after: float | None = None
+        permanent = 0
         n = len(self.urls)
         for k in range(n):
             i = (self._current + k) % n
@@ -182,6 +188,7 @@ class Client:
                                      headers={requestid.HEADER: rid})
             except connect_errors as exc:
                 causes.append(f"{url}: cannot connect ({exc})")
+                permanent += bool(getattr(exc, "permanent", False) or _permanent(exc))
                 continue
             except transport_errors as exc:
                 if method in _IDEMPOTENT:
@@ -201,6 +208,8 @@ class Client:
             if status >= 400:
                 raise _error(reply, rid)
             return reply.json() if reply.content else None
+        if permanent == n:  # (no URL can be reached by trying again: said at once)
+            raise Unreachable("; ".join(causes))
         raise _Retry("; ".join(causes), retry_after)
 
     def get(self, path: str, **params: Any) -> Any:
@@ -239,7 +248,29 @@ class Client:
 
 
 class _NotSent(OSError):
-    """The connection could not be made: the request was not sent."""
+    """The connection could not be made: the request was not sent. ``permanent``: no
+    retry will make it (a name that resolves to nothing, a TLS handshake that failed)."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+def _permanent(exc: BaseException) -> bool:
+    """Is this failure to connect one no retry mends: a name that is no host's, or TLS
+    that failed (not a timeout)? It may sit under the exception httpx raises."""
+    import socket
+    import ssl
+
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if (isinstance(seen, socket.gaierror) and seen.errno != socket.EAI_AGAIN) or (
+                isinstance(seen, ssl.SSLError) and not isinstance(seen, TimeoutError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class _Reply:
@@ -298,7 +329,7 @@ class _Stdlib:
                 try:
                     conn.connect()
                 except OSError as exc:
-                    raise _NotSent(str(exc)) from None
+                    raise _NotSent(str(exc), _permanent(exc)) from None
                 self._conns[base] = conn
             try:
                 conn.request(method, target, body=payload, headers=headers)
