@@ -144,7 +144,8 @@ class Budget:
 
     def __init__(self, burst: float, per_second: float) -> None:
         self.burst, self.per_second = burst, per_second
-        self._left, self._at, self._skipped = burst, None, 0
+        self._left, self._skipped = burst, 0
+        self._at: float | None = None
 
     def take(self, now: float) -> int | None:
         """None: not to be recorded (counted); else record it, with how many before it
