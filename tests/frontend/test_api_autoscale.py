@@ -58,10 +58,22 @@ def test_the_autoscaler_resizes_a_job_to_its_pushed_load(live: Live) -> None:
         return size(live) == 1
     wait_for(shrink)
     assert alice.get("/v1/jobs/web/autoscale").json()["load"]["value"] == 0.5
+    # while the autoscaler's sizing intent holds, a resize by hand is refused by name
+    # (the intent would put its size back at once)
+    refused = alice.post("/v1/jobs/web/resize", json={"task_count": 3})
+    assert refused.status_code == 409 and "sizing intent of 1 tasks (by autoscaler)" in (
+        refused.json()["message"])
+    assert alice.post("/v1/jobs/web/resize", json={"task_count": 1}).status_code == 200
     removed = alice.delete("/v1/jobs/web/autoscale")
     assert removed.status_code == 200 and removed.json()["policy"]["max_tasks"] == 20
     assert alice.get("/v1/jobs/web/autoscale").status_code == 404
     assert size(live) == 1
+    # turned off, its sizing intent goes with it: a resize then is the job's size
+    assert alice.get("/v1/jobs/web/intents").json()["sizing"] is None
+    assert alice.post("/v1/jobs/web/resize", json={"task_count": 3}).status_code == 200
+    passes = live.cp.steps
+    wait_for(lambda: live.cp.steps >= passes + 5)  # (the Job Control Plane runs after
+    assert size(live) == 3                         # each: it did not undo the resize)
 
 
 def test_a_machine_reports_cpu_only_for_the_tasks_placed_on_it(tmp_path) -> None:

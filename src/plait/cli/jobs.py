@@ -304,7 +304,8 @@ def job_autoscale(
     path = f"/v1/jobs/{q(name)}/autoscale"
     if off:
         a.delete(path)
-        say(f"job {name}: autoscaling off (its size stays)")
+        say(f"job {name}: autoscaling off (its size stays, and its sizing intent is gone: "
+            "plait job resize sizes it)")
         return
     if not show:
         a.put(path, {"interval_seconds": interval, "policy": {

@@ -854,6 +854,13 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     @app.post("/v1/jobs/{name}/resize", response_model=t.JobAck, tags=["jobs"])
     def resize_job(name: str, body: Resize, who: User, request: Request) -> dict[str, Any]:
         may_job(request, who, name)
+        sizing = cp.jcp.record(name).sizing
+        if sizing is not None and sizing.intent.size != body.task_count:
+            # (the Job Control Plane would put the intent's size back at once)
+            raise Conflict(f"job {name}'s size: a sizing intent of {sizing.intent.size} "
+                           f"tasks (by {sizing.actor or 'jcp'}) sizes it; change or remove "
+                           "the intent (plait job intents), or its autoscaling",
+                           body.task_count, sizing.intent.size)
         return ack(cp.commands.resize_job(name, body.task_count))
 
     @app.post("/v1/jobs/{name}/rollback", response_model=t.JobAck, tags=["jobs"])

@@ -20,6 +20,7 @@ record is dropped at the next decision.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from typing import TYPE_CHECKING, Any
@@ -142,11 +143,17 @@ class Autoscaling:
                 "decided_at": decided}
 
     def delete(self, job: str) -> None:
+        """The policy removed; and the sizing intent it wrote, so the job's size is its
+        own again (the intent would put back its last decision over a resize)."""
         self.get(job)
         _, version = self.ns.get(f"/{job}")
         self.ns.delete(f"/{job}", version)
         with self._lock:
             self._drop(job)
+        sizing = self.cp.jcp.record(job).sizing
+        if sizing is not None and sizing.actor == "autoscaler":
+            with contextlib.suppress(NotFound):
+                self.cp.jcp.delete_sizing(job)
 
     def push_load(self, job: str, value: float, at: float | None = None) -> dict[str, Any]:
         """A measurement of the job's load (tasks' worth of work)."""
