@@ -25,13 +25,30 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from runtimeutil import MODES, PY, WAIT, RuntimeEnv, gone, proc_stat, wait_for
+from runtimeutil import MODES, WAIT, RuntimeEnv, gone, proc_stat, wait_for
 
 from plait.agent import EXIT_UNKNOWN, Handle, ProcessRuntime
 from plait.agent.runtime import RUNTIMES, create_runtime, task_name
 from plait.agent.sandbox import MISSING_BWRAP, SandboxRuntime, sandbox_hostname
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
+
+def _others_may_run(path: str) -> bool:
+    """Can a user who is neither its owner nor in its group run ``path`` (every
+    directory on the way searchable by others, the file executable by others)?"""
+    real = Path(os.path.realpath(path))
+    return all(os.stat(d).st_mode & 0o001 for d in real.parents) and bool(
+        os.stat(real).st_mode & 0o001)
+
+
+#: the interpreter the sandboxed test tasks run (their scripts use the standard library
+#: only): as root the sandbox runs tasks as nobody, who must be able to run it (a
+#: virtualenv's python may lead into /root)
+PY = next((p for p in ("/usr/bin/python3", sys.executable) if os.path.exists(p)
+           and _others_may_run(p)), sys.executable)
+#: whom the tests' sandboxes run tasks as: nobody, unless nobody could run PY
+TASK_USER = "nobody" if _others_may_run(PY) else "root"
 
 def _pids() -> list[int]:
     return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
@@ -78,7 +95,7 @@ class Env(RuntimeEnv):
     def __init__(self, data_dir: Path, isolation: str) -> None:
         self.data_dir = data_dir
         self.isolation = isolation
-        self.rt = SandboxRuntime(data_dir, isolation=isolation)
+        self.rt = SandboxRuntime(data_dir, isolation=isolation, task_user=TASK_USER)
         self.handles: list[tuple[ProcessRuntime, Handle]] = []
         self.namespaces: list[str] = []
         self.work = data_dir / "work"
@@ -223,7 +240,11 @@ def test_filesystem_view(env: Env) -> None:
     outside = Path(tempfile.mkdtemp(prefix="plait-sandbox-", dir="/var/tmp"))
     try:
         host_tmp.write_text("host")
+        outside.chmod(0o755)  # (the host's own files, as anyone may read them)
         (outside / "host.txt").write_text("readable")
+        (outside / "host.txt").chmod(0o644)
+        (outside / "secret.txt").write_text("root's")  # (as /etc/shadow, a credential)
+        (outside / "secret.txt").chmod(0o600)
         h = env.run(f"""
             import json, os
             def attempt(path):
@@ -236,8 +257,15 @@ def test_filesystem_view(env: Env) -> None:
             caps = next(int(ln.split()[1], 16) for ln in open("/proc/self/status")
                         if ln.startswith("CapEff:"))
             data = os.environ["PLAIT_DATA_DIR"]
+            def read(path):
+                try:
+                    return open(path).read()
+                except OSError as e:
+                    return e.errno
             print("result=" + json.dumps({{
-                "read_outside": open({str(outside / "host.txt")!r}).read(),
+                "read_outside": read({str(outside / "host.txt")!r}),
+                "read_secret": read({str(outside / "secret.txt")!r}),
+                "uid": os.getuid(),
                 "write_outside": attempt({str(outside / "new.txt")!r}),
                 "write_usr": attempt("/usr/plait-sandbox-{tag}"),
                 "write_agent_dir": attempt({str(env.data_dir / "intruder")!r}),
@@ -252,6 +280,9 @@ def test_filesystem_view(env: Env) -> None:
         assert env.wait_exit(h) == 0, env.log_text(h)
         res = env.result(h)
         assert res["read_outside"] == "readable"  # the host's files, read-only
+        if env.rt.task_ids is not None:  # the task runs as nobody: root's files are root's
+            assert res["uid"] == 65534 and res["read_secret"] == errno.EACCES
+            assert (env.work / "out.txt").stat().st_uid == 65534
         assert res["write_outside"] == errno.EROFS
         assert res["write_usr"] == errno.EROFS
         assert not (outside / "new.txt").exists()
@@ -430,9 +461,9 @@ AGENT = """
 import json, sys
 from pathlib import Path
 from plait.agent.sandbox import SandboxRuntime
-rt = SandboxRuntime(Path(sys.argv[1]), isolation=sys.argv[2])
+rt = SandboxRuntime(Path(sys.argv[1]), isolation=sys.argv[2], task_user=sys.argv[6])
 work = Path(sys.argv[1]) / "work"
-h = rt.start(sys.argv[3], sys.executable, ["-u", "-c", sys.argv[4]],
+h = rt.start(sys.argv[3], sys.argv[5], ["-u", "-c", sys.argv[4]],
              env={"PLAIT_DATA_DIR": str(work)}, cwd=work, cpu=0.5, memory_mb=256)
 print(json.dumps(h.to_dict()))
 """
@@ -451,7 +482,8 @@ def test_adopt_after_the_agent_restarts(env: Env) -> None:
     """The first agent (another process) starts a task and exits; a new runtime on the
     same data dir takes the running sandbox back, without restarting it, and stops it."""
     key = env.key()
-    out = subprocess.run([PY, "-c", AGENT, str(env.data_dir), env.isolation, key, TASK],
+    out = subprocess.run([sys.executable, "-c", AGENT, str(env.data_dir), env.isolation,
+                          key, TASK, PY, TASK_USER],
                          capture_output=True, text=True, timeout=WAIT, check=True)
     saved = json.loads(out.stdout)
     rt2 = SandboxRuntime(env.data_dir, isolation=env.isolation)
@@ -547,7 +579,7 @@ def test_a_data_dir_reached_through_a_symlink(env: Env, tmp_path: Path) -> None:
     (real / "tasks" / "t").mkdir(parents=True)
     link = tmp_path / "link-data"
     link.symlink_to(real)
-    rt = SandboxRuntime(link, isolation=env.isolation)
+    rt = SandboxRuntime(link, isolation=env.isolation, task_user=TASK_USER)
     home = link / "tasks" / "t"
     h = rt.start(env.key(), PY, ["-c", textwrap.dedent("""
         import os
@@ -570,6 +602,8 @@ def test_a_program_under_the_hosts_tmp_still_runs(env: Env) -> None:
         program.write_text(f"#!/bin/sh\necho ran; test -e {other} && echo other-visible; "
                            f"touch {top}/written 2>/dev/null && echo wrote; exit 0\n")
         program.chmod(0o755)
+        top.chmod(0o755)  # (a checkout others may read, as the task's user is another)
+        program.parent.chmod(0o755)
         h = env.start([str(program)])
         assert env.wait_exit(h) == 0, env.log_text(h)
         assert env.log_text(h).split() == ["ran"]  # /tmp's other files stay hidden
@@ -593,6 +627,44 @@ def test_hidden_directories_are_not_visible(env: Env, tmp_path: Path) -> None:
     assert env.wait_exit(h, rt) == 0
     assert env.log_text(h).split() == ["listing", "end"]  # empty, unreadable, read-only
     assert (secret_dir / "admin-token").read_text() == "plait_secret"
+
+
+def test_a_hidden_file_reads_as_empty(env: Env) -> None:
+    """An agent hides its join token file from its tasks (with it a task could mint a
+    credential for any machine): a file named in ``hide`` is /dev/null there (on a
+    nodev mount: nothing to read), even one anyone could read, outside the private
+    /tmp."""
+    outside = Path(tempfile.mkdtemp(prefix="plait-sandbox-hide-", dir="/var/tmp"))
+    try:
+        outside.chmod(0o755)
+        token = outside / "join-token"
+        token.write_text("plait_join_secret")
+        token.chmod(0o644)
+        rt = SandboxRuntime(env.data_dir, isolation=env.isolation, hide=[token],
+                            task_user=TASK_USER)
+        h = env.start(["/bin/sh", "-c", f"echo before; cat {token} 2>/dev/null; echo after; "
+                                        f"(echo x > {token}) 2>/dev/null && echo wrote; exit 0"],
+                      rt=rt)
+        assert env.wait_exit(h, rt) == 0
+        assert env.log_text(h).split() == ["before", "after"]
+        assert token.read_text() == "plait_join_secret"
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="tasks change user only under a root agent")
+def test_a_data_dir_the_task_user_cannot_reach_is_refused_by_name() -> None:
+    closed = Path(tempfile.mkdtemp(prefix="plait-sandbox-closed-", dir="/var/tmp"))  # 0700
+    try:
+        with pytest.raises(RuntimeError) as info:
+            SandboxRuntime(closed / "agent", task_user="nobody")
+        assert f"{closed} is closed to others" in str(info.value)
+        assert "--task-user root" in str(info.value)
+        with pytest.raises(RuntimeError, match="task user 'no-such-user' does not exist"):
+            SandboxRuntime(closed / "agent", task_user="no-such-user")
+        SandboxRuntime(closed / "agent", task_user="root")  # (as root: as before)
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
 
 
 def test_the_tasks_environment_is_set_inside_the_sandbox_only(env: Env, tmp_path: Path) -> None:

@@ -869,7 +869,8 @@ class ProcessRuntime:
 RUNTIMES = ("process", "sandbox")
 
 
-def create_runtime(name: str, data_dir: Path, hide: Sequence[Path] = ()) -> ProcessRuntime:
+def create_runtime(name: str, data_dir: Path, hide: Sequence[Path] = (),
+                   task_user: str = "nobody") -> ProcessRuntime:
     """The agent runtime called ``name`` on ``data_dir``: ``process`` (plain processes,
     :class:`ProcessRuntime`) or ``sandbox`` (the same, each task inside bubblewrap
     namespaces: :class:`plait.agent.sandbox.SandboxRuntime`, which raises RuntimeError
@@ -879,7 +880,7 @@ def create_runtime(name: str, data_dir: Path, hide: Sequence[Path] = ()) -> Proc
     if name == "sandbox":
         from plait.agent.sandbox import SandboxRuntime  # only loaded when asked for
 
-        return SandboxRuntime(data_dir, hide=hide)
+        return SandboxRuntime(data_dir, hide=hide, task_user=task_user)
     raise ValueError(f"unknown agent runtime {name!r}: use one of {', '.join(RUNTIMES)}")
 
 

@@ -16,10 +16,19 @@ package), which gives it
   stays valid and what the task writes there is on the host (a ``PLAIT_DATA_DIR``
   that is relative or goes through a symlink is given the task as its real path, since
   the symlink may be where the sandbox does not show it, such as /tmp);
-* when the agent runs as root, a reduced set of capabilities (:data:`TASK_CAPS`): no
-  ``CAP_SYS_ADMIN`` (so the read-only mounts cannot be remounted), no
-  ``CAP_NET_ADMIN``, ``CAP_NET_RAW``, ``CAP_MKNOD``, ``CAP_SYS_PTRACE``... bwrap also
-  sets ``no_new_privs``, so no executable regains what was dropped.
+* when the agent runs as root, the task runs as an unprivileged user (``task_user``,
+  ``nobody`` by default; util-linux's ``setpriv`` drops to it inside the sandbox, with
+  no capability and no supplementary group), and its working directory and
+  ``PLAIT_DATA_DIR`` are made that user's: the host's files are read as that user
+  reads them (not ``/etc/shadow``, not another agent's credential, not a root-only
+  socket under ``/run``). With ``task_user="root"`` the task keeps a reduced set of
+  root's capabilities (:data:`TASK_CAPS`): no ``CAP_SYS_ADMIN`` (so the read-only
+  mounts cannot be remounted), no ``CAP_NET_ADMIN``, ``CAP_NET_RAW``, ``CAP_MKNOD``,
+  ``CAP_SYS_PTRACE``... bwrap also sets ``no_new_privs``, so no executable regains
+  what was dropped;
+* files and directories named in ``hide`` (the agent's join token file among them)
+  are not visible: a directory behind an empty read-only tmpfs, a file behind
+  ``/dev/null``.
 
 The **network namespace is shared** with the host, on purpose: the task listens on its
 ``PLAIT_PORT`` on the host's interfaces (loopback included) and is reached there by
@@ -63,6 +72,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -129,6 +139,19 @@ def _host_tmp_dirs(command: str, env: Mapping[str, str], cwd: Path) -> list[Path
     return found
 
 
+def _closed_to_others(path: Path) -> Path | None:
+    """The first directory on the way to ``path`` that others may not search (the
+    sandbox's own /tmp aside: bwrap makes those), or None."""
+    real = path.resolve()
+    for up in reversed(real.parents):
+        if _inside(up, Path("/tmp")):
+            break
+        with contextlib.suppress(OSError):
+            if not os.stat(up).st_mode & 0o001:
+                return up
+    return None
+
+
 def _inside(path: Path, parent: Path) -> bool:
     """``path`` is ``parent`` or below it."""
     return path == parent or parent in path.parents
@@ -148,12 +171,15 @@ class SandboxRuntime(ProcessRuntime):
         cgroup_root: Path = CGROUP_ROOT,
         bwrap: str | None = None,
         hide: Sequence[Path] = (),
+        task_user: str = "nobody",
     ) -> None:
         """``bwrap`` is the bubblewrap executable (by default ``bwrap`` in PATH). Raises
         RuntimeError if it is missing or cannot make a sandbox on this machine.
-        ``hide``: directories tasks must not see, besides the agent's data directory
-        and the plait client configuration's (``plait up`` hides its whole data
-        directory: tokens, the store, the other agents)."""
+        ``hide``: directories and files tasks must not see, besides the agent's data
+        directory and the plait client configuration's (``plait up`` hides its whole
+        data directory: tokens, the store, the other agents). ``task_user``: whom
+        tasks run as when the agent runs as root (``root``: as root, with
+        :data:`TASK_CAPS`); RuntimeError if there is no such user."""
         from plait.clientconfig import default_path
 
         self.hidden = [Path(p) for p in (*hide, default_path().parent)]
@@ -164,6 +190,26 @@ class SandboxRuntime(ProcessRuntime):
         self.bwrap_version = self._version()
         self.namespaces = _namespaces()
         self._probe_bwrap()
+        #: (uid, gid, setpriv) tasks drop to, or None: they run as the agent's user
+        self.task_ids: tuple[int, int, str] | None = None
+        if os.geteuid() == 0 and task_user != "root":
+            try:
+                entry = pwd.getpwnam(task_user)
+            except KeyError:
+                raise RuntimeError(f"the sandbox's task user {task_user!r} does not exist "
+                                   "on this machine (--task-user)") from None
+            setpriv = shutil.which("setpriv")
+            if setpriv is None:
+                raise RuntimeError("the sandbox runs tasks as an unprivileged user with "
+                                   "setpriv: install Debian's util-linux")
+            self.task_ids = (entry.pw_uid, entry.pw_gid, os.path.abspath(setpriv))
+            closed = _closed_to_others(Path(data_dir))
+            if closed is not None:
+                raise RuntimeError(
+                    f"sandboxed tasks run as {task_user}, who cannot reach the agent's data "
+                    f"dir {data_dir}: {closed} is closed to others; use a data dir others "
+                    "may reach, or --task-user root")
+        self.task_user = task_user
         super().__init__(data_dir, max_log_bytes=max_log_bytes, isolation=isolation,
                          cgroup_root=cgroup_root)
 
@@ -210,9 +256,25 @@ class SandboxRuntime(ProcessRuntime):
                                f"{(out.stderr or out.stdout).strip()}")
 
     def describe(self) -> str:
+        who = (f"tasks as {self.task_user}" if self.task_ids is not None else
+               "tasks as root with reduced capabilities" if os.geteuid() == 0 else
+               "tasks as the agent's user")
         return (f"sandbox (bubblewrap {self.bwrap_version}: {'/'.join(self.namespaces)} "
                 "namespaces, shared network, read-only root, private /tmp, the task's "
-                f"data directory writable) + {super().describe()}")
+                f"data directory writable, {who}) + {super().describe()}")
+
+    def _give(self, path: Path) -> None:
+        """Make a task's directory (and what is in it) its user's, once: a task
+        directory written by an earlier run as root is handed over whole."""
+        assert self.task_ids is not None
+        uid, gid, _ = self.task_ids
+        if path.stat().st_uid == uid:
+            return
+        for root, dirs, files in os.walk(path):
+            for name in (*dirs, *files):
+                with contextlib.suppress(FileNotFoundError):
+                    os.lchown(os.path.join(root, name), uid, gid)
+        os.lchown(path, uid, gid)
 
     # ----------------------------------------------------------------- start
 
@@ -247,12 +309,18 @@ class SandboxRuntime(ProcessRuntime):
                 setenv = ["--setenv", "PLAIT_DATA_DIR", str(path)]
         # never the whole root read-write
         writable = [p for p in writable if p != Path("/")]
-        masked = []
+        if self.task_ids is not None:
+            for w in writable:
+                self._give(w)
+        masked, masked_files = [], []
         for hidden in (self.data_dir, *self.hidden):
             path = hidden.resolve()
-            if (path != Path("/") and path.is_dir() and path not in masked
-                    and not any(_inside(path, w) for w in writable)):
+            if path == Path("/") or any(_inside(path, w) for w in writable):
+                continue
+            if path.is_dir() and path not in masked:
                 masked.append(path)
+            elif path.is_file() and path not in masked_files:
+                masked_files.append(path)
         # outermost first, so that a directory inside another is mounted on top of it
         # (the task's directories are usually inside the masked agent directory)
         mounts: list[tuple[int, list[str]]] = [
@@ -263,10 +331,14 @@ class SandboxRuntime(ProcessRuntime):
         mounts += [(len(p.parts), ["--ro-bind", str(p), str(p)])
                    for p in _host_tmp_dirs(command, env, workdir)]
         mounts += [(len(m.parts), ["--tmpfs", str(m)]) for m in masked]
+        mounts += [(len(f.parts), ["--ro-bind", "/dev/null", str(f)]) for f in masked_files]
         mounts.sort(key=lambda m: m[0])
         argv = self._base_argv(sandbox_hostname(key))
         for _, opts in mounts:
             argv += opts
+        if self.task_ids is not None:
+            argv += self._traversable(writable + _host_tmp_dirs(command, env, workdir),
+                                      masked)
         for m in masked:
             # read-only once the task's directories are bound inside it (not recursive)
             argv += ["--remount-ro", str(m)]
@@ -276,7 +348,31 @@ class SandboxRuntime(ProcessRuntime):
         environment = ["--clearenv"]
         for name, value in env.items():
             environment += ["--setenv", name, value]
-        return [*argv, *environment, *setenv, "--chdir", str(workdir), "--", command, *args]
+        run = [command, *args]
+        if self.task_ids is not None:
+            # the task as its unprivileged user: setresuid from root drops every
+            # capability, and no_new_privs keeps any from coming back
+            uid, gid, setpriv = self.task_ids
+            run = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
+                   "--inh-caps=-all", "--", *run]
+        return [*argv, *environment, *setenv, "--chdir", str(workdir), "--", *run]
+
+    @staticmethod
+    def _traversable(bound: list[Path], masked: list[Path]) -> list[str]:
+        """bwrap's options that let the task's user reach what is bound for it: bwrap
+        makes the directories on the way to a bind inside a tmpfs (the private /tmp,
+        a hidden directory) root's own, 0700; they are made 0755, and the private
+        /tmp is made writable by all, as a /tmp is (1777)."""
+        roots = [Path("/tmp"), *masked]
+        opts = ["--chmod", "1777", "/tmp"]
+        done: set[Path] = {Path("/tmp")}
+        for path in bound:
+            for up in reversed(path.parents):
+                if up in done or not any(_inside(up, r) for r in roots):
+                    continue
+                done.add(up)
+                opts += ["--chmod", "0755", str(up)]
+        return opts
 
     def _exec_env(self, env: dict[str, str]) -> dict[str, str]:
         return {"PATH": os.defpath}

@@ -259,7 +259,11 @@ def agent(
         help="process (cgroups or rlimits), or sandbox (bubblewrap namespaces and a "
              "read-only root, plus the same limits)")] = "process",
     hide: Annotated[list[Path] | None, typer.Option(
-        help="a directory sandboxed tasks must not see (repeatable)")] = None,
+        help="a directory or file sandboxed tasks must not see (repeatable; the join "
+             "token file is hidden anyway)")] = None,
+    task_user: Annotated[str, typer.Option(
+        help="sandbox, agent run as root: the user tasks run as (root: as root, with "
+             "reduced capabilities)")] = "nobody",
     ca_file: Annotated[str | None, typer.Option(
         help="the CA certificate of the control plane's https URLs (plait admin certs "
              "writes ca.pem); default: the system's authorities")] = None,
@@ -315,7 +319,9 @@ def agent(
         applier = make_applier(profile_applier, data_dir / "sidekick", script=profile_script,
                                timeout=profile_timeout)
         a = Agent(machine_id, control_plane.split(","), join_token, data_dir, advertise,
-                  runtime=create_runtime(runtime, data_dir, hide or ()),
+                  runtime=create_runtime(runtime, data_dir, [
+                      *(hide or ()), *([join_token_file] if join_token_file else [])],
+                      task_user),
                   describe=described if fault_domain is not None else None,
                   ca_file=ca_file, applier=applier)
     except (ValueError, OSError, RuntimeError, PlaitError) as exc:
