@@ -227,3 +227,45 @@ def test_url_and_token_work_after_the_verb_too():
         "plait", "context", "set", "x", "--url", "http://a"]
     assert hoist(["plait", "job", "deploy", "--", "--url"]) == [
         "plait", "job", "deploy", "--", "--url"]
+
+
+def test_a_rollouts_bar_counts_only_the_new_versions_tasks_and_says_why_unplaced(
+        monkeypatch):
+    """``--wait``'s bar: before the new version is applied, the old version's updated
+    tasks are not the new one's (the bar was full, and its clock stopped, from the
+    start); a job that cannot be placed says why while it waits."""
+    import io
+
+    from rich.console import Console
+
+    import plait.cli.jobs as jobs
+    from plait.cli.common import err
+
+    base = {"task_count": 6, "version": 2, "unavailable": 0, "serving": 6, "halted": None,
+            "batch": False, "unplaced_reason": None, "settled": False}
+    answers = iter([
+        {**base, "applied_version": 1, "updated": 6},
+        {**base, "applied_version": 2, "updated": 2, "unavailable": 2, "serving": 4,
+         "unplaced_reason": "no machine satisfies the hard requirements with room"},
+        {**base, "applied_version": 2, "updated": 6, "settled": True},
+    ])
+    seen = []
+
+    class Fake:
+        def get(self, path):
+            return next(answers)
+    import rich.progress
+
+    original = rich.progress.Progress.update
+
+    def spy(self, task_id, **fields):
+        if "completed" in fields:
+            seen.append((fields["completed"], fields.get("detail")))
+        return original(self, task_id, **fields)
+    monkeypatch.setattr(rich.progress.Progress, "update", spy)
+    monkeypatch.setattr(err, "_console", Console(file=io.StringIO(), width=200))
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
+    job = jobs.follow(Fake(), "web", timeout=60)
+    assert job["settled"]
+    assert [c for c, _ in seen] == [0, 2, 6]
+    assert "unplaced: no machine satisfies" in seen[1][1]

@@ -107,10 +107,15 @@ def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[st
                 if job["phase"] == "complete" and job["applied_version"] == job["version"]:
                     return job
             else:
-                progress.update(bar, total=job["task_count"], completed=job["updated"],
+                # (until the new version is applied, "updated" counts the old one's tasks:
+                # a bar full from the start, and Rich's clock stopped with it)
+                done = job["updated"] if job.get("applied_version") == job["version"] else 0
+                reason = job.get("unplaced_reason")
+                progress.update(bar, total=job["task_count"], completed=done,
                                 description=f"{name} v{job['version']}",
                                 detail=f"{job['unavailable']} unavailable, {job['serving']} "
-                                       "serving")
+                                       "serving" + (f"; unplaced: {reason}" if reason
+                                                    else ""))
                 if job["halted"]:
                     raise CliError(f"rollout of {name} halted: {job['halted']} "
                                    f"(plait job resume {name}, or roll back)", EXIT_FAILED)
