@@ -116,6 +116,10 @@ class ClientConfig:
 
     def set_context(self, name: str, url: str, token: str | None, use: bool = True,
                     ca_file: str | None = None) -> None:
+        """``ca_file`` is kept as an absolute path: the configuration is read from any
+        directory."""
+        if ca_file is not None:
+            ca_file = os.path.abspath(ca_file)
         self.contexts[name] = Context(url, token, ca_file)
         if use or self.current_context is None:
             self.current_context = name

@@ -159,3 +159,18 @@ def test_tls_to_a_server_that_speaks_none_is_not_retried(transport, monkeypatch,
     assert len(rounds) == 2
     out, errors = capfd.readouterr()  # (a quiet client's retries are not logged)
     assert "retry_scheduled" not in out + errors
+
+
+def test_a_contexts_ca_file_is_kept_absolute_and_a_missing_one_is_named(
+        tmp_path, monkeypatch):
+    # a serve started with --ca-file tls/ca.pem wrote the relative path: the CLI then
+    # failed in any other directory, with an error that named no file
+    from plait.clientconfig import ClientConfig
+
+    monkeypatch.chdir(tmp_path)
+    config = ClientConfig()
+    config.set_context("local", "https://127.0.0.1:9", "t", ca_file="tls/ca.pem")
+    assert config.contexts["local"].ca_file == str(tmp_path / "tls" / "ca.pem")
+    with Client("https://127.0.0.1:9", ca_file="nothere.pem", transport="stdlib",
+                attempts=1) as c, pytest.raises(OSError, match="the CA file nothere.pem"):
+        c.get("/healthz")

@@ -300,7 +300,12 @@ class _Stdlib:
         if secure:
             import ssl
 
-            self._context = ssl.create_default_context(cafile=ca_file)
+            try:
+                self._context = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as exc:  # (the error alone names no file)
+                raise OSError(getattr(exc, "errno", None) or 0,
+                              f"the CA file {ca_file}: {getattr(exc, 'strerror', None) or exc}"
+                              ) from None
         self._conns: dict[str, Any] = {}
 
     def request(self, method: str, url: str, json: Any = None,
