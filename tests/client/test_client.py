@@ -172,5 +172,5 @@ def test_a_contexts_ca_file_is_kept_absolute_and_a_missing_one_is_named(
     config.set_context("local", "https://127.0.0.1:9", "t", ca_file="tls/ca.pem")
     assert config.contexts["local"].ca_file == str(tmp_path / "tls" / "ca.pem")
     with Client("https://127.0.0.1:9", ca_file="nothere.pem", transport="stdlib",
-                attempts=1) as c, pytest.raises(OSError, match="the CA file nothere.pem"):
+                attempts=1) as c, pytest.raises(OSError, match=r"the CA file nothere\.pem"):
         c.get("/healthz")
