@@ -521,3 +521,21 @@ def test_the_store_refuses_any_value_over_its_limit(tmp_path):
         s.commit(txn)
     assert s.get("/a")[0] == b"x" and not s.exists("/b")
     s.close()
+
+
+def test_a_misspelt_field_is_named_beside_the_field_it_misses(live):
+    entitlement(live)
+    spec = {"name": "typo", "entitlement": "web", "task_count": 1, "command": "serve",
+            "resouces": {"cpu": 1, "memory_gb": 1}, "helth": {"http": "/"}}
+    r = live.admin.post("/v1/jobs", json=spec)
+    assert r.status_code == 422
+    answer = r.json()
+    assert answer["field"] == "resources"  # (the first, for programs)
+    for said in ("resources: Field required", "resouces: Extra inputs are not permitted",
+                 "helth: Extra inputs are not permitted"):
+        assert said in answer["message"], answer["message"]
+    assert live.admin.get("/v1/jobs/typo").status_code == 404  # nothing half-written
+    # at most ten problems are named, then how many more
+    many = {**spec, **{f"x{i}": 1 for i in range(15)}}
+    message = live.admin.post("/v1/jobs", json=many).json()["message"]
+    assert message.count("Extra inputs are not permitted") <= 9 and "more" in message

@@ -241,6 +241,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 #: the one answer to every token that is not valid (malformed, unknown, revoked, or
 #: with a wrong secret): why is recorded as an auth event, not told to the caller
 INVALID_TOKEN = "invalid token"
+#: problems of a malformed request named in its answer at most
+MAX_PROBLEMS = 10
 #: refused requests recorded as events: a burst of this many, then one each 10 s (with
 #: how many were left out); a flood from anyone, with no token, then takes at most a
 #: fifth of an event a second of the retained events
@@ -451,11 +453,19 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             reason = first.get("ctx", {}).get("error", "JSON decode error")
             return _error(422, "invalid", f"the request body is not valid JSON: {reason} "
                                           f"(at character {first['loc'][-1]})")
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
-        field = ".".join(loc)
-        message = f"{field}: {first.get('msg', 'invalid')}" if field else str(
-            first.get("msg", "invalid request"))
-        return _error(422, "invalid", message, field)
+        # every problem, not the first alone: a misspelt field is both a required one
+        # missing and an unknown one given, and the second says which
+        said = []
+        for e in errors[:MAX_PROBLEMS]:
+            where = ".".join(str(p) for p in e.get("loc", ())
+                             if p not in ("body", "query", "path"))
+            said.append(f"{where}: {e.get('msg', 'invalid')}" if where else
+                        str(e.get("msg", "invalid request")))
+        if len(errors) > MAX_PROBLEMS:
+            said.append(f"and {len(errors) - MAX_PROBLEMS} more")
+        field = ".".join(str(p) for p in first.get("loc", ())
+                         if p not in ("body", "query", "path"))
+        return _error(422, "invalid", "; ".join(said), field)
 
     # innermost: a follower forwards creates, and bodies over the limit never get here
     app.add_middleware(FastCreate, create=lambda scope, body: create_plain(scope, body),

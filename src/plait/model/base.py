@@ -57,18 +57,26 @@ def parse(kind: type[V], data: Any) -> V:
     """Build ``kind`` from plain data (a dict from JSON or YAML).
 
     Raises ``plait.errors.ValidationError`` naming the first offending field, e.g.
-    ``resources.cpu: Input should be greater than 0``.
+    ``resources.cpu: Input should be greater than 0``, and the others after it (a
+    misspelt field is a required one missing and an unknown one given: both are said).
     """
     if not isinstance(data, dict):
         raise ValidationError("", f"{kind.__name__} must be an object, got {type(data).__name__}")
     try:
         return kind.model_validate(data)
     except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        msg = str(first["msg"])
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        raise ValidationError(_dotted(tuple(first["loc"])), msg) from None
+        errors = exc.errors()
+
+        def said(e: Any) -> str:
+            msg = str(e["msg"])
+            return msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
+        first = errors[0]
+        msg = said(first)
+        more = [f"{_dotted(tuple(e['loc']))}: {said(e)}" for e in errors[1:10]]
+        if len(errors) > 10:
+            more.append(f"and {len(errors) - 10} more")
+        raise ValidationError(_dotted(tuple(first["loc"])),
+                              "; ".join([msg, *more])) from None
 
 
 def build(kind: type[V], **fields: Any) -> V:
