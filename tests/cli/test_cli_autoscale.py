@@ -25,6 +25,15 @@ def test_a_job_follows_the_load_pushed_to_it(plane, tmp_path: Path):
                              "--target", "0.5", "--max", "12",
                              "--interval", "1", "-o", "json").stdout)
     assert shown["policy"]["max_tasks"] == 12 and shown["interval_seconds"] == 1
+    # no setting given: the policy, as it is (it was reset to the defaults)
+    looked = json.loads(plait("job", "autoscale", "api", "-o", "json").stdout)
+    assert looked["policy"] == shown["policy"] and looked["interval_seconds"] == 1
+    # one setting given: that one changes, the others keep their values
+    changed = json.loads(plait("job", "autoscale", "api", "--max", "10", "-o",
+                               "json").stdout)
+    assert changed["policy"] == {**shown["policy"], "max_tasks": 10}
+    assert changed["interval_seconds"] == 1
+    plait("job", "autoscale", "api", "--max", "12")
     plait("job", "load", "api", "3")  # 3 tasks' worth at 50 %: 6 tasks
     deadline = time.monotonic() + 60
     while json.loads(plait("job", "show", "api", "-o", "json").stdout)["spec"][

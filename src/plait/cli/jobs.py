@@ -282,29 +282,43 @@ def job_resize(name: str, task_count: int, wait: Wait = False, timeout: Timeout 
          f"resize to {task_count}", wait, timeout, output)
 
 
+#: a new autoscale policy's settings where the command names none
+AUTOSCALE_DEFAULTS = {"metric": "cpu", "target_utilization": 0.6, "min_tasks": 1,
+                      "max_tasks": 100_000, "scale_down_fraction": 0.1,
+                      "history_weight": 0.5}
+AUTOSCALE_INTERVAL = 300.0
+
+
 @job_app.command("autoscale")
 @guarded
 def job_autoscale(
     name: str,
-    target: Annotated[float, typer.Option(min=0.01, max=1.0,
-                                          help="the utilization it sizes for")] = 0.6,
-    metric: Annotated[str, typer.Option(
+    target: Annotated[float | None, typer.Option(
+        min=0.01, max=1.0, help="the utilization it sizes for [new policy: 0.6]")] = None,
+    metric: Annotated[str | None, typer.Option(
         help="cpu: the CPU its agents report; external: the load pushed with plait job "
-             "load")] = "cpu",
-    min_tasks: Annotated[int, typer.Option("--min", min=0)] = 1,
-    max_tasks: Annotated[int, typer.Option("--max", min=0)] = 100_000,
-    scale_down: Annotated[float, typer.Option(
-        min=0.001, max=1.0, help="the most of its tasks it sheds per decision")] = 0.1,
-    history_weight: Annotated[float, typer.Option(
-        min=0.0, max=1.0, help="weight of yesterday's and last week's load")] = 0.5,
-    interval: Annotated[float, typer.Option(min=1, help="seconds between decisions")] = 300,
-    show: Annotated[bool, typer.Option("--show", help="print the policy only")] = False,
+             "load [new policy: cpu]")] = None,
+    min_tasks: Annotated[int | None, typer.Option(
+        "--min", min=0, help="[new policy: 1]")] = None,
+    max_tasks: Annotated[int | None, typer.Option(
+        "--max", min=0, help="[new policy: 100000]")] = None,
+    scale_down: Annotated[float | None, typer.Option(
+        min=0.001, max=1.0, help="the most of its tasks it sheds per decision [new "
+                                 "policy: 0.1]")] = None,
+    history_weight: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="weight of yesterday's and last week's load [new policy: "
+                               "0.5]")] = None,
+    interval: Annotated[float | None, typer.Option(
+        min=1, help="seconds between decisions [new policy: 300]")] = None,
+    show: Annotated[bool, typer.Option("--show", help="print the policy only (as with no "
+                                                      "setting given)")] = False,
     off: Annotated[bool, typer.Option("--off", help="stop autoscaling the job")] = False,
     output: Output = "table",
 ) -> None:
     """Autoscale a job: its size follows its load (the CPU its tasks use, or the load
     pushed with ``plait job load``), for the target utilization, within [--min,
-    --max]."""
+    --max]. The settings given change the job's policy; the others keep their values
+    (a new policy's defaults, for a job without one). With no setting: the policy."""
     a = api()
     path = f"/v1/jobs/{q(name)}/autoscale"
     if off:
@@ -312,11 +326,22 @@ def job_autoscale(
         say(f"job {name}: autoscaling off (its size stays, and its sizing intent is gone: "
             "plait job resize sizes it)")
         return
-    if not show:
-        a.put(path, {"interval_seconds": interval, "policy": {
-            "metric": metric, "target_utilization": target, "min_tasks": min_tasks,
-            "max_tasks": max_tasks, "scale_down_fraction": scale_down,
-            "history_weight": history_weight}})
+    given = {k: v for k, v in {
+        "metric": metric, "target_utilization": target, "min_tasks": min_tasks,
+        "max_tasks": max_tasks, "scale_down_fraction": scale_down,
+        "history_weight": history_weight}.items() if v is not None}
+    if not show and (given or interval is not None):
+        try:
+            current = a.get(path)
+        except CliError as exc:
+            if "not found" not in exc.message:
+                raise
+            current = None
+        policy = {**AUTOSCALE_DEFAULTS, **({k: current["policy"][k] for k in
+                                            AUTOSCALE_DEFAULTS} if current else {}), **given}
+        every = interval if interval is not None else (
+            float(current["interval_seconds"]) if current else AUTOSCALE_INTERVAL)
+        a.put(path, {"interval_seconds": every, "policy": policy})
     emit(a.get(path), output, lambda d: kv_table(d, f"autoscaling of {name}"))
 
 
