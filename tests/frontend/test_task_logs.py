@@ -55,3 +55,7 @@ def test_task_output_is_read_through_the_api_and_only_a_tasks_machine_may_send_i
                                 ("/v1/jobs/web/tasks/0/logs", {"after": "9" * 30}, "after")):
         r = live.admin.get(path, params=params)
         assert r.status_code == 422 and r.json()["field"] == field, r.text
+    # a task the job does not have is said to be one (it answered an empty tail)
+    r = live.admin.get("/v1/jobs/web/tasks/99/logs")
+    assert r.status_code == 404 and "job web has no task 99 (it has tasks 0..1)" in (
+        r.json()["message"])

@@ -54,6 +54,11 @@ class TaskLogs:
             for key in [k for k in self._tails if k[0] == job]:
                 del self._tails[key]
 
+    def holds(self, job: str, index: int) -> bool:
+        """Is any output of the task kept?"""
+        with self._lock:
+            return (job, index) in self._tails
+
     def read(self, job: str, index: int, after: int = 0,
              limit: int = 1 << 20) -> tuple[str, int, bool, str | None]:
         """(text after offset ``after``, the next offset, whether output between

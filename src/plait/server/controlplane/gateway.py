@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from plait.errors import NotFound
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assignment, Stops, TaskStatus
 from plait.server.controlplane.waiters import Waiters
@@ -105,7 +106,13 @@ class AgentGateway:
 
     def task_logs(self, job: str, index: int, after: int,
                   limit: int) -> tuple[str, int, bool, str | None]:
-        self.cp.jobs.get(job)
+        doc = self.cp.jobs.get(job)
+        count = doc.spec.task_count
+        if index >= count and not self.cp.logs.holds(job, index):
+            # (a task past the job's size whose output is still kept, from before a
+            # shrink, is read as any other)
+            raise NotFound("task", f"{job}/{index}", f"job {job} has no task {index} (it "
+                           f"has {'tasks 0..' + str(count - 1) if count else 'no tasks'})")
         return self.cp.logs.read(job, index, after, limit)
 
     def report(self, machine: str, statuses: list[TaskStatus],
