@@ -6,6 +6,7 @@ show and end what they set."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -100,6 +101,9 @@ def test_a_code_config_and_host_profile_canary(plane, tmp_path: Path):
     shown = plait("canary", "start", "api", "pc", "--spec", str(canary), "--tasks", "1",
                   "--host-profile", "tuned").stdout
     assert "tuned" in shown
+    # (its end as a time, not seconds since 1970; no "None" for a version to be made)
+    said = " ".join(shown.replace("│", " ").split())
+    assert "None" not in said and re.search(r"until \d{4}-\d\d-\d\d \d\d:\d\d", said)
     until(lambda: running(plane) == {"serve": 3, "serve-canary": 1})
     view = json.loads(plait("canary", "show", "api", "pc", "-o", "json").stdout)
     child = view["entitlement"]

@@ -187,8 +187,10 @@ def _canary_table(d: dict[str, Any]) -> None:
               "hardware": i.get("hardware") or "any",
               "host profile": i.get("host_profile") or "the entitlement's",
               **({"entitlement": d["entitlement"]} if d.get("entitlement") else {}),
-              "version": str(d.get("version")),
-              "until": f"{d['until']:.0f}", "by": d.get("actor") or "-"},
+              "version": ("made at the next pass" if d.get("version") is None
+                          else str(d["version"])),
+              "until": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(d["until"]))),
+              "by": d.get("actor") or "-"},
              f"canary {d['name']} of {d['job']}")
 
 
