@@ -269,3 +269,23 @@ def test_a_rollouts_bar_counts_only_the_new_versions_tasks_and_says_why_unplaced
     assert job["settled"]
     assert [c for c, _ in seen] == [0, 2, 6]
     assert "unplaced: no machine satisfies" in seen[1][1]
+
+
+def test_a_tables_values_are_never_cut_short(monkeypatch):
+    # on an 80-column terminal, or a pipe, `plait token list` showed "295882b68bf8f…":
+    # an id no one could copy into `plait token revoke`
+    import io
+
+    from rich.console import Console
+
+    from plait.cli.common import out, rows
+
+    screen = io.StringIO()
+    monkeypatch.setattr(out, "_console", Console(file=screen, width=60))
+    token_id = "295882b68bf8f0f3a8e1c2d4"
+    name = "a-rather-long-owner-name-that-does-not-fit"
+    rows(["id", "role", "name", "created"], [[token_id, "owner", name, "2026-11-28 04:30"]])
+    text = screen.getvalue()
+    assert token_id in text and "…" not in text
+    assert "".join(line.split("│")[3].strip() for line in text.splitlines()
+                   if line.count("│") == 5) == name  # folded over lines, not cut

@@ -118,10 +118,15 @@ def rows(columns: list[str], items: list[list[Any]], title: str | None = None) -
     from rich.table import Table
 
     t = Table(title=title)
-    for c in columns:
-        t.add_column(c)
-    for item in items:
-        t.add_row(*["" if v is None else str(v) for v in item])
+    cells = [["" if v is None else str(v) for v in item] for item in items]
+    for k, c in enumerate(columns):
+        # nothing is cut to an ellipsis (an id to copy, a name): a narrow terminal or a
+        # pipe folds long values; the first column (what a row is) is never folded
+        widest = max((len(row[k]) for row in cells), default=0)
+        t.add_column(c, overflow="fold", no_wrap=k == 0,
+                     min_width=max(len(c), widest) if k == 0 else None)
+    for row in cells:
+        t.add_row(*row)
     out.print(t)
 
 
