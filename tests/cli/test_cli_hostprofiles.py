@@ -124,7 +124,7 @@ def test_owners_read_profiles_and_admins_write_them(plane, tmp_path: Path):
 def test_the_example_profiles_are_valid(plane):
     made = json.loads(plait("hostprofile", "create", str(EXAMPLES / "hostprofiles.yaml"),
                             "-o", "json").stdout)
-    assert [p["name"] for p in made] == ["web", "batch"]
+    assert [p["name"] for p in made] == ["web", "batch", "web-next"]
 
 
 def test_an_owner_sees_only_its_own_entitlements_on_a_profile(plane, tmp_path: Path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import sys
 import time
@@ -45,7 +46,11 @@ class _Console:
         if self._console is None:
             from rich.console import Console
 
-            self._console = Console(stderr=self._stderr)
+            stream = sys.stderr if self._stderr else sys.stdout
+            # a pipe (a script, a file, grep) takes tables at their own width: nothing
+            # folded to the 80 columns Rich assumes when there is no terminal
+            wide = not self._stderr and not stream.isatty() and "COLUMNS" not in os.environ
+            self._console = Console(stderr=self._stderr, width=4096 if wide else None)
         return self._console
 
     def __getattr__(self, name: str) -> Any:
