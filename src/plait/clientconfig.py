@@ -114,6 +114,22 @@ class ClientConfig:
             raise
         return path
 
+    def own_context(self, name: str, url: str) -> str:
+        """The context a region served at ``url`` writes, asked to be ``name``: that
+        one, unless it holds another region's URL (kept: its token may be the only
+        copy the user has at hand); then ``name-PORT`` (or ``name-2``, ...)."""
+        held = self.contexts.get(name)
+        if held is None or held.url == url:
+            return name
+        port = url.rsplit(":", 1)[-1].split("/", 1)[0]
+        candidates = [f"{name}-{port}"] if port.isdigit() else []
+        candidates += [f"{name}-{n}" for n in range(2, 1000)]
+        for candidate in candidates:
+            other = self.contexts.get(candidate)
+            if other is None or other.url == url:
+                return candidate
+        raise ValidationError("context", f"no free context name like {name!r}")
+
     def set_context(self, name: str, url: str, token: str | None, use: bool = True,
                     ca_file: str | None = None) -> None:
         """``ca_file`` is kept as an absolute path: the configuration is read from any

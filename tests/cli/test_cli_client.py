@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from plait.clientconfig import ClientConfig
+from plait.model import RegionSpec
 from plait.server.serve import free_port
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -252,3 +253,26 @@ def test_names_are_escaped_in_urls_and_matched_whole(plane, tmp_path):
     res = plait("job", "deploy", str(bad), ok=False)
     assert res.exit_code == 2 and "name" in res.output
     assert plane.control_plane.jobs.names() == ["victim"]
+
+
+def test_a_second_region_keeps_the_first_regions_context(plane, tmp_path):
+    # a second `plait serve` on another port used to overwrite `local`: the first
+    # region's URL and admin token gone from the configuration
+    from plait.server.controlplane import ControlPlaneConfig
+    from plait.server.serve import prepare
+
+    second = prepare(tmp_path / "data2", None, ControlPlaneConfig(
+        region=RegionSpec.sized(4, dcs=1, msbs_per_dc=2, rows_per_msb=1, racks_per_row=1)),
+        port=1)
+    try:
+        port = second.url.rsplit(":", 1)[1]
+        assert second.context == f"local-{port}"
+        cfg = ClientConfig.load(plane.config_path)
+        assert cfg.contexts["local"].url == plane.url
+        assert cfg.contexts["local"].token == plane.admin_token
+        assert cfg.contexts[f"local-{port}"].token == second.admin_token
+        assert cfg.current_context == f"local-{port}"
+        # the same region again (a restart): its own context, not a third
+        assert ClientConfig.load(plane.config_path).own_context("local", plane.url) == "local"
+    finally:
+        second.control_plane.store.close()

@@ -135,7 +135,11 @@ def serve(
     log.info("control plane started", machines=len(cp.fleet), api=started.url, shard=shard)
     if started.config_path is not None:
         log.info("client configuration written", path=str(started.config_path),
-                 context=context)
+                 context=started.context)
+        if started.context != context:
+            log.warning("the client context asked for holds another region's URL: kept, "
+                        "and this region's written under another name",
+                        asked=context, written=started.context)
     # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
     # signal that stopped it, so nothing after run() would run)
     server = uvicorn.Server(uvicorn.Config(
@@ -211,6 +215,7 @@ def frontend(
     if write_config:
         admin_file = data_dir / "admin-token"
         client = ClientConfig.load(None)
+        context = client.own_context(context, url)
         old = client.contexts.get(context)
         token = admin_file.read_text().strip() if admin_file.exists() else (
             old.token if old is not None else None)

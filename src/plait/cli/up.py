@@ -193,7 +193,10 @@ def up(
                   f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
                   f"heartbeating), API on {server.url}"
                   + (f", replicas on {', '.join(urls[1:])}" if replicas > 1 else ""))
-    out.print(f"CLI configured ({started.config_path}): try "
+    named = "" if started.context in (None, "local") else (
+        f", context {started.context}: the context local is another region's")
+    out.print(f"CLI configured ({started.config_path}{named}): try "
+              "[cyan]plait entitlement create examples/entitlements.yaml[/cyan], then "
               "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
     out.print(f"logs: {data_dir / 'up.log'}, {data_dir / 'replicas'}/*.log, "
               f"{data_dir / 'agents'}/*/agent.log")

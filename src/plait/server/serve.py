@@ -49,6 +49,8 @@ class Started:
     #: the admin token, when this start created it (first start)
     admin_token: str | None
     config_path: Path | None
+    #: the client context written (another name when the asked one was another region's)
+    context: str | None = None
 
 
 class AsgiServer:
@@ -131,6 +133,7 @@ def prepare(data_dir: str | Path, store_url: str | None = None,
         os.replace(tmp, admin_file)
     if write_config:
         client = ClientConfig.load(config_path)
+        context = client.own_context(context, url)
         old = client.contexts.get(context)
         if token is None and old is not None:
             token = old.token  # the same region again: keep its token
@@ -139,4 +142,4 @@ def prepare(data_dir: str | Path, store_url: str | None = None,
             token = admin_file.read_text().strip() if admin_file.exists() else None
         client.set_context(context, url, token, ca_file=config.ca_file if config else None)
         written = client.save(config_path)
-    return Started(url, cp, token, written)
+    return Started(url, cp, token, written, context if write_config else None)
