@@ -6,14 +6,15 @@ import signal
 import subprocess
 
 import pytest
-from zkutil import ZK_SERVER, _free_port, wait_until
+from zkutil import ZK_SERVER, wait_until
 
+from plait.harness.zkensemble import _free_ports
 from plait.harness.zkensemble import mode as _mode
 
 
 @pytest.fixture
 def ensemble(tmp_path, zookeeper):  # ``zookeeper``: installed, or skipped/failed there
-    ports = [(_free_port(), _free_port(), _free_port()) for _ in range(3)]
+    ports = _free_ports(3)  # (all different: picked one by one, two could repeat)
     servers = "".join(f"server.{i + 1}=127.0.0.1:{p}:{e}\n" for i, (_, p, e) in enumerate(ports))
     procs = []
     for i, (client, _, _) in enumerate(ports):
@@ -61,3 +62,11 @@ def test_the_store_survives_the_loss_of_the_leading_member(ensemble):
     assert value == b"spec"
     assert store.set("/jobs/j3", b"updated", version) == version + 1
     store.close()
+
+
+def test_an_ensembles_ports_are_all_different():
+    # a member's election port once equalled another's quorum port (each picked free
+    # one at a time): once its first leader died, the ensemble never elected another
+    for _ in range(50):
+        ports = [p for member in _free_ports(5) for p in member]
+        assert len(set(ports)) == len(ports) == 15

@@ -24,10 +24,22 @@ def installed() -> bool:
     return os.path.exists(ZK_SERVER) and shutil.which("java") is not None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(size: int) -> list[tuple[int, int, int]]:
+    """Client, quorum and election ports for ``size`` members, all different: every
+    socket is held until all are picked (ports picked one at a time, each socket closed
+    at once, may repeat: one member's election port was another's quorum port, and the
+    ensemble could not elect a leader once its first one died)."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(3 * size):
+            s = socket.socket()
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+        ports = [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+    return [(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(size)]
 
 
 def mode(port: int) -> str:
@@ -57,7 +69,7 @@ class LocalEnsemble:
         self.work = Path(work)
         self.size = size
         self.tick_ms = tick_ms
-        self.ports = [(_free_port(), _free_port(), _free_port()) for _ in range(size)]
+        self.ports = _free_ports(size)
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
 
     @property
@@ -112,8 +124,7 @@ class LocalEnsemble:
                 return self
             self.stop()
             if attempt == 1:
-                self.ports = [(_free_port(), _free_port(), _free_port())
-                              for _ in range(self.size)]
+                self.ports = _free_ports(self.size)
         raise PlaitError(f"the ZooKeeper ensemble did not form within {timeout:g}s, twice "
                          f"on fresh ports (logs in {self.work})")
 
