@@ -663,6 +663,9 @@ def test_a_data_dir_the_task_user_cannot_reach_is_refused_by_name() -> None:
         with pytest.raises(RuntimeError, match="task user 'no-such-user' does not exist"):
             SandboxRuntime(closed / "agent", task_user="no-such-user")
         SandboxRuntime(closed / "agent", task_user="root")  # (as root: as before)
+        # a closed directory the sandbox hides is bwrap's own there (`plait up` hides its
+        # data dir, mode 0700, with its agents' dirs inside): nothing to refuse
+        SandboxRuntime(closed / "agent", task_user="nobody", hide=[closed])
     finally:
         shutil.rmtree(closed, ignore_errors=True)
 

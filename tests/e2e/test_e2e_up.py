@@ -227,3 +227,23 @@ def test_ctrl_c_stops_agents_and_replicas_restarted_by_hand(tmp_path):
     assert proc.returncode == 0, output.decode(errors="replace")
     assert not left, [cmdline(p) for p in left]
     assert all(p.poll() is not None for p in hand)
+
+
+def test_up_on_a_taken_port_says_so_and_starts_nothing(tmp_path):
+    # it started its agents, then failed with a traceback when its API could not
+    # listen, and the agents ran on with nothing to join
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "plait.cli.main", "up", "--data-dir",
+             str(tmp_path / "region"), "--machines", "2", "--port", str(port)],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")})
+    assert done.returncode == 2, done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"cannot listen on 127.0.0.1:{port}" in said and "Traceback" not in said
+    assert not (tmp_path / "region" / "agents").exists()  # no agent was started

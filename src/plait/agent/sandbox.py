@@ -139,12 +139,15 @@ def _host_tmp_dirs(command: str, env: Mapping[str, str], cwd: Path) -> list[Path
     return found
 
 
-def _closed_to_others(path: Path) -> Path | None:
-    """The first directory on the way to ``path`` that others may not search (the
-    sandbox's own /tmp aside: bwrap makes those), or None."""
+def _closed_to_others(path: Path, masked: Sequence[Path] = ()) -> Path | None:
+    """The first directory on the way to ``path`` that others may not search, or None.
+    Those in the sandbox's own /tmp, or in a directory the sandbox hides behind a tmpfs
+    (``masked``: ``plait up`` hides its whole data dir, mode 0700), are not the host's
+    there: bwrap makes them, searchable."""
     real = path.resolve()
+    roots = [Path("/tmp"), *(m.resolve() for m in masked)]
     for up in reversed(real.parents):
-        if _inside(up, Path("/tmp")):
+        if any(_inside(up, r) for r in roots):
             break
         with contextlib.suppress(OSError):
             if not os.stat(up).st_mode & 0o001:
@@ -203,7 +206,7 @@ class SandboxRuntime(ProcessRuntime):
                 raise RuntimeError("the sandbox runs tasks as an unprivileged user with "
                                    "setpriv: install Debian's util-linux")
             self.task_ids = (entry.pw_uid, entry.pw_gid, os.path.abspath(setpriv))
-            closed = _closed_to_others(Path(data_dir))
+            closed = _closed_to_others(Path(data_dir), self.hidden)
             if closed is not None:
                 raise RuntimeError(
                     f"sandboxed tasks run as {task_user}, who cannot reach the agent's data "

@@ -21,6 +21,19 @@ from plait.localprocs import alive, cmdline, kill_groups, plait_processes, proce
 
 
 # -- up ------------------------------------------------------------------------------------
+def _port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on, or None if it can."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
+
+
 def up(
     data_dir: Annotated[Path, typer.Option(help="store, tokens and agents' state")]
     = Path(".plait"),
@@ -35,6 +48,9 @@ def up(
         min=0, help="seconds the agents have for their first heartbeat")] = 30.0,
     runtime: Annotated[str, typer.Option(help="the agents' runtime: process or sandbox")]
     = "process",
+    task_user: Annotated[str, typer.Option(
+        help="sandbox, run as root: the user tasks run as (root: as root, with reduced "
+             "capabilities)")] = "nobody",
     replicas: Annotated[int, typer.Option(
         min=1, max=9, help="control-plane replicas (one leads; the others, `plait serve` "
                            "processes on ports PORT+1..., take over when it goes)")] = 1,
@@ -90,6 +106,12 @@ def up(
     except PlaitError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None
+    # before anything starts (agents that outlive a failed `up`): its port must be free
+    taken = _port_taken(host, port)
+    if taken is not None:
+        err.print(f"[red]error:[/red] cannot listen on {host}:{port} ({taken}): another "
+                  "plait up or plait serve there? (--port)")
+        raise typer.Exit(EXIT_INVALID)
     started = prepare(data_dir, store, config, host, port)
     cp = started.control_plane
     for shard in range(shards if sharded else 0):  # the front end waits for each one's leader
@@ -133,7 +155,8 @@ def up(
              "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
              "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
              "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
-             "--runtime", runtime, "--hide", str(data_dir.resolve()),
+             "--runtime", runtime, "--task-user", task_user,
+             "--hide", str(data_dir.resolve()),
              "--profile-applier", profile_applier,
              *(["--profile-script", profile_script] if profile_script else [])],
             stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
