@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -89,3 +90,15 @@ def plait_processes(data_dir: Path, verb: str) -> set[int]:
                 if where == root or where.startswith(root + "/"):
                     found.add(pid)
     return {pid for pid in found if alive(pid)}
+
+
+def listen_error(host: str, port: int) -> str | None:
+    """Why a server could not listen on ``host:port`` now, or None if it could (bound as
+    a server binds it: connections of its last run in TIME_WAIT do not count)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None

@@ -40,6 +40,7 @@ from plait.agent.probe import Prober
 from plait.agent.profile import ProfileSwitcher
 from plait.agent.runtime import Handle, ProcessRuntime
 from plait.agent.wakeup import Wakeup
+from plait.localprocs import listen_error
 from plait.metrics import AgentMetrics
 from plait.model.converge import converge
 from plait.model.job import restart_after
@@ -212,14 +213,7 @@ def checked_desired(desired: Any) -> dict[str, Any]:
 
 
 def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        # as a server binds it: connections of its last run in TIME_WAIT do not count
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
+    return listen_error(host, port) is None
 
 
 class Agent:

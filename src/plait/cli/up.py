@@ -17,23 +17,17 @@ from plait.cli.client import EXIT_INVALID
 from plait.cli.common import err, out
 from plait.cli.daemons import OtlpEndpoint, TraceFile
 from plait.errors import Conflict, PlaitError
-from plait.localprocs import alive, cmdline, kill_groups, plait_processes, processes_under
+from plait.localprocs import (
+    alive,
+    cmdline,
+    kill_groups,
+    listen_error,
+    plait_processes,
+    processes_under,
+)
 
 
 # -- up ------------------------------------------------------------------------------------
-def _port_taken(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be listened on, or None if it can."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            return exc.strerror or str(exc)
-    return None
-
-
 def up(
     data_dir: Annotated[Path, typer.Option(help="store, tokens and agents' state")]
     = Path(".plait"),
@@ -107,7 +101,7 @@ def up(
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None
     # before anything starts (agents that outlive a failed `up`): its port must be free
-    taken = _port_taken(host, port)
+    taken = listen_error(host, port)
     if taken is not None:
         err.print(f"[red]error:[/red] cannot listen on {host}:{port} ({taken}): another "
                   "plait up or plait serve there? (--port)")
