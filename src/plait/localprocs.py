@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 from collections.abc import Iterable
@@ -102,3 +103,33 @@ def listen_error(host: str, port: int) -> str | None:
         except OSError as exc:
             return exc.strerror or str(exc)
     return None
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # (Linux's default)
+
+
+def free_port_block(size: int = 1, host: str = "127.0.0.1") -> int:
+    """The first of ``size`` consecutive ports on ``host`` that a server could listen on
+    now, outside the kernel's ephemeral range: a port picked inside it (``bind`` to port
+    0) may be handed to any outgoing connection before its server binds it, and so may
+    its neighbours that a region of several servers (PORT+1...) listens on."""
+    low, high = _ephemeral_range()
+    spans = [(lo, hi) for lo, hi in ((10_000, low - 1), (high + 1, 65_535))
+             if hi - lo + 1 >= size]
+    for _ in range(500):
+        if not spans:
+            break
+        lo, hi = random.choice(spans)
+        base = random.randint(lo, hi - size + 1)
+        if all(listen_error(host, base + k) is None for k in range(size)):
+            return base
+    if size == 1:  # (no room outside the ephemeral range): one the kernel picks
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    raise OSError(f"no {size} consecutive free ports on {host}")

@@ -30,6 +30,7 @@ from runtimeutil import MODES, WAIT, RuntimeEnv, gone, proc_stat, wait_for
 from plait.agent import EXIT_UNKNOWN, Handle, ProcessRuntime
 from plait.agent.runtime import RUNTIMES, create_runtime, task_name
 from plait.agent.sandbox import MISSING_BWRAP, SandboxRuntime, sandbox_hostname
+from plait.server.serve import free_port
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -306,15 +307,9 @@ def test_filesystem_view(env: Env) -> None:
         inner_tmp.unlink(missing_ok=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_task_listening_on_its_port_is_reached_from_the_host(env: Env) -> None:
     (env.work / "hello.txt").write_text("hello from the sandbox")
-    port = _free_port()
+    port = free_port()
     h = env.start([PY, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                   env=env.task_env(PLAIT_PORT=str(port)))
     env.track(h)

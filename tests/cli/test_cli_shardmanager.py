@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -17,11 +16,7 @@ from pathlib import Path
 import httpx
 from test_cli_client import plait, write
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from plait.server.serve import free_port
 
 
 def test_serve_define_and_show(plane, tmp_path: Path) -> None:

@@ -35,6 +35,8 @@ def test_a_job_grows_to_the_cpu_its_tasks_use(region):
     wait_for(lambda: region.admin.get("/v1/jobs/burn").json()["spec"]["task_count"] >= 2,
              timeout=90, what="the autoscaler grows the job")
     view = region.admin.get("/v1/jobs/burn/autoscale").json()
-    assert view["load"]["value"] >= 0.9  # tasks' worth, measured from the agents
+    # the load it grew on, measured from the agents (in tasks' worth: a busy box gives
+    # a burning task less than the core it wants), is more than one task at 50 %
+    assert view["load"]["value"] > 0.5
     sizing = region.admin.get("/v1/jobs/burn/sizing").json()
     assert sizing["actor"] == "autoscaler" and sizing["intent"]["max"] == 3

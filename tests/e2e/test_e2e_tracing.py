@@ -92,7 +92,7 @@ def test_a_request_through_a_front_end_process_is_one_trace_with_the_shards(
 def test_plait_up_gives_its_replicas_the_same_tracing(tmp_path: Path) -> None:
     """`plait up --replicas 2 --trace-file F`: the replica it starts writes to F too; a
     request to it (a follower) is handed to the leader in the same trace."""
-    spans_file, data, port = tmp_path / "spans.jsonl", tmp_path / "region", free_port()
+    spans_file, data, port = tmp_path / "spans.jsonl", tmp_path / "region", free_port(size=2)
     env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
     for var in ("PLAIT_OTLP_ENDPOINT", "PLAIT_TRACE_FILE"):
         env.pop(var, None)

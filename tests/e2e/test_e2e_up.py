@@ -108,7 +108,7 @@ def test_up_with_replicas_survives_the_loss_of_its_own_process(tmp_path):
     """`plait up --replicas 2`: the replica it starts takes over when `plait up` itself
     (the leader) is killed; the next `plait up` adopts that replica, the agents and
     their tasks; Ctrl-C stops every one of them."""
-    data, port = tmp_path / "region", free_port()
+    data, port = tmp_path / "region", free_port(size=2)
     urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
     env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
 
@@ -130,7 +130,7 @@ def test_up_with_replicas_survives_the_loss_of_its_own_process(tmp_path):
     replica = None
     try:
         wait_for(lambda: role(urls[0]) == "leader" and role(urls[1]) == "follower",
-                 what="one leads, one follows")
+                 what="one leads, one follows", logs=data)
         replica = int((data / "replicas" / "1.pid").read_text())
         token = (data / "admin-token").read_text().strip()
         # a client of the follower: its requests are served by the leader
@@ -146,7 +146,7 @@ def test_up_with_replicas_survives_the_loss_of_its_own_process(tmp_path):
 
         proc.kill()  # `plait up` (the leader) dies; its replica and the agents do not
         proc.wait(timeout=30)
-        wait_for(lambda: role(urls[1]) == "leader", what="the replica takes over")
+        wait_for(lambda: role(urls[1]) == "leader", what="the replica takes over", logs=data)
         assert admin.post("/v1/jobs", json={**WEB, "name": "web2", "task_count": 0}
                           ).status_code == 201
         time.sleep(4)  # past the heartbeat timeout: the agents beat to the new leader
@@ -177,7 +177,7 @@ def test_up_with_replicas_survives_the_loss_of_its_own_process(tmp_path):
 def test_ctrl_c_stops_agents_and_replicas_restarted_by_hand(tmp_path):
     """An agent and a replica killed and started again by hand (same command line, as
     an operator would) are plait up's too: Ctrl-C leaves no process of the region."""
-    data, port = tmp_path / "region", free_port()
+    data, port = tmp_path / "region", free_port(size=2)
     urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
     env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
     proc = subprocess.Popen([sys.executable, "-m", "plait.cli.main", "up", "--data-dir",
@@ -247,3 +247,25 @@ def test_up_on_a_taken_port_says_so_and_starts_nothing(tmp_path):
     said = " ".join(done.stderr.split())
     assert f"cannot listen on 127.0.0.1:{port}" in said and "Traceback" not in said
     assert not (tmp_path / "region" / "agents").exists()  # no agent was started
+
+
+def test_up_on_a_taken_replica_port_says_so_and_starts_nothing(tmp_path):
+    # its replicas listen on PORT+1...: one that could not went unnoticed (the region
+    # ran with a replica less, and the test that waited for it timed out saying nothing)
+    import socket
+
+    port = free_port(size=2)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port + 1))
+        held.listen()
+        done = subprocess.run(
+            [sys.executable, "-m", "plait.cli.main", "up", "--data-dir",
+             str(tmp_path / "region"), "--machines", "2", "--port", str(port),
+             "--replicas", "2"],
+            capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")})
+    assert done.returncode == 2, done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"cannot listen on 127.0.0.1:{port + 1}" in said and "Traceback" not in said
+    assert f"plait up listens on {port}-{port + 1}" in said
+    assert not (tmp_path / "region" / "agents").exists()

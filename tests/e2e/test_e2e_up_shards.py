@@ -37,7 +37,7 @@ def role(url: str) -> str | None:
 
 
 def test_up_with_shards_on_zookeeper_survives_a_shard_leader_kill(tmp_path):
-    data, port = tmp_path / "region", free_port()
+    data, port = tmp_path / "region", free_port(size=5)
     front = f"http://127.0.0.1:{port}"
     shard1 = [f"http://127.0.0.1:{port + 3}", f"http://127.0.0.1:{port + 4}"]
     env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
@@ -52,7 +52,7 @@ def test_up_with_shards_on_zookeeper_survives_a_shard_leader_kill(tmp_path):
              "--shards", "2", "--replicas", "2", "--store", ensemble.url],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wait_for(lambda: role(front) == "frontend" and httpx.get(
-            f"{front}/healthz").status_code == 200, what="every shard has a leader")
+            f"{front}/healthz").status_code == 200, what="every shard has a leader", logs=data)
         return started
 
     first: dict[str, int] = {}

@@ -7,7 +7,6 @@ refused by name."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Iterator, Sequence
 
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from plait.model import TaskRef
+from plait.server.serve import free_port
 from plait.shardmanager.client import ShardApp, ShardTask
 from plait.shardmanager.service import ShardManager, app_token
 from plait.taskcontrol.protocol import (
@@ -40,12 +40,6 @@ class Dict(ShardApp):
 
     def drop_shard(self, shard: str) -> None:
         self.held.pop(shard, None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def until(check, bound: float = 30.0) -> None:

@@ -1,17 +1,16 @@
 """Helpers shared by the store tests (a module of its own: test modules import it,
 not conftest)."""
 
-import socket
 import time
 from collections.abc import Callable
+
+from plait.localprocs import free_port_block
 
 ZK_SERVER = "/usr/share/zookeeper/bin/zkServer.sh"
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port_block()
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 15.0) -> bool:

@@ -100,12 +100,33 @@ def up(
     except PlaitError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(EXIT_INVALID) from None
-    # before anything starts (agents that outlive a failed `up`): its port must be free
-    taken = listen_error(host, port)
-    if taken is not None:
-        err.print(f"[red]error:[/red] cannot listen on {host}:{port} ({taken}): another "
-                  "plait up or plait serve there? (--port)")
-        raise typer.Exit(EXIT_INVALID)
+    # sharded: the front end on PORT, shard S replica R on PORT+1+S*REPLICAS+R (this
+    # process runs the front end and shard 0's first replica)
+    first = port + 1 if sharded else port
+    # the other replicas: those left running by a killed `plait up` (or restarted by
+    # hand since) are adopted, the others started
+    planned: list[tuple[str, int, Path, int | None]] = []
+    for shard in range(shards):
+        for i in range(replicas):
+            if shard == 0 and i == 0:
+                continue  # (this process)
+            name = f"{shard}-{i}" if sharded else str(i)
+            pid_file = data_dir / "replicas" / f"{name}.pid"
+            at = first + shard * replicas + i
+            planned.append((name, at, pid_file,
+                            _alive_pid(pid_file, b"serve") or _serving_on(data_dir, at)))
+    # before anything starts (agents that outlive a failed `up`): every port this run
+    # listens on must be free
+    ours = [port, *([first] if sharded else []),
+            *(at for _, at, _, pid in planned if pid is None)]
+    for at in ours:
+        taken = listen_error(host, at)
+        if taken is not None:
+            flag = "--port" if at == port else f"--port (plait up listens on {port}-" \
+                f"{first + shards * replicas - 1})"
+            err.print(f"[red]error:[/red] cannot listen on {host}:{at} ({taken}): another "
+                      f"plait up or plait serve there? ({flag})")
+            raise typer.Exit(EXIT_INVALID)
     started = prepare(data_dir, store, config, host, port)
     cp = started.control_plane
     for shard in range(shards if sharded else 0):  # the front end waits for each one's leader
@@ -119,9 +140,6 @@ def up(
             f.write(token + "\n")
     # the agents start first (they retry their join until the API answers): their
     # start-up overlaps the control plane's
-    # sharded: the front end on PORT, shard S replica R on PORT+1+S*REPLICAS+R (this
-    # process runs the front end and shard 0's first replica)
-    first = port + 1 if sharded else port
     server = ApiServer(cp, host, first, log_level="warning",
                        replica=replicas > 1 or sharded)
     front = AsgiServer(ShardRouter(store_for(data_dir, store), identity=f"http://{host}:"
@@ -158,29 +176,22 @@ def up(
     # the other replicas, once this one campaigns (it leads, unless a replica left
     # running by a killed `plait up` does)
     followers: dict[str, subprocess.Popen[bytes] | int] = {}
-    for shard in range(shards):
-        for i in range(replicas):
-            if shard == 0 and i == 0:
-                continue  # (this process)
-            name = f"{shard}-{i}" if sharded else str(i)
-            pid_file = data_dir / "replicas" / f"{name}.pid"
-            pid_file.parent.mkdir(parents=True, exist_ok=True)
-            at = first + shard * replicas + i
-            pid = _alive_pid(pid_file, b"serve") or _serving_on(data_dir, at)
-            if pid is not None:  # left running (or restarted by hand since): adopted
-                followers[name] = pid
-                pid_file.write_text(f"{pid}\n")
-                continue
-            log = open(data_dir / "replicas" / f"{name}.log", "ab")  # noqa: SIM115
-            followers[name] = proc = subprocess.Popen(
-                [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data_dir),
-                 *(["--store", store] if store else []), "--host", host, "--port", str(at),
-                 "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
-                 str(heartbeat_timeout), "--startup-grace", str(startup_grace),
-                 "--controller-networks", "loopback,any", *tracing.argv(),
-                 *(["--shard", str(shard)] if sharded else [])],
-                stdout=log, stderr=log, start_new_session=True)
-            pid_file.write_text(f"{proc.pid}\n")
+    for name, at, pid_file, pid in planned:
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        if pid is not None:  # left running (or restarted by hand since): adopted
+            followers[name] = pid
+            pid_file.write_text(f"{pid}\n")
+            continue
+        log = open(data_dir / "replicas" / f"{name}.log", "ab")  # noqa: SIM115
+        followers[name] = proc = subprocess.Popen(
+            [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data_dir),
+             *(["--store", store] if store else []), "--host", host, "--port", str(at),
+             "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
+             str(heartbeat_timeout), "--startup-grace", str(startup_grace),
+             "--controller-networks", "loopback,any", *tracing.argv(),
+             *(["--shard", name.split("-")[0]] if sharded else [])],
+            stdout=log, stderr=log, start_new_session=True)
+        pid_file.write_text(f"{proc.pid}\n")
     if front is not None:
         front.start()
     lead = server.leadership
@@ -210,6 +221,10 @@ def up(
                   f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
                   f"heartbeating), API on {server.url}"
                   + (f", replicas on {', '.join(urls[1:])}" if replicas > 1 else ""))
+    for name, child in followers.items():  # (one that could not start says why in its log)
+        if not isinstance(child, int) and child.poll() is not None:
+            err.print(f"[yellow]warning:[/yellow] replica {name} exited with "
+                      f"{child.returncode}: see {data_dir / 'replicas' / f'{name}.log'}")
     named = "" if started.context in (None, "local") else (
         f", context {started.context}: the context local is another region's")
     out.print(f"CLI configured ({started.config_path}{named}): try "

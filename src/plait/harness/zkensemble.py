@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from plait.errors import PlaitError
+from plait.localprocs import free_port_block
 
 ZK_SERVER = "/usr/share/zookeeper/bin/zkServer.sh"
 #: the largest request the ensemble takes (bytes): a pass's transaction may carry a
@@ -25,21 +26,12 @@ def installed() -> bool:
 
 
 def _free_ports(size: int) -> list[tuple[int, int, int]]:
-    """Client, quorum and election ports for ``size`` members, all different: every
-    socket is held until all are picked (ports picked one at a time, each socket closed
-    at once, may repeat: one member's election port was another's quorum port, and the
-    ensemble could not elect a leader once its first one died)."""
-    held: list[socket.socket] = []
-    try:
-        for _ in range(3 * size):
-            s = socket.socket()
-            held.append(s)
-            s.bind(("127.0.0.1", 0))
-        ports = [int(s.getsockname()[1]) for s in held]
-    finally:
-        for s in held:
-            s.close()
-    return [(ports[3 * i], ports[3 * i + 1], ports[3 * i + 2]) for i in range(size)]
+    """Client, quorum and election ports for ``size`` members, all different (one
+    member's election port was once another's quorum port, and the ensemble could not
+    elect a leader once its first one died) and outside the ephemeral range (no
+    client's connection takes one before its member listens)."""
+    base = free_port_block(3 * size)
+    return [(base + 3 * i, base + 3 * i + 1, base + 3 * i + 2) for i in range(size)]
 
 
 def mode(port: int) -> str:

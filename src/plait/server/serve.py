@@ -4,7 +4,6 @@ for tests and benchmarks."""
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -36,10 +35,12 @@ def store_for(data_dir: str | Path, url: str | None = None) -> Store:
     return tracing.store(local)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1", size: int = 1) -> int:
+    """A free port (the first of ``size`` consecutive ones) outside the ephemeral range:
+    no outgoing connection takes it before its server listens."""
+    from plait.localprocs import free_port_block
+
+    return free_port_block(size, host)
 
 
 @dataclass
