@@ -128,3 +128,33 @@ def test_without_a_leader_a_follower_answers_503_and_applies_nothing(replicas):
     wait_for(lambda: b.role() == "leader")
     names = [e["name"] for e in b.api.get("/v1/entitlements").json()["entitlements"]]
     assert ("e2" in names) == (r.status_code == 201)
+
+
+def test_a_leader_loading_its_state_for_longer_than_its_session_keeps_the_lead(
+        replicas, monkeypatch):
+    # the lease was renewed by the thread that loads the state: a region whose state
+    # took longer than the session (1 s) to load lost the lead as soon as it won it,
+    # to a follower that then lost it the same way (a cold `plait up --shards 2` lost
+    # it once on this box, with an empty region)
+    import threading
+    import time
+
+    slow = threading.Event()
+    take_over = ControlPlane.take_over
+
+    def slow_take_over(self, *args, **kwargs):
+        if not slow.is_set():
+            slow.set()
+            time.sleep(3.0)  # 3 sessions
+        return take_over(self, *args, **kwargs)
+
+    monkeypatch.setattr(ControlPlane, "take_over", slow_take_over)
+    a = replicas()
+    wait_for(slow.is_set)
+    b = replicas()  # campaigns while the leader loads
+    wait_for(lambda: a.role() == "leader")
+    assert b.role() == "follower"
+    assert a.server.leadership is not None and a.server.leadership.terms == 1
+    assert b.server.leadership is not None and b.server.leadership.terms == 0
+    kinds = [e["kind"] for e in a.api.get("/v1/events", params={"limit": 500}).json()["events"]]
+    assert kinds.count("leader_elected") == 1 and "leadership_lost" not in kinds

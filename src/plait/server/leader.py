@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from plait.errors import NotFound
@@ -81,7 +82,8 @@ class Leadership:
         if won and not self.leading:
             started = time.monotonic()
             fence = getattr(self.election, "fence", None)
-            self.cp.take_over(fence() if fence is not None else None)
+            with self._renewing():  # (a large state loads for longer than a session)
+                self.cp.take_over(fence() if fence is not None else None)
             self.cp.loop.start()
             self.leading = True
             self.terms += 1
@@ -101,6 +103,29 @@ class Leadership:
             self._warmed = time.monotonic()
             with contextlib.suppress(Exception):  # (the store may be unreachable)
                 self.cp.keep_warm()
+
+    @contextlib.contextmanager
+    def _renewing(self) -> Iterator[None]:
+        """Renew the session from a thread of its own while the body runs: the state
+        a new leader loads may take longer than a session to load (ZooKeeper's client
+        pings by itself; a SQLite lease is renewed by ``step`` alone, which waits for
+        the load), and a lapsed lease would go to a follower, which would lose it the
+        same way."""
+        done = threading.Event()
+
+        def renew() -> None:
+            while not done.wait(self.session_timeout / 4):
+                with contextlib.suppress(Exception):  # (step sees a lapsed session)
+                    self.session.heartbeat()
+                    self._beat = time.monotonic()
+
+        thread = threading.Thread(target=renew, name="plait-lease", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def _renew(self) -> None:
         with contextlib.suppress(Exception):
