@@ -65,3 +65,28 @@ def test_after_a_start_agents_have_a_grace_for_their_first_heartbeat(tmp_path):
     states = {m["id"]: m["state"] for m in cp.views.machines(limit=1000)[0]}
     assert {m for m, s in states.items() if s == "healthy"} == {"m0000001"}
     cp.store.close()
+
+
+def test_a_loop_starting_makes_no_full_collection(tmp_path):
+    # a full collection holds the interpreter for all of its length; made as a replica
+    # became leader, it kept the lease from being renewed (stretched to 2.5 s on a busy
+    # box, the new leader lost its lease at once)
+    import gc
+
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(region=REGION))
+    generations: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(seen)
+    try:
+        cp.loop.prepare()
+    finally:
+        gc.callbacks.remove(seen)
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+        cp.store.close()
+    assert generations and 2 not in generations  # (the young ones: collected)

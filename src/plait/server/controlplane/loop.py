@@ -260,7 +260,12 @@ class Loop:
         young, middle, _ = gc.get_threshold()
         gc.set_threshold(young, middle, FULL_COLLECTIONS_NEVER)
         self._last_full = self._last_freeze = time.monotonic()
-        gc.collect()
+        # the young generations only, then freeze: a full collection holds the
+        # interpreter for all of its length, and it runs as a replica becomes leader,
+        # when the lease must be renewed (a cold `plait up` of 40 agents stretched one
+        # to 2.5 s on a 2-core box, and the new leader lost its lease at once); the
+        # first full one comes from ``collect``
+        gc.collect(1)
         gc.freeze()
 
     def run(self) -> None:
