@@ -90,3 +90,35 @@ def test_a_loop_starting_makes_no_full_collection(tmp_path):
         gc.set_threshold(*thresholds)
         cp.store.close()
     assert generations and 2 not in generations  # (the young ones: collected)
+
+
+def test_a_full_collection_longer_than_its_bound_is_skipped(tmp_path):
+    # a full collection holds the interpreter (0.52 s for 20,000 jobs of 2 tasks):
+    # longer than gc_full_max_pause, the leader's lease would go unrenewed
+    import gc
+
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(region=REGION))
+    loop = cp.loop
+    frozen_at_full: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            frozen_at_full.append(gc.get_freeze_count())
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(seen)
+    try:
+        loop.prepare()
+        assert gc.get_freeze_count() > 0
+        loop.full_seconds_per_object = 1.0  # (an estimate past any bound)
+        loop.collect(loop._last_full + cp.config.gc_full_seconds)
+        assert loop.full_skipped == 1 and frozen_at_full and frozen_at_full[-1] > 0
+        loop.full_seconds_per_object = 0.0  # (an estimate within it)
+        loop.collect(loop._last_full + cp.config.gc_full_seconds)
+        assert loop.full_skipped == 1 and frozen_at_full[-1] == 0  # (all of the heap)
+        assert loop.full_seconds_per_object > 0  # (timed, for the next one)
+    finally:
+        gc.callbacks.remove(seen)
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+        cp.store.close()

@@ -26,6 +26,10 @@ class ControlPlaneConfig:
     #: run a full collection this often (see ``ControlPlane._collect``)
     gc_freeze_seconds: float = 5.0
     gc_full_seconds: float = 600.0
+    #: the longest a full collection may hold the interpreter, as estimated from the
+    #: last one (a leader's lease is renewed every quarter of its 1 s session, and no
+    #: thread renews it while a collection runs); a longer one is skipped
+    gc_full_max_pause: float = 0.3
     #: run simulated agents on every machine (no real agents needed)
     sim_agents: bool = False
     #: seconds a simulated task takes to start (half that to stop)
