@@ -1,5 +1,7 @@
 """With real agents, a machine is available only while its agent heartbeats."""
 
+import json
+
 from livecp import REGION
 
 from plait.model import Entitlement, JobSpec, Quota, parse
@@ -122,3 +124,68 @@ def test_a_full_collection_longer_than_its_bound_is_skipped(tmp_path):
         gc.unfreeze()
         gc.set_threshold(*thresholds)
         cp.store.close()
+
+
+def test_most_machines_silent_at_once_fail_none_and_the_region_says_so(tmp_path):
+    """A front end down (every agent's only route) silences every machine at once: no
+    machine fails and no task is replaced; one machine silent alone still fails."""
+    now = [1000.0]
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
+        region=REGION, heartbeat_timeout=5, startup_grace=0), clock=lambda: now[0])
+    machines = [m["id"] for m in cp.views.machines(limit=1000)[0]]
+    alive = set(machines)
+
+    def tick(n=1):
+        for _ in range(n):
+            now[0] += 1
+            for m in sorted(alive):
+                statuses = [TaskStatus(a.job, a.index, a.revision, Phase.RUNNING)
+                            for a in cp.gateway.desired(m)]
+                cp.gateway.report(m, statuses)
+            cp.loop.step()
+
+    cp.commands.define_entitlement(Entitlement(name="web", owner="o", quota=Quota(machines=4)))
+    cp.commands.create_job(SPEC)
+    tick(3)
+    placed = {t["index"]: t["machine"] for t in cp.views.tasks_view("web")}
+    assert len(placed) == 2 and all(placed.values())
+    alive.clear()  # every agent's heartbeats stop together
+    tick(12)
+    assert {m["state"] for m in cp.views.machines(limit=1000)[0]} == {"healthy"}
+    assert {t["index"]: t["machine"] for t in cp.views.tasks_view("web")} == placed
+    kinds = [e.kind for e in cp.events.query(limit=1000)[0]]
+    assert kinds.count("heartbeats_lost") == 1 and "machine_unreachable" not in kinds
+    assert "task_lost" not in kinds
+    alive.update(machines)  # the path is back
+    tick(2)
+    kinds = [e.kind for e in cp.events.query(limit=1000)[0]]
+    assert kinds.count("heartbeats_resumed") == 1 and "machine_back" not in kinds
+    alive.discard(placed[0])  # one machine dies: failed, its task placed elsewhere
+    tick(8)
+    assert cp.views.machine(placed[0])["state"] == "failed"
+    assert placed[0] not in {t["machine"] for t in cp.views.tasks_view("web")}
+    cp.store.close()
+
+
+def test_a_failure_another_process_stored_first_is_taken_as_it_is(tmp_path):
+    """Two shards can both find a machine silent as it moves between them: the second
+    takes the stored failure instead of failing its pass."""
+    now = [1000.0]
+    store = store_for(tmp_path)
+    cp = ControlPlane(store, ControlPlaneConfig(
+        region=REGION, heartbeat_timeout=5, startup_grace=0), clock=lambda: now[0])
+    machines = [m["id"] for m in cp.views.machines(limit=1000)[0]]
+    dead = machines[0]
+    store.create(f"/broker/events/health-{dead}", json.dumps({
+        "schema": 1, "kind": "failure", "machines": [dead], "start": now[0], "end": None,
+        "reason": "no heartbeat for 5s"}).encode())
+    for _ in range(8):
+        now[0] += 1
+        for m in machines[1:]:
+            cp.gateway.report(m, [])
+        cp.loop.step()
+    assert cp.failures == 0
+    assert cp.views.machine(dead)["state"] == "failed"
+    assert [e.machine for e in cp.events.query(limit=1000)[0]
+            if e.kind == "machine_unreachable"] == [dead]
+    cp.store.close()

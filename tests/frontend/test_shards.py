@@ -6,6 +6,7 @@ wait is a liveness bound."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -346,3 +347,52 @@ def test_lenders_and_borrowers_share_a_shard_and_their_loans_are_listed(region):
     listed = api.get("/v1/machines", params={"loaned": "true"}).json()
     assert listed["total"] >= 1 and {m["loan"]["borrower"] for m in listed["machines"]} == {
         "batch"}
+
+
+def test_a_beat_taken_after_a_move_does_not_have_the_old_shard_fail_the_machine(tmp_path):
+    """An agent's heartbeat that reached the old shard just after its entitlement moved
+    away must not have that shard watch the machine again: its agent beats to the new
+    shard only, and the old one would fail it (and every task on it be replaced)."""
+    with ShardedBox(tmp_path, shards=2, machines=6, heartbeat_timeout=2.0) as region:
+        api = region.api
+        api.post("/v1/entitlements", json={"name": "a", "owner": "o",
+                                           "quota": {"machines": 3}})
+        api.post("/v1/jobs", json=job("ja", "a", tasks=3))
+        wait_for(lambda: region.running("ja", 3))
+        before = region.pids()
+        machines = {t["machine"] for t in api.get("/v1/jobs/ja/tasks").json()["tasks"]}
+        r = api.post("/v1/admin/entitlements/a/move", json={"shard": 1})
+        assert r.status_code == 200, r.text
+        old = region.cp(0)
+        wait_for(lambda: not machines & set(old.liveness.last))
+        with old.pending_lock:  # beats the gateway took just before the handoff, that
+            for m in machines:  # the old shard's pass reads after it
+                old.gateway._beats[m] = old.clock()
+        time.sleep(4 * 2.0)  # two heartbeat timeouts and more
+        assert not machines & set(old.liveness.last)
+        failed = [e.machine for s in (0, 1) for e in region.cp(s).events.query(limit=1000)[0]
+                  if e.kind == "machine_unreachable"]
+        assert failed == []
+        assert all(api.get(f"/v1/machines/{m}").json()["state"] == "healthy" for m in machines)
+        assert region.running("ja", 3) and region.pids() == before
+
+
+def test_an_update_naming_another_shards_entitlement_says_an_update_moves_no_job(region):
+    """Job ja runs in a (shard 0); a PUT of it naming b (shard 1) is answered as one
+    control plane answers it, to whoever may see the job; anyone else learns nothing."""
+    api = region.api
+    for ent in ("a", "b"):
+        api.post("/v1/entitlements", json={"name": ent, "owner": "o",
+                                           "quota": {"machines": 3}})
+    assert (region.entry("a")["shard"], region.entry("b")["shard"]) == (0, 1)
+    assert api.post("/v1/jobs", json=job("ja", "a")).status_code == 201
+    r = api.put("/v1/jobs/ja", json=job("ja", "b"))
+    assert r.status_code == 422, r.text
+    assert r.json()["message"] == ("job ja runs in entitlement 'a'; update cannot move it "
+                                   "(move it to another entitlement with a move)")
+    x = httpx.Client(base_url=region.front.url, timeout=30, headers={
+        "Authorization": "Bearer " + api.post("/v1/tokens", json={
+            "role": "owner", "name": "x"}).json()["token"]})
+    theirs = x.put("/v1/jobs/ja", json=job("ja", "b"))
+    assert theirs.status_code in (403, 404, 422) and "'a'" not in theirs.text
+    assert api.get("/v1/jobs/ja").json()["entitlement"] == "a"

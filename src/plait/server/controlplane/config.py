@@ -43,6 +43,11 @@ class ControlPlaneConfig:
     #: after the control plane starts, a machine whose agent has not heartbeated yet
     #: is unavailable only after this long (its agent may be starting too)
     startup_grace: float = 30.0
+    #: more than this share of the machines heard from silent at once (at least
+    #: ``silence_hold_min`` of them): none of them is failed, the path to the agents is
+    #: the likelier fault (``plait.health.service``; decision 128). 1.0: never held
+    silence_hold_fraction: float = 0.5
+    silence_hold_min: int = 3
     #: the CA certificate https TaskControllers (and a leader, for a follower) are
     #: checked against (default: the system's authorities)
     ca_file: str | None = None

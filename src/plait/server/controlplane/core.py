@@ -124,7 +124,7 @@ class ControlPlane:
         self.events = EventLog(store, config.retention)
         self.tokens = TokenStore(store)
         self.logs = TaskLogs()
-        self.liveness = HealthCheck(config.heartbeat_timeout)
+        self.liveness = self._health_check()
         self.sim: Simulation | None = None
         #: per machine: bumped whenever its desired set changes (agents long-poll it),
         #: counted from a base set when this replica starts leading (a generation an
@@ -188,13 +188,14 @@ class ControlPlane:
             now = self.clock()
             self.events.refresh()
             config = self.config
-            self.liveness = HealthCheck(config.heartbeat_timeout)
+            self.liveness = self._health_check()
             grace = max(config.heartbeat_timeout, config.startup_grace
                         - (time.monotonic() - self._created))
             if self.warm is not None:
                 self.warm.refresh()  # what changed since the follower last looked
             self.build(now, grace=grace, warm=self.warm)
-            self.persist.fence = fence  # (a rebuild on registration keeps it: _build)
+            # (a rebuild on registration keeps it: _build)
+            self.persist.fence = self.region.fence = fence
             self.generation.clear()
             self.gen_base = int(time.time() * 1000)
             self.steps = 0  # the first pass reads every stored job
@@ -232,7 +233,7 @@ class ControlPlane:
         self.persist = PersistentScheduler.load(self.scheduler, store, now,
                                                 _controllers, warm=warm)
         self.desired_view = {}
-        self.persist.fence = fence
+        self.persist.fence = region.fence = fence
         self.persist.only_held = config.shard is not None
         self.views.publish(None)
         self.profiles.load()
@@ -274,6 +275,11 @@ class ControlPlane:
                 # its agent has a while to come back (it may be starting too)
                 self.liveness.watch(name, now, self.config.startup_grace
                                     if grace is None else grace)
+
+    def _health_check(self) -> HealthCheck:
+        config = self.config
+        return HealthCheck(config.heartbeat_timeout, hold_fraction=config.silence_hold_fraction,
+                           hold_min=config.silence_hold_min)
 
     def known(self, machine: str) -> bool:
         try:

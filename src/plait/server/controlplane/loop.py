@@ -55,6 +55,8 @@ class Loop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sync_errors: dict[str, None] = {}
+        #: the last ``check_health`` held most machines' silence back (its event said so)
+        self._holding = False
         self._last_full = self._last_freeze = 0.0
         #: what a full collection took per object, the last time (an estimate before)
         self.full_seconds_per_object = FULL_SECONDS_PER_OBJECT
@@ -187,9 +189,14 @@ class Loop:
         """Apply the agents' reports taken since the last pass, in order, and their
         heartbeats."""
         reports, beats = self.cp.gateway.take()
+        liveness = self.cp.liveness
+        # a shard hears only the machines it watches (``Membership.track_owned``): a
+        # beat taken just before one left this shard must not bring it back here, to
+        # be failed by this shard once its agent beats elsewhere
+        sharded = self.cp.shared is not None
         for machine, at in beats.items():
-            if self.cp.known(machine):
-                self.cp.liveness.beat(machine, at)
+            if (machine in liveness.last) if sharded else self.cp.known(machine):
+                liveness.beat(machine, at)
         jobs = self.cp.scheduler.jobs
         for machine, statuses, endpoints, at, profile, usage in reports:
             try:
@@ -348,19 +355,50 @@ class Loop:
     def check_health(self, now: float) -> None:
         """Flow 2: a machine whose agent stopped heartbeating fails in its broker (its
         tasks are disabled in discovery and replaced per TaskControl); one that is
-        back is healthy again."""
+        back is healthy again. Most machines silent at once fail none of them
+        (``plait.health.service``): one event says so when it starts and ends."""
         if self.cp.shared is not None:
             self.cp.membership.track_owned(now)
-        went, came = self.cp.liveness.check(now)
-        for machine in went:
-            self.cp.region.add_event(UnavailabilityEvent(
-                f"health-{machine}", EventKind.FAILURE, (machine,), now, None,
-                f"no heartbeat for {self.cp.liveness.timeout:g}s"), now)
-            self.cp.record("health", "machine_unreachable",
-                           f"{machine}: no heartbeat for {self.cp.liveness.timeout:g}s",
-                           machine=machine)
+        liveness = self.cp.liveness
+        went, came = liveness.check(now)
+        if liveness.held and not self._holding:
+            self.cp.record("health", "heartbeats_lost", (
+                f"{liveness.silent} of {len(liveness.heard)} machines stopped heartbeating "
+                f"together: none of them is failed while more than "
+                f"{liveness.hold_fraction:.0%} are silent (the path from the agents to this "
+                "control plane is the likelier fault: a front end down, this process "
+                "paused or cut off)"))
+            log.warning("most machines silent at once: none failed", silent=liveness.silent,
+                        heard=len(liveness.heard))
+        elif self._holding and not liveness.held:
+            self.cp.record("health", "heartbeats_resumed", (
+                f"{liveness.silent} of {len(liveness.heard)} machines silent now: those "
+                f"still silent past {liveness.timeout:g}s are failed"))
+        self._holding = liveness.held > 0
+        for i, machine in enumerate(went):
+            try:
+                self._fail(machine, now)
+            except BaseException:  # (not failed: the next pass finds them late again)
+                liveness.down.difference_update(went[i:])
+                raise
         for machine in came:
             with contextlib.suppress(NotFound):
                 self.cp.region.end_event(f"health-{machine}", now)
             self.cp.record("health", "machine_back", f"{machine}: heartbeating again",
                            machine=machine)
+
+    def _fail(self, machine: str, now: float) -> None:
+        liveness = self.cp.liveness
+        event = UnavailabilityEvent(
+            f"health-{machine}", EventKind.FAILURE, (machine,), now, None,
+            f"no heartbeat for {liveness.timeout:g}s")
+        try:
+            self.cp.region.add_event(event, now)
+        except Conflict:
+            # stored already (another shard failed it as it moved here): the same
+            # failure, taken as it is; else (this replica no longer leads) the error
+            if not self.cp.region.ns.exists(f"/events/{event.id}"):
+                raise
+            self.cp.region.adopt_event(event.id, now)
+        self.cp.record("health", "machine_unreachable",
+                       f"{machine}: no heartbeat for {liveness.timeout:g}s", machine=machine)

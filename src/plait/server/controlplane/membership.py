@@ -48,9 +48,7 @@ class Membership:
     def disown(self, name: str) -> None:
         """A machine another shard manages now: not watched here, and an agent
         long-polling its set here is answered (and sent on by the front end)."""
-        self.cp.liveness.last.pop(name, None)
-        self.cp.liveness.grace.pop(name, None)
-        self.cp.liveness.down.discard(name)
+        self.cp.liveness.forget(name)
         self.cp.generation[name] = self.cp.generation.get(name, 0) + 1
         self.cp.gateway.waiters.notify([name])
 
