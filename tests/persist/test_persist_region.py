@@ -75,3 +75,29 @@ def test_a_release_is_stored_too(tmp_path):
     c.allocator.allocate(AllocationRequest.of("j", "e", Resources(cpu=16), free=[0]))
     d = cluster(store)
     assert all(d.region.record(m).entitlement is None for m in range(len(FLEET)))
+
+
+def test_a_deposed_leader_writes_no_binding_and_no_event(tmp_path):
+    """Every write checks the election's fence in its transaction: a leader paused
+    past its lease, then woken with a stale view of heartbeats, fails no machine."""
+    store = SqliteStore(str(tmp_path / "plait.db"))
+    store.create("/election/leader", b"a")
+    c = cluster(store)
+    c.region.fence = ("/election/leader", 0)
+    c.region.claim(0, "e", c.region.version(0))  # while it leads: stored
+    c.region.add_event(UnavailabilityEvent("mx", EventKind.MAINTENANCE, (FLEET.name(3),),
+                                           start=10, end=20), 0)
+    store.set("/election/leader", b"b", 0)  # another replica was elected meanwhile
+    with pytest.raises(Conflict):
+        c.region.add_event(UnavailabilityEvent("health-m", EventKind.FAILURE,
+                                               (FLEET.name(1),), 0), 0)
+    with pytest.raises(Conflict):
+        c.region.claim(2, "e", c.region.version(2))
+    with pytest.raises(Conflict):
+        c.region.set_cordon(4, True)
+    assert c.region.record(1).state.value == "healthy"  # (nothing taken in memory)
+    assert not store.exists("/broker/events/health-m")
+    again = cluster(SqliteStore(str(tmp_path / "plait.db")))  # as the new leader reads it
+    assert [again.region.record(m).entitlement for m in (0, 2)] == ["e", None]
+    assert not again.region.record(4).cordoned
+    assert {e.id for e in again.region.events()} == {"mx"}

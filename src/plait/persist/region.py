@@ -22,7 +22,7 @@ from plait.broker import Region
 from plait.errors import Conflict, NotFound
 from plait.model.events import UnavailabilityEvent
 from plait.model.topology import Fleet
-from plait.store.protocol import Namespace, Store
+from plait.store.protocol import Namespace, Store, Transaction
 
 SCHEMA = 1
 
@@ -44,6 +44,36 @@ class PersistentRegion(Region):
         self.ns = Namespace(store, "/broker")
         #: the stored version of each machine record this process has seen
         self._stored: dict[int, int] = {}
+        #: (key, version) every write checks in its transaction: the election's fence
+        #: of the replica that leads (``Election.fence``), or None. A leader deposed
+        #: while paused writes nothing when it wakes (a failure event of its stale
+        #: view of heartbeats would have every task of the machine replaced)
+        self.fence: tuple[str, int] | None = None
+
+    def _create(self, key: str, value: bytes) -> int:
+        if self.fence is None:
+            return self.ns.create(key, value)
+        self._commit(Transaction().create(key, value))
+        return 0
+
+    def _set(self, key: str, value: bytes, version: int) -> int:
+        if self.fence is None:
+            return self.ns.set(key, value, version)
+        self._commit(Transaction().set(key, value, version))
+        return version + 1
+
+    def _delete(self, key: str, version: int) -> None:
+        if self.fence is None:
+            self.ns.delete(key, version)
+        else:
+            self._commit(Transaction().delete(key, version))
+
+    def _commit(self, txn: Transaction) -> None:
+        assert self.fence is not None
+        for op in txn.ops:
+            op.key = self.ns.prefix + op.key
+        txn.check(*self.fence)
+        self.ns.store.commit(txn)
 
     # -- write-through --------------------------------------------------------------------
     def _write_binding(self, machine: int, entitlement: str | None,
@@ -55,9 +85,9 @@ class PersistentRegion(Region):
         seen = self._stored.get(machine)
         try:
             if seen is None:  # (a Conflict if another process wrote it since we loaded)
-                self._stored[machine] = self.ns.create(key, data)
+                self._stored[machine] = self._create(key, data)
             else:
-                self._stored[machine] = self.ns.set(key, data, seen)
+                self._stored[machine] = self._set(key, data, seen)
         except (Conflict, NotFound) as exc:
             # another process (a shard sharing the free pool) wrote it first: take its
             # binding, so the caller's next decision sees the machine as it is
@@ -133,21 +163,21 @@ class PersistentRegion(Region):
         super().set_cordon(machine, cordoned)
 
     def add_event(self, event: UnavailabilityEvent, now: float) -> None:
-        self.ns.create(f"/events/{event.id}", _record(
+        self._create(f"/events/{event.id}", _record(
             kind=event.kind.value, machines=list(event.machines), start=event.start,
             end=event.end, reason=event.reason))
         try:
             super().add_event(event, now)
         except Exception:
             _, version = self.ns.get(f"/events/{event.id}")
-            self.ns.delete(f"/events/{event.id}", version)
+            self._delete(f"/events/{event.id}", version)
             raise
 
     def end_event(self, event_id: str, now: float) -> None:
         super().end_event(event_id, now)
         try:
             _, version = self.ns.get(f"/events/{event_id}")
-            self.ns.delete(f"/events/{event_id}", version)
+            self._delete(f"/events/{event_id}", version)
         except NotFound:
             pass
 
