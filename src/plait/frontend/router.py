@@ -618,6 +618,20 @@ class ShardRouter:
                                                   f"{job} by shard {shard}: move one "
                                                   "entitlement to the other's shard first "
                                                   "(plait admin entitlement move)")
+            elif scope["method"] == "PUT" and len([p for p in scope["path"].split("/")
+                                                    if p]) == 3 and entry is not None:
+                # an update naming another shard's entitlement: that shard does not know
+                # the job, this one not the entitlement. Say what one control plane
+                # says (an update does not move a job), to whoever may see the job
+                target = str(self._body(body).get("entitlement", ""))
+                other = await run_in_threadpool(self.map.route, target) if (
+                    target and target != ent) else None
+                if other is not None and other[0]["shard"] != shard and (
+                        await self._may_change(scope, ent, entry[0])):
+                    raise Refused(422, "invalid", f"job {job} runs in entitlement {ent!r}; "
+                                                  "update cannot move it (move it to another "
+                                                  "entitlement with a move)",
+                                  field="entitlement")
         return await self.to_shard(shard, scope, body)
 
     async def to_shard(self, shard: int, scope: Scope, body: bytes,
