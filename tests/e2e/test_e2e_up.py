@@ -272,3 +272,39 @@ def test_up_on_a_taken_replica_port_says_so_and_starts_nothing(tmp_path):
     assert f"cannot listen on 127.0.0.1:{port + 1}" in said and "Traceback" not in said
     assert f"plait up listens on {port}-{port + 1}" in said
     assert not (tmp_path / "region" / "agents").exists()
+
+
+def test_up_says_when_a_replica_or_an_agent_it_started_exits(tmp_path):
+    # a replica killed while `plait up` ran stayed a zombie, and nothing was said: the
+    # region ran on with a replica less, looking whole
+    data, port = tmp_path / "region", free_port(size=2)
+    out = tmp_path / "up.out"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "plait.cli.main", "up", "--data-dir", str(data),
+             "--machines", "2", "--port", str(port), "--replicas", "2"],
+            env={**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")},
+            stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: b"CLI configured" in out.read_bytes(), what="plait up",
+                 logs=data)
+        replica = int((data / "replicas" / "1.pid").read_text())
+        agent = int(next((data / "agents").glob("*/agent.pid")).read_text())
+        machine = next((data / "agents").glob("*/agent.pid")).parent.name
+        os.kill(replica, signal.SIGKILL)
+        os.kill(agent, signal.SIGKILL)
+        said = lambda: " ".join(out.read_text().split())  # noqa: E731
+        wait_for(lambda: "replica 1 exited with -9 and is not restarted" in said()
+                 and f"agent {machine} exited with -9 and is not restarted" in said(),
+                 what="the warnings", logs=data)
+        # reaped: no zombie left (a zombie keeps its /proc entry)
+        assert not Path(f"/proc/{replica}").exists() and not Path(f"/proc/{agent}").exists()
+        time.sleep(2)
+        assert said().count("replica 1 exited") == 1  # (once)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -207,3 +207,32 @@ def test_a_follower_forwards_the_id_to_its_leader(tmp_path: Path, logs: Logs) ->
     finally:
         second.close()
         first.close()
+
+
+def test_a_healthz_503_is_the_probes_answer_not_a_warning(logs: Logs) -> None:
+    """Not ready yet (or no leader): ``plait up``'s readiness polls printed dozens of
+    warnings while it started. Any other 5xx is still a warning."""
+    import asyncio
+
+    from plait.frontend.requestlog import RequestLog
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 503, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def call(path: str, rid: str) -> None:
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any) -> None:
+            pass
+        await RequestLog(app, "controlplane")({
+            "type": "http", "method": "GET", "path": path, "raw_path": path.encode(),
+            "query_string": b"", "headers": [(b"x-request-id", rid.encode())]},
+            receive, send)
+
+    asyncio.run(call("/healthz", "probe-1"))
+    asyncio.run(call("/v1/jobs", "jobs-2"))
+    wait_for(lambda: len(logs.of("jobs-2")) == 1)
+    assert logs.of("jobs-2")[0]["level"] == "warning"
+    assert logs.of("probe-1") == []

@@ -232,7 +232,20 @@ def up(
               "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
     out.print(f"logs: {data_dir / 'up.log'}, {data_dir / 'replicas'}/*.log, "
               f"{data_dir / 'agents'}/*/agent.log")
-    done.wait()
+    # a replica or agent this run started that exits is said (once), and reaped: no one
+    # restarts it, and a region short of a replica or machine should not look whole
+    gone: set[str] = set()
+    while not done.wait(1.0):
+        for what, name, child, log_path in (
+                *(("replica", n, c, data_dir / "replicas" / f"{n}.log")
+                  for n, c in followers.items()),
+                *(("agent", n, c, data_dir / "agents" / n / "agent.log")
+                  for n, c in agents.items())):
+            if isinstance(child, int) or name in gone or child.poll() is None:
+                continue
+            gone.add(name)
+            err.print(f"[yellow]warning:[/yellow] {what} {name} exited with "
+                      f"{child.returncode} and is not restarted: see {log_path}")
     out.print("stopping the agents and their tasks ...")
     # every replica and agent of this data dir, those restarted by hand since included
     # (found by their command lines), not only the processes this run started

@@ -12,7 +12,8 @@ in milliseconds, the request id and, once a token was verified, the token's id a
 its principal (``owner:alice``; never the token). Agents' routine calls (desired
 set, status, output) and ``/healthz`` / ``/metrics`` are logged at debug, so a region
 of busy agents does not drown the rest; any of them that fails is logged at info,
-and a 5xx at warning.
+and a 5xx at warning, but a ``/healthz`` 503 (not ready, or not the leader: what the
+probe asks) at debug.
 """
 
 from __future__ import annotations
@@ -100,7 +101,10 @@ class RequestLog:
 
     def _access(self, scope: Scope, status: int, seconds: float) -> None:
         path = str(scope.get("path", ""))
-        if status >= 500:
+        if status == 503 and path == "/healthz":
+            level = logging.DEBUG  # (not ready or not leading: the probe's answer, not a
+            #                        failure; `plait up` asks it until it is ready)
+        elif status >= 500:
             level = logging.WARNING
         elif status < 400 and _routine(path):
             level = logging.DEBUG
