@@ -163,3 +163,25 @@ def test_a_leader_loading_its_state_for_longer_than_its_session_keeps_the_lead(
     wait_for(lambda: "leader_elected" in kinds())
     assert kinds().count("leader_elected") == 1 and "leadership_lost" not in kinds()
     assert a.server.leadership.terms == 1 and b.role() == "follower"
+
+
+def test_a_leader_deposed_while_paused_drops_the_events_it_could_not_store(replicas):
+    # a leader paused past its lease woke with heartbeats seconds old and recorded
+    # what it decided (machines silent); the fence refused the decisions, but the
+    # events were written when it led again, as if they had happened
+    a = replicas()
+    wait_for(lambda: a.role() == "leader")
+    b = replicas()
+    lead = a.server.leadership
+    assert lead is not None and b.role() == "follower"
+    lead._stop.set()  # paused: no renewal, no pass
+    assert lead._thread is not None
+    lead._thread.join()
+    a.cp.loop.stop()
+    wait_for(lambda: b.role() == "leader")  # its lease lapsed
+    a.cp.record("health", "heartbeats_lost", "a decision of a stale view")  # it wakes
+    lead.step()  # and finds it no longer leads
+    assert not lead.leading
+    pending = [(e.kind, e.message) for e in a.cp._pending]
+    assert [k for k, _ in pending] == ["leadership_lost"]
+    assert "(1 events of its last passes, not stored, dropped)" in pending[0][1]

@@ -41,11 +41,13 @@ def test_most_machines_silent_together_fail_none_of_them():
     hc = HealthCheck(timeout=5)
     names = _fleet(hc, 6)
     assert hc.check(now=6) == ([], [])  # all six silent: none is down
-    assert (hc.held, hc.silent) == (6, 6)
+    assert (hc.held, hc.silent, hc.was_held) == (6, 6, 0)  # (the hold began)
     assert hc.down == set()
+    assert hc.check(now=7) == ([], []) and (hc.held, hc.was_held) == (6, 6)
     for m in names:  # the path is back: nothing to come back from
         hc.beat(m, now=7)
-    assert hc.check(now=8) == ([], []) and hc.held == 0
+    assert hc.check(now=8) == ([], []) and (hc.held, hc.was_held) == (0, 6)  # (it ended)
+    assert HealthCheck(timeout=5).was_held == 0  # (a new leader's: no hold to end)
 
 
 def test_a_minority_silent_fails_and_past_the_share_the_rest_is_held():

@@ -46,6 +46,8 @@ class HealthCheck:
     #: machines heard from were silent then
     held: int = 0
     silent: int = 0
+    #: ``held`` of the check before the last (the hold began or ended in between)
+    was_held: int = 0
 
     def watch(self, machine: str, now: float, grace: float = 0.0) -> None:
         """Start watching a machine as if it had just heartbeated (at join, or when the
@@ -69,6 +71,7 @@ class HealthCheck:
     def check(self, now: float) -> tuple[list[str], list[str]]:
         """(machines that just went down, machines that just came back); ``held``
         says how many late machines were not reported down (silent together)."""
+        self.was_held = self.held
         went, came = [], []
         silent = 0  # machines heard from, late now (down already or going down)
         for machine, seen in self.last.items():

@@ -96,9 +96,14 @@ class Leadership:
             # the agents' long-polls waiting here are answered at once: 503, not a
             # set this replica kept and may no longer hold
             self.cp.gateway.waiters.notify_all()
+            # what its last passes recorded tells of decisions they could not store
+            # (the fence refused them): not the region's history
+            dropped = self.cp.drop_pending_events()
             with contextlib.suppress(Exception):
                 self.cp.record("controlplane", "leadership_lost",
-                               f"{self.identity} no longer leads {self.name}")
+                               f"{self.identity} no longer leads {self.name}" + (
+                                   f" ({dropped} events of its last passes, not stored, "
+                                   "dropped)" if dropped else ""))
         elif not won and time.monotonic() - self._warmed >= WARM_EVERY:
             self._warmed = time.monotonic()
             with contextlib.suppress(Exception):  # (the store may be unreachable)

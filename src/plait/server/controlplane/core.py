@@ -327,6 +327,13 @@ class ControlPlane:
             self._pending.append(event)
         self.metrics.event(kind)
 
+    def drop_pending_events(self) -> int:
+        """Forget the events not stored yet (a replica that stopped leading: they tell
+        of decisions its last passes could not store); how many there were."""
+        with self.pending_lock:
+            dropped, self._pending = len(self._pending), []
+        return dropped
+
     def flush_events(self) -> None:
         with self.pending_lock:
             batch, self._pending = self._pending, []

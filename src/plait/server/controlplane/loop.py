@@ -55,8 +55,6 @@ class Loop:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sync_errors: dict[str, None] = {}
-        #: the last ``check_health`` held most machines' silence back (its event said so)
-        self._holding = False
         self._last_full = self._last_freeze = 0.0
         #: what a full collection took per object, the last time (an estimate before)
         self.full_seconds_per_object = FULL_SECONDS_PER_OBJECT
@@ -361,7 +359,7 @@ class Loop:
             self.cp.membership.track_owned(now)
         liveness = self.cp.liveness
         went, came = liveness.check(now)
-        if liveness.held and not self._holding:
+        if liveness.held and not liveness.was_held:
             self.cp.record("health", "heartbeats_lost", (
                 f"{liveness.silent} of {len(liveness.heard)} machines stopped heartbeating "
                 f"together: none of them is failed while more than "
@@ -370,11 +368,10 @@ class Loop:
                 "paused or cut off)"))
             log.warning("most machines silent at once: none failed", silent=liveness.silent,
                         heard=len(liveness.heard))
-        elif self._holding and not liveness.held:
+        elif liveness.was_held and not liveness.held:
             self.cp.record("health", "heartbeats_resumed", (
                 f"{liveness.silent} of {len(liveness.heard)} machines silent now: those "
                 f"still silent past {liveness.timeout:g}s are failed"))
-        self._holding = liveness.held > 0
         for i, machine in enumerate(went):
             try:
                 self._fail(machine, now)
