@@ -140,3 +140,91 @@ def test_a_final_exit_its_restart_policy_could_not_give_is_not_believed():
     # a batch task's exit 0 under on-failure is the end its policy gives: believed
     assert states(s, "b") == ["succeeded"]
     assert sim.run_until(lambda: states(s, "svc") == ["running"], 600)
+
+
+def test_a_task_whose_process_could_not_start_has_failed_and_a_delete_still_finishes():
+    # an agent that cannot start a task's command (it does not exist) reports it
+    # exited 127 without ever reporting it started: that was ignored, the task stayed
+    # allocated, a rollout never counted it, and a delete of the job never finished
+    from plait.scheduler.records import Phase, TaskStatus
+
+    sim = world(machines=12)
+    s = sim.scheduler
+    now = sim.now
+    s.create_job(job_spec("svc", 1, command="/nonexistent/binary"), now)
+    s.tick(now)  # placed; no agent has run it
+    rec = s.job("svc").tasks[0]
+    assert rec.state is TaskState.ALLOCATED
+    machine = s.fleet.name(rec.machine)
+    revision = s.job("svc").revision(rec.spec_version)
+    s.report(machine, [TaskStatus("svc", 0, revision, Phase.EXITED, healthy=False,
+                                  exit_code=127)], now + 1)
+    s.tick(now + 1)
+    assert rec.state is TaskState.FAILED
+    assert "task_exited" in [e.kind for e in s.events if e.job == "svc"]
+    s.delete_job("svc", now + 2)
+    for t in range(3, 30):  # the agent stops reporting the task once it is not wanted
+        s.report(machine, [], now + t)
+        s.tick(now + t)
+        if "svc" not in s.jobs:
+            break
+    assert "svc" not in s.jobs
+
+
+def test_a_job_whose_rollout_halted_on_a_task_that_never_started_is_deleted_all_the_same():
+    # the new version's task never started (exit 127 at each try): it kept its update
+    # operation once the rollout halted, a task with an operation under way is offered
+    # nothing else, and the job stayed deleting for good
+    from plait.scheduler.records import Phase, TaskStatus
+
+    sim = world(machines=12)
+    s = sim.scheduler
+    now = [sim.now]
+    policy = {"max_unavailable": 1, "halt_after_failures": 1}
+    s.create_job(job_spec("svc", 1, update=policy), now[0])
+
+    def agent(said):  # one pass, the task's machine reporting what ``said`` gives
+        now[0] += 1
+        rec = s.job("svc").tasks.get(0) if "svc" in s.jobs else None
+        if rec is not None and rec.machine is not None:
+            job = s.job("svc")
+            st = said(rec, job.revision(rec.spec_version))
+            s.report(s.fleet.name(rec.machine), [st] if st else [], now[0])
+        s.tick(now[0])
+
+    for _ in range(3):
+        agent(lambda rec, rev: TaskStatus("svc", 0, rev, Phase.RUNNING))
+    assert states(s, "svc") == ["running"]
+    s.update_job(job_spec("svc", 1, command="/nonexistent/binary", update=policy), now[0])
+    for _ in range(20):
+        agent(lambda rec, rev: None if rec.state is TaskState.STOPPING else TaskStatus(
+            "svc", 0, rev, Phase.RUNNING) if rec.spec_version == 1 else TaskStatus(
+            "svc", 0, rev, Phase.EXITED, healthy=False, exit_code=127))
+        if s.job("svc").halted is not None:
+            break
+    rec = s.job("svc").tasks[0]
+    assert s.job("svc").halted is not None and rec.state is TaskState.FAILED
+    assert rec.op is not None  # (the update, under way when it halted)
+    s.delete_job("svc", now[0])
+    for _ in range(20):  # the agent stops it, then no longer reports it
+        agent(lambda rec, rev: None)
+        if "svc" not in s.jobs:
+            break
+    assert "svc" not in s.jobs
+
+
+def test_a_job_whose_rollout_halted_on_a_failed_task_is_deleted_all_the_same():
+    # the failed task kept its update operation (the rollout halted), and a task with
+    # an operation under way is offered nothing else: the delete's stop never came,
+    # and the job stayed deleting for good
+    sim = world(machines=12)
+    s = sim.scheduler
+    s.create_job(job_spec("svc", 2, update={"max_unavailable": 1, "halt_after_failures": 1}),
+                 sim.now)
+    assert sim.run_until(lambda: states(s, "svc") == ["running", "running"], 600)
+    s.update_job(job_spec("svc", 2, command="crash",
+                          update={"max_unavailable": 1, "halt_after_failures": 1}), sim.now)
+    assert sim.run_until(lambda: s.job("svc").halted is not None, 600)
+    assert any(r.op is not None for r in s.job("svc").tasks.values())
+    s.delete_job("svc", sim.now)
+    assert sim.run_until(lambda: "svc" not in s.jobs, 600)

@@ -34,7 +34,10 @@ TRANSITIONS: dict[tuple[S, Event], S] = {
     (S.ALLOCATED, Event.STARTING): S.STARTING,
     (S.ALLOCATED, Event.RUNNING): S.RUNNING,
     (S.STARTING, Event.RUNNING): S.RUNNING,
-    # a crash: the agent restarts it (restart policy); it is unavailable meanwhile
+    # a crash: the agent restarts it (restart policy); it is unavailable meanwhile.
+    # From allocated: its process could not be started at all (a command that does not
+    # exist: exit 127, as a shell says), a failure like any other
+    (S.ALLOCATED, Event.EXITED): S.FAILED,
     (S.STARTING, Event.EXITED): S.FAILED,
     (S.RUNNING, Event.EXITED): S.FAILED,
     (S.FAILED, Event.STARTING): S.STARTING,

@@ -394,6 +394,20 @@ class Scheduler(SchedulerState):
     def delete_job(self, name: str, now: float) -> None:
         job = self._job(name)
         job.deleting = True
+        # what was under way for the job's tasks is over (an update a halted rollout
+        # left on a task that never started would keep the delete's stop from ever
+        # being offered): each task is offered its stop, stops under way go on
+        for index in list(job.in_progress):
+            rec = job.tasks.get(index)
+            if rec is None:
+                job.in_progress.discard(index)
+            elif rec.op is not None and rec.op.kind is not OpKind.STOP and (
+                    rec.state is not TaskState.STOPPING):
+                self.complete(job, rec)
+        for index in {op.task.index for op in job.acked.values()}:
+            self.drop_acked(job, index)
+        for index in list(job.offers):
+            self.cancel_pending(job, index)
         job.dirty = True
         self.event(now, name, "deleting", f"stopping {len(job.tasks)} tasks")
 
