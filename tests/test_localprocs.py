@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import socket
 
 import pytest
@@ -45,3 +47,39 @@ def test_no_room_at_all_is_an_error_that_says_so(monkeypatch):
     monkeypatch.setattr(localprocs, "listen_error", lambda host, port: "Address in use")
     with pytest.raises(OSError, match="no 2 consecutive free ports"):
         free_port_block(2)
+
+
+def test_the_processes_of_a_region_are_its_tasks_agents_and_replicas_only(tmp_path):
+    # plait up's shutdown stopped whatever named its data dir: a `tail -f` of its log,
+    # a script given the path in its environment, and the `timeout` that ran it
+    import subprocess
+    import sys
+
+    from plait.localprocs import processes_under
+
+    root = tmp_path / "region"
+    (root / "agents" / "m1" / "tasks" / "web.0").mkdir(parents=True)
+    (root / "up.log").write_text("")
+    sleeping = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    def start(argv, **env):
+        return subprocess.Popen(argv, env={"PATH": "/usr/bin:/bin", **env},
+                                start_new_session=True)
+    task = start(sleeping, PLAIT_DATA_DIR=str(root / "agents" / "m1" / "tasks" / "web.0"))
+    agent = start([*sleeping, "-m", "plait.cli.agent", "--data-dir",
+                   str(root / "agents" / "m1")])
+    bystanders = [start(["tail", "-f", str(root / "up.log")]),
+                  start(sleeping, WATCHDIR=str(root) + "/"),
+                  start([*sleeping, "plait", "up", "--data-dir", str(root)])]
+    try:
+        import time
+
+        time.sleep(0.3)  # (each has its command line and environment by now)
+        found = processes_under(root)
+        assert {task.pid, agent.pid} <= found
+        assert not {p.pid for p in bystanders} & found
+        assert not ({os.getpid(), os.getppid()} & found)
+    finally:
+        for p in [task, agent, *bystanders]:
+            p.kill()
+            p.wait()

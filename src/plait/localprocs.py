@@ -23,18 +23,38 @@ def alive(pid: int) -> bool:
 
 
 def processes_under(root: Path) -> set[int]:
-    """Processes whose command line or environment names ``root`` or a path under it
-    (``plait up``'s agents get ``--data-dir`` there, their tasks ``PLAIT_DATA_DIR``)."""
-    path = str(root).encode()
-    needles = (path + b"/", path + b"\0")  # not a sibling that merely starts the same
-    found = set()
+    """The processes of the local region under ``root``: tasks (an agent gives each
+    one a ``PLAIT_DATA_DIR`` there, which their children inherit), and plait agents and
+    replicas given a ``--data-dir`` there. Not this process or any of its ancestors,
+    and nothing that merely names the path (a ``tail -f`` of a log there, a script
+    given the data dir): ``plait up`` stops what this returns."""
+    where = str(root)
+    mine = _ancestors()
+    found = plait_processes(root, "agent") | plait_processes(root, "serve")
     for pid in _others():
         try:
-            text = argv_bytes(pid) + b"\0" + Path(f"/proc/{pid}/environ").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes()
         except OSError:
             continue
-        if any(n in text for n in needles):
-            found.add(pid)
+        for entry in env.split(b"\0"):
+            if entry.startswith(b"PLAIT_DATA_DIR="):
+                value = entry[len(b"PLAIT_DATA_DIR="):].decode(errors="replace")
+                if value == where or value.startswith(where + "/"):
+                    found.add(pid)
+                break
+    return found - mine
+
+
+def _ancestors() -> set[int]:
+    """This process and its ancestors (a ``timeout`` or a script that started it)."""
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
     return found
 
 

@@ -308,3 +308,37 @@ def test_up_says_when_a_replica_or_an_agent_it_started_exits(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_a_second_up_on_a_data_dir_in_use_is_refused(tmp_path):
+    # it was accepted on another port: two control planes led one region, the store
+    # went to whichever wrote last, every machine ended up failed, and stopping one
+    # stopped the other's agents and tasks
+    data, port = tmp_path / "region", free_port(size=2)
+    env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plait.cli.main", "up", "--data-dir", str(data),
+         "--machines", "2", "--port", str(port)], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200,
+                 what="plait up", logs=data)
+        agents = {p.name: int(p.read_text()) for p in (data / "agents").glob("*/agent.pid")}
+        second = subprocess.run(
+            [sys.executable, "-m", "plait.cli.main", "up", "--data-dir", str(data),
+             "--machines", "2", "--port", str(port + 1)],
+            capture_output=True, text=True, timeout=120, env=env)
+        assert second.returncode == 2, second.stderr
+        said = " ".join(second.stderr.split())
+        assert f"another plait up (pid {proc.pid}) runs the region of {data}" in said
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        assert all(alive(pid) for pid in agents.values())  # (nothing of it was touched)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # once it has stopped, the data dir is free again
+    wait_for(lambda: not any(alive(pid) for pid in agents.values()), what="agents stopped")

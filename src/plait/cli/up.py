@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import IO, Annotated
 
 import typer
 
@@ -76,6 +77,7 @@ def up(
 
     from plait import logconfig, tracing
 
+    held = _hold(data_dir)  # (for this process's whole life: released when it ends)
     # (a file: a region's every request and task start would drown the terminal)
     logconfig.configure("up", file=data_dir / "up.log")
     from plait.frontend.router import ShardRouter
@@ -266,6 +268,30 @@ def up(
         out.print(f"stopping {len(left)} processes left in {data_dir} ...")
         _stop_all(left, signal.SIGTERM, [], timeout=10)
         kill_groups(p for p in left if alive(p))
+    held.close()  # (everything of the region stopped: another plait up may start)
+
+
+def _hold(data_dir: Path) -> IO[str]:
+    """The data dir's lock (``up.lock``, with the holder's pid), or exit 2 naming the
+    ``plait up`` that holds it. Two on one data dir would both lead its region, each
+    with its own view of the store, and the one stopped first would stop the other's
+    agents and tasks. The kernel releases it when the process ends, a SIGKILL too."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    f = open(data_dir / "up.lock", "a+")  # noqa: SIM115 (held until the process ends)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        err.print(f"[red]error:[/red] another plait up (pid {holder}) runs the region of "
+                  f"{data_dir}: stop it first (Ctrl-C), or give another --data-dir")
+        raise typer.Exit(EXIT_INVALID) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def _stop_all(pids: set[int], sig: int, children: list[subprocess.Popen[bytes]],
