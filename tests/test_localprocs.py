@@ -1,9 +1,8 @@
-"""Ports for local regions and their tests (``plait.localprocs.free_port_block``)."""
+"""Ports and processes of local regions (``plait.localprocs``)."""
 
 from __future__ import annotations
 
 import os
-
 import socket
 
 import pytest
