@@ -276,3 +276,24 @@ def test_a_second_region_keeps_the_first_regions_context(plane, tmp_path):
         assert ClientConfig.load(plane.config_path).own_context("local", plane.url) == "local"
     finally:
         second.control_plane.store.close()
+
+
+def test_a_large_jobs_tasks_are_drawn_up_to_a_limit(plane, tmp_path):
+    # a table of 100,000 tasks took minutes to draw (the API answered in 0.6 s)
+    plait("entitlement", "create", str(EXAMPLES / "entitlements.yaml"))
+    spec = write(tmp_path, "many.yaml", "name: many\nentitlement: batch\ntask_count: 150\n"
+                 "resources: {cpu: 0.01, memory_gb: 0.01}\ncommand: sleep\n"
+                 "args: [\"1000\"]\n")
+    plait("job", "deploy", str(spec))
+    deadline = time.monotonic() + 60
+    while len(json.loads(plait("task", "list", "many", "-o", "json").stdout)["tasks"]) < 150:
+        assert time.monotonic() < deadline, "the job's tasks"
+        time.sleep(0.1)
+    shown = plait("job", "show", "many").stdout
+    assert "... and 50 more tasks (plait task list many --limit 0, or -o json)" in shown
+    assert len(json.loads(plait("job", "show", "many", "-o", "json").stdout)[
+        "task_list"]) == 150
+    listed = plait("task", "list", "many", "--limit", "10").stdout
+    assert "... and 140 more tasks (--limit 0 for all)" in listed
+    every = plait("task", "list", "many", "--limit", "0").stdout
+    assert "more tasks" not in every and "│ 149 " in every

@@ -238,10 +238,14 @@ def job_show(name: str, output: Output = "table") -> None:
                   "halted": d["halted"] or "-", "unplaced": d["unplaced_reason"] or "-",
                   "error": d.get("error") or "-"},
                  f"job {name}")
-        _task_rows(d["task_list"])
+        _task_rows(d["task_list"], SHOW_TASKS, f"plait task list {name} --limit 0, or -o json")
         for e in d["recent_events"]:
             out.print(f"  {_when(e['time'])}  {e['kind']:18} {e['message']}", highlight=False)
     emit(data, output, show)
+
+
+#: tasks ``plait job show`` draws at most (its states line counts them all)
+SHOW_TASKS = 100
 
 
 @job_app.command("history")
@@ -431,9 +435,15 @@ def job_delete(name: str, wait: Wait = False, timeout: Timeout = 600.0,
     a = api()
     _ack(a, name, a.delete(f"/v1/jobs/{q(name)}"), "delete", wait, timeout, output, deleting=True)
 
-def _task_rows(tasks: list[dict[str, Any]]) -> None:
+def _task_rows(tasks: list[dict[str, Any]], limit: int = 0, more: str = "") -> None:
+    """The tasks as a table: the first ``limit`` of them (0: all), then how many more
+    there are and ``more``, how to see them (a table of 100,000 rows took minutes to
+    draw)."""
+    shown = tasks[:limit] if limit else tasks
     rows(["index", "state", "version", "machine", "serving", "healthy", "operation", "exit"], [
         [t["index"], t["state"], t["version"], t["machine"] or "-",
          "yes" if t["serving"] else "no", "yes" if t["healthy"] else "no",
          t["operation"] or "-", "-" if t.get("exit_code") is None else t["exit_code"]]
-        for t in tasks])
+        for t in shown])
+    if len(shown) < len(tasks):
+        out.print(f"... and {len(tasks) - len(shown):,} more tasks ({more})", highlight=False)

@@ -19,9 +19,11 @@ task_app = typer.Typer(help="The tasks of a job.", no_args_is_help=True)
 
 @task_app.command("list")
 @guarded
-def task_list(job: str, output: Output = "table") -> None:
+def task_list(job: str, output: Output = "table", limit: Annotated[int, typer.Option(
+        min=0, help="rows of the table at most (0: all; -o json and yaml give all)")] = 1000,
+              ) -> None:
     data = api().get(f"/v1/jobs/{q(job)}/tasks")
-    emit(data, output, lambda d: _task_rows(d["tasks"]))
+    emit(data, output, lambda d: _task_rows(d["tasks"], limit, "--limit 0 for all"))
 
 
 @task_app.command("restart")
