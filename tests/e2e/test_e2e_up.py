@@ -274,6 +274,16 @@ def test_up_on_a_taken_replica_port_says_so_and_starts_nothing(tmp_path):
     assert not (tmp_path / "region" / "agents").exists()
 
 
+def interrupt(proc: subprocess.Popen[bytes]) -> None:
+    """Ctrl-C ``plait up``, and wait for it (killed past a minute)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def test_up_says_when_a_replica_or_an_agent_it_started_exits(tmp_path):
     # a replica killed while `plait up` ran stayed a zombie, and nothing was said: the
     # region ran on with a replica less, looking whole
@@ -302,12 +312,7 @@ def test_up_says_when_a_replica_or_an_agent_it_started_exits(tmp_path):
         time.sleep(2)
         assert said().count("replica 1 exited") == 1  # (once)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        interrupt(proc)
 
 
 def test_a_second_up_on_a_data_dir_in_use_is_refused(tmp_path):
@@ -334,11 +339,6 @@ def test_a_second_up_on_a_data_dir_in_use_is_refused(tmp_path):
         assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
         assert all(alive(pid) for pid in agents.values())  # (nothing of it was touched)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        interrupt(proc)
     # once it has stopped, the data dir is free again
     wait_for(lambda: not any(alive(pid) for pid in agents.values()), what="agents stopped")

@@ -212,19 +212,3 @@ def test_a_job_whose_rollout_halted_on_a_task_that_never_started_is_deleted_all_
             break
     assert "svc" not in s.jobs
 
-
-def test_a_job_whose_rollout_halted_on_a_failed_task_is_deleted_all_the_same():
-    # the failed task kept its update operation (the rollout halted), and a task with
-    # an operation under way is offered nothing else: the delete's stop never came,
-    # and the job stayed deleting for good
-    sim = world(machines=12)
-    s = sim.scheduler
-    s.create_job(job_spec("svc", 2, update={"max_unavailable": 1, "halt_after_failures": 1}),
-                 sim.now)
-    assert sim.run_until(lambda: states(s, "svc") == ["running", "running"], 600)
-    s.update_job(job_spec("svc", 2, command="crash",
-                          update={"max_unavailable": 1, "halt_after_failures": 1}), sim.now)
-    assert sim.run_until(lambda: s.job("svc").halted is not None, 600)
-    assert any(r.op is not None for r in s.job("svc").tasks.values())
-    s.delete_job("svc", sim.now)
-    assert sim.run_until(lambda: "svc" not in s.jobs, 600)
