@@ -305,12 +305,85 @@ def test_up_says_when_a_replica_or_an_agent_it_started_exits(tmp_path):
         os.kill(agent, signal.SIGKILL)
         said = lambda: " ".join(out.read_text().split())  # noqa: E731
         wait_for(lambda: "replica 1 exited with -9 and is not restarted" in said()
-                 and f"agent {machine} exited with -9 and is not restarted" in said(),
+                 and f"agent {machine} exited with -9, and nothing of its machine runs: "
+                 "the machine is taken as dead and not restarted" in said(),
                  what="the warnings", logs=data)
         # reaped: no zombie left (a zombie keeps its /proc entry)
         assert not Path(f"/proc/{replica}").exists() and not Path(f"/proc/{agent}").exists()
         time.sleep(2)
         assert said().count("replica 1 exited") == 1  # (once)
+        assert said().count(f"agent {machine} exited") == 1
+        # (its machine ran nothing: not restarted)
+        assert (data / "agents" / machine / "agent.pid").read_text().strip() == str(agent)
+    finally:
+        interrupt(proc)
+
+
+def copies(data: Path, job: str) -> dict[int, set[int]]:
+    """The processes that run each task of ``job`` in the region (by their environment;
+    a task's children are not counted)."""
+    found: dict[int, set[int]] = {}
+    for pid in processes_under(data.resolve()):
+        try:
+            env = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes()
+                       .split(b"\0") if b"=" in e)
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+        try:
+            parent_env = Path(f"/proc/{parent}/environ").read_bytes()
+        except OSError:  # (init, or gone)
+            parent_env = b""
+        if env.get(b"PLAIT_JOB") == job.encode() and alive(pid) and \
+                b"PLAIT_TASK_INDEX=" not in parent_env:
+            found.setdefault(int(env[b"PLAIT_TASK_INDEX"]), set()).add(pid)
+    return found
+
+
+def test_an_agent_killed_while_its_tasks_run_is_restarted_and_adopts_them(tmp_path):
+    # a SIGKILLed agent's task ran on, out of plait's control, while the control plane
+    # took the machine for failed and started a replacement elsewhere: two copies of
+    # one task, until a next `plait up` restarted the agent
+    data, port = tmp_path / "region", free_port(size=1)
+    out = tmp_path / "up.out"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "plait.cli.main", "up", "--data-dir", str(data),
+             "--machines", "3", "--port", str(port), "--heartbeat-timeout", "3"],
+            env={**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")},
+            stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: b"CLI configured" in out.read_bytes(), what="plait up", logs=data)
+        token = (data / "admin-token").read_text().strip()
+        admin = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                             headers={"Authorization": f"Bearer {token}"})
+        admin.post("/v1/entitlements", json={"name": "web", "owner": "o",
+                                             "quota": {"machines": 3}})
+        assert admin.post("/v1/jobs", json={**WEB, "task_count": 2}).status_code == 201
+        wait_for(lambda: len(copies(data, "web")) == 2, what="the job runs", logs=data)
+        before = copies(data, "web")
+        state = next(p for p in (data / "agents").glob("*/agent.json")
+                     if json.loads(p.read_text())["tasks"])
+        machine = state.parent.name
+        agent = int((state.parent / "agent.pid").read_text())
+        os.kill(agent, signal.SIGKILL)
+        # past the heartbeat timeout, with room on the third machine for a replacement:
+        # the same processes run the tasks, once each
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            assert copies(data, "web") == before
+            time.sleep(0.25)
+        said = " ".join(out.read_text().split())
+        assert f"agent {machine} exited with -9 while 1 processes of its tasks ran: " \
+            "restarted" in said, said
+        new = int((data / "agents" / machine / "agent.pid").read_text())
+        assert new != agent and alive(new) and not Path(f"/proc/{agent}").exists()  # (reaped)
+        # and no task was lost or moved
+        kinds = [e["kind"] for e in admin.get("/v1/events", params={"limit": 1000})
+                 .json()["events"]]
+        assert "machine_unreachable" not in kinds and "task_lost" not in kinds, kinds
+        tasks = admin.get("/v1/jobs/web/tasks").json()["tasks"]
+        assert sorted(t["state"] for t in tasks) == ["running", "running"], tasks
     finally:
         interrupt(proc)
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Annotated
 
@@ -148,6 +149,29 @@ def up(
                                    f"{port}"), host, port) if sharded else None
     urls = [front.url] if front is not None else [server.url] + [
         f"http://{host}:{port + i}" for i in range(1, replicas)]
+    index = {cp.fleet.name(m): m for m in range(len(cp.fleet))}
+
+    def start_agent(name: str) -> subprocess.Popen[bytes]:
+        m, home = index[name], data_dir / "agents" / name
+        log = open(home / "agent.log", "ab")  # noqa: SIM115 (the agent's lifetime)
+        res = cp.fleet.resources(m)
+        # each agent describes its machine, as on a real host (checked on join)
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "plait.cli.agent", "--machine-id", name,
+                 "--control-plane", ",".join(urls), "--join-token-file", str(join_file),
+                 "--data-dir", str(home),
+                 "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
+                 "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
+                 "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
+                 "--runtime", runtime, "--task-user", task_user,
+                 "--hide", str(data_dir.resolve()),
+                 "--profile-applier", profile_applier,
+                 *(["--profile-script", profile_script] if profile_script else [])],
+                stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
+        finally:
+            log.close()  # (the agent has its own copy)
+
     agents: dict[str, subprocess.Popen[bytes] | int] = {}
     adopted = 0
     for m in range(len(cp.fleet)):
@@ -159,21 +183,7 @@ def up(
             agents[name] = pid  # still running from before: adopted with its tasks
             adopted += 1
             continue
-        log = open(home / "agent.log", "ab")  # noqa: SIM115 (the agent's lifetime)
-        res = cp.fleet.resources(m)
-        # each agent describes its machine, as on a real host (checked on join)
-        agents[name] = subprocess.Popen(
-            [sys.executable, "-m", "plait.cli.agent", "--machine-id", name,
-             "--control-plane", ",".join(urls), "--join-token-file", str(join_file),
-             "--data-dir", str(home),
-             "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
-             "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
-             "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
-             "--runtime", runtime, "--task-user", task_user,
-             "--hide", str(data_dir.resolve()),
-             "--profile-applier", profile_applier,
-             *(["--profile-script", profile_script] if profile_script else [])],
-            stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
+        agents[name] = start_agent(name)
     server.start()
     # the other replicas, once this one campaigns (it leads, unless a replica left
     # running by a killed `plait up` does)
@@ -234,20 +244,21 @@ def up(
               "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
     out.print(f"logs: {data_dir / 'up.log'}, {data_dir / 'replicas'}/*.log, "
               f"{data_dir / 'agents'}/*/agent.log")
-    # a replica or agent this run started that exits is said (once), and reaped: no one
-    # restarts it, and a region short of a replica or machine should not look whole
+    # a replica this run started that exits is said (once), and reaped: no one restarts
+    # it, and a region short of a replica should not look whole. An agent that exits
+    # while its tasks run is restarted, to adopt them (``AgentWatch``)
     gone: set[str] = set()
-    while not done.wait(1.0):
-        for what, name, child, log_path in (
-                *(("replica", n, c, data_dir / "replicas" / f"{n}.log")
-                  for n, c in followers.items()),
-                *(("agent", n, c, data_dir / "agents" / n / "agent.log")
-                  for n, c in agents.items())):
+    watch = AgentWatch(data_dir, agents, start_agent)
+    while not done.wait(0.25):
+        for name, child in followers.items():
             if isinstance(child, int) or name in gone or child.poll() is None:
                 continue
             gone.add(name)
-            err.print(f"[yellow]warning:[/yellow] {what} {name} exited with "
-                      f"{child.returncode} and is not restarted: see {log_path}")
+            err.print(f"[yellow]warning:[/yellow] replica {name} exited with "
+                      f"{child.returncode} and is not restarted: see "
+                      f"{data_dir / 'replicas' / f'{name}.log'}")
+        for said in watch.check(time.monotonic()):
+            err.print(f"[yellow]warning:[/yellow] {said}")
     out.print("stopping the agents and their tasks ...")
     # every replica and agent of this data dir, those restarted by hand since included
     # (found by their command lines), not only the processes this run started
@@ -269,6 +280,97 @@ def up(
         _stop_all(left, signal.SIGTERM, [], timeout=10)
         kill_groups(p for p in left if alive(p))
     held.close()  # (everything of the region stopped: another plait up may start)
+
+
+#: after an agent exits, how long its machine's processes have to go with it before
+#: `plait up` looks (a machine that dies takes its agent and its tasks at once)
+AGENT_SETTLE_SECONDS = 0.5
+#: restarts of one agent within ``RESTART_WINDOW_SECONDS`` past which it is left down
+#: (as systemd's ``StartLimitBurst``: an agent that cannot start is not started forever)
+RESTART_BURST = 5
+RESTART_WINDOW_SECONDS = 60.0
+
+
+def agent_exit_action(tasks_running: int, other_agent: int | None,
+                      restarts: list[float], now: float) -> str:
+    """What ``plait up`` does about an agent of its region that exited:
+
+    * ``adopt``: another agent of the machine runs (restarted by hand): it is the
+      machine's agent now;
+    * ``dead``: nothing of its machine runs any more: the machine died (its agent and
+      its tasks at once, as ``kill_machine`` of the harness kills one). It stays down,
+      and the control plane replaces its tasks elsewhere after the heartbeat timeout;
+    * ``restart``: its tasks still run (the agent crashed, the machine did not): a new
+      agent adopts them, before the control plane takes the machine for failed and
+      starts their replacements elsewhere (two copies, the old one out of its control);
+    * ``give_up``: as ``restart``, but it was restarted ``RESTART_BURST`` times within
+      ``RESTART_WINDOW_SECONDS``."""
+    if other_agent is not None:
+        return "adopt"
+    if not tasks_running:
+        return "dead"
+    if sum(1 for t in restarts if now - t < RESTART_WINDOW_SECONDS) >= RESTART_BURST:
+        return "give_up"
+    return "restart"
+
+
+class AgentWatch:
+    """The agents of a ``plait up`` run, looked at a few times a second
+    (``agent_exit_action`` decides). An agent restarted by hand or by this watch is
+    watched the same way."""
+
+    def __init__(self, data_dir: Path,
+                 agents: dict[str, subprocess.Popen[bytes] | int],
+                 start: Callable[[str], subprocess.Popen[bytes]]) -> None:
+        self.data_dir, self.agents, self.start = data_dir, agents, start
+        self.exited_at: dict[str, float] = {}
+        self.restarts: dict[str, list[float]] = {}
+        self.down: set[str] = set()
+
+    def check(self, now: float) -> list[str]:
+        """Look at every agent; what is to be said."""
+        said = []
+        for name, child in list(self.agents.items()):
+            if name in self.down:
+                continue
+            if isinstance(child, int):
+                code: int | str | None = None if alive(child) else "an unknown code"
+            else:
+                code = child.poll()
+            if code is None:
+                continue
+            first = self.exited_at.setdefault(name, now)
+            if now - first < AGENT_SETTLE_SECONDS:
+                continue
+            del self.exited_at[name]
+            said.append(self._exited(name, code, now))
+        return said
+
+    def _exited(self, name: str, code: int | str, now: float) -> str:
+        home = self.data_dir / "agents" / name
+        log = home / "agent.log"
+        others = {p for p in plait_processes(home, "agent") if alive(p)}
+        tasks = {p for p in processes_under(home.resolve()) if alive(p)} - others
+        restarts = self.restarts.setdefault(name, [])
+        action = agent_exit_action(len(tasks), min(others, default=None), restarts, now)
+        if action == "adopt":
+            self.agents[name] = min(others)
+            return (f"agent {name} exited with {code}; another agent of it runs (pid "
+                    f"{min(others)}), started by hand: it is {name}'s agent now")
+        if action == "restart":
+            restarts[:] = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS] + [now]
+            child = self.agents[name] = self.start(name)
+            return (f"agent {name} exited with {code} while {len(tasks)} processes of its "
+                    f"tasks ran: restarted (pid {child.pid}) to adopt them; see {log}")
+        self.down.add(name)
+        if action == "give_up":
+            return (f"agent {name} exited with {code}, its {RESTART_BURST}th exit within "
+                    f"{RESTART_WINDOW_SECONDS:g}s, and is not restarted again: see {log} "
+                    f"(its {len(tasks)} task processes run on, out of plait's control "
+                    "until an agent of it runs)")
+        return (f"agent {name} exited with {code}, and nothing of its machine runs: the "
+                f"machine is taken as dead and not restarted (the next plait up starts "
+                f"it); see {log}")
 
 
 def _hold(data_dir: Path) -> IO[str]:
