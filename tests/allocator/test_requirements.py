@@ -120,7 +120,9 @@ def test_max_tasks_per_machine_spreads_over_machines():
     r = c.allocate("j", "e", ONE, allocate=range(5), policy=policy)
     assert len(set(r.machines)) == 4 == len(r.machines)
     assert [t for t, _ in r.unplaced] == [4]
-    assert r.unplaced[0][1] == NO_MACHINE
+    assert r.unplaced[0][1] == NO_MACHINE + (
+        " (the entitlement's 4 machines have no room for it; the free pool has no machine "
+        "that meets the requirements)")
     # growing later respects the existing tasks too
     c.allocate("j", "e", ONE, free=[0])
     again = c.allocate("j", "e", ONE, allocate=[0, 1, 2, 3, 9], policy=policy)
@@ -191,6 +193,53 @@ def test_spread_by_type_alternates_machine_types():
 def test_no_room_anywhere_is_a_result_not_an_exception():
     c = Cluster.machines(machine("a"))
     c.entitlement("e", machines=1)
-    r = c.allocate("j", "e", Resources(cpu=17), allocate=[0])
-    assert r.machines == () and r.unplaced == ((0, NO_MACHINE),)
+    r = c.allocate("j", "e", Resources(cpu=8), allocate=[0, 1, 2])
+    assert len(r.machines) == 2 and r.unplaced == ((2, NO_MACHINE + (
+        " (the entitlement's 1 machine has no room for it; the free pool has no machine "
+        "that meets the requirements)")),)
+    r = c.allocate("k", "e", Resources(cpu=17), allocate=[0])
+    assert r.machines == () and r.unplaced == ((0, (
+        "no machine of the region is big enough for one task: cpu 17 > the largest "
+        "machine's 16")),)
+
+
+def test_a_task_no_machine_could_ever_hold_says_what_it_lacks():
+    # it said "no machine satisfies the hard requirements with room for the task", as
+    # if it waited for room: it waits for a machine that does not exist
+    c = Cluster.machines(machine("a"), machine("b", type="milan"))
+    c.entitlement("e", machines=2)
+    big = c.allocate("j", "e", Resources(cpu=4, memory_gb=1000), allocate=[0])
+    assert big.unplaced[0][1].startswith("no machine of the region is big enough for one "
+                                         "task: memory 1000 GB > the largest machine's ")
+    floor = AllocationPolicy(requirements=Requirements(min_free=Resources(cpu=14)))
+    kept = c.allocate("k", "e", Resources(cpu=4), allocate=[0], policy=floor)
+    assert kept.unplaced[0][1] == (
+        "no machine of the region is big enough for one task: cpu 18 (4 + 14 kept free) "
+        "> the largest machine's 16")
+    typed = AllocationPolicy(requirements=Requirements(machine_types=["graviton"]))
+    none = c.allocate("l", "e", ONE, allocate=[0], policy=typed)
+    assert none.unplaced[0][1] == (
+        "no machine of the region matches the requirements (type in ['graviton']): the "
+        "task cannot be placed until such machines join")
     assert c.machines_of("e") == set()
+
+
+def test_no_room_says_whether_the_free_pool_could_have_helped():
+    c = Cluster.machines(machine("a"), machine("b"), machine("c"))
+    c.entitlement("e", machines=3)
+    c.entitlement("f", machines=1)
+    assert c.allocate("j", "f", Resources(cpu=16), allocate=[0]).machines  # (takes one)
+    # every machine bound: the free pool could not help either
+    r = c.allocate("k", "e", Resources(cpu=16), allocate=[0, 1, 2])
+    assert r.unplaced == ((2, NO_MACHINE + (
+        " (the entitlement's 2 machines have no room for it; the free pool has no machine "
+        "that meets the requirements)")),)
+    r = c.allocate("l", "e", Resources(cpu=1), allocate=[0])
+    assert r.unplaced == ((0, NO_MACHINE + (
+        " (the entitlement's 2 machines have no room for it; the free pool has no machine "
+        "that meets the requirements)")),)
+    c.entitlement("g", machines=1)
+    r = c.allocate("m", "g", Resources(cpu=1), allocate=[0])
+    assert r.unplaced == ((0, NO_MACHINE + (
+        " (the entitlement has no machine, and the free pool none that meets the "
+        "requirements)")),)

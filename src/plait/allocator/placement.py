@@ -193,6 +193,8 @@ class _Placer:
         self.quota_rru = None if quota.rru is None else round(quota.rru * 1000)
         self.claimed_rru = 0
         self.quota_blocked = False
+        #: why nothing could take a task (``_where``), once worked out
+        self._why: str | None = None
         self.taken: set[int] = set()
         #: how many tasks this proposal places (set by ``run``)
         self.n_place = 0
@@ -718,7 +720,34 @@ class _Placer:
         if self.quota_blocked:
             return (f"{QUOTA_REACHED} and its machines have no room left "
                     f"({NO_MACHINE} inside the entitlement)")
-        return NO_MACHINE
+        return NO_MACHINE + self._where()
+
+    def _where(self) -> str:
+        """When the free pool has no machine for the task either, why (a suffix of
+        ``NO_MACHINE``): the entitlement's machines, how many of them cannot take tasks.
+        Read only when a task stays unplaced: the members once, the pool per DC."""
+        if self._why is None:
+            ix, cp = self.ix, self.cp
+            counts = ix.free_count["dc"]
+            claims = len(self.plan.claims)  # (this proposal's, from the pool)
+            pool = int(counts[:, cp.shapes].sum() if cp.dc is None
+                       else counts[cp.dc, cp.shapes].sum()) - claims
+            members = ix.members.get(cp.ent_code)
+            ids = members.ids if members is not None else _EMPTY
+            if pool > 0:
+                self._why = ""
+            elif not ids.size + claims:
+                self._why = (" (the entitlement has no machine, and the free pool none that "
+                             "meets the requirements)")
+            else:
+                out = ids.size - int(np.count_nonzero(cp.usable[ix.hshape[ids]]))
+                n = ids.size + claims
+                self._why = (f" (the entitlement's {n} machine{'s have' if n > 1 else ' has'} no "
+                             "room for it"
+                             + (f", {out} of them down, cordoned or of another type"
+                                if out else "")
+                             + "; the free pool has no machine that meets the requirements)")
+        return self._why
 
 
 _EMPTY = np.empty(0, np.int64)

@@ -10,6 +10,7 @@ policy with the same finest level, type split, DC pin and allowed shapes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,8 +220,11 @@ def compile_policy(
     for key, value in attrs.items():
         ok &= np.array([a.get(key) == value for a in index.shape_attrs], np.bool_)
     units = index.shape_units
+    matching = ok.copy()
     for r in range(3):
         ok &= units[:, r] - floor[r] >= need[r]
+    if impossible is None and not ok.any():
+        impossible = _never_fits(units, matching, need, floor, types, attrs)
 
     dc: int | None = None
     if impossible is not None:
@@ -260,3 +264,28 @@ def compile_policy(
         layout=layout_of(index, finest, by_type, dc, shapes), impossible=impossible,
     )
 
+
+def _never_fits(units: npt.NDArray[np.int64], matching: npt.NDArray[np.bool_],
+                need: tuple[int, int, int], floor: tuple[int, int, int],
+                types: set[str], attributes: Mapping[str, object]) -> str:
+    """Why no machine of the region could ever take one task (no allowed machine shape
+    is big enough, or none matches the requirements): what the task waits for is not
+    room, but a machine that does not exist."""
+    if not matching.any():
+        wanted = ([f"type in {sorted(types)}"] if types else []) + [
+            f"{k}={v!r}" for k, v in sorted(attributes.items())]
+        return ("no machine of the region matches the requirements "
+                f"({', '.join(wanted) or 'its shapes'}): the task cannot be placed until "
+                "such machines join")
+    biggest = units[matching].max(axis=0)
+    labels = (("cpu", 1000, ""), ("memory", 1024, " GB"), ("disk", 1024, " GB"))
+    short = [f"{name} {(need[r] + floor[r]) / per:g}{unit}"
+             + (f" ({need[r] / per:g} + {floor[r] / per:g} kept free)" if floor[r] else "")
+             + f" > the largest machine's {int(biggest[r]) / per:g}{unit}"
+             for r, (name, per, unit) in enumerate(labels)
+             if need[r] + floor[r] > biggest[r]]
+    if not short:  # each resource fits some machine, but no one machine has them all
+        short = ["no single machine has all of "
+                 + ", ".join(f"{name} {(need[r] + floor[r]) / per:g}{unit}"
+                             for r, (name, per, unit) in enumerate(labels) if need[r])]
+    return f"no machine of the region is big enough for one task: {'; '.join(short)}"

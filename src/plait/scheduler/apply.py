@@ -204,7 +204,7 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
         tasks[index].spec_version = job.target_of(index)
     for _version, request in plan.requests:
         result = s.allocator.allocate(request)
-        if result.unplaced and result.unplaced[0][1] == NO_MACHINE:
+        if result.unplaced and result.unplaced[0][1].startswith(NO_MACHINE):
             # waiting for a machine: a lender's such tasks take loans back (``loans``)
             s.short[job.name] = (job.entitlement, min(1 << 62, len(result.unplaced) * round(
                 min(request.resources.cpu, 1e15) * 1000)))
