@@ -33,9 +33,9 @@ def test_up_stop_up_again_and_survive_a_killed_control_plane(tmp_path):
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")}
 
-    def up() -> subprocess.Popen[bytes]:
+    def up(machines: str = "4") -> subprocess.Popen[bytes]:
         proc = subprocess.Popen([sys.executable, "-m", "plait.cli.main", "up", "--data-dir",
-                                 str(data), "--machines", "4", "--port", str(port),
+                                 str(data), "--machines", machines, "--port", str(port),
                                  "--heartbeat-timeout", "3"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 200, what="plait up")
@@ -76,7 +76,7 @@ def test_up_stop_up_again_and_survive_a_killed_control_plane(tmp_path):
         time.sleep(1)
         assert all(alive(p) for p in second.values())
         assert all(answers(e) for e in endpoints_from_state(data).values())
-        proc = up()
+        proc = up(machines="5")  # (a region's size is its own: said, and ignored)
         output = b""
         wait_for(lambda: len(endpoints(admin)) == 3, what="the tasks are adopted")
         time.sleep(2)
@@ -93,6 +93,9 @@ def test_up_stop_up_again_and_survive_a_killed_control_plane(tmp_path):
             if alive(pid):
                 os.killpg(pid, signal.SIGKILL)
     assert b"adopted" in output
+    said = " ".join(output.decode(errors="replace").split())
+    assert said.count("ignored") == 1  # (once)
+    assert f"{data} holds a region of 4 machines already: --machines 5 ignored" in said
 
 
 def endpoints_from_state(data: Path) -> dict[str, str]:

@@ -33,10 +33,13 @@ from plait.localprocs import (
 def up(
     data_dir: Annotated[Path, typer.Option(help="store, tokens and agents' state")]
     = Path(".plait"),
-    machines: Annotated[int, typer.Option(min=1, max=200, help="agents (one per machine)")]
-    = 6,
-    dcs: Annotated[int, typer.Option(min=1)] = 2,
-    msbs_per_dc: Annotated[int, typer.Option(min=1)] = 3,
+    machines: Annotated[int | None, typer.Option(
+        min=1, max=200, help="agents (one per machine) of a new region (default 6)")]
+    = None,
+    dcs: Annotated[int | None, typer.Option(
+        min=1, help="data centers of a new region (default 2)")] = None,
+    msbs_per_dc: Annotated[int | None, typer.Option(
+        min=1, help="MSBs per data center of a new region (default 3)")] = None,
     host: str = "127.0.0.1",
     port: int = 7070,
     heartbeat_timeout: Annotated[float, typer.Option(min=0.5)] = 5.0,
@@ -86,8 +89,8 @@ def up(
     from plait.server.controlplane import ControlPlaneConfig
     from plait.server.serve import ApiServer, AsgiServer, prepare, store_for
 
-    region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc, rows_per_msb=1,
-                              racks_per_row=1)
+    region = RegionSpec.sized(machines or 6, dcs=dcs or 2, msbs_per_dc=msbs_per_dc or 3,
+                              rows_per_msb=1, racks_per_row=1)
     sharded = shards > 1
     # a region on one box: its TaskControllers run on loopback too
     config = ControlPlaneConfig(region=region, tick_seconds=0.2,
@@ -132,6 +135,12 @@ def up(
             raise typer.Exit(EXIT_INVALID)
     started = prepare(data_dir, store, config, host, port)
     cp = started.control_plane
+    given = [f"--{flag} {value}" for flag, value in (
+        ("machines", machines), ("dcs", dcs), ("msbs-per-dc", msbs_per_dc)) if value]
+    if given and cp.region_spec != region:  # (the region stored in the data dir wins)
+        err.print(f"[yellow]warning:[/yellow] {data_dir} holds a region of {len(cp.fleet)} "
+                  f"machines already: {', '.join(given)} ignored (they shape a new region: "
+                  "give another --data-dir for one)")
     for shard in range(shards if sharded else 0):  # the front end waits for each one's leader
         with contextlib.suppress(Conflict):
             cp.store.create(f"/frontend/shards/{shard}", b"{}")
