@@ -3,6 +3,9 @@ reads only what is new), including the events the retention dropped meanwhile.""
 
 import json
 
+import pytest
+
+from plait.errors import Conflict
 from plait.server.events import EventLog, NewEvent, Retention
 from plait.store import SqliteStore
 
@@ -169,4 +172,21 @@ def test_records_of_one_event_and_pages_read_together_and_follow(tmp_path):
     assert _stored(store) == [[2], [3, 4], [5]]
     assert follower.refresh() == 3
     assert [e.message for e in follower.query(limit=100)[0]] == ["o2", "n0", "n1", "n2"]
+    store.close()
+
+
+def test_a_deposed_leader_stores_no_event(tmp_path):
+    # a leader deposed while it flushed wrote the events of passes the fence refused
+    # (a failed machine, a task lost) into the region's history
+    store = SqliteStore(str(tmp_path / "plait.db"))
+    store.create("/election/leader", b"a")
+    log = EventLog(store, Retention(max_count=50, max_age_seconds=1e9))
+    log.fence = ("/election/leader", 0)
+    log.append([_ev(1.0, "while it leads")])
+    store.set("/election/leader", b"b", 0)  # another replica was elected meanwhile
+    with pytest.raises(Conflict):
+        log.append([_ev(2.0, "after")])
+    reader = EventLog(SqliteStore(str(tmp_path / "plait.db")))
+    assert [e.message for e in reader.query(limit=100)[0]] == ["while it leads"]
+    assert reader.last_seq == 1
     store.close()

@@ -165,6 +165,10 @@ class EventLog:
     def __init__(self, store: Store, retention: Retention | None = None) -> None:
         self.ns = Namespace(store, "/events")
         self.retention = retention or Retention()
+        #: (key, version) every append checks in its transaction: the election's fence
+        #: of the replica that leads (``Election.fence``), or None. A leader deposed
+        #: while it flushed stores none of the events of passes the fence refused
+        self.fence: tuple[str, int] | None = None
         self._lock = threading.Lock()
         self._events: deque[Event] = deque()
         #: the pages stored, oldest first: (the key's sequence number, the last event's)
@@ -257,7 +261,13 @@ class EventLog:
                     break
                 txn.delete(f"/log/{key:012d}", 0)
                 gone += 1
-            self.ns.commit(txn)
+            if self.fence is None:
+                self.ns.commit(txn)
+            else:  # stored only while this replica still leads
+                for op in txn.ops:
+                    op.key = self.ns.prefix + op.key
+                txn.check(*self.fence)
+                self.ns.store.commit(txn)
             self._seq_version = 0 if self._seq_version is None else self._seq_version + 1
             self._seq = seq
             for _ in dropped:

@@ -195,7 +195,7 @@ class ControlPlane:
                 self.warm.refresh()  # what changed since the follower last looked
             self.build(now, grace=grace, warm=self.warm)
             # (a rebuild on registration keeps it: _build)
-            self.persist.fence = self.region.fence = fence
+            self.persist.fence = self.region.fence = self.events.fence = fence
             self.generation.clear()
             self.gen_base = int(time.time() * 1000)
             self.steps = 0  # the first pass reads every stored job
