@@ -182,6 +182,27 @@ def test_wait_reports_a_halted_rollout(plane, tmp_path):
     assert time.monotonic() - start < 60  # it stopped at the halt, not at the timeout
 
 
+def test_wait_stops_on_a_job_no_machine_could_ever_hold(plane, tmp_path):
+    # it waited out its whole timeout (10 minutes by default) saying "no machine
+    # satisfies the hard requirements with room", as if room could free up
+    from plait.allocator.policy import NEVER_FITS
+    from plait.client.status import NEVER_FITS as SEEN
+
+    assert SEEN == NEVER_FITS  # (the CLI reads the allocator's words)
+    plait("entitlement", "create", "--name", "web", "--owner", "o", "--machines", "4")
+    spec = "name: huge\nentitlement: web\ntask_count: 2\nresources: {cpu: 640}\ncommand: serve\n"
+    start = time.monotonic()
+    res = plait("job", "deploy", str(write(tmp_path, "huge.yaml", spec)), "--wait",
+                "--timeout", "60", ok=False)
+    said = " ".join(res.output.split())
+    assert res.exit_code == 1, said
+    assert "huge cannot be placed: no machine of the region is big enough for one task: " \
+        "cpu 640 > the largest machine's" in said
+    assert "The job is stored and waits for such machines" in said
+    assert time.monotonic() - start < 60  # it stopped on the reason, not at the timeout
+    assert json.loads(plait("job", "show", "huge", "-o", "json").stdout)["name"] == "huge"
+
+
 def test_task_logs_prints_what_the_task_printed(plane):
     plait("entitlement", "create", "--name", "web", "--owner", "o", "--machines", "4")
     plait("job", "deploy", str(EXAMPLES / "web.yaml"), "--wait", "--timeout", "60")

@@ -265,6 +265,11 @@ def compile_policy(
     )
 
 
+#: how the reason starts when no machine of the region could ever take a task
+#: (``plait.client.status.NEVER_FITS``: ``plait job deploy --wait`` stops on it)
+NEVER_FITS = "no machine of the region "
+
+
 def _never_fits(units: npt.NDArray[np.int64], matching: npt.NDArray[np.bool_],
                 need: tuple[int, int, int], floor: tuple[int, int, int],
                 types: set[str], attributes: Mapping[str, object]) -> str:
@@ -274,7 +279,7 @@ def _never_fits(units: npt.NDArray[np.int64], matching: npt.NDArray[np.bool_],
     if not matching.any():
         wanted = ([f"type in {sorted(types)}"] if types else []) + [
             f"{k}={v!r}" for k, v in sorted(attributes.items())]
-        return ("no machine of the region matches the requirements "
+        return (f"{NEVER_FITS}matches the requirements "
                 f"({', '.join(wanted) or 'its shapes'}): the task cannot be placed until "
                 "such machines join")
     biggest = units[matching].max(axis=0)
@@ -288,4 +293,4 @@ def _never_fits(units: npt.NDArray[np.int64], matching: npt.NDArray[np.bool_],
         short = ["no single machine has all of "
                  + ", ".join(f"{name} {(need[r] + floor[r]) / per:g}{unit}"
                              for r, (name, per, unit) in enumerate(labels) if need[r])]
-    return f"no machine of the region is big enough for one task: {'; '.join(short)}"
+    return f"{NEVER_FITS}is big enough for one task: {'; '.join(short)}"

@@ -29,7 +29,7 @@ from plait.cli.common import (
     tabulated,
 )
 from plait.client.client import PAGE
-from plait.client.status import JOB_STATES, job_status
+from plait.client.status import JOB_STATES, NEVER_FITS, job_status
 from plait.paging import MAX_LIMIT
 
 # -- jobs ----------------------------------------------------------------------------------
@@ -119,6 +119,11 @@ def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[st
                 if job["halted"]:
                     raise CliError(f"rollout of {name} halted: {job['halted']} "
                                    f"(plait job resume {name}, or roll back)", EXIT_FAILED)
+                if reason and reason.startswith(NEVER_FITS):  # (waiting is in vain)
+                    raise CliError(f"{name} cannot be placed: {reason}. The job is stored "
+                                   "and waits for such machines; change its resources or "
+                                   f"requirements (plait job deploy), or plait job delete "
+                                   f"{name}", EXIT_FAILED)
                 if job["settled"]:
                     return job
             if time.monotonic() > deadline:

@@ -11,6 +11,11 @@ from typing import Any
 JOB_STATES = ("deleting", "halted", "complete", "failed", "settled", "unplaced",
               "rolling-out", "converging")
 
+#: how an unplaced reason starts when no machine of the region could ever take the
+#: task (too big for every machine, or no machine of the types it requires): no room
+#: that frees up places it, only other machines (``plait.allocator.policy.NEVER_FITS``)
+NEVER_FITS = "no machine of the region "
+
 
 def job_status(j: Mapping[str, Any]) -> str:
     """The job's status: deleting; halted (a rollout stopped on unhealthy tasks);
