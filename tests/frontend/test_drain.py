@@ -52,6 +52,27 @@ def test_a_drain_to_free_gives_the_empty_machine_back_to_the_free_pool(live):
                 if on in e["machines"]]
 
 
+def test_what_is_left_at_a_drains_deadline_moves_and_the_machine_is_given_back(live):
+    # the tasks still on the machine at its deadline were stopped and parked until the
+    # drain's window ended, a year later: the job stayed short of them, and the
+    # machine, never empty, never went back to the free pool
+    on = setup(live)
+    here = len(tasks_on(live, on))
+    r = live.admin.post(f"/v1/machines/{on}/drain",
+                        json={"deadline_seconds": 0, "to": "free"})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: drained(live, on))
+    wait_for(lambda: live.admin.get("/v1/jobs/web").json()["settled"])
+    tasks = live.admin.get("/v1/jobs/web/tasks").json()["tasks"]
+    assert sorted(t["state"] for t in tasks) == ["running"] * 6
+    assert tasks_on(live, on) == []
+    forced = live.admin.get("/v1/events", params={"kind": "deadline_stop", "limit": 100}
+                            ).json()["events"]
+    assert len(forced) == here and all("moved off" in e["message"] for e in forced)
+    machine = live.admin.get(f"/v1/machines/{on}").json()
+    assert machine["entitlement"] is None and machine["cordoned"] is False
+
+
 def test_a_drain_to_maintenance_keeps_the_empty_machine_out_until_uncordoned(live):
     on = setup(live)
     r = live.admin.post(f"/v1/machines/{on}/drain", json={"deadline_seconds": 3600})

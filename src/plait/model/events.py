@@ -21,9 +21,12 @@ class EventKind(enum.StrEnum):
 LOAN_REVOKE_PREFIX = "loan-revoke-"
 #: the same for a host-profile roll's drain of a busy machine
 PROFILE_ROLL_PREFIX = "profile-roll-"
+#: the same for an operator's drain of a machine (``plait machine drain``), carried
+#: out by the scheduler's maintenance stage
+MACHINE_DRAIN_PREFIX = "drain-"
 #: events that drain a machine out of its entitlement: at their start what still
 #: runs there is moved elsewhere, not parked until the window ends
-DRAIN_PREFIXES = (LOAN_REVOKE_PREFIX, PROFILE_ROLL_PREFIX)
+DRAIN_PREFIXES = (LOAN_REVOKE_PREFIX, PROFILE_ROLL_PREFIX, MACHINE_DRAIN_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,10 @@ tasks parked for it start again where they were.
 from __future__ import annotations
 
 from plait.broker import ChangeKind
-from plait.model.events import DRAIN_PREFIXES, EventKind
+from plait.model.events import DRAIN_PREFIXES, MACHINE_DRAIN_PREFIX, EventKind
 from plait.model.machine import MachineState
 from plait.model.task import TaskRef, TaskState
+from plait.scheduler import drain
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.machinesets import NOTHING_PLACED
 from plait.scheduler.plans import DELETE, RESIZE
@@ -103,15 +104,31 @@ def maintenance(s: SchedulerState, now: float) -> Notice:
             continue
         live.add(ev.id)
         machines = [fleet.index_of(name) for name in ev.machines]
+        drained = ev.id.startswith(MACHINE_DRAIN_PREFIX)
+        if drained:
+            # an operator's drain: what its controller stopped goes elsewhere at once
+            # (the machine is cordoned), and so does what never started there
+            drain.unpark_all(s, ev.id)
+            for m in machines:
+                drain.unstarted(s, m, ev.id, now)
         if now < ev.start:
             for m in machines:
                 notice.setdefault(m, (ev.id, ev.start, ev.end))
+            continue
+        if drained:
+            # its deadline: what still runs there moves, once (its window is held open
+            # until the machine is empty: ``machine_ops.finish_drains``)
+            if ev.id not in s.drains_forced:
+                s.drains_forced.add(ev.id)
+                for m in machines:
+                    drain.deadline(s, m, ev.id, now, "the machine's drain deadline came")
             continue
         if ev.id.startswith(DRAIN_PREFIXES):
             continue  # a drain's deadline: its tasks move (``drain``), not park
         for m in machines:  # deadline reached: stop what still runs
             for ref in s.placed.get(m, NOTHING_PLACED).refs():
                 deadline_stop(s, ref, ev.id, now)
+    s.drains_forced &= live
     for event_id in [e for e in s.parked if e not in live]:
         for ref in s.parked.pop(event_id):
             job = s.jobs.get(ref.job)

@@ -87,6 +87,8 @@ class SchedulerState:
         self.machine_changes: list[BrokerChange] = []
         #: maintenance event id -> the tasks parked (stopped) until it ends
         self.parked: dict[str, set[TaskRef]] = {}
+        #: machine drains whose deadline came: what ran there was moved (once each)
+        self.drains_forced: set[str] = set()
         #: remote controllers' requests for the shell to send (``take_calls``), and
         #: the answers it handed back, applied by the next pass
         self.outbox: list[ControllerCall] = []

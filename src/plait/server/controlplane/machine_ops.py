@@ -9,7 +9,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import Conflict, NotFound, ValidationError
-from plait.model.events import EventKind, UnavailabilityEvent
+from plait.model.events import MACHINE_DRAIN_PREFIX, EventKind, UnavailabilityEvent
 from plait.model.machine import Machine, MachineState
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class MachineOps:
         with self.cp.lock:
             now = self.cp.clock()
             self.cp.region.set_cordon(m, True)
-            event_id = self.event_id("drain", machine)
+            event_id = self.event_id(MACHINE_DRAIN_PREFIX[:-1], machine)
             self.cp.region.add_event(UnavailabilityEvent(
                 event_id, EventKind.MAINTENANCE, (machine,), now + deadline,
                 now + deadline + DRAIN_HOLD, DRAIN_TO_FREE if to == "free" else DRAIN), now)
