@@ -228,3 +228,31 @@ def test_a_task_killed_from_outside_does_not_count_against_its_version():
         if not halts:
             assert settled(s, "zk", 3, spec_version=2) and len(hit) == 3
 
+
+
+def test_a_pushed_task_that_never_passes_its_probe_goes_back_when_its_pin_is_dropped():
+    # a push's pinned task that ran unhealthy halted the rollout; the push was rolled
+    # back (the rollout resumed, the pin dropped), but the task's update to the pushed
+    # version stayed open, waiting for a health that never came: it ran the pushed
+    # version for good, and the job never settled. The halt named the job's version
+    # (1), not the one that failed (2)
+    s, agents = start(4, ready_timeout_seconds=10, halt_after_failures=2)
+    job = s.job("zk")
+    pushed = s.add_version(job.spec.model_copy(update={"args": ("broken",)}), agents.now)
+    s.pin("zk", {0: pushed, 1: pushed}, agents.now)
+    for _ in range(120):
+        agents.unhealthy = {("zk", i) for i, r in job.tasks.items() if r.spec_version == 2}
+        agents.step()
+        if job.halted is not None:
+            break
+    assert job.halted is not None and job.halted.startswith("1 tasks of version 2 failed")
+    assert [e.message for e in s.events if e.kind == "task_not_ready"][0].startswith(
+        "task 0 of version 2 ")
+    # the push rolls back: the rollout resumes, no task is pinned any more
+    s.resume("zk", agents.now)
+    s.pin("zk", {}, agents.now)
+    for _ in range(60):
+        agents.unhealthy = {("zk", i) for i, r in job.tasks.items() if r.spec_version == 2}
+        agents.step()
+    assert settled(s, "zk", 4), {i: (r.spec_version, r.op) for i, r in job.tasks.items()}
+    assert job.halted is None

@@ -292,7 +292,16 @@ class Scheduler(SchedulerState):
         clean = {i: v for i, v in pins.items() if v != job.target}
         if clean == (job.pins or {}):
             return
+        before = {i: job.target_of(i) for i in job.in_progress}
         job.pins = clean or None
+        # an update to a goal the task no longer has is over (a push rolled back while
+        # its task ran the pushed version, unhealthy: the update would wait for a health
+        # that never comes, and the task never went back): it is offered its new goal
+        for index, goal in before.items():
+            rec = job.tasks.get(index)
+            if rec is not None and rec.op is not None and to_target(rec.op) and (
+                    rec.state is not TaskState.STOPPING) and job.target_of(index) != goal:
+                self.complete(job, rec)
         job.rollout_active = True
         job.dirty = True
         self.mark(name)

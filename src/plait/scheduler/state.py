@@ -211,15 +211,15 @@ class SchedulerState:
         job.add_failed(index)
         job.rollout_failures = len(job.failed_tasks)
         job.dirty = True
-        self.event(now, job.name, "task_not_ready",
-                   f"task {index} of version {job.target} {how}")
+        version = job.target_of(index)  # (a pushed or canary task's: its pin's)
+        self.event(now, job.name, "task_not_ready", f"task {index} of version {version} {how}")
         # never more than the tasks pacing lets go down at once, or a bad version
         # under a small max_unavailable would stall instead of halting
         update = job.spec.update
         cap = update.resolve(job.spec.task_count)
         limit = min(update.halt_after_failures, cap or update.halt_after_failures)
         if job.halted is None and job.rollout_failures >= limit:
-            job.halted = (f"{job.rollout_failures} tasks of version {job.target} failed "
+            job.halted = (f"{job.rollout_failures} tasks of version {version} failed "
                           f"to become healthy (the last {how})")
             self.event(now, job.name, "rollout_halted", job.halted, cause=job.cause)
             for op in [o for o in job.acked.values() if to_target(o)]:
