@@ -340,3 +340,20 @@ def test_a_host_profile_canary_is_refused_where_it_could_not_get_machines(
     child = alice.get("/v1/jobs/web/canaries/pc").json()["entitlement"]
     r = alice.post("/v1/jobs", json={**JOB, "name": "other", "entitlement": child})
     assert r.status_code == 422 and "canary entitlement" in r.text, r.text
+
+
+def test_a_canary_of_the_whole_job_or_with_a_bad_name_is_refused(
+        live: Live, alice: httpx.Client) -> None:
+    # a canary of 9 tasks on this 4-task job ran the canary on every task (an ungated
+    # push), and "Bad Name" was taken as a canary's name
+    r = alice.put("/v1/jobs/web/canaries/c1", json={"spec": spec(command="serve-c"),
+                                                    "tasks": 4})
+    assert r.status_code == 422 and r.json()["field"] == "tasks", r.text
+    assert "would run every task of job web (4): at most 3" in r.json()["message"]
+    r = alice.put("/v1/jobs/web/canaries/Bad%20Name", json={"spec": spec(command="serve-c")})
+    assert r.status_code == 422 and r.json()["field"] == "canary", r.text
+    assert "'Bad Name' is not a valid name" in r.json()["message"]
+    assert alice.get("/v1/jobs/web/intents").json()["canaries"] == {}  # nothing stored
+    r = alice.put("/v1/jobs/web/canaries/c1", json={"spec": spec(command="serve-c"),
+                                                    "tasks": 3})
+    assert r.status_code == 200, r.text

@@ -63,9 +63,23 @@ def test_what_cannot_be_satisfied_is_reported_not_guessed():
     u = unify(STABLE, 4, push=Push(PUSHED, Fraction(100)), canaries=[Canary("c", CANARY, 3)])
     assert u.count("canary:c") == 3 and u.count("push") == 1
     assert any("push" in c and "canaries leave 1" in c for c in u.conflicts)
+    # canaries never take the whole job: one task at least runs its spec
     u = unify(STABLE, 2, canaries=[Canary("a", CANARY, 2), Canary("b", CANARY, 1)])
-    assert u.count("canary:a") == 2 and u.count("canary:b") == 0
+    assert u.count("canary:a") == 1 and u.count("canary:b") == 0 and u.count("stable") == 1
+    assert any("canary a asks for 2 tasks; only 1" in c for c in u.conflicts)
     assert any("canary b" in c for c in u.conflicts)
+
+
+def test_a_job_resized_below_its_canary_keeps_a_task_on_its_spec():
+    # a canary of 9 tasks on a 5-task job ran the canary on every task: an ungated
+    # push of the whole job
+    u = unify(STABLE, 10, canaries=[Canary("c", CANARY, 9)])
+    assert u.count("canary:c") == 9 and not u.conflicts
+    u = unify(STABLE, 10, sizing=Sizing(5), canaries=[Canary("c", CANARY, 9)], previous=u)
+    assert u.count("canary:c") == 4 and u.count("stable") == 1
+    assert u.conflicts == ("canary c asks for 9 tasks; only 4 of the job's 5 are free of "
+                           "other canaries (one at least runs the job's spec)",)
+    assert unify(STABLE, 1, canaries=[Canary("c", CANARY, 1)]).roles == ("stable",)
 
 
 def test_an_ended_canary_gives_its_tasks_back():

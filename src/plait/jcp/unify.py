@@ -26,7 +26,8 @@ each tested:
    gives up the highest when it must shrink;
 4. the rest run the stable spec;
 5. what the rules cannot satisfy (a canary larger than the tasks left, a push that
-   the canaries leave too few tasks for) is reported in ``conflicts``, never guessed.
+   the canaries leave too few tasks for) is reported in ``conflicts``, never guessed;
+   canaries never take every task of the job (one at least runs its spec).
 """
 
 from __future__ import annotations
@@ -122,11 +123,16 @@ def unify(stable: int, base_count: int, *, push: Push | None = None,
         free.sort(key=lambda i: (i in was_pushed, i))
         if canary.hardware is not None:
             free.sort(key=lambda i: (placed_on.get(i) != canary.hardware, i in was_pushed, i))
-        need = canary.tasks - len(mine)
+        # canaries never take the whole job: one task at least runs its spec (a job
+        # resized below a canary's count would otherwise run the canary everywhere)
+        room = max(0, n - 1 - len(taken))
+        mine = mine[:room]
+        need = min(canary.tasks, room) - len(mine)
         mine += free[:max(0, need)]
         if len(mine) < canary.tasks:
             conflicts.append(f"canary {canary.name} asks for {canary.tasks} tasks; only "
-                             f"{len(mine)} of the job's {n} are free of other canaries")
+                             f"{len(mine)} of the job's {n} are free of other canaries "
+                             "(one at least runs the job's spec)")
         for i in mine:
             roles[i] = role
             taken.add(i)

@@ -54,7 +54,7 @@ from plait.jcp.intents import (
 )
 from plait.jcp.push import StageHealth, advance, percent, verdict
 from plait.model.base import parse
-from plait.model.entitlement import Entitlement, Quota, canary_entitlement
+from plait.model.entitlement import Entitlement, Quota, canary_entitlement, check_name
 from plait.model.job import JobSpec
 from plait.model.task import TaskState
 from plait.persist.scheduler import JobDoc
@@ -303,7 +303,19 @@ class JobControlPlane:
 
     # -- canaries -------------------------------------------------------------------------
     def put_canary(self, job: str, name: str, intent: CanaryIntent) -> dict[str, Any]:
+        try:
+            check_name(name)  # (it names the canary's role, and its entitlement)
+        except ValueError as exc:
+            raise ValidationError("canary", str(exc)) from None
         doc = self._job(job, intent.spec)
+        if intent.tasks >= doc.spec.task_count:
+            raise ValidationError("tasks", (
+                f"a canary of {intent.tasks} tasks would run every task of job {job} "
+                f"({doc.spec.task_count}): at most {doc.spec.task_count - 1}, so that some "
+                "run the job's spec; to run it on every task, push it") if (
+                doc.spec.task_count > 1) else (
+                f"job {job} has {doc.spec.task_count} tasks: no room for a canary beside "
+                "its spec (resize it, or push the spec)"))
         if intent.hardware is not None and intent.hardware not in self.cp.fleet.type_names:
             raise ValidationError("hardware", f"no machine of type {intent.hardware!r} in "
                                   f"this region (types: {', '.join(self.cp.fleet.type_names)})")
