@@ -35,7 +35,8 @@ class UpdatePolicy(Value):
     #: paces alone; without one, the built-in policy uses 1)
     max_unavailable: int | str | None = 1
     #: a rollout halts by itself once this many tasks of the new version failed to
-    #: become healthy
+    #: become healthy, or max_unavailable of them if that is fewer (the failed tasks
+    #: are down: a bad version never takes more down than the pacing allows)
     halt_after_failures: int = pydantic.Field(default=3, ge=1, le=100_000)
     #: a restarted task counts as healthy (its operation complete) only after
     #: running healthy this long
