@@ -289,3 +289,33 @@ def test_a_tables_values_are_never_cut_short(monkeypatch):
     assert token_id in text and "…" not in text
     assert "".join(line.split("│")[3].strip() for line in text.splitlines()
                    if line.count("│") == 5) == name  # folded over lines, not cut
+
+
+def test_wait_says_what_a_job_waits_on_when_it_gives_up(monkeypatch):
+    # a job whose TaskController acked nothing ended with "did not settle within 20s",
+    # its reason only in the event log
+    import io
+
+    import pytest
+    from rich.console import Console
+
+    import plait.cli.jobs as jobs
+    from plait.cli.client import CliError
+    from plait.cli.common import err
+
+    waiting = {"task_count": 3, "version": 2, "applied_version": 2, "updated": 0,
+               "unavailable": 0, "serving": 3, "halted": None, "batch": False,
+               "unplaced_reason": None, "settled": False,
+               "error": "its TaskController acked nothing: no whole reply within the 5s "
+                        "deadline"}
+
+    class Fake:
+        def get(self, path):
+            return waiting
+    monkeypatch.setattr(err, "_console", Console(file=io.StringIO(), width=200))
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
+    with pytest.raises(CliError) as raised:
+        jobs.follow(Fake(), "tc", timeout=0)
+    assert str(raised.value.args[0]) == (
+        "tc did not settle within 0s (its TaskController acked nothing: no whole reply "
+        "within the 5s deadline)")

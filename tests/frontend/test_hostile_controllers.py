@@ -135,6 +135,13 @@ def test_hostile_controllers_delay_only_their_own_jobs(region):
     assert "byte cap" in errors["huge"]
     assert "not JSON" in errors["garbage"]
     assert "slow" not in errors
+    # and so do their jobs' views (`plait job show`, `--wait`): it said "error -"
+    for mode in ("tarpit", "hung", "huge", "garbage"):
+        said = view(live, mode)["error"]
+        assert said is not None and said.startswith("its TaskController acked nothing: "), (
+            mode, said)
+    assert "not JSON" in view(live, "garbage")["error"]
+    assert view(live, "slow")["error"] is None and view(live, "acked")["error"] is None
 
     # no heartbeat was missed: no machine was ever declared failed
     assert admin.get("/v1/events", params={"kind": "machine_unreachable"}).json()[

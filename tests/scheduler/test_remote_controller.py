@@ -79,10 +79,17 @@ def test_an_answer_that_never_comes_is_given_up_after_controller_lost_after():
     sched.update_job(job_spec("job", 2, args=("--v2",)), sim.now)
     sim.run(5)
     assert sched.take_calls() == []  # one call at a time: still waiting for the first
+    assert sched.job("job").controller_error is None
     sim.run(30)
     assert sched.counters["controller_errors"] == 1
+    # what the job waits on is the job's to say (its view's error), not only an event
+    assert sched.job("job").controller_error == "no answer came back from the shell"
     [again] = sched.take_calls()  # given up, and asked again about the update
     assert len(again.request.request) == 2
+    sched.answer(ControllerAnswer("job", again.request.sequence_number,
+                                  TaskControlResponse((again.request.request[0].op_id,))))
+    sim.step()
+    assert sched.job("job").controller_error is None  # answered: cleared
 
 
 class Later:

@@ -111,11 +111,12 @@ def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[st
                 # a bar full from the start, and Rich's clock stopped with it)
                 done = job["updated"] if job.get("applied_version") == job["version"] else 0
                 reason = job.get("unplaced_reason")
+                error = job.get("error")
                 progress.update(bar, total=job["task_count"], completed=done,
                                 description=f"{name} v{job['version']}",
                                 detail=f"{job['unavailable']} unavailable, {job['serving']} "
                                        "serving" + (f"; unplaced: {reason}" if reason
-                                                    else ""))
+                                                    else "") + (f"; {error}" if error else ""))
                 if job["halted"]:
                     raise CliError(f"rollout of {name} halted: {job['halted']} "
                                    f"(plait job resume {name}, or roll back)", EXIT_FAILED)
@@ -127,9 +128,10 @@ def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[st
                 if job["settled"]:
                     return job
             if time.monotonic() > deadline:
-                reason = job.get("unplaced_reason")
+                why = "; ".join(str(w) for w in (job.get("unplaced_reason"), job.get("error"))
+                                if w)
                 raise CliError(f"{name} did not settle within {timeout:g}s" +
-                               (f" ({reason})" if reason else ""), EXIT_FAILED)
+                               (f" ({why})" if why else ""), EXIT_FAILED)
             time.sleep(0.3)
 
 

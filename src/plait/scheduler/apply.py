@@ -159,7 +159,13 @@ def answered(s: SchedulerState, job: JobRecord, request: TaskControlRequest,
     if error is not None or response is None:
         s.counters["controller_errors"] += 1
         s.event(now, job.name, "controller_error", f"acked nothing: {error}")
+        if job.controller_error != error:  # (what the job's view says it waits on)
+            job.controller_error = error
+            s.mark(job.name)
         return  # the completions are sent again with the next call
+    if job.controller_error is not None:
+        job.controller_error = None
+        s.mark(job.name)
     job.completed = job.completed[len(request.completed):]
     job.recheck = response.ask_again_after
     job.last_call = now  # (the re-check counts from the answer)

@@ -343,6 +343,9 @@ class JobRecord:
     unplaced_reason: str | None = None
     #: why the last reconcile of this job failed, if it did
     error: str | None = None
+    #: why its remote TaskController's last call acked nothing (no answer within the
+    #: deadline, a refused connection, garbage), until a call is answered
+    controller_error: str | None = None
     notices: tuple[str, ...] = ()
     #: the id of the API request whose command last changed the job (None: a change
     #: no request made); the shell passes it in with the command, as data

@@ -77,7 +77,10 @@ class JobState:
                 serving_on.append((r.index, machine, r.endpoint))
         return cls(job.entitlement, target, len(job.tasks), counts, serving, updated, job.halted,
                    job.rollout_active, job.moving_from, sched.on_entitlement(job),
-                   job.unplaced_reason, job.error, sched.unavailable(job), tuple(tasks),
+                   job.unplaced_reason, job.error or (
+                       None if job.controller_error is None
+                       else f"its TaskController acked nothing: {job.controller_error}"),
+                   sched.unavailable(job), tuple(tasks),
                    tuple(serving_on), applied,
                    bool(job.offers or job.acked or job.in_progress
                         or any(r.restart for r in job.tasks.values())))
