@@ -319,3 +319,23 @@ def test_wait_says_what_a_job_waits_on_when_it_gives_up(monkeypatch):
     assert str(raised.value.args[0]) == (
         "tc did not settle within 0s (its TaskController acked nothing: no whole reply "
         "within the 5s deadline)")
+
+
+def test_values_in_brackets_are_printed_as_they_are(monkeypatch):
+    # a controller's refusal, 'expected {"ack": [op ids]}', was printed
+    # 'expected {"ack": }': Rich took the brackets for markup
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from plait.cli.common import kv_table, out, rows
+
+    screen = io.StringIO()
+    monkeypatch.setattr(out, "_console", Console(file=screen, width=200))
+    said = 'acked nothing: expected {"ack": [op ids]} and [bold]no more[/bold]'
+    rows(["job", "message"], [["tc", said]])
+    kv_table({"message": said, "styled": Text.from_markup("[bold]50%[/bold]")})
+    text = screen.getvalue()
+    assert text.count('expected {"ack": [op ids]} and [bold]no more[/bold]') == 2, text
+    assert "[bold]50%" not in text and "50%" in text  # (markup asked for is kept)

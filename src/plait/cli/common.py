@@ -111,16 +111,21 @@ def emit(data: Any, output: str, table: Callable[[Any], object]) -> None:
 
 
 def kv_table(data: dict[str, Any], title: str | None = None) -> None:
+    """A key-value table. Values are shown as they are: a message holding ``[...]``
+    is not read as markup (a ``rich.text.Text`` value keeps its own styles)."""
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=title, show_header=False)
     for key, value in data.items():
-        t.add_row(key, value if isinstance(value, str) else json.dumps(value))
+        t.add_row(key, value if isinstance(value, Text) else Text(
+            value if isinstance(value, str) else json.dumps(value)))
     out.print(t)
 
 
 def rows(columns: list[str], items: list[list[Any]], title: str | None = None) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=title)
     cells = [["" if v is None else str(v) for v in item] for item in items]
@@ -131,7 +136,7 @@ def rows(columns: list[str], items: list[list[Any]], title: str | None = None) -
         t.add_column(c, overflow="fold", no_wrap=k == 0,
                      min_width=max(len(c), widest) if k == 0 else None)
     for row in cells:
-        t.add_row(*row)
+        t.add_row(*map(Text, row))  # (as they are: "[op ids]" is not markup)
     out.print(t)
 
 

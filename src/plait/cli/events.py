@@ -63,7 +63,8 @@ def _events(job: str | None, kind: str | None, source: str | None, entitlement: 
         why = "; ".join(x for x in (e.get("reason"), e.get("decision")) if x)
         who = e.get("actor") or e["source"]
         out.print(f"{_when(e['time'])}  {who:14} {e['kind']:20} {subject:16} "
-                  f"{e['message']}" + (f"  [{why}]" if why else ""), highlight=False)
+                  f"{e['message']}" + (f"  [{why}]" if why else ""), highlight=False,
+                  markup=False)  # (as it is: "[op ids]" and the brackets are not markup)
     if output not in ("json", "table"):
         raise CliError(f"--output must be table or json, not {output!r}", EXIT_INVALID)
     for e in found:

@@ -247,7 +247,8 @@ def job_show(name: str, output: Output = "table") -> None:
                  f"job {name}")
         _task_rows(d["task_list"], SHOW_TASKS, f"plait task list {name} --limit 0, or -o json")
         for e in d["recent_events"]:
-            out.print(f"  {_when(e['time'])}  {e['kind']:18} {e['message']}", highlight=False)
+            out.print(f"  {_when(e['time'])}  {e['kind']:18} {e['message']}", highlight=False,
+                      markup=False)
     emit(data, output, show)
 
 

@@ -37,11 +37,13 @@ def _stages(text: str) -> list[int]:
 
 
 def _push_table(d: dict[str, Any]) -> None:
+    from rich.text import Text
+
     s, i = d["status"], d["intent"]
     stages = " -> ".join(f"[bold]{p}%[/bold]" if n == s["stage"] else f"{p}%"
                          for n, p in enumerate(i["stages"]))
     gate = i.get("gate") or {}
-    kv_table({"job": d["job"], "stages": stages, "phase": s["phase"],
+    kv_table({"job": d["job"], "stages": Text.from_markup(stages), "phase": s["phase"],
               "holds": f"{d['percent']}% of the job", "version": str(s["version"]),
               "tasks": f"{s['ready']} of {s['want']} ready", "message": s["message"],
               "gate": gate.get("url") or ("external" if gate.get("external") else "none"),
