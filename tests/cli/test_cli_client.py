@@ -203,6 +203,20 @@ def test_wait_stops_on_a_job_no_machine_could_ever_hold(plane, tmp_path):
     assert json.loads(plait("job", "show", "huge", "-o", "json").stdout)["name"] == "huge"
 
 
+def test_a_dry_run_says_how_an_uncapped_job_is_paced(plane, tmp_path):
+    # "at most None unavailable at once"
+    plait("entitlement", "create", "--name", "web", "--owner", "o", "--machines", "4")
+    spec = ("name: free\nentitlement: web\ntask_count: 2\nresources: {cpu: 1}\n"
+            "command: serve\nupdate: {max_unavailable: null}\n")
+    said = " ".join(plait("job", "deploy", str(write(tmp_path, "free.yaml", spec)),
+                          "--dry-run").output.split())
+    assert "(at most 1 unavailable at once: no cap and no TaskController)" in said, said
+    assert "None" not in said
+    plan = json.loads(plait("job", "deploy", str(write(tmp_path, "free.yaml", spec)),
+                            "--dry-run", "-o", "json").stdout)
+    assert plan["max_unavailable"] is None and plan["task_controller"] is False
+
+
 def test_task_logs_prints_what_the_task_printed(plane):
     plait("entitlement", "create", "--name", "web", "--owner", "o", "--machines", "4")
     plait("job", "deploy", str(EXAMPLES / "web.yaml"), "--wait", "--timeout", "60")

@@ -68,6 +68,15 @@ def test_a_staged_push_with_a_gate_command(plane, tmp_path: Path):
     assert bad.exit_code != 0 and "needs --wait" in bad.output
     bad = plait("push", "api", "--spec", str(v3), "--stages", "50,x", ok=False)
     assert bad.exit_code != 0 and "--stages" in bad.output
+    # the flags' own mistakes are not the spec file's; the file's are
+    said = " ".join(plait("push", "api", "--spec", str(v3), "--stages", "50,20",
+                          ok=False).output.split())
+    assert "stages must increase" in said and "Value error" not in said, said
+    assert str(v3) not in said
+    broken = write(tmp_path, "v4.yaml", JOB.format(command="serve-v4").replace(
+        "cpu: 1", "cpu: -1"))
+    said = " ".join(plait("push", "api", "--spec", str(broken), ok=False).output.split())
+    assert said.startswith(f"error: {broken}: spec.resources.cpu"), said
 
 
 def test_canaries_sizing_and_the_unified_spec(plane, tmp_path: Path):

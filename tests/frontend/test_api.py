@@ -369,6 +369,12 @@ def test_scheduled_maintenance_is_listed(live):
     bad = live.admin.post("/v1/maintenance", json={"machines": ["nope"],
                                                    "duration_seconds": 5})
     assert bad.status_code == 404
+    # a window over before now was "scheduled", and did nothing
+    past = live.admin.post("/v1/maintenance", json={"machines": ["m0000003"],
+                                                    "start": 1577836800, "duration_seconds": 60})
+    assert past.status_code == 422 and past.json()["field"] == "start", past.text
+    assert "ended before now" in past.json()["message"]
+    assert len(live.admin.get("/v1/maintenance").json()["events"]) == 1
 
 
 # -- agents ---------------------------------------------------------------------------------

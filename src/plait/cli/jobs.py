@@ -53,8 +53,11 @@ def _job_row(j: dict[str, Any]) -> list[Any]:
 def _plan_table(plan: dict[str, Any]) -> None:
     out.print(f"[bold]{plan['action']}[/bold] job {plan['job']}: "
               f"+{plan['tasks_added']} tasks, -{plan['tasks_removed']} tasks, "
-              f"{plan['tasks_updated']} updated (at most {plan['max_unavailable']} "
-              "unavailable at once)")
+              f"{plan['tasks_updated']} updated (" + (
+                  f"at most {plan['max_unavailable']} unavailable at once)"
+                  if plan["max_unavailable"] is not None else
+                  "paced by its TaskController)" if plan.get("task_controller") else
+                  "at most 1 unavailable at once: no cap and no TaskController)"))
     if plan["changes"]:
         rows(["field", "current", "new"], [
             [k, json.dumps(v["from"]), json.dumps(v["to"])] for k, v in plan["changes"].items()],

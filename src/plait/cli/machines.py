@@ -119,8 +119,11 @@ def machine_show(machine: str, output: Output = "table") -> None:
 
 def _machine_op(machine: str, op: str, body: Any, output: str) -> None:
     data = api().post(f"/v1/machines/{q(machine)}/{op}", body)
-    emit(data, output, lambda d: err.print(f"machine {machine}: {op} "
-                                           f"({json.dumps(d.get('event', d.get('ended', '')))})"))
+    def said(d: dict[str, Any]) -> None:
+        what = d.get("event") or d.get("ended")
+        err.print(f"machine {machine}: {op}" + (f" ({json.dumps(what)})" if what else ""),
+                  markup=False)
+    emit(data, output, said)
 
 
 @machine_app.command("fail")

@@ -106,9 +106,9 @@ def _push(job: str, second: str | None, spec: Path | None, stages: str, soak: fl
     try:
         data = a.put(f"/v1/jobs/{q(job)}/push", body)
     except CliError as exc:
-        if exc.code == EXIT_INVALID:
+        if exc.code == EXIT_INVALID and exc.message.startswith("spec"):  # (the file's)
             raise CliError(f"{spec}: {exc.message}", exc.code) from None
-        raise
+        raise  # (--stages, --soak, --gate: the flags' own)
     if not wait:
         emit(data, output, _push_table)
         return

@@ -243,7 +243,10 @@ class Plan(TypedDict, total=False):
     tasks_added: int
     tasks_removed: int
     tasks_updated: int
+    #: None: no cap (a TaskController paces alone; without one, 1 at a time)
     max_unavailable: int | None
+    #: whether a TaskController paces the job's operations
+    task_controller: bool
     placement: dict[str, Any]
 
 

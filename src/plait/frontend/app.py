@@ -459,8 +459,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         for e in errors[:MAX_PROBLEMS]:
             where = ".".join(str(p) for p in e.get("loc", ())
                              if p not in ("body", "query", "path"))
-            said.append(f"{where}: {e.get('msg', 'invalid')}" if where else
-                        str(e.get("msg", "invalid request")))
+            msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")  # (a validator's)
+            said.append(f"{where}: {msg}" if where else msg)
         if len(errors) > MAX_PROBLEMS:
             said.append(f"and {len(errors) - MAX_PROBLEMS} more")
         field = ".".join(str(p) for p in first.get("loc", ())

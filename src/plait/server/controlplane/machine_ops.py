@@ -208,6 +208,10 @@ class MachineOps:
             raise ValidationError("duration_seconds", "must be > 0")
         for machine in machines:
             self.cp.machine_index(machine)
+        if start + duration <= self.cp.clock():
+            raise ValidationError("start", f"the window ({start:.0f} + {duration:g}s) ended "
+                                  "before now: nothing would be done (a window starting now "
+                                  "or later, or no start for now)")
         with self.cp.lock:
             now = self.cp.clock()
             self._drains += 1

@@ -195,6 +195,7 @@ class Views:
                 "tasks_removed": max(0, len(have) - spec.task_count),
                 "tasks_updated": min(len(have), spec.task_count) if runtime_changed else 0,
                 "max_unavailable": spec.update.resolve(spec.task_count),
+                "task_controller": spec.task_controller is not None,
                 "placement": {"placeable": len(plan.assign) + len(plan.keep),
                               "machines_to_claim": len(plan.claims), "by_dc": by_dc,
                               "unplaced": len(plan.unplaced),
