@@ -287,17 +287,23 @@ def interrupt(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def up_logged(tmp_path: Path, data: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """``plait up`` on ``data`` with ``args``, its output in a file (read as it runs)."""
+    out = tmp_path / "up.out"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "plait.cli.main", "up", "--data-dir", str(data), *args],
+            env={**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")},
+            stdout=sink, stderr=subprocess.STDOUT)
+    return proc, out
+
+
 def test_up_says_when_a_replica_or_an_agent_it_started_exits(tmp_path):
     # a replica killed while `plait up` ran stayed a zombie, and nothing was said: the
     # region ran on with a replica less, looking whole
     data, port = tmp_path / "region", free_port(size=2)
-    out = tmp_path / "up.out"
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "plait.cli.main", "up", "--data-dir", str(data),
-             "--machines", "2", "--port", str(port), "--replicas", "2"],
-            env={**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")},
-            stdout=sink, stderr=subprocess.STDOUT)
+    proc, out = up_logged(tmp_path, data, "--machines", "2", "--port", str(port),
+                          "--replicas", "2")
     try:
         wait_for(lambda: b"CLI configured" in out.read_bytes(), what="plait up",
                  logs=data)
@@ -348,13 +354,8 @@ def test_an_agent_killed_while_its_tasks_run_is_restarted_and_adopts_them(tmp_pa
     # took the machine for failed and started a replacement elsewhere: two copies of
     # one task, until a next `plait up` restarted the agent
     data, port = tmp_path / "region", free_port(size=1)
-    out = tmp_path / "up.out"
-    with open(out, "wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "plait.cli.main", "up", "--data-dir", str(data),
-             "--machines", "3", "--port", str(port), "--heartbeat-timeout", "3"],
-            env={**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")},
-            stdout=sink, stderr=subprocess.STDOUT)
+    proc, out = up_logged(tmp_path, data, "--machines", "3", "--port", str(port),
+                          "--heartbeat-timeout", "3")
     try:
         wait_for(lambda: b"CLI configured" in out.read_bytes(), what="plait up", logs=data)
         token = (data / "admin-token").read_text().strip()
