@@ -41,6 +41,10 @@ def test_the_autoscaler_resizes_a_job_to_its_pushed_load(live: Live) -> None:
     assert bob.get("/v1/jobs/web/autoscale").status_code == 404
     assert bob.post("/v1/jobs/web/load", json={"value": 100}).status_code == 404
     assert alice.post("/v1/jobs/web/load", json={"value": -1}).status_code == 422
+    # NaN was "Input should be less than or equal to 10000000"
+    nan = alice.post("/v1/jobs/web/load", content=b'{"value": NaN}',
+                     headers={"Content-Type": "application/json"})
+    assert nan.status_code == 422 and "finite number" in nan.json()["message"], nan.text
     # 4 tasks' worth of work at 50 %: 8 tasks
     assert alice.post("/v1/jobs/web/load", json={"value": 4}).status_code == 200
     wait_for(lambda: size(live) == 8)

@@ -83,52 +83,52 @@ TASK_STATES = tuple(s.value for s in TaskState)
 
 
 class Resize(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     task_count: int = pydantic.Field(ge=0, le=100_000)
 
 
 class Load(pydantic.BaseModel):
     """A measurement of a job's load, in tasks' worth of work (tasks x utilization)."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     value: float = pydantic.Field(ge=0, le=1e7)
 
 
 class Rollback(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     version: int = pydantic.Field(ge=1)
 
 
 class Restart(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     index: int | None = pydantic.Field(default=None, ge=0)
 
 
 class Move(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     #: the entitlement to move the job to
     entitlement: NAME
 
 
 class Drain(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     deadline_seconds: float | None = pydantic.Field(default=None, ge=0, le=30 * 86400)
     #: once empty: back to the free pool, or out of service until uncordoned
     to: Literal["free", "maintenance"] = "maintenance"
 
 
 class ShardMove(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     shard: int = pydantic.Field(ge=0)
 
 
 class ShardReload(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     entitlement: str | None = None
 
 
 class Maintenance(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     machines: list[str] = pydantic.Field(min_length=1, max_length=100_000)
     #: unix time; default: now
     start: float | None = pydantic.Field(default=None, ge=0, le=1e11)
@@ -137,7 +137,7 @@ class Maintenance(pydantic.BaseModel):
 
 
 class TokenRequest(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     role: Role = Role.OWNER
     #: the owner (role owner), or a label for admin and join tokens
     name: NAME
@@ -148,7 +148,7 @@ class Join(pydantic.BaseModel):
     """An agent joining. With a description (all of fault_domain, cpu, memory_gb and
     type), the machine is registered, or checked against the region's record of it."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     machine: str = pydantic.Field(min_length=1, max_length=128,
                                   pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     #: region/dc/msb/row/rack
@@ -170,7 +170,7 @@ class Join(pydantic.BaseModel):
 
 
 class StatusIn(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     job: str = pydantic.Field(min_length=1, max_length=64)
     index: int = pydantic.Field(ge=0, le=MAX_TASKS - 1)
     revision: int = pydantic.Field(ge=1)
@@ -188,14 +188,14 @@ class StatusIn(pydantic.BaseModel):
 
 
 class OutputChunk(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     job: str = pydantic.Field(min_length=1, max_length=64)
     index: int = pydantic.Field(ge=0, le=100_000)
     data: str = pydantic.Field(max_length=256 * 1024)
 
 
 class Output(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     chunks: list[OutputChunk] = pydantic.Field(max_length=10_000)
 
 
@@ -203,7 +203,7 @@ class ProfileIn(pydantic.BaseModel):
     """The host profile an agent has applied (name None: none yet), and why its last
     switch failed."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str | None = pydantic.Field(default=None, max_length=64)
     version: int = pydantic.Field(default=0, ge=0, le=2**31)
     error: str | None = pydantic.Field(default=None, max_length=1000)
@@ -211,7 +211,7 @@ class ProfileIn(pydantic.BaseModel):
 
 
 class Report(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     tasks: list[StatusIn] = pydantic.Field(default_factory=list, max_length=10_000)
     profile: ProfileIn | None = None
 

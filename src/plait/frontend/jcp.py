@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class GateVerdict(pydantic.BaseModel):
     """An external gate's answer for the stage being gated."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     passed: bool
     message: str = pydantic.Field(default="", max_length=2000)
 
