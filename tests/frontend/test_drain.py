@@ -123,3 +123,23 @@ def test_a_restarted_control_plane_finishes_a_drain(tmp_path):
         wait_for(lambda: live.admin.get("/v1/jobs/web").json()["settled"])
     finally:
         stop_live(live)
+
+
+def test_an_uncordon_of_a_machine_a_profile_roll_holds_is_refused(live):
+    # it answered "uncordon" and recorded machine_uncordoned; the machine stayed cordoned
+    from plait.model.events import EventKind, UnavailabilityEvent
+
+    cp = live.cp
+    with cp.lock:
+        now = cp.clock()
+        cp.region.set_cordon(cp.machine_index("m0000001"), True)
+        cp.region.add_event(UnavailabilityEvent(
+            "profile-roll-web-m0000001-1", EventKind.MAINTENANCE, ("m0000001",), now + 3600,
+            now + 7200, "host profile roll"), now)
+    r = live.admin.post("/v1/machines/m0000001/uncordon")
+    assert r.status_code == 409, r.text
+    assert "held by profile-roll-web-m0000001-1 until the machine is drained" in r.json()[
+        "message"]
+    assert live.admin.get("/v1/machines/m0000001").json()["cordoned"] is True
+    assert not live.admin.get("/v1/events", params={"kind": "machine_uncordoned"}).json()[
+        "events"]

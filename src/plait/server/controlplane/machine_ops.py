@@ -9,7 +9,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import Conflict, NotFound, ValidationError
-from plait.model.events import MACHINE_DRAIN_PREFIX, EventKind, UnavailabilityEvent
+from plait.model.events import (
+    LOAN_REVOKE_PREFIX,
+    MACHINE_DRAIN_PREFIX,
+    PROFILE_ROLL_PREFIX,
+    EventKind,
+    UnavailabilityEvent,
+)
 from plait.model.machine import Machine, MachineState
 
 if TYPE_CHECKING:
@@ -124,6 +130,14 @@ class MachineOps:
     def cordon(self, machine: str, cordoned: bool) -> dict[str, Any]:
         m = self.cp.machine_index(machine)
         with self.cp.lock:
+            if not cordoned:
+                # a host-profile roll or a loan's revoke holds its machine cordoned until
+                # it is empty: an uncordon said "done" and changed nothing
+                held = [e.id for e in self.cp.region.broker_of(m).events_for(m)
+                        if e.id.startswith((LOAN_REVOKE_PREFIX, PROFILE_ROLL_PREFIX))]
+                if held:
+                    raise Conflict(f"machine {machine}", "a cordon an operator may lift",
+                                   f"held by {held[0]} until the machine is drained")
             self.cp.region.set_cordon(m, cordoned)
             ended = []
             if not cordoned:  # uncordon also ends drains that have not finished
