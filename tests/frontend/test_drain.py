@@ -143,3 +143,25 @@ def test_an_uncordon_of_a_machine_a_profile_roll_holds_is_refused(live):
     assert live.admin.get("/v1/machines/m0000001").json()["cordoned"] is True
     assert not live.admin.get("/v1/events", params={"kind": "machine_uncordoned"}).json()[
         "events"]
+
+
+def test_a_pending_task_shows_no_machine(live):
+    # a task stopped by a drain and waiting for a machine was shown on the machine it
+    # had left (one that already ran another job's task)
+    from plait.model.task import TaskState
+    from plait.server.controlplane.views import JobState
+
+    setup(live)
+    cp = live.cp
+    with cp.lock:
+        job = cp.scheduler.jobs["web"]
+        rec = job.tasks[0]
+        assert rec.machine is not None
+        was, rec.state = rec.state, TaskState.PENDING
+        try:
+            tasks = JobState.of(cp.scheduler, job, cp.fleet, 0).tasks
+        finally:
+            rec.state = was
+    assert tasks[0]["state"] == "pending"
+    assert tasks[0]["machine"] is None and tasks[0]["fault_domain"] is None
+    assert tasks[1]["machine"] is not None

@@ -265,3 +265,31 @@ def test_figure_7_with_profiles_a_machine_entering_an_entitlement_gets_its_profi
                          and sim.agents[m8].profile == ("default", 1), 400)
     assert sim.agents[m8].switches == 2
     assert sum(a.mismatched_starts for a in sim.agents.values()) == 0
+
+
+def test_a_profile_roll_with_no_spare_machine_in_the_region_completes():
+    # the moved task waited (pending) for a machine, and its old machine, freed and
+    # cordoned for the roll, waited for that task to leave it: both machines cordoned,
+    # one task down for good
+    sim = world(machines=2, entitlements=(), config=SchedulerConfig(rate=20, burst=40))
+    s = sim.scheduler
+    s.define_profile(HostProfile(spec=PROFILES["web"], version=1))
+    sim.allocator.define(Entitlement(name="front", owner="o", quota=Quota(machines=2),
+                                     host_profile="web"))
+    for m in range(2):
+        sim.agent(m).guard = False
+    s.create_job(job_spec("front", 2, entitlement="front", cpu=1,
+                          update=UpdatePolicy(max_unavailable=1),
+                          policy={"requirements": {"max_tasks_per_machine": 1}}), 0)
+    assert sim.run_until(lambda: len(s.discovery("front")) == 2, 600)
+    s.define_profile(HostProfile(spec=PROFILES["web"].model_copy(update={"turbo": False}),
+                                 version=2))
+    sim.step()
+    assert len(s.rolling) == 1  # (both machines busy: one drains at a time)
+    assert sim.run_until(lambda: not s.stale and not s.rolling and len(
+        s.discovery("front")) == 2, 3600), (
+        {i: (r.state, r.machine) for i, r in s.job("front").tasks.items()}, s.rolling)
+    assert all(sim.agents[m].profile == ("web", 2) for m in range(2)), (
+        {m: sim.agents[m].profile for m in range(2)}, sim.region.machines_of("front"))
+    assert not any(sim.region.record(m).cordoned for m in range(2))
+    check(sim)

@@ -23,6 +23,25 @@ def is_drain(event_id: str) -> bool:
     return event_id.startswith(DRAIN_PREFIXES)
 
 
+def occupied(s: SchedulerState, m: int) -> bool:
+    """Does something still run, or wait to start, on machine ``m``? A task that was
+    stopped there and waits for a machine (pending: its process is gone) does not
+    hold it: the drain of the last machine it could go to would wait for it, and it
+    for the drain (a host-profile roll of an entitlement with no spare machine)."""
+    if s.allocator.index.tasks[m]:
+        return True
+    placed = s.placed.get(m)
+    if not placed:
+        return False
+    pending, jobs = TaskState.PENDING, s.jobs
+    for ref in placed.refs():
+        job = jobs.get(ref.job)
+        rec = job.tasks.get(ref.index) if job else None
+        if rec is not None and rec.state is not pending:
+            return True
+    return False
+
+
 def unpark(s: SchedulerState, ref: TaskRef, event_id: str | None) -> None:
     """A task stopped for a drain wants a machine again (not this one: it is cordoned
     or in maintenance, so the allocator moves it)."""

@@ -187,7 +187,7 @@ def _progress(s: Scheduler, now: float) -> None:
         if now >= r.deadline and not r.forced:
             r.forced = True
             drain.deadline(s, m, r.event_id, now, f"the loan to {r.borrower} was revoked")
-        if not index.tasks[m] and not s.placed.get(m):
+        if not drain.occupied(s, m):
             # nothing left (tasks gone some other way): back to the free pool now
             region.release(m, r.borrower, region.version(m))
             _returned(s, m, r, now)

@@ -92,7 +92,7 @@ def roll(s: Scheduler, now: float) -> None:
     for m, (event_id, ent) in list(s.rolling.items()):
         drain.unpark_all(s, event_id)
         drain.unstarted(s, m, event_id, now)
-        if index.tasks[m] or s.placed.get(m):
+        if drain.occupied(s, m):
             due = s.roll_deadlines.get(m)
             if due is None:  # (rolled before a takeover: its event says when)
                 due = s.roll_deadlines[m] = next(
@@ -122,7 +122,7 @@ def roll(s: Scheduler, now: float) -> None:
                     or carries(s, m, target)):
                 stale.discard(m)  # left the entitlement, or carries its profile
                 _uncordon(s, m)
-            elif not index.tasks[m] and not s.placed.get(m):
+            elif not drain.occupied(s, m):
                 stale.discard(m)  # idle: it switches now, before any task starts there
                 _uncordon(s, m)
             elif not region.broker_of(m).operator_cordoned(m):

@@ -17,6 +17,7 @@ from plait.model.events import (
     UnavailabilityEvent,
 )
 from plait.model.machine import Machine, MachineState
+from plait.scheduler.drain import occupied
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
@@ -195,10 +196,9 @@ class MachineOps:
                                 else "maintenance")
         if not self._draining:
             return
-        tasks, placed = self.cp.allocator.index.tasks, self.cp.scheduler.placed
-        now = self.cp.clock()
+        now, scheduler = self.cp.clock(), self.cp.scheduler
         for m, (event_id, to) in list(self._draining.items()):
-            if tasks[m] or placed.get(m):
+            if occupied(scheduler, m):
                 continue
             del self._draining[m]
             if event_id not in {e.id for e in region.broker_of(m).events_for(m)}:

@@ -66,10 +66,12 @@ class JobState:
             serving += r.serving
             updated += (r.spec_version == (target if job.pins is None else job.target_of(r.index))
                         and r.state is running and r.healthy)
-            machine = None if r.machine is None else fleet.name(r.machine)
+            # (a pending task waits for a machine: the one it was stopped on is not its)
+            where = None if r.state is TaskState.PENDING else r.machine
+            machine = None if where is None else fleet.name(where)
             tasks.append({"index": r.index, "state": r.state.value, "version": r.spec_version,
                           "machine": machine,
-                          "fault_domain": None if r.machine is None else domain(r.machine),
+                          "fault_domain": None if where is None else domain(where),
                           "serving": r.serving, "healthy": r.healthy,
                           "exit_code": r.exit_code,
                           "operation": None if r.op is None else r.op.kind.value})
