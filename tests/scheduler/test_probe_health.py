@@ -256,3 +256,24 @@ def test_a_pushed_task_that_never_passes_its_probe_goes_back_when_its_pin_is_dro
         agents.step()
     assert settled(s, "zk", 4), {i: (r.spec_version, r.op) for i, r in job.tasks.items()}
     assert job.halted is None
+
+
+def test_a_task_waiting_for_a_machine_for_its_pin_starts_at_its_goal_once_unpinned():
+    # stopped for its update to a pushed version no machine can hold, it waited for a
+    # machine; the push rolled back, and it was placed at the pushed version still
+    from plait.model import Resources
+
+    s, agents = start(4)
+    job = s.job("zk")
+    huge = job.spec.model_copy(update={"resources": Resources(cpu=1000)})
+    pushed = s.add_version(huge, agents.now)
+    s.pin("zk", {0: pushed}, agents.now)
+    for _ in range(30):
+        agents.step()
+        if job.tasks[0].state is TaskState.PENDING:
+            break
+    assert job.tasks[0].state is TaskState.PENDING and job.tasks[0].spec_version == pushed
+    s.pin("zk", {}, agents.now)
+    assert job.tasks[0].spec_version == 1
+    agents.run(30)
+    assert settled(s, "zk", 4), {i: (r.state, r.spec_version) for i, r in job.tasks.items()}

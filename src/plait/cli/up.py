@@ -326,7 +326,8 @@ def agent_exit_action(tasks_running: int, other_agent: int | None,
 class AgentWatch:
     """The agents of a ``plait up`` run, looked at a few times a second
     (``agent_exit_action`` decides). An agent restarted by hand or by this watch is
-    watched the same way."""
+    watched the same way; a machine taken as dead (or given up on) is not looked at
+    again by this run (its agents are still stopped with the region)."""
 
     def __init__(self, data_dir: Path,
                  agents: dict[str, subprocess.Popen[bytes] | int],
@@ -368,12 +369,19 @@ class AgentWatch:
                     f"{min(others)}), started by hand: it is {name}'s agent now")
         if action == "restart":
             restarts[:] = [t for t in restarts if now - t < RESTART_WINDOW_SECONDS] + [now]
-            child = self.agents[name] = self.start(name)
+            try:
+                child = self.start(name)
+            except OSError as exc:
+                # no process or file to spare: tried again at the next look, counted as a
+                # restart (the burst limit ends it); the watch itself must not die of it
+                return (f"agent {name} exited with {code}; it could not be restarted: "
+                        f"{exc} (tried again in a moment)")
+            self.agents[name] = child
             return (f"agent {name} exited with {code} while {len(tasks)} processes of its "
                     f"tasks ran: restarted (pid {child.pid}) to adopt them; see {log}")
         self.down.add(name)
         if action == "give_up":
-            return (f"agent {name} exited with {code}, its {RESTART_BURST}th exit within "
+            return (f"agent {name} exited with {code} after {RESTART_BURST} restarts within "
                     f"{RESTART_WINDOW_SECONDS:g}s, and is not restarted again: see {log} "
                     f"(its {len(tasks)} task processes run on, out of plait's control "
                     "until an agent of it runs)")

@@ -302,6 +302,8 @@ class Scheduler(SchedulerState):
             if rec is not None and rec.op is not None and to_target(rec.op) and (
                     rec.state is not TaskState.STOPPING) and job.target_of(index) != goal:
                 self.complete(job, rec)
+                if rec.state is TaskState.PENDING:  # stopped, waiting for a machine: it
+                    rec.spec_version = job.target_of(index)  # starts at its new goal
         job.rollout_active = True
         job.dirty = True
         self.mark(name)
