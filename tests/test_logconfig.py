@@ -222,3 +222,20 @@ def test_a_server_writes_its_queued_lines_when_it_reports_its_shutdown() -> None
     assert '"shutting down"' in sent[0]  # written before the server says it is done
     logconfig.reset()
 
+
+
+def test_a_json_line_is_ascii_json_whatever_its_values_hold() -> None:
+    """The lines are orjson's where it can, the standard library's (ASCII, escaped)
+    where a value holds a character beyond ASCII, a lone surrogate or an integer beyond
+    64 bits; what neither knows is rendered by the fallback given."""
+    event = {"event": "request", "n": 3, "ratio": 0.5, "none": None, "list": [1, "a"],
+             7: "a key that is not a string"}
+    line = logconfig._json_line(event, default=repr)
+    assert json.loads(line) == {**{k: v for k, v in event.items() if k != 7},
+                                "7": "a key that is not a string"}
+    for value in ("é → ✓", "\ud800", 2 ** 70):
+        line = logconfig._json_line({"event": "x", "value": value}, default=repr)
+        assert line.isascii()
+        assert json.loads(line) == {"event": "x", "value": value}
+    line = logconfig._json_line({"event": "x", "thing": object()}, default=lambda o: "obj")
+    assert json.loads(line) == {"event": "x", "thing": "obj"}
