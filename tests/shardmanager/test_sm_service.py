@@ -252,3 +252,71 @@ def test_a_task_that_cannot_be_called_holds_up_no_other(sm: ShardManager) -> Non
         member.close()
         for t in tasks:
             t.stop()
+
+
+class Told(Dict):
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[str] = []
+
+    def superseded(self, reason: str) -> None:
+        self.told.append(reason)
+
+
+def endpoints(c: httpx.Client) -> set[str]:
+    return {ep for eps in c.get("/v1/apps/kv/map").json()["shards"].values() for ep in eps}
+
+
+def test_an_orphan_copy_of_a_task_is_refused_and_the_map_keeps_its_replacement(
+        sm: ShardManager, tmp_path) -> None:
+    """plait replaced task 0 (its machine was cut off) and its first process runs on,
+    beating: the process started later is the task's, the map never names the orphan
+    again, and the orphan stops serving (410), told why. A service restarted from its
+    saved maps still refuses the orphan, even once the replacement has gone quiet."""
+    c, tasks = six_tasks(sm, shards=6)
+    orphan = tasks[0]
+    orphan.impl = Told()
+    replacement = ShardTask(Dict(), app="kv", job="kv", index=0, port=free_port(),
+                            manager=sm.url, token=app_token(TOKEN, "kv"),
+                            domains=("msb0", "rack9", "m9"))
+    try:
+        assert replacement.started > orphan.started
+        replacement.start()
+        until(lambda: replacement.shards and replacement.endpoint in endpoints(c))
+        # the orphan beats on (each beat here at once): refused, and it stops
+        assert orphan.register() is False
+        assert orphan.gone is not None and "superseded" in orphan.gone
+        assert orphan.impl.told == [orphan.gone]
+        assert orphan.shards == set()
+        r = httpx.get(f"{orphan.endpoint}/anything", timeout=10)
+        assert r.status_code == 410 and "orphan" in r.json()["error"]
+        for _ in range(3):
+            orphan.gone = None  # (as if it went on beating)
+            assert orphan.register() is False
+            assert orphan.endpoint not in endpoints(c)
+        until(lambda: full(c))
+        assert replacement.endpoint in endpoints(c)
+        assert c.get("/v1/apps/kv").json()["tasks"]["0"]["endpoint"] == replacement.endpoint
+        # a process that started before the one registered is refused at its first beat
+        late = ShardTask(Dict(), app="kv", job="kv", index=0, port=free_port(),
+                         manager=sm.url, token=app_token(TOKEN, "kv"))
+        late.started = replacement.started - 60
+        assert late.register() is False and late.gone is not None
+        assert "started" in late.gone and replacement.incarnation in late.gone
+        late._server.server_close()
+        # the refusals outlive a restart of the service
+        sm._save(force=True)
+        sm.stop()
+        replacement.stop()
+        again = ShardManager(TOKEN, tmp_path / "sm").start()
+        try:
+            again.apps["kv"].tasks.pop(0)  # (the replacement gone quiet)
+            orphan.gone = None
+            orphan.manager = again.url
+            assert orphan.register() is False and orphan.gone is not None
+            assert 0 not in again.apps["kv"].tasks
+        finally:
+            again.stop()
+    finally:
+        for t in tasks:
+            t.stop()

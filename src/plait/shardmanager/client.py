@@ -4,6 +4,13 @@ the library registers the task with Shard Manager (its job, index, endpoint and
 fault domains), heartbeats, and serves Shard Manager's calls over HTTP on the task's
 port, next to the application's own requests.
 
+A task whose registration Shard Manager refuses as superseded (409: another process
+of its task index started later, and plait runs that one; this one is an orphan
+copy whose machine was cut off from plait) stops: it beats no more, and answers
+Shard Manager's calls and the application's requests with 410, so a client with an
+old map reads the new one. ``ShardApp.superseded`` is told (an application may exit
+there).
+
     class Kv(ShardApp):
         def add_shard(self, shard, peers): ...   # load it (from peers' copies)
         def drop_shard(self, shard): ...
@@ -27,7 +34,9 @@ import contextlib
 import hmac
 import json
 import os
+import sys
 import threading
+import time
 import uuid
 import zlib
 from collections.abc import Mapping, Sequence
@@ -76,6 +85,10 @@ class ShardApp:
     def handle(self, request: Request) -> Response:
         return Response(404, {"error": f"{request.path}: not found"})
 
+    def superseded(self, reason: str) -> None:
+        """Shard Manager refused this process as superseded (``reason``: its words):
+        the library serves nothing more. Called once, from the heartbeat's thread."""
+
 
 def fault_domains(path: str, machine: str) -> tuple[str, ...]:
     """A task's fault domains for Shard Manager, coarsest first: (msb, rack,
@@ -97,6 +110,10 @@ class ShardTask:
         self.manager = manager.rstrip("/")
         self.token = token
         self.incarnation = uuid.uuid4().hex
+        #: when this process started (Shard Manager keeps the later of two processes)
+        self.started = time.time()
+        #: Shard Manager's words when it refused this process as superseded
+        self.gone: str | None = None
         self.domains = tuple(domains)
         self.endpoint = f"http://{advertise or host}:{port}"
         self._server = ThreadingHTTPServer((host, port), self._handler())
@@ -126,17 +143,30 @@ class ShardTask:
     # -- Shard Manager ---------------------------------------------------------------------
     def register(self) -> bool:
         """Tell Shard Manager this task is here (again); False if it did not answer."""
+        if self.gone is not None:
+            return False
         try:
             r = self.http.post(f"{self.manager}/v1/apps/{self.app}/tasks", json={
                 "index": self.index, "endpoint": self.endpoint, "job": self.job,
                 "incarnation": self.incarnation, "domains": list(self.domains),
-                "shards": sorted(self.shards)})
-            return r.is_success
+                "shards": sorted(self.shards), "started": self.started})
         except httpx.HTTPError:
             return False
+        if r.status_code == 409:
+            self._superseded(_detail(r))
+        return r.is_success
+
+    def _superseded(self, reason: str) -> None:
+        with self._lock:
+            if self.gone is not None:
+                return
+            self.gone = reason or "superseded by a newer process of this task"
+            self.shards.clear()
+        print(f"plait shardmanager: {self.gone}", file=sys.stderr, flush=True)
+        self.impl.superseded(self.gone)
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
+        while self.gone is None and not self._stop.wait(HEARTBEAT_SECONDS):
             self.register()
 
     def serve_forever(self) -> None:
@@ -189,6 +219,9 @@ class ShardTask:
                     self._send(Response(413, {"error": f"bodies are at most {MAX_BODY} B"}))
                     return
                 body = self.rfile.read(size) if size else b""
+                if task.gone is not None:  # (an orphan copy: nobody's to call)
+                    self._send(Response(410, {"error": task.gone}))
+                    return
                 if url.path.startswith("/sm/"):
                     self._send(task._sm(self.command, url.path, body,
                                         self.headers.get("Authorization", "")))
@@ -242,6 +275,14 @@ class ShardTask:
             return self._call(op, data)
         except Exception as exc:  # the application could not load or drop it
             return Response(503, {"error": f"{op}_shard failed: {type(exc).__name__}: {exc}"})
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        said = r.json()
+    except ValueError:
+        return r.text[:500]
+    return str(said.get("detail", said))[:500] if isinstance(said, dict) else str(said)[:500]
 
 
 def watch(manager: str, app: str, token: str, after: int = -1, wait: float = 20.0,

@@ -18,6 +18,11 @@ application's TaskController for plait.
   clients --> GET /v1/apps/A/map?after=G&wait=S   (long poll: ready replicas per shard)
 ```
 
+Two processes of one task index (plait replaced a task whose machine failed or was
+cut off, and the first runs on, an orphan) both register: the one that started later
+is plait's, and the other's registrations are refused (409) from then on, so the
+published map never flips between them (``register``).
+
 Defining an application and reading its view need the service's token; registering
 a task and reading the map also take the application's own token (``app_token``,
 derived from the service's: a task of one application can touch nothing else), which
@@ -135,6 +140,10 @@ class Registration(Value):
     #: the shards the task says it serves (after a restart of the service)
     shards: tuple[Annotated[str, pydantic.StringConstraints(max_length=128)], ...] = (
         pydantic.Field(default=(), max_length=MAX_SHARDS))
+    #: when the process started (Unix time, its host's clock): of two processes of
+    #: one task index, the one started later is plait's (``ShardManager.register``);
+    #: absent, the time Shard Manager first heard of it
+    started: float | None = pydantic.Field(default=None, ge=0, le=1e11)
 
 
 @dataclass
@@ -143,6 +152,24 @@ class TaskInfo:
     incarnation: str
     domains: tuple[str, ...]
     seen: float
+    #: when its process started (``Registration.started``)
+    started: float = 0.0
+
+
+#: the superseded incarnations remembered per task index (the latest ones)
+SUPERSEDED_KEPT = 8
+
+
+class Superseded(HTTPException):
+    """A registration of a process another one of its task index replaced (409)."""
+
+    def __init__(self, app: str, index: int, incarnation: str, by: TaskInfo | None) -> None:
+        newer = ("" if by is None else
+                 f" (incarnation {by.incarnation} at {by.endpoint}, started "
+                 f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(by.started))} UTC)")
+        super().__init__(409, f"task {index} of application {app}: incarnation "
+                              f"{incarnation} is superseded by a newer process{newer}; "
+                              "this copy is an orphan and serves no shard")
 
 
 @dataclass
@@ -161,6 +188,8 @@ class App:
     generation: int = 0
     #: the latest TaskControl sequence number seen (an older request is refused)
     sequence: int = -1
+    #: per task index, incarnations a newer process replaced (never registered again)
+    superseded: dict[int, list[str]] = field(default_factory=dict)
     shard_set: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -215,6 +244,7 @@ class ShardManager:
                 old = app
                 app = self._make(name, spec)
                 app.tasks, app.layout, app.load = old.tasks, old.layout, old.load
+                app.superseded = old.superseded
                 app.ready = {s: ts for s, ts in old.ready.items() if s in app.shard_set}
                 app.generation = old.generation + 1
                 if spec.controller_key == old.spec.controller_key:
@@ -238,9 +268,27 @@ class ShardManager:
                 raise ValidationError("job", f"application {name} is served by job "
                                              f"{app.spec.job}, not {reg.job}")
             have = app.tasks.get(reg.index)
+            now = self.clock()
+            if reg.incarnation in app.superseded.get(reg.index, ()):
+                raise Superseded(name, reg.index, reg.incarnation, have)
             fresh = have is None or have.incarnation != reg.incarnation
+            started = (reg.started if reg.started is not None
+                       else have.started if have is not None and not fresh else now)
+            if have is not None and fresh:
+                # two processes of one task index: plait replaced the one that started
+                # first (its machine failed or was cut off, so it runs on, an orphan);
+                # the other is plait's. Neither registers again as the other beats
+                older, newer = ((reg.incarnation, have) if started < have.started
+                                else (have.incarnation, None))
+                kept = app.superseded.setdefault(reg.index, [])
+                kept.append(older)
+                del kept[:-SUPERSEDED_KEPT]
+                self._dirty = True
+                log.warning("task superseded", app=name, task=reg.index, incarnation=older)
+                if newer is not None:
+                    raise Superseded(name, reg.index, reg.incarnation, newer)
             app.tasks[reg.index] = TaskInfo(reg.endpoint, reg.incarnation, reg.domains,
-                                            self.clock())
+                                            now, started)
             if fresh:
                 # a new process: it serves what it says (a service restarted under it
                 # learns its replicas back), nothing else
@@ -537,8 +585,9 @@ class ShardManager:
                        "load": app.load,
                        "evacuate": {str(t): n for t, n in app.controller.evacuate.items()},
                        "tasks": {str(t): {"endpoint": i.endpoint, "incarnation": i.incarnation,
-                                          "domains": list(i.domains)}
-                                 for t, i in app.tasks.items()}}
+                                          "domains": list(i.domains), "started": i.started}
+                                 for t, i in app.tasks.items()},
+                       "superseded": {str(t): list(i) for t, i in app.superseded.items()}}
                 for name, app in self.apps.items()}}
             self._dirty = False
         self._saved_at = now
@@ -572,8 +621,11 @@ class ShardManager:
                 app.controller.in_flight[op.op_id] = op
             now = self.clock()  # (each has TASK_TIMEOUT to register again)
             app.tasks = {int(t): TaskInfo(str(i["endpoint"]), str(i["incarnation"]),
-                                          tuple(i["domains"]), now)
+                                          tuple(i["domains"]), now,
+                                          float(i.get("started", 0.0)))
                          for t, i in saved.get("tasks", {}).items()}
+            app.superseded = {int(t): [str(x) for x in i]
+                              for t, i in saved.get("superseded", {}).items()}
             if saved.get("replicas"):
                 app.layout = Layout({s: tuple(ts) for s, ts in saved["replicas"].items()},
                                     {int(t): int(g) for t, g in saved["groups"].items()})
