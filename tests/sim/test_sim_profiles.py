@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from plait.model import Entitlement, Quota, UpdatePolicy
 from plait.model.hostprofile import HostProfile, HostProfileSpec
 from plait.scheduler import SchedulerConfig
+from plait.sidekick.book import ProfileBook
 from plait.sim.scenarios import job_spec, world
 
 PROFILES = {"web": HostProfileSpec(name="web", sysctls={"net.core.somaxconn": "4096"},
@@ -257,6 +258,20 @@ def test_figure_7_with_profiles_a_machine_entering_an_entitlement_gets_its_profi
     assert sim.agents[m7].profile == ("web", 1) and sum(
         a.mismatched_starts for a in sim.agents.values()) == 0
     assert {m for _, m, _, _ in seen} == {m7, m8}
+    # a control plane that starts anew (a restart, a takeover) has heard from no agent
+    # yet, and a free machine without a report is not taken to carry default: M8
+    # keeps web all the same
+    fresh = ProfileBook()
+    fresh.define(HostProfile(spec=PROFILES["web"], version=1))
+    s.profiles = fresh
+    assert s.profile_hold(m8) and s.profile_wire(m8)["switch"] is False
+    sim.wake(m8)  # its agent steps (and is told to hold) before it reports
+    sim.step()
+    sim.agents[m8].profile_changed = True  # (a real agent's every heartbeat tells it)
+    sim.wake(m8)
+    sim.run(60)
+    assert sim.agents[m8].profile == ("web", 1) and sim.agents[m8].switches == 1
+    assert fresh.heard(m8) and s.profile_hold(m8)
     # an entitlement on default claims M8 among the free machines: switched first
     sim.observers.remove(observe)  # (its tasks run on default)
     sim.allocator.define(Entitlement(name="e2", owner="o", quota=Quota(machines=12)))

@@ -510,11 +510,14 @@ class Scheduler(SchedulerState):
         """Whether machine ``m``'s agent must not begin a switch: while a roll drains
         it (it goes back to the free pool), and while it is in the free pool carrying a
         profile, which it keeps until an entitlement with another one claims it
-        (decision 95: no switch to ``default`` and back per loan or shrink)."""
+        (decision 95: no switch to ``default`` and back per loan or shrink), or may
+        (its agent has not reported since this control plane started or took over)."""
         if m in self.rolling:
             return True
         if self.region.broker_of(m).entitlement_of(m) is not None:
             return False
+        if not self.profiles.heard(m):
+            return True
         seen = self.profiles.applied.get(m)  # (no entry: it carries ``default``)
         # a machine that carries nothing yet (a new agent) takes ``default`` while free
         return seen is not None and seen.name is not None
@@ -554,9 +557,11 @@ class Scheduler(SchedulerState):
         m = self.fleet.index_of(machine)
         target = self.profile_target(m)
         was = self.profiles.ready(m, target)
+        first = not self.profiles.heard(m)
         change = self.profiles.report(m, applied, target)
-        if self.profiles.ready(m, target) != was and self.desired.get(m):
-            self.touched.add(m)  # (the tasks its agent is given change)
+        if (self.profiles.ready(m, target) != was and self.desired.get(m)) or (
+                first and not self.profile_hold(m)):
+            self.touched.add(m)  # (the tasks its agent is given, or its switch, change)
         if applied.name is not None and not profileroll.carries(self, m, target):
             profileroll.found_stale(self, m, target)
         if change is None:

@@ -79,6 +79,14 @@ class ProfileBook:
         #: machines whose switch failed and has not succeeded since: the profile and
         #: version that failed, and the failures in a row the agent reported
         self.failing: dict[int, tuple[str, int, int]] = {}
+        #: per machine, 1 once its agent reported since this book was made (a byte a
+        #: machine: a machine without an entry in ``applied`` carries ``default`` only
+        #: once heard; before, after a start or a takeover, it is not known)
+        self._heard = bytearray()
+
+    def heard(self, machine: int) -> bool:
+        """Has the machine's agent reported its profile to this book?"""
+        return machine < len(self._heard) and self._heard[machine] == 1
 
     def define(self, profile: HostProfile) -> bool:
         """Keep ``profile`` as its name's current version (an older one is ignored).
@@ -121,6 +129,9 @@ class ProfileBook:
     def report(self, machine: int, applied: Applied,
                target: HostProfile | None) -> Transition | None:
         """Record an agent's report; the transition it makes, if any."""
+        if machine >= len(self._heard):
+            self._heard.extend(bytes(machine + 1 - len(self._heard)))
+        self._heard[machine] = 1
         before = self.applied.get(machine)
         matches = (target is not None and applied.name == target.name
                    and applied.version == target.version)
