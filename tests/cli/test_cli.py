@@ -339,3 +339,29 @@ def test_values_in_brackets_are_printed_as_they_are(monkeypatch):
     text = screen.getvalue()
     assert text.count('expected {"ack": [op ids]} and [bold]no more[/bold]') == 2, text
     assert "[bold]50%" not in text and "50%" in text  # (markup asked for is kept)
+
+
+def test_a_tables_times_are_local_times_at_any_depth() -> None:
+    import time
+
+    from plait.cli.common import readable_times
+
+    t = 1_790_000_000.5
+    local = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    shown = readable_times({"decided_at": t, "load": {"time": t, "value": 3.0},
+                            "events": [{"start": t, "end": None}], "interval_seconds": 300,
+                            "created": True, "time": 12.0})
+    assert shown == {"decided_at": local, "load": {"time": local, "value": 3.0},
+                     "events": [{"start": local, "end": None}], "interval_seconds": 300,
+                     "created": True, "time": 12.0}
+
+
+def test_a_loan_being_revoked_shows_its_deadline_as_a_local_time() -> None:
+    import time
+
+    from plait.cli.machines import _loan
+
+    t = 1_790_000_000.0
+    assert _loan({"loan": {"revoking": True, "deadline": t}}) == (
+        "revoking: tasks off by " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)))
+    assert _loan({"loan": {"revoking": False}}) == "on loan" and _loan({}) == ""

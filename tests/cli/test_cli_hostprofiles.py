@@ -42,6 +42,12 @@ def test_profiles_are_created_versioned_diffed_and_named_by_entitlements(plane, 
     versions = json.loads(plait("hostprofile", "show", "web", "--versions", "-o",
                                 "json").stdout)["versions"]
     assert [v["version"] for v in versions] == [1, 2]
+    # a table shows times as local times; JSON keeps the Unix seconds
+    created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(versions[0]["created"]))
+    assert created in plait("hostprofile", "show", "web", "--versions").stdout
+    shown = plait("hostprofile", "show", "web").stdout
+    assert time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(web["created"])) in shown
+    assert str(int(web["created"])) not in shown
     # diff: the previous version against the current one, then two profiles
     diff = json.loads(plait("hostprofile", "diff", "web", "-o", "json").stdout)
     assert diff["changes"] == [{"setting": "sysctls.vm.swappiness", "old": "10", "new": "60"}]

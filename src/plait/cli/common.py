@@ -110,14 +110,35 @@ def emit(data: Any, output: str, table: Callable[[Any], object]) -> None:
         raise CliError(f"--output must be table or json, not {output!r}", EXIT_INVALID)
 
 
+#: fields that hold a time (Unix seconds), shown as a local time in tables
+TIME_FIELDS = frozenset({"created", "time", "decided_at", "deadline", "start", "end",
+                         "since", "until", "updated", "applied_at"})
+
+
+def readable_times(value: Any, key: str | None = None) -> Any:
+    """``value`` with every time field (``TIME_FIELDS``, at any depth) a local time as
+    ``_when`` writes it: what a table shows (``--output json`` keeps the numbers)."""
+    if isinstance(value, dict):
+        return {k: readable_times(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [readable_times(v) for v in value]
+    if key in TIME_FIELDS and isinstance(value, (int, float)) and not isinstance(
+            value, bool) and 1e9 <= value < 1e11:
+        return _when(float(value))
+    return value
+
+
 def kv_table(data: dict[str, Any], title: str | None = None) -> None:
-    """A key-value table. Values are shown as they are: a message holding ``[...]``
-    is not read as markup (a ``rich.text.Text`` value keeps its own styles)."""
+    """A key-value table. Values are shown as they are, times as local times
+    (``readable_times``): a message holding ``[...]`` is not read as markup (a
+    ``rich.text.Text`` value keeps its own styles)."""
     from rich.table import Table
     from rich.text import Text
 
     t = Table(title=title, show_header=False)
     for key, value in data.items():
+        if not isinstance(value, Text):
+            value = readable_times(value, key)
         t.add_row(key, value if isinstance(value, Text) else Text(
             value if isinstance(value, str) else json.dumps(value)))
     out.print(t)

@@ -9,7 +9,16 @@ from typing import Annotated, Any
 import typer
 
 from plait.cli.client import EXIT_INVALID, CliError, q
-from plait.cli.common import Output, api, emit, guarded, kv_table, load_documents, rows
+from plait.cli.common import (
+    Output,
+    _when,
+    api,
+    emit,
+    guarded,
+    kv_table,
+    load_documents,
+    rows,
+)
 from plait.errors import PlaitError
 
 hostprofile_app = typer.Typer(help="Host profiles: the settings machines carry (Sidekick).",
@@ -83,7 +92,7 @@ def hostprofile_show(
     if versions:
         data = a.get(f"/v1/hostprofiles/{q(name)}/versions")
         emit(data, output, lambda d: rows(["version", "created", "settings"], [
-            [p["version"], p["created"], _summary(p)] for p in d["versions"]]))
+            [p["version"], _when(p.get("created")), _summary(p)] for p in d["versions"]]))
         return
     data = a.get(f"/v1/hostprofiles/{q(name)}",
                  **({"version": version} if version is not None else {}))

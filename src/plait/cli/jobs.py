@@ -395,7 +395,7 @@ def job_load(name: str, value: Annotated[float, typer.Argument(
         output: Output = "table") -> None:
     """Push a measurement of the job's load to its autoscaler."""
     data = api().post(f"/v1/jobs/{q(name)}/load", {"value": value})
-    emit(data, output, lambda d: say(f"job {name}: load {d['value']:g} at {d['time']:.0f}"))
+    emit(data, output, lambda d: say(f"job {name}: load {d['value']:g} at {_when(d['time'])}"))
 
 
 @job_app.command("restart")

@@ -10,6 +10,7 @@ import typer
 from plait.cli.client import EXIT_INVALID, CliError, q
 from plait.cli.common import (
     Output,
+    _when,
     api,
     emit,
     err,
@@ -53,7 +54,7 @@ def _loan(m: dict[str, Any]) -> str:
     if not loan:
         return ""
     if loan.get("revoking"):
-        return f"revoking: tasks off by t={loan['deadline']:.0f}"
+        return f"revoking: tasks off by {_when(loan.get('deadline'))}"
     return "on loan"
 
 
