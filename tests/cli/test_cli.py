@@ -365,3 +365,15 @@ def test_a_loan_being_revoked_shows_its_deadline_as_a_local_time() -> None:
     assert _loan({"loan": {"revoking": True, "deadline": t}}) == (
         "revoking: tasks off by " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)))
     assert _loan({"loan": {"revoking": False}}) == "on loan" and _loan({}) == ""
+
+
+def test_a_task_parked_for_maintenance_says_which_one_in_its_row(capsys) -> None:
+    from plait.cli.jobs import _task_rows
+
+    base = {"version": 1, "machine": "m1", "serving": False, "healthy": False,
+            "operation": None, "exit_code": None}
+    _task_rows([{**base, "index": 0, "state": "stopped", "parked": "mx-7"},
+                {**base, "index": 1, "state": "stopped"}])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "maintenance mx-7" in shown and "starts when it ends" in shown
+    assert shown.count("maintenance") == 1

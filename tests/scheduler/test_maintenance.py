@@ -2,6 +2,7 @@
 chooses move now, stop and restart after, or keep running until the deadline."""
 
 from plait.model import Fleet, UpdatePolicy
+from plait.server.controlplane.views import JobState
 from plait.sim.scenarios import job_spec, world
 from plait.taskcontrol import OpKind, TaskControlResponse
 from plait.testing import machine
@@ -51,6 +52,10 @@ def test_move_stop_or_keep_running_until_the_deadline():
     assert now.get(0) == "d"
     assert 1 not in now and s.job("db").tasks[1].parked == event_id
     assert now.get(2) == before[2]
+    # its view says which maintenance it waits out; the others' views have no such key
+    view = {t["index"]: t for t in JobState.of(s, s.job("db"), s.fleet, 0).tasks}
+    assert view[1]["state"] == "stopped" and view[1]["parked"] == event_id
+    assert "parked" not in view[0] and "parked" not in view[2]
     assert s.counters["deadline_stops"] == 0
     sim.run(start - sim.now + 5)
     # at the deadline what still ran was stopped, and counted

@@ -452,7 +452,9 @@ def _task_rows(tasks: list[dict[str, Any]], limit: int = 0, more: str = "") -> N
     draw)."""
     shown = tasks[:limit] if limit else tasks
     rows(["index", "state", "version", "machine", "serving", "healthy", "operation", "exit"], [
-        [t["index"], t["state"], t["version"], t["machine"] or "-",
+        [t["index"], t["state"] if not t.get("parked") else
+         f"{t['state']} (maintenance {t['parked']}: starts when it ends)",
+         t["version"], t["machine"] or "-",
          "yes" if t["serving"] else "no", "yes" if t["healthy"] else "no",
          t["operation"] or "-", "-" if t.get("exit_code") is None else t["exit_code"]]
         for t in shown])

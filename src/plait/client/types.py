@@ -103,6 +103,9 @@ class TaskView(TypedDict):
     healthy: bool
     exit_code: int | None
     operation: str | None
+    #: the maintenance (event id) it was stopped for at the deadline: it starts again
+    #: on its machine when the window ends (absent when not parked)
+    parked: NotRequired[str]
 
 
 TaskList = TypedDict("TaskList", {"job": str, "tasks": list[TaskView],

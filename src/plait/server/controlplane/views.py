@@ -69,12 +69,15 @@ class JobState:
             # (a pending task waits for a machine: the one it was stopped on is not its)
             where = None if r.state is TaskState.PENDING else r.machine
             machine = None if where is None else fleet.name(where)
-            tasks.append({"index": r.index, "state": r.state.value, "version": r.spec_version,
-                          "machine": machine,
-                          "fault_domain": None if where is None else domain(where),
-                          "serving": r.serving, "healthy": r.healthy,
-                          "exit_code": r.exit_code,
-                          "operation": None if r.op is None else r.op.kind.value})
+            task = {"index": r.index, "state": r.state.value, "version": r.spec_version,
+                    "machine": machine,
+                    "fault_domain": None if where is None else domain(where),
+                    "serving": r.serving, "healthy": r.healthy,
+                    "exit_code": r.exit_code,
+                    "operation": None if r.op is None else r.op.kind.value}
+            if r.parked is not None:  # (stopped at a maintenance's deadline: it waits
+                task["parked"] = r.parked  # for the window to end; only then a key)
+            tasks.append(task)
             if r.serving and machine is not None:
                 serving_on.append((r.index, machine, r.endpoint))
         return cls(job.entitlement, target, len(job.tasks), counts, serving, updated, job.halted,
