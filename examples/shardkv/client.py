@@ -80,8 +80,11 @@ class KvClient:
 
     def close(self) -> None:
         self._stop.set()
-        self._sm.close()  # (ends the long poll in flight)
-        self._watcher.join(timeout=5)
+        self._sm.close()
+        # (a daemon thread: a long poll in flight ends with its wait or with the
+        # process, and what it brings after this is not read; a one-off command waited
+        # up to 5 s here for nothing)
+        self._watcher.join(timeout=0.2)
         self.http.close()
 
     def __enter__(self) -> KvClient:

@@ -320,3 +320,18 @@ def test_an_orphan_copy_of_a_task_is_refused_and_the_map_keeps_its_replacement(
     finally:
         for t in tasks:
             t.stop()
+
+
+def test_a_registrations_start_time_must_be_a_finite_number(sm: ShardManager) -> None:
+    c = api(sm)
+    c.put("/v1/apps/kv", json={"job": "kv", "shards": 2, "replication": 1})
+    body = ('{"index": 0, "endpoint": "http://127.0.0.1:9", "job": "kv", '
+            '"incarnation": "x", "started": %s}')
+    for bad in ("NaN", "1e400", "true", '"abc"', "-1"):
+        r = c.post("/v1/apps/kv/tasks", content=body % bad,
+                   headers={"Content-Type": "application/json"})
+        assert r.status_code == 422, (bad, r.status_code, r.text)
+        assert r.json()["detail"][0]["loc"] == ["body", "started"], bad
+    assert c.post("/v1/apps/kv/tasks", content=body % "1790000000.5", headers={
+        "Content-Type": "application/json"}).status_code == 200
+    assert sm.apps["kv"].tasks[0].started == 1790000000.5

@@ -57,6 +57,7 @@ from typing import Annotated, Any
 import httpx
 import pydantic
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from plait import logconfig
@@ -143,7 +144,8 @@ class Registration(Value):
     #: when the process started (Unix time, its host's clock): of two processes of
     #: one task index, the one started later is plait's (``ShardManager.register``);
     #: absent, the time Shard Manager first heard of it
-    started: float | None = pydantic.Field(default=None, ge=0, le=1e11)
+    started: Annotated[float, pydantic.Strict()] | None = pydantic.Field(
+        default=None, ge=0, le=1e11, allow_inf_nan=False)
 
 
 @dataclass
@@ -692,6 +694,14 @@ def create_app(sm: ShardManager) -> FastAPI:
     @api.exception_handler(ValidationError)
     def _invalid(request: Request, exc: ValidationError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=422)
+
+    @api.exception_handler(RequestValidationError)
+    def _malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer echoes each refused value, and one that is not JSON
+        # (NaN, 1e400) made it a 500: where and why, without the value
+        return JSONResponse({"detail": [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "invalid")),
+             "type": str(e.get("type", ""))} for e in exc.errors()[:20]]}, status_code=422)
 
     @api.get("/healthz")
     def healthz() -> dict[str, Any]:
