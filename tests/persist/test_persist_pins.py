@@ -126,3 +126,49 @@ def test_a_version_kept_in_a_canary_entitlement_survives_a_restart(tmp_path):
     rec = b.scheduler.job("web").tasks[0]
     assert rec.spec_version == version and rec.machine == machine and rec.serving
     assert sum(1 for r in b.scheduler.job("web").tasks.values() if r.serving) == 4
+
+
+def test_a_profile_roll_under_way_is_finished_after_a_restart(tmp_path):
+    """A control plane restarted while a machine drains for a profile roll goes on
+    with that drain (its event is in the brokers' records): the machine comes back,
+    uncordoned, and the roll ends with every task on machines carrying the new
+    version and no roll's event left."""
+    from plait.model import UpdatePolicy
+    from plait.model.events import PROFILE_ROLL_PREFIX
+    from plait.model.hostprofile import HostProfile, HostProfileSpec
+
+    web = HostProfileSpec(name="web", turbo=True)
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.define_profile(HostProfile(spec=web, version=1))
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24),
+                                             host_profile="web"))
+    spec = job_spec("web", 4, cpu=16, update=UpdatePolicy(max_unavailable=1))
+    a.jobs.create(spec, now=0)
+    a.run(30)
+    assert len(a.running("web")) == 4
+    a.scheduler.define_profile(HostProfile(spec=web, version=2))
+    while not a.scheduler.rolling:
+        a.run(0.5)
+    rolling = dict(a.scheduler.rolling)
+    a.store.close()
+
+    b = Plane(path, now=a.sim.now)  # profiles are the control plane's to load: given
+    b.sim.agents = a.sim.agents
+    for version in (1, 2):
+        b.scheduler.define_profile(HostProfile(spec=web, version=version))
+    s = b.scheduler
+    for m, agent in b.sim.agents.items():  # (a real agent's every heartbeat tells it)
+        agent.profile_changed = True
+        b.sim.wake(m)
+    for _ in range(1200):
+        b.run(0.5)
+        if (not s.stale and not s.rolling and len(b.running("web")) == 4
+                and not [e for e in s.region.events() if e.id.startswith(PROFILE_ROLL_PREFIX)]):
+            break
+    assert not [e.id for e in s.region.events() if e.id.startswith(PROFILE_ROLL_PREFIX)]
+    assert len(b.running("web")) == 4
+    for m in rolling:  # the machine drained before the restart is back in service
+        assert not s.region.broker_of(m).cordoned(m), s.fleet.name(m)
+    for m in b.running("web").values():
+        assert b.sim.agents[m].profile == ("web", 2)

@@ -225,3 +225,5 @@ def _rediscover(s: Scheduler, now: float) -> None:
                               ev.start, ev.start + s.config.loan_return_grace,
                               forced=False)
         alloc.loans.revoking[m] = borrower
+        with contextlib.suppress(ValueError):  # (a new revoke's id is never one of these)
+            s.revoke_seq = max(s.revoke_seq, int(ev.id.rsplit("-", 1)[1]))

@@ -86,6 +86,9 @@ def roll(s: Scheduler, now: float) -> None:
     """One look (every pass): finish the drains of machines now empty, then drain the
     next stale machines of each entitlement."""
     notice_changes(s)
+    if not s.rolls_found:
+        s.rolls_found = True
+        _rediscover(s, now)
     if not s.stale and not s.rolling:
         return
     index, region, names = s.allocator.index, s.region, s.fleet.name
@@ -156,6 +159,34 @@ def roll(s: Scheduler, now: float) -> None:
             s.roll_waiting.pop(name, None)
 
 
+def _rediscover(s: Scheduler, now: float) -> None:
+    """Drains under way when this scheduler took over (a restart, a takeover): their
+    events are in the brokers' records. A machine still bound to an entitlement goes
+    on draining for it (the roll cordoned it: uncordoned when it is empty); one that
+    is free already was drained, and its event ends."""
+    names = s.fleet.name
+    for ev in s.region.events():
+        if not ev.id.startswith(PROFILE_ROLL_PREFIX) or len(ev.machines) != 1:
+            continue
+        m = s.fleet.index_of(ev.machines[0])
+        ent = s.region.broker_of(m).entitlement_of(m)
+        broker = s.region.broker_of(m)
+        if broker.operator_cordoned(m):
+            s.roll_cordoned.add(m)  # (an operator's cordon is refused under a roll)
+        if ent is None or ent not in s.allocator.entitlements or not ev.id.startswith(
+                f"{PROFILE_ROLL_PREFIX}{ent}-{names(m)}-"):
+            with contextlib.suppress(NotFound):
+                s.region.end_event(ev.id, now)  # drained before: back in the free pool
+            _uncordon(s, m)
+            continue
+        s.rolling[m] = (ev.id, ent)
+        s.roll_deadlines[m] = ev.start
+        s.profiles.pending.add(m)  # (it goes back free; nothing new starts there)
+        s.touched.add(m)
+        with contextlib.suppress(ValueError):
+            s.roll_seq = max(s.roll_seq, int(ev.id.rsplit("-", 1)[1]))
+
+
 def _pushing(s: Scheduler) -> set[int]:
     """The machines that hold a task of a job whose push is under way, running or
     being stopped there (a roll waits for the push to end: decision 104)."""
@@ -183,3 +214,7 @@ def found_stale(s: Scheduler, m: int, target: HostProfile | None) -> None:
         return
     s.stale.setdefault(ent, set()).add(m)
     s.profiles.pending.add(m)
+    if s.region.broker_of(m).operator_cordoned(m):
+        # (the roll that found it stale before cordoned it, and the cordon outlived
+        # that scheduler: this roll lifts it once the machine carries its profile)
+        s.roll_cordoned.add(m)

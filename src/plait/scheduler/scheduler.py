@@ -158,6 +158,8 @@ class Scheduler(SchedulerState):
         self.rolling: dict[int, tuple[str, str]] = {}
         self.roll_cordoned: set[int] = set()
         self.roll_seq = 0
+        #: the drains of rolls begun before this scheduler took over were looked for
+        self.rolls_found = False
         #: when each draining machine's roll deadline comes (its tasks are moved then)
         self.roll_deadlines: dict[int, float] = {}
         #: elastic loans (``loans``): revokes under way by machine, when each
