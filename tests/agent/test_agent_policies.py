@@ -224,6 +224,9 @@ def test_a_command_probe(box):
 
 def test_the_desired_set_is_a_long_poll(box):
     url = "/v1/machines/m0000000/desired"
+    # (a new agent is told to take the default profile once its first report said it
+    # carries none: a change of its set)
+    wait_for(lambda: box.api.get(url).json()["profile"]["switch"], what="the agent heard")
     first = box.api.get(url).json()
     # nothing changes: the answer comes after the wait, with the same generation
     same = box.api.get(url, params={"since": first["generation"], "wait": 0.5}).json()

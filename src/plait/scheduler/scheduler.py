@@ -510,10 +510,14 @@ class Scheduler(SchedulerState):
 
     def profile_hold(self, m: int) -> bool:
         """Whether machine ``m``'s agent must not begin a switch: while a roll drains
-        it (it goes back to the free pool), and while it is in the free pool carrying a
-        profile, which it keeps until an entitlement with another one claims it
+        it (it goes back to the free pool), and while it is in the free pool: it keeps
+        the profile it carries until an entitlement with another one claims it
         (decision 95: no switch to ``default`` and back per loan or shrink), or may
-        (its agent has not reported since this control plane started or took over)."""
+        carry one (its agent has not reported since this control plane started or took
+        over). Only a free machine whose agent said it carries none yet (a new agent)
+        takes ``default``. (Held or not, an agent carrying its target switches nothing:
+        a free ``default`` machine is held, so its desired set does not change when its
+        agent is first heard.)"""
         if m in self.rolling:
             return True
         if self.region.broker_of(m).entitlement_of(m) is not None:
@@ -521,8 +525,7 @@ class Scheduler(SchedulerState):
         if not self.profiles.heard(m):
             return True
         seen = self.profiles.applied.get(m)  # (no entry: it carries ``default``)
-        # a machine that carries nothing yet (a new agent) takes ``default`` while free
-        return seen is not None and seen.name is not None
+        return seen is None or seen.name is not None
 
     def profile_wire(self, m: int) -> dict[str, Any] | None:
         """What machine ``m``'s agent is told of its profile: the one it must carry
@@ -559,11 +562,13 @@ class Scheduler(SchedulerState):
         m = self.fleet.index_of(machine)
         target = self.profile_target(m)
         was = self.profiles.ready(m, target)
-        first = not self.profiles.heard(m)
+        held = self.profile_hold(m)
         change = self.profiles.report(m, applied, target)
         if (self.profiles.ready(m, target) != was and self.desired.get(m)) or (
-                first and not self.profile_hold(m)):
-            self.touched.add(m)  # (the tasks its agent is given, or its switch, change)
+                held and not self.profile_hold(m) and not profileroll.carries(self, m, target)):
+            # (the tasks its agent is given change; or it may switch now, held until
+            # its first report said what it carries, and does not carry its target)
+            self.touched.add(m)
         if applied.name is not None and not profileroll.carries(self, m, target):
             profileroll.found_stale(self, m, target)
         if change is None:
