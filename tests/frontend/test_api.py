@@ -233,6 +233,9 @@ def test_update_resize_restart_rollback_and_delete(live):
     wait_for(lambda: settled(live.admin, "web"))
     tasks = live.admin.get("/v1/jobs/web/tasks").json()["tasks"]
     assert {t["version"] for t in tasks} == {2}
+    for bad in (True, "3"):  # (true was taken for 1, and "3" for 3)
+        r = live.admin.post("/v1/jobs/web/resize", json={"task_count": bad})
+        assert r.status_code == 422 and r.json()["field"] == "task_count", r.text
     assert live.admin.post("/v1/jobs/web/resize", json={"task_count": 3}).json()["version"] == 3
     wait_for(lambda: settled(live.admin, "web"))
     assert len(live.admin.get("/v1/jobs/web/tasks").json()["tasks"]) == 3

@@ -18,6 +18,11 @@ BASE = {"name": "web", "entitlement": "e", "task_count": 1, "command": "x",
     ({"update": {"max_unavailable": 1.5}}, "update.max_unavailable"),
     ({"update": {"max_unavailable": True}}, "update.max_unavailable"),
     ({"policy": {"requirements": {"dc": ""}}}, "policy.requirements.dc"),
+    # a number field takes a number: not true (YAML's yes), nor a string of one
+    ({"task_count": True}, "task_count"),
+    ({"task_count": "3"}, "task_count"),
+    ({"resources": {"cpu": 1, "memory_gb": "1"}}, "resources.memory_gb"),
+    ({"resources": {"cpu": False}}, "resources.cpu"),
 ])
 def test_job_spec_refusals_name_the_field(patch, field):
     with pytest.raises(ValidationError) as err:
@@ -28,6 +33,7 @@ def test_job_spec_refusals_name_the_field(patch, field):
 def test_entitlement_refuses_empty_pins_and_duplicate_preferences():
     base = {"name": "e", "owner": "o", "quota": {"machines": 1}}
     for patch, field in (({"pin_dc": ""}, "pin_dc"), ({"host_profile": ""}, "host_profile"),
+                         ({"quota": {"machines": True}}, "quota.machines"),
                          ({"default_preferences": [{"strategy": "stack"},
                                                    {"strategy": "stack"}]},
                           "default_preferences")):

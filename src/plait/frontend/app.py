@@ -53,6 +53,7 @@ from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics
 from plait.model import Entitlement, JobSpec, Resources
+from plait.model.base import Input
 from plait.model.job import MAX_TASKS
 from plait.model.machine import FaultDomain, Machine, MachineState
 from plait.model.task import TaskState
@@ -82,53 +83,44 @@ Continue = Annotated[str | None, Query(alias="continue", description=(
 TASK_STATES = tuple(s.value for s in TaskState)
 
 
-class Resize(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class Resize(Input):
     task_count: int = pydantic.Field(ge=0, le=100_000)
 
 
-class Load(pydantic.BaseModel):
+class Load(Input):
     """A measurement of a job's load, in tasks' worth of work (tasks x utilization)."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     value: float = pydantic.Field(ge=0, le=1e7)
 
 
-class Rollback(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class Rollback(Input):
     version: int = pydantic.Field(ge=1)
 
 
-class Restart(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class Restart(Input):
     index: int | None = pydantic.Field(default=None, ge=0)
 
 
-class Move(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class Move(Input):
     #: the entitlement to move the job to
     entitlement: NAME
 
 
-class Drain(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class Drain(Input):
     deadline_seconds: float | None = pydantic.Field(default=None, ge=0, le=30 * 86400)
     #: once empty: back to the free pool, or out of service until uncordoned
     to: Literal["free", "maintenance"] = "maintenance"
 
 
-class ShardMove(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class ShardMove(Input):
     shard: int = pydantic.Field(ge=0)
 
 
-class ShardReload(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class ShardReload(Input):
     entitlement: str | None = None
 
 
-class Maintenance(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class Maintenance(Input):
     machines: list[str] = pydantic.Field(min_length=1, max_length=100_000)
     #: unix time; default: now
     start: float | None = pydantic.Field(default=None, ge=0, le=1e11)
@@ -136,19 +128,17 @@ class Maintenance(pydantic.BaseModel):
     reason: str = pydantic.Field(default="maintenance", max_length=200)
 
 
-class TokenRequest(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class TokenRequest(Input):
     role: Role = Role.OWNER
     #: the owner (role owner), or a label for admin and join tokens
     name: NAME
     description: str = pydantic.Field(default="", max_length=200)
 
 
-class Join(pydantic.BaseModel):
+class Join(Input):
     """An agent joining. With a description (all of fault_domain, cpu, memory_gb and
     type), the machine is registered, or checked against the region's record of it."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     machine: str = pydantic.Field(min_length=1, max_length=128,
                                   pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     #: region/dc/msb/row/rack
@@ -169,8 +159,7 @@ class Join(pydantic.BaseModel):
         return self
 
 
-class StatusIn(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class StatusIn(Input):
     job: str = pydantic.Field(min_length=1, max_length=64)
     index: int = pydantic.Field(ge=0, le=MAX_TASKS - 1)
     revision: int = pydantic.Field(ge=1)
@@ -187,31 +176,27 @@ class StatusIn(pydantic.BaseModel):
     cpu: float | None = pydantic.Field(default=None, ge=0, le=100_000)
 
 
-class OutputChunk(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class OutputChunk(Input):
     job: str = pydantic.Field(min_length=1, max_length=64)
     index: int = pydantic.Field(ge=0, le=100_000)
     data: str = pydantic.Field(max_length=256 * 1024)
 
 
-class Output(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class Output(Input):
     chunks: list[OutputChunk] = pydantic.Field(max_length=10_000)
 
 
-class ProfileIn(pydantic.BaseModel):
+class ProfileIn(Input):
     """The host profile an agent has applied (name None: none yet), and why its last
     switch failed."""
 
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
     name: str | None = pydantic.Field(default=None, max_length=64)
     version: int = pydantic.Field(default=0, ge=0, le=2**31)
     error: str | None = pydantic.Field(default=None, max_length=1000)
     failures: int = pydantic.Field(default=0, ge=0, le=2**31)
 
 
-class Report(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+class Report(Input):
     tasks: list[StatusIn] = pydantic.Field(default_factory=list, max_length=10_000)
     profile: ProfileIn | None = None
 

@@ -7,17 +7,33 @@ that name the field; hashable, so the allocator can key its cache on them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import pydantic
 
 from plait.errors import ValidationError
 
 
-class Value(pydantic.BaseModel):
-    """A frozen, strictly-shaped value: unknown fields are an error, not ignored, and
-    no text holds a NUL byte (a C string ends there: a name that means one thing to
-    plait and another to the kernel or a shell)."""
+class Input(pydantic.BaseModel):
+    """What a request carries: unknown fields are an error, a number is finite, and
+    a number field takes a number: ``true`` is not 1, nor ``"3"`` 3 (YAML's ``yes``
+    is a bool too), as Kubernetes refuses them (pydantic's lax mode took them)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @pydantic.field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, value: Any, info: pydantic.ValidationInfo) -> Any:
+        kind = type(value)
+        if (kind is bool or kind is str) and info.field_name in _numeric_fields(cls):
+            raise ValueError(f"a number, not {value!r}"[:80])
+        return value
+
+
+class Value(Input):
+    """A frozen, strictly-shaped value (an ``Input``): no text holds a NUL byte either
+    (a C string ends there: a name that means one thing to plait and another to the
+    kernel or a shell)."""
 
     model_config = pydantic.ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -27,6 +43,24 @@ class Value(pydantic.BaseModel):
         if _holds_nul(value):
             raise ValueError("text must not hold a NUL byte")
         return value
+
+
+_NUMBERS = frozenset({int, float})
+_numeric: dict[type, frozenset[str]] = {}
+
+
+def _numeric_fields(cls: type[pydantic.BaseModel]) -> frozenset[str]:
+    """The fields of ``cls`` that hold a number and nothing else (None aside)."""
+    found = _numeric.get(cls)
+    if found is None:
+        names = set()
+        for name, f in cls.model_fields.items():
+            kinds = {a for a in (get_args(f.annotation) or (f.annotation,))
+                     if a is not type(None)}
+            if kinds and kinds <= _NUMBERS:
+                names.add(name)
+        found = _numeric[cls] = frozenset(names)
+    return found
 
 
 def _holds_nul(value: Any) -> bool:
