@@ -396,3 +396,35 @@ def test_an_update_naming_another_shards_entitlement_says_an_update_moves_no_job
     theirs = x.put("/v1/jobs/ja", json=job("ja", "b"))
     assert theirs.status_code in (403, 404, 422) and "'a'" not in theirs.text
     assert api.get("/v1/jobs/ja").json()["entitlement"] == "a"
+
+
+def test_a_move_across_shards_is_explained_only_to_whoever_may_change_both(region):
+    """Job ja runs in a (owner o, shard 0); b is o's too, c another owner's (both on
+    shard 1). Moving ja to b is refused naming the shards; another owner moving ja, or
+    o moving ja to c, is answered as for a job or an entitlement that does not exist."""
+    api = region.api
+    for ent, owner, machines in (("a", "o", 4), ("b", "o", 1), ("c", "x", 1)):
+        api.post("/v1/entitlements", json={"name": ent, "owner": owner,
+                                           "quota": {"machines": machines}})
+    assert [region.entry(e)["shard"] for e in "abc"] == [0, 1, 1]
+
+    def owner(name):
+        token = api.post("/v1/tokens", json={"role": "owner", "name": name}).json()["token"]
+        return httpx.Client(base_url=region.front.url, timeout=30,
+                            headers={"Authorization": f"Bearer {token}"})
+    o, x = owner("o"), owner("x")
+    assert o.post("/v1/jobs", json=job("ja", "a")).status_code == 201
+    mine = o.post("/v1/jobs/ja/move", json={"entitlement": "b"})
+    assert mine.status_code == 422 and "managed by scheduler shard 1" in mine.text
+    # another owner: as for a job that does not exist
+    theirs = x.post("/v1/jobs/ja/move", json={"entitlement": "c"})
+    missing = x.post("/v1/jobs/nope/move", json={"entitlement": "c"})
+    assert (theirs.status_code, theirs.json()["message"].replace("ja", "nope")) == (
+        missing.status_code, missing.json()["message"])
+    # the owner, to another owner's entitlement: as for one that does not exist
+    other = o.post("/v1/jobs/ja/move", json={"entitlement": "c"})
+    absent = o.post("/v1/jobs/ja/move", json={"entitlement": "nothing"})
+    assert other.status_code == absent.status_code
+    assert other.json()["message"].replace("'c'", "'nothing'") == absent.json()["message"]
+    assert "shard" not in other.text
+    assert api.get("/v1/jobs/ja").json()["entitlement"] == "a"

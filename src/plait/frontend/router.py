@@ -612,7 +612,11 @@ class ShardRouter:
                 other = await run_in_threadpool(self.map.entry, target)
                 if other is not None:
                     await self._writable(scope, target, other[0])
-                if other is not None and other[0]["shard"] != shard:
+                if other is not None and other[0]["shard"] != shard and (
+                        entry is not None and await self._may_change(scope, ent, entry[0])
+                        and await self._may_change(scope, target, other[0])):
+                    # (said only to whoever may change both: anyone else is answered by
+                    # the job's shard, as for a job or an entitlement that does not exist)
                     raise Refused(422, "invalid", f"entitlement {target!r} is managed by "
                                                   f"scheduler shard {other[0]['shard']}, job "
                                                   f"{job} by shard {shard}: move one "
