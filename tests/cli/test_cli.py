@@ -377,3 +377,31 @@ def test_a_task_parked_for_maintenance_says_which_one_in_its_row(capsys) -> None
     shown = " ".join(capsys.readouterr().out.split())
     assert "maintenance mx-7" in shown and "starts when it ends" in shown
     assert shown.count("maintenance") == 1
+
+
+def test_what_a_tenant_wrote_reaches_the_terminal_as_text(capsys) -> None:
+    """An event's message, a table's cell and an error hold a tenant's words: their
+    control characters are escaped (no colour, cursor move, window title or forged
+    line), and brackets are printed as they are."""
+    import pytest
+    import typer
+
+    from plait.cli.common import CliError, guarded, kv_table, rows
+    from plait.cli.jobs import _task_rows
+
+    evil = "gate said no\x1b[31m\n2026-01-01 00:00:00  admin  forged\x07 [op ids]"
+    rows(["what"], [[evil]])
+    kv_table({"message": evil})
+    _task_rows([{"index": 0, "state": evil, "version": 1, "machine": None,
+                 "serving": False, "healthy": False, "operation": None, "exit_code": None}])
+
+    @guarded
+    def fails() -> None:
+        raise CliError(evil)
+    with pytest.raises(typer.Exit):
+        fails()
+    printed = capsys.readouterr()
+    for text in (printed.out, printed.err):
+        assert "\x1b[31m" not in text and "\x07" not in text
+        assert "\\x1b[31m" in text and "\\n2026-01-01" in text
+    assert "[op ids]" in printed.err

@@ -60,6 +60,20 @@ class _Console:
 err = _Console(stderr=True)
 
 
+#: control characters (C0, DEL, C1) as escapes: what a tenant wrote (an event's
+#: message, a gate's verdict, a job's error) reaches an admin's terminal as text, never
+#: as an escape sequence that recolours it, moves its cursor, retitles its window or
+#: forges another line (a task's logs are the task's own output: printed as they are)
+_ESCAPES = {c: (f"\\x{c:02x}" if c not in (9, 10, 13) else {9: "\\t", 10: "\\n",
+                                                             13: "\\r"}[c])
+            for c in (*range(32), *range(127, 160))}
+
+
+def safe(text: str) -> str:
+    """``text`` with its control characters escaped (``\\x1b``, ``\\n``)."""
+    return text.translate(_ESCAPES) if not text.isprintable() else text
+
+
 def say(text: str) -> None:
     """One plain line on stderr (what most verbs print: no Rich needed)."""
     print(text, file=sys.stderr, flush=True)
@@ -89,12 +103,20 @@ def guarded(fn: Callable[..., None]) -> Callable[..., None]:
         try:
             fn(*args, **kwargs)
         except CliError as exc:
-            err.print(f"[red]error:[/red] {exc.message}", highlight=False)
+            _error_line(exc.message)
             raise typer.Exit(exc.code) from None
         except PlaitError as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            _error_line(str(exc))
             raise typer.Exit(EXIT_INVALID) from None
     return run
+
+
+def _error_line(message: str) -> None:
+    """``error: MESSAGE`` on stderr, the message as it is (a server's words may hold
+    brackets, or a tenant's control characters: escaped)."""
+    from rich.text import Text
+
+    err.print(Text.assemble(("error:", "red"), " ", safe(message)), highlight=False)
 
 
 def api() -> Api:
@@ -139,8 +161,8 @@ def kv_table(data: dict[str, Any], title: str | None = None) -> None:
     for key, value in data.items():
         if not isinstance(value, Text):
             value = readable_times(value, key)
-        t.add_row(key, value if isinstance(value, Text) else Text(
-            value if isinstance(value, str) else json.dumps(value)))
+        t.add_row(safe(key), value if isinstance(value, Text) else Text(
+            safe(value if isinstance(value, str) else json.dumps(value))))
     out.print(t)
 
 
@@ -149,7 +171,7 @@ def rows(columns: list[str], items: list[list[Any]], title: str | None = None) -
     from rich.text import Text
 
     t = Table(title=title)
-    cells = [["" if v is None else str(v) for v in item] for item in items]
+    cells = [["" if v is None else safe(str(v)) for v in item] for item in items]
     for k, c in enumerate(columns):
         # nothing is cut to an ellipsis (an id to copy, a name): a narrow terminal or a
         # pipe folds long values; the first column (what a row is) is never folded
@@ -172,7 +194,7 @@ class Columns:
         self.started = False
 
     def add(self, items: list[list[Any]]) -> None:
-        cells = [["" if v is None else str(v) for v in item] for item in items]
+        cells = [["" if v is None else safe(str(v)) for v in item] for item in items]
         for row in cells:
             self.widths = [max(w, len(v)) for w, v in zip(self.widths, row, strict=True)]
         lines = [] if self.started else [self._line(self.columns)]
@@ -287,5 +309,5 @@ def _when(t: float | None) -> str:
 
 def refuse(exc: PlaitError) -> typer.Exit:
     """Bad input: say what is wrong, in one line, and exit 2 (as a usage error)."""
-    err.print(f"[red]error:[/red] {exc}")
+    _error_line(str(exc))
     return typer.Exit(EXIT_INVALID)

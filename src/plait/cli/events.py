@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from plait.cli.client import EXIT_INVALID, Api, CliError
-from plait.cli.common import Output, _when, api, guarded, out
+from plait.cli.common import Output, _when, api, guarded, out, safe
 
 
 # -- events --------------------------------------------------------------------------------
@@ -62,8 +62,8 @@ def _events(job: str | None, kind: str | None, source: str | None, entitlement: 
         subject = e["job"] or e["machine"] or e["entitlement"] or ""
         why = "; ".join(x for x in (e.get("reason"), e.get("decision")) if x)
         who = e.get("actor") or e["source"]
-        out.print(f"{_when(e['time'])}  {who:14} {e['kind']:20} {subject:16} "
-                  f"{e['message']}" + (f"  [{why}]" if why else ""), highlight=False,
+        out.print(safe(f"{_when(e['time'])}  {who:14} {e['kind']:20} {subject:16} "
+                       f"{e['message']}" + (f"  [{why}]" if why else "")), highlight=False,
                   markup=False)  # (as it is: "[op ids]" and the brackets are not markup)
     if output not in ("json", "table"):
         raise CliError(f"--output must be table or json, not {output!r}", EXIT_INVALID)

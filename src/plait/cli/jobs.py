@@ -25,6 +25,7 @@ from plait.cli.common import (
     load_documents,
     out,
     rows,
+    safe,
     say,
     tabulated,
 )
@@ -250,8 +251,8 @@ def job_show(name: str, output: Output = "table") -> None:
                  f"job {name}")
         _task_rows(d["task_list"], SHOW_TASKS, f"plait task list {name} --limit 0, or -o json")
         for e in d["recent_events"]:
-            out.print(f"  {_when(e['time'])}  {e['kind']:18} {e['message']}", highlight=False,
-                      markup=False)
+            out.print(f"  {_when(e['time'])}  {e['kind']:18} {safe(e['message'])}",
+                      highlight=False, markup=False)
     emit(data, output, show)
 
 
