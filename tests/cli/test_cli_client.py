@@ -332,3 +332,34 @@ def test_a_large_jobs_tasks_are_drawn_up_to_a_limit(plane, tmp_path):
     assert "... and 140 more tasks (--limit 0 for all)" in listed
     every = plait("task", "list", "many", "--limit", "0").stdout
     assert "more tasks" not in every and "│ 149 " in every
+
+
+def test_an_entitlement_is_changed_by_update_never_replaced_from_options(plane, tmp_path):
+    # `entitlement create --name web-online --owner web-team --machines 2` on a lender
+    # with host profile web replaced it whole: profile default, lending off, a roll
+    lender = ("name: web\nowner: o\nquota: {machines: 4}\nlends: true\n"
+              "surge_buffer: 1\n")
+    plait("entitlement", "create", str(write(tmp_path, "web.yaml", lender)))
+    res = plait("entitlement", "create", "--name", "web", "--owner", "o", "--machines", "2",
+                ok=False)
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "entitlement web exists" in said
+    assert "plait entitlement update web" in said
+    res = plait("entitlement", "create", "--name", "x", "--owner", "o", "--machines", "2",
+                "--rru", "5", ok=False)
+    assert res.exit_code == 2 and "not both" in res.output
+    res = plait("entitlement", "update", "web", ok=False)
+    assert res.exit_code == 2 and "nothing to change" in res.output
+    plait("entitlement", "update", "web", "--machines", "6")
+    shown = json.loads(plait("entitlement", "show", "web", "-o", "json").stdout)
+    assert shown["quota"]["machines"] == 6 and shown["lends"] is True
+    assert shown["surge_buffer"] == 1 and shown["host_profile"] == "default"
+    def changed() -> list[str]:  # (recorded with the next pass)
+        return [json.loads(line)["message"] for line in plait(
+            "events", "--kind", "entitlement_changed", "-o", "json").stdout.splitlines()]
+    deadline = time.monotonic() + 60
+    while not changed() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert changed() == ["web: quota 4 machines -> 6 machines"]
+    res = plait("entitlement", "update", "nope", "--machines", "1", ok=False)
+    assert res.exit_code != 0 and "not found" in res.output

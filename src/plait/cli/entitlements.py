@@ -49,13 +49,29 @@ def entitlement_create(
         min=0, help="surge tasks its jobs with update.surge may run at once")] = 0,
     output: Output = "table",
 ) -> None:
-    """Create entitlements from a file, or one from options (admin)."""
+    """Create entitlements from a file (each one created, or replaced as the file
+    writes it: apply), or one from options (admin). An entitlement that exists is not
+    replaced from options: ``plait entitlement update`` changes what it is given."""
+    a = api()
     if file is not None:
         docs = load_documents(file)
     elif name and owner:
+        if machines is not None and rru is not None:
+            raise CliError("give one of --machines or --rru, not both", EXIT_INVALID)
         quota: dict[str, Any] = {"machines": machines} if rru is None else {"rru": rru}
         docs = [{"name": name, "owner": owner, "quota": quota, "host_profile": host_profile,
                  "surge_buffer": surge_buffer}]
+        try:
+            a.get(f"/v1/entitlements/{q(name)}")
+        except CliError as exc:
+            if "not found" not in exc.message:
+                raise
+        else:
+            raise CliError(f"entitlement {name} exists: change it with plait entitlement "
+                           f"update {name} (--machines, --rru, --host-profile, "
+                           "--surge-buffer: what is not given keeps its value), or apply "
+                           "a file of its whole spec with plait entitlement create FILE",
+                           EXIT_INVALID)
     else:
         raise CliError("give a FILE, or --name, --owner and --machines/--rru", EXIT_INVALID)
     from plait.model import Entitlement, parse
@@ -67,9 +83,46 @@ def entitlement_create(
         except PlaitError as exc:
             where = f"{file} entry {i + 1}" if file else "entitlement"
             raise CliError(f"{where}: {exc}", EXIT_INVALID) from None
-    a = api()
     made = [a.post("/v1/entitlements", s.model_dump(mode="json")) for s in specs]
     emit(made, output, _ent_rows)
+
+
+@entitlement_app.command("update")
+@guarded
+def entitlement_update(
+    name: str,
+    machines: Annotated[int | None, typer.Option(min=0, help="quota in machines")] = None,
+    rru: Annotated[float | None, typer.Option(min=0, help="quota in RRU")] = None,
+    host_profile: Annotated[str | None, typer.Option()] = None,
+    surge_buffer: Annotated[int | None, typer.Option(
+        min=0, help="surge tasks its jobs with update.surge may run at once")] = None,
+    output: Output = "table",
+) -> None:
+    """Change an entitlement's quota or settings (admin): what is given changes, the
+    rest of its spec (lending, elastic terms, pins, preferences) keeps its value."""
+    if machines is not None and rru is not None:
+        raise CliError("give one of --machines or --rru, not both", EXIT_INVALID)
+    if machines is None and rru is None and host_profile is None and surge_buffer is None:
+        raise CliError("nothing to change: give --machines, --rru, --host-profile or "
+                       "--surge-buffer", EXIT_INVALID)
+    from plait.model import Entitlement, parse
+
+    a = api()
+    current = a.get(f"/v1/entitlements/{q(name)}")
+    spec = {k: v for k, v in current.items() if k in Entitlement.model_fields}
+    if machines is not None:
+        spec["quota"] = {"machines": machines}
+    if rru is not None:
+        spec["quota"] = {"rru": rru}
+    if host_profile is not None:
+        spec["host_profile"] = host_profile
+    if surge_buffer is not None:
+        spec["surge_buffer"] = surge_buffer
+    try:
+        parsed = parse(Entitlement, spec)
+    except PlaitError as exc:
+        raise CliError(f"entitlement {name}: {exc}", EXIT_INVALID) from None
+    emit([a.post("/v1/entitlements", parsed.model_dump(mode="json"))], output, _ent_rows)
 
 
 @entitlement_app.command("list")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from plait import logconfig
 from plait.errors import Conflict
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from plait.server.controlplane.creates import Pending
 
 log = logconfig.get("plait.controlplane.commands")
+
+
+def _setting(value: Any) -> str:
+    """An entitlement's setting in an event's message (a quota as its one amount)."""
+    if isinstance(value, dict) and value.keys() <= {"machines", "rru"}:
+        given = {k: v for k, v in value.items() if v is not None}
+        return " ".join(f"{v:g} {k}" for k, v in given.items()) or "none"
+    return "none" if value in (None, [], {}) else str(value)[:200]
 
 
 class JobCommands:
@@ -40,8 +48,15 @@ class JobCommands:
                 raise Conflict(f"entitlement {ent.name}", f"owner {old.owner}",
                                f"owner {ent.owner} (owners do not change)")
             self.cp.allocator.define(ent)
+        if old is None:
+            said = f"{ent.name}: quota {ent.quota}, owner {ent.owner}"
+        else:  # what changed, each setting as it was and as it is
+            was, now = old.model_dump(mode="json"), ent.model_dump(mode="json")
+            said = f"{ent.name}: " + "; ".join(
+                f"{k} {_setting(was[k])} -> {_setting(now[k])}"
+                for k in now if now[k] != was.get(k))
         self.cp.record("api", "entitlement_created" if old is None else "entitlement_changed",
-                       f"{ent.name}: quota {ent.quota}, owner {ent.owner}", entitlement=ent.name)
+                       said, entitlement=ent.name)
         return old is None
 
     def create_job(self, spec: JobSpec) -> tuple[JobDoc, bool]:
