@@ -172,3 +172,49 @@ def test_a_profile_roll_under_way_is_finished_after_a_restart(tmp_path):
         assert not s.region.broker_of(m).cordoned(m), s.fleet.name(m)
     for m in b.running("web").values():
         assert b.sim.agents[m].profile == ("web", 2)
+
+
+def test_a_restart_keeps_to_a_borrowers_reclaim_rate(tmp_path):
+    """The revokes of a borrower's reclaim window are stored with the scheduler's
+    state: a restarted control plane began another revoke 10 s after the last one,
+    at 1 revoke a minute (the first had already completed: its event was gone)."""
+    from plait.model import ElasticTerms
+    from plait.model.hostprofile import HostProfile, HostProfileSpec
+
+    profiles = [HostProfile(spec=HostProfileSpec(name=n, turbo=True), version=1)
+                for n in ("web", "batch")]
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    for p in profiles:
+        a.scheduler.define_profile(p)
+    terms = ElasticTerms(min_notice_seconds=60, max_reclaim_fraction_per_minute=0.05)
+    a.scheduler.allocator.define(Entitlement(name="web", owner="o", lends=True,
+                                             host_profile="web", quota=Quota(machines=24)))
+    a.scheduler.allocator.define(Entitlement(name="batch", owner="o", host_profile="batch",
+                                             quota=Quota(machines=24), elastic=terms))
+    for agent in (a.sim.agent(m) for m in range(24)):
+        agent.guard = False
+    a.jobs.create(job_spec("w", 2, "web", cpu=16), now=0)
+    a.jobs.create(job_spec("b", 20, "batch", cpu=16), now=0)
+    a.run(120)
+    assert len(a.running("b")) == 20
+    a.jobs.resize("w", 10, now=a.sim.now)
+    while not [e for e in a.scheduler.loan_events if e.kind == "loan_revoked"]:
+        a.run(0.5)
+    a.run(10)
+    a.store.close()
+
+    b = Plane(path, now=a.sim.now)
+    b.sim.agents = a.sim.agents
+    for p in profiles:
+        b.scheduler.define_profile(p)
+    for _ in range(7200):
+        b.run(0.5)
+        if len(b.running("w")) == 10:
+            break
+    assert len(b.running("w")) == 10
+    times = sorted(e.at for s in (a.scheduler, b.scheduler) for e in s.loan_events
+                   if e.kind == "loan_revoked")
+    assert len(times) >= 3
+    for k, t in enumerate(times):
+        assert [u for u in times[k:] if u < t + 60] == [t], (t, times)

@@ -223,3 +223,4 @@ def test_random_joins_leaves_loans_and_revokes(actions, notice, fraction):
                          or count(alloc.index, alloc.entitlements, alloc.loans).room <= 0
                          or not len(sim.region.free_machines()), 3600)
     no_mismatched_start(sim)
+

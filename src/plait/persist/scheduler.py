@@ -593,6 +593,10 @@ class PersistentScheduler:
         scheduler.changed_jobs = set(scheduler.jobs)
         #: jobs whose records could not be read or applied by the last ``sync``
         self.failed: set[str] = set()
+        #: (stored version, bytes) of the loans record: when each borrower's revokes
+        #: of its reclaim window began (``Scheduler.revoke_starts``), kept across a
+        #: takeover so a new leader keeps to the published rate
+        self._loans: tuple[int, bytes] | None = None
 
     # -- stored operations -> scheduler ----------------------------------------------------
     def sync(self, now: float, names: list[str] | None = None,
@@ -871,12 +875,24 @@ class PersistentScheduler:
                 pass
             parts[name] = -1
             written += 1
+        loans = fastjson.dumps({b: sorted(ts) for b, ts in sched.revoke_starts.items() if ts},
+                               sort_keys=True)
+        had = self._loans
+        if (had is None and loans != b"{}") or (had is not None and had[1] != loans):
+            if had is None:
+                txn.create(f"{p}/loans", loans)
+            else:
+                txn.set(f"{p}/loans", loans, had[0])
+        else:
+            loans = b""
         placed = allocator.flush_into(txn) if allocator is not None else None
         if not txn.ops:
             return 0
         if self.fence is not None:  # applied only while this replica still leads
             txn.check(*self.fence)
         self.ns.store.commit(txn)
+        if loans:
+            self._loans = (0 if had is None else had[0] + 1, loans)
         if placed is not None:
             placed()
         for key, stored in pending.items():
@@ -956,6 +972,13 @@ class PersistentScheduler:
                 self._parts[name] = count
             self.applied[name] = int(data["applied"])
             self._restore(doc, data)
+        try:
+            value, version = self.ns.get("/loans")
+            self._loans = (version, value)
+            scheduler.revoke_starts = {str(b): [float(t) for t in ts]
+                                       for b, ts in fastjson.loads(value).items()}
+        except NotFound:
+            pass
         self.sync(now, docs=docs)
         return self
 

@@ -221,9 +221,14 @@ def _rediscover(s: Scheduler, now: float) -> None:
             with contextlib.suppress(NotFound):
                 s.region.end_event(ev.id, now)  # its machine is back already
             continue
-        s.revokes[m] = Revoke(ev.id, borrower, ev.start - ent.elastic.min_notice_seconds,
-                              ev.start, ev.start + s.config.loan_return_grace,
-                              forced=False)
+        noticed = ev.start - ent.elastic.min_notice_seconds
+        s.revokes[m] = Revoke(ev.id, borrower, noticed, ev.start,
+                              ev.start + s.config.loan_return_grace, forced=False)
         alloc.loans.revoking[m] = borrower
+        # (it counts in its borrower's reclaim rate as it did, once: the stored
+        # window holds it already when this scheduler's store kept it)
+        starts = s.revoke_starts.setdefault(borrower, [])
+        if not any(abs(t - noticed) < 1e-3 for t in starts):
+            starts.append(noticed)
         with contextlib.suppress(ValueError):  # (a new revoke's id is never one of these)
             s.revoke_seq = max(s.revoke_seq, int(ev.id.rsplit("-", 1)[1]))
