@@ -80,6 +80,16 @@ def test_a_plain_create_is_answered_as_the_route_answers_it(live: Live, monkeypa
                                                "'a name taken in the region (job names are "
                                                "region-wide)'")
             assert bob.get("/v1/jobs/fast").status_code == 404
+            # a deploy (PUT) and a dry run say the same (they said "job 'fast' not
+            # found", and the deploy failed naming the wrong problem)
+            for answer in (bob.put("/v1/jobs/fast", json=spec("fast", entitlement="db")),
+                           bob.put("/v1/jobs/fast", params={"dry_run": "true"},
+                                   json=spec("fast", entitlement="db")),
+                           bob.post("/v1/jobs", params={"dry_run": "true"},
+                                    json=spec("fast", entitlement="db"))):
+                assert answer.status_code == 409, answer.text
+                assert answer.json()["message"] == taken.json()["message"]
+            assert live.admin.get("/v1/jobs/fast").json()["entitlement"] == "web"
         assert "another spec" in conflict.json()["message"]
     # the stored job names who created it, as the route's does (recorded by a pass)
 

@@ -427,4 +427,9 @@ def test_a_move_across_shards_is_explained_only_to_whoever_may_change_both(regio
     assert other.status_code == absent.status_code
     assert other.json()["message"].replace("'c'", "'nothing'") == absent.json()["message"]
     assert "shard" not in other.text
+    # another owner deploying ja into its own entitlement: the name is taken, as a
+    # single control plane says (it was "entitlement 'c' does not exist")
+    deploy = x.put("/v1/jobs/ja", json=job("ja", "c"))
+    assert deploy.status_code == 409 and "a name taken in the region" in deploy.text
+    assert "'a'" not in deploy.text
     assert api.get("/v1/jobs/ja").json()["entitlement"] == "a"

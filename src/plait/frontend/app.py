@@ -561,6 +561,15 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         except NotFound:
             raise NotFound("job", job) from None
 
+    def name_free_for(request: Request, who: Principal, job: str, entitlement: str) -> None:
+        """A spec naming job ``job`` (stored, in ``entitlement``) is the caller's to
+        change; another owner's job is a name taken (job names are region-wide), as a
+        create says, and that is all it says (not its entitlement nor its spec)."""
+        try:
+            may_job_in(request, who, job, entitlement)
+        except NotFound:
+            raise Conflict(f"job {job}", "a free name", NAME_TAKEN) from None
+
     @app.get("/v1/whoami", response_model=t.WhoAmI, tags=["tokens"])
     def whoami(who: Who) -> dict[str, Any]:
         """The token's own identity: its id, role and name (what the web UI shows)."""
@@ -776,7 +785,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             response.status_code = 200
 
             def plan() -> dict[str, Any]:  # (it diffs against the job's spec: the caller's?)
-                return cp.views.plan(spec, lambda ent: may_job_in(request, who, spec.name, ent))
+                return cp.views.plan(spec, lambda ent: name_free_for(request, who, spec.name,
+                                                                     ent))
             return await run_in_threadpool(plan)
         # stored with the creates of other requests (group commit); the controller
         # URL's name, if any, is resolved off the event loop
@@ -836,14 +846,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             raise ValidationError("name", f"the spec names job {spec.name!r}, the path {name!r}")
         may_entitlement(request, who, spec.entitlement, named_in_body=True)
         if dry_run:
-            return cp.views.plan(spec, lambda ent: may_job_in(request, who, name, ent))
+            return cp.views.plan(spec, lambda ent: name_free_for(request, who, name, ent))
         try:
-            cp.jobs.get(name)
+            stored = cp.jobs.get(name)
         except NotFound:
             doc, created = cp.commands.create_job(spec)
             response.status_code = 201 if created else 200
             return ack(doc, created)
-        may_job(request, who, name)
+        name_free_for(request, who, name, stored.entitlement)
         return ack(cp.commands.update_job(spec), False)
 
     @app.post("/v1/jobs/{name}/resize", response_model=t.JobAck, tags=["jobs"])

@@ -628,10 +628,18 @@ class ShardRouter:
                 # the job, this one not the entitlement. Say what one control plane
                 # says (an update does not move a job), to whoever may see the job
                 target = str(self._body(body).get("entitlement", ""))
+                if not await self._may_change(scope, ent, entry[0]):
+                    # another owner's job: a name taken, to whoever may change the
+                    # entitlement the spec names (as a create says, and a shard);
+                    # anyone else is answered by the job's shard
+                    mine = await run_in_threadpool(self.map.route, target) if target else None
+                    if mine is not None and await self._may_change(scope, target, mine[0]):
+                        raise Refused(409, "conflict", f"job {job}: expected 'a free name', "
+                                                       f"found {NAME_TAKEN!r}")
+                    return await self.to_shard(shard, scope, body)
                 other = await run_in_threadpool(self.map.route, target) if (
                     target and target != ent) else None
-                if other is not None and other[0]["shard"] != shard and (
-                        await self._may_change(scope, ent, entry[0])):
+                if other is not None and other[0]["shard"] != shard:
                     raise Refused(422, "invalid", f"job {job} runs in entitlement {ent!r}; "
                                                   "update cannot move it (move it to another "
                                                   "entitlement with a move)",
