@@ -281,14 +281,17 @@ def test_dry_run_shows_the_plan_and_changes_nothing(live):
                           ).json()
     assert plan["action"] == "update" and plan["tasks_updated"] == 0
     assert set(plan["changes"]) == {"update", "task_controller"}
-    # another owner's dry run under the name is a missing job's answer, never a diff
-    # against the job's spec: the check is on the very record the plan would diff
+    # another owner's dry run under the name is what its create or deploy would be
+    # told (a name taken, 409), never a diff against the job's spec: the check is on
+    # the very record the plan would diff
     live.admin.post("/v1/entitlements", json={"name": "mine", "owner": "bob",
                                               "quota": {"machines": 2}})
     bob = live.owner("bob")
     theirs = {**SPEC, "entitlement": "mine", "task_count": 1}
-    assert bob.put("/v1/jobs/web", params={"dry_run": "true"}, json=theirs).status_code == 404
-    assert bob.post("/v1/jobs", params={"dry_run": "true"}, json=theirs).status_code == 404
+    for answer in (bob.put("/v1/jobs/web", params={"dry_run": "true"}, json=theirs),
+                   bob.post("/v1/jobs", params={"dry_run": "true"}, json=theirs)):
+        assert answer.status_code == 409 and "a name taken in the region" in answer.text
+        assert "serve" not in answer.text
     seen: list[str] = []
 
     def refuse(entitlement: str) -> None:

@@ -109,10 +109,11 @@ def test_a_dry_run_does_not_show_another_owners_job(live):
     assert live.owner("alice").post("/v1/jobs", json=secret).status_code == 201
     bob = live.owner("bob")
     probe = {**SPEC.model_dump(mode="json"), "entitlement": "db"}
+    # the name is taken, as the create itself would say, and nothing else is shown
     r = bob.post("/v1/jobs", params={"dry_run": "true"}, json=probe)
-    assert r.status_code == 404 and "hunter2" not in r.text  # as if there were no job web
+    assert r.status_code == 409 and "hunter2" not in r.text and "'web'" not in r.text
     r = bob.put("/v1/jobs/web", params={"dry_run": "true"}, json=probe)
-    assert r.status_code == 404 and "hunter2" not in r.text
+    assert r.status_code == 409 and "hunter2" not in r.text and "'web'" not in r.text
 
 
 def test_a_save_that_finds_the_store_ahead_of_memory_reads_the_store_again(tmp_path):
