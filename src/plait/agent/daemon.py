@@ -710,6 +710,27 @@ class Agent:
         self._cpu[key] = (now, used, cores)
         return cores
 
+    def _output_of(self, handle: Any, offset: int) -> tuple[bytes, int]:
+        """A task's output after ``offset`` for the control plane, at most
+        ``CHUNK_BYTES``: the control plane keeps the last ``CHUNK_BYTES`` of each task's
+        output, so a task more than two of those behind (a burst of megabytes) is sent its
+        newest half of that, after a line that says how much was left out here
+        (its agent keeps all of it). It took 45 s of reports to bring a 5 MB line's
+        next lines to ``plait task logs``."""
+        data, after = self.runtime.read_log(handle, offset, CHUNK_BYTES)
+        if len(data) < CHUNK_BYTES:
+            return data, after
+        _, end = self.runtime.read_log(handle, 1 << 62, 0)  # (where its output ends)
+        if end - after <= CHUNK_BYTES:  # (a report or two behind: sent in order)
+            return data, after
+        keep = CHUNK_BYTES // 2  # (the newest part, and the note before it, in the tail)
+        left_out = end - keep - offset
+        data, after = self.runtime.read_log(handle, end - keep, keep)
+        note = (f"\n[plait: {left_out} bytes of output not sent here (the control plane "
+                f"keeps the last {CHUNK_BYTES // 1024} KiB of a task's output; its agent's "
+                "log keeps all of it)]\n")
+        return note.encode() + data, after
+
     def _report(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         self._dirty = False  # (what changes from here on is told by the next report)
@@ -726,7 +747,7 @@ class Agent:
                 if cores is not None:
                     status["cpu"] = cores
                 statuses.append(status)
-                data, offset = self.runtime.read_log(handle, task.log_offset, CHUNK_BYTES)
+                data, offset = self._output_of(handle, task.log_offset)
                 if data:
                     chunks.append({"job": task.job, "index": task.index,
                                    "data": data.decode(errors="replace")})
