@@ -151,6 +151,11 @@ class ClientConfig:
         # an explicit --context beats the environment (never one's token to another's URL)
         env_url = None if context else os.environ.get("PLAIT_URL")
         env_token = None if context else os.environ.get("PLAIT_TOKEN")
+        if token is not None and not token.strip():
+            # (an empty --token fell back to the configuration's, an admin's: a script
+            # whose variable was unset acted as the admin)
+            raise ValidationError("token", "--token is empty: give a token, or leave the "
+                                           "option out to use PLAIT_TOKEN or the context's")
         final_url = url or env_url or (base.url if base else None)
         final_token = token or env_token or (base.token if base else None)
         if not final_url:

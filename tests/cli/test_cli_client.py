@@ -363,3 +363,19 @@ def test_an_entitlement_is_changed_by_update_never_replaced_from_options(plane, 
     assert changed() == ["web: quota 4 machines -> 6 machines"]
     res = plait("entitlement", "update", "nope", "--machines", "1", ok=False)
     assert res.exit_code != 0 and "not found" in res.output
+
+
+def test_an_empty_token_is_refused_and_a_files_partial_apply_is_said(plane, tmp_path):
+    # an empty --token fell back to the configuration's admin token
+    res = plait("--token", "", "job", "list", ok=False)
+    assert res.exit_code == 2 and "--token is empty" in " ".join(res.output.split())
+    # a file whose second entitlement is refused by the server: the first was stored,
+    # and the error says so
+    two = ("name: half1\nowner: o\nquota: {machines: 1}\n---\n"
+           "name: half2\nowner: o\nquota: {machines: 1}\nhost_profile: nope\n")
+    res = plait("entitlement", "create", str(write(tmp_path, "two.yaml", two)), ok=False)
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "entry 2" in said and "nope" in said
+    assert "entries 1-1, half1, were created or changed" in said
+    assert json.loads(plait("entitlement", "show", "half1", "-o", "json").stdout)["name"] == \
+        "half1"

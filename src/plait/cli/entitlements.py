@@ -83,7 +83,16 @@ def entitlement_create(
         except PlaitError as exc:
             where = f"{file} entry {i + 1}" if file else "entitlement"
             raise CliError(f"{where}: {exc}", EXIT_INVALID) from None
-    made = [a.post("/v1/entitlements", s.model_dump(mode="json")) for s in specs]
+    made: list[dict[str, Any]] = []
+    for i, spec in enumerate(specs):
+        try:
+            made.append(a.post("/v1/entitlements", spec.model_dump(mode="json")))
+        except CliError as exc:
+            if made:  # (what was stored stays: say so)
+                done = ", ".join(m["name"] for m in made)
+                exc.message = (f"{file} entry {i + 1}: {exc.message} (entries 1-{i}, "
+                               f"{done}, were created or changed)")
+            raise
     emit(made, output, _ent_rows)
 
 
