@@ -54,3 +54,15 @@ def test_event_kind_given_as_a_string_is_coerced_or_refused():
     with pytest.raises(ValidationError) as err:
         UnavailabilityEvent("x", EventKind.FAILURE, ("a",), math.nan)
     assert err.value.field == "start"
+
+
+def test_a_spec_files_exponent_numbers_are_numbers():
+    # YAML 1.1 (PyYAML) reads 1e3 as a string, which a number field refuses
+    from plait.cli.specfile import parse_yaml
+
+    (doc,) = parse_yaml("name: web\nentitlement: e\ntask_count: 1\ncommand: x\n"
+                        "resources: {cpu: 1, memory_gb: 5e-1, disk_gb: 1e3}\n", "web.yaml")
+    spec = parse(JobSpec, doc)
+    assert (spec.resources.memory_gb, spec.resources.disk_gb) == (0.5, 1000.0)
+    (quoted,) = parse_yaml('name: x\nsize: "1e3"\n', "x.yaml")
+    assert quoted["size"] == "1e3"  # (a quoted one stays a string)

@@ -120,12 +120,15 @@ _LOADER: type | None = None
 
 
 def _loader() -> type:
-    """A safe YAML loader (the C one when built) that refuses duplicate keys."""
+    """A safe YAML loader (the C one when built) that refuses duplicate keys and reads
+    ``1e6`` as a number (``plait.yamlfloats``)."""
     global _LOADER
     if _LOADER is None:
         import yaml
 
-        base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        from plait.yamlfloats import with_floats
+
+        base = with_floats(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
         class UniqueKeys(base):  # type: ignore[misc,valid-type]
             def construct_mapping(self, node: yaml.MappingNode,

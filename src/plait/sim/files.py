@@ -72,7 +72,9 @@ def load(path: Path, overrides: dict[str, Any] | None = None) -> tuple[Kind, Val
     import yaml
 
     try:
-        doc = yaml.safe_load(path.read_text())
+        from plait.yamlfloats import with_floats
+
+        doc = yaml.load(path.read_text(), Loader=with_floats(yaml.SafeLoader))
     except (OSError, UnicodeDecodeError) as exc:
         raise ValidationError("file", f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
