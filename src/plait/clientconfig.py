@@ -156,6 +156,9 @@ class ClientConfig:
             # whose variable was unset acted as the admin)
             raise ValidationError("token", "--token is empty: give a token, or leave the "
                                            "option out to use PLAIT_TOKEN or the context's")
+        if token is None and env_token is not None and not env_token.strip():
+            raise ValidationError("token", "PLAIT_TOKEN is set and empty: give a token, or "
+                                           "unset it to use the context's")
         final_url = url or env_url or (base.url if base else None)
         final_token = token or env_token or (base.token if base else None)
         if not final_url:

@@ -15,7 +15,7 @@ EXPONENT = re.compile(r"^[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+$")
 def with_floats(base: Any) -> Any:
     """A subclass of the loader class ``base`` that reads ``1e6`` as a float."""
 
-    class Floats(base):  # type: ignore[misc,valid-type]
+    class Floats(base):  # type: ignore[misc]
         pass
 
     Floats.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT, list("-+0123456789"))

@@ -389,7 +389,7 @@ def test_what_a_tenant_wrote_reaches_the_terminal_as_text(capsys) -> None:
     from plait.cli.common import CliError, guarded, kv_table, rows
     from plait.cli.jobs import _task_rows
 
-    evil = "gate said no\x1b[31m\n2026-01-01 00:00:00  admin  forged\x07 [op ids]"
+    evil = "gate said no\x1b[31m\n2026-01-01 00:00:00  admin  forged\x07 [op ids]\u202e"
     rows(["what"], [[evil]])
     kv_table({"message": evil})
     _task_rows([{"index": 0, "state": evil, "version": 1, "machine": None,
@@ -403,5 +403,5 @@ def test_what_a_tenant_wrote_reaches_the_terminal_as_text(capsys) -> None:
     printed = capsys.readouterr()
     for text in (printed.out, printed.err):
         assert "\x1b[31m" not in text and "\x07" not in text
-        assert "\\x1b[31m" in text and "\\n2026-01-01" in text
-    assert "[op ids]" in printed.err
+        assert "\\x1b[31m" in text and "\\n2026-01-01" in text and "\u202e" not in text
+    assert "[op ids]" in " ".join(printed.err.split())  # (folded at the terminal's width)

@@ -369,6 +369,15 @@ def test_an_empty_token_is_refused_and_a_files_partial_apply_is_said(plane, tmp_
     # an empty --token fell back to the configuration's admin token
     res = plait("--token", "", "job", "list", ok=False)
     assert res.exit_code == 2 and "--token is empty" in " ".join(res.output.split())
+    import os
+
+    os.environ["PLAIT_TOKEN"] = " "
+    try:
+        res = plait("job", "list", ok=False)
+    finally:
+        del os.environ["PLAIT_TOKEN"]
+    assert res.exit_code == 2 and "PLAIT_TOKEN is set and empty" in " ".join(
+        res.output.split())
     # a file whose second entitlement is refused by the server: the first was stored,
     # and the error says so
     two = ("name: half1\nowner: o\nquota: {machines: 1}\n---\n"
@@ -376,6 +385,6 @@ def test_an_empty_token_is_refused_and_a_files_partial_apply_is_said(plane, tmp_
     res = plait("entitlement", "create", str(write(tmp_path, "two.yaml", two)), ok=False)
     said = " ".join(res.output.split())
     assert res.exit_code == 2 and "entry 2" in said and "nope" in said
-    assert "entries 1-1, half1, were created or changed" in said
+    assert "entry 1, half1, was created or changed" in said
     assert json.loads(plait("entitlement", "show", "half1", "-o", "json").stdout)["name"] == \
         "half1"

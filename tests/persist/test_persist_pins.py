@@ -2,6 +2,8 @@
 and survive a restart of the scheduler: the Job Control Plane's unified spec is
 acknowledged once written, like any other operation."""
 
+from dataclasses import replace
+
 from test_persist_scheduler import Plane
 
 from plait.model import Entitlement, Quota
@@ -147,10 +149,14 @@ def test_a_profile_roll_under_way_is_finished_after_a_restart(tmp_path):
     a.jobs.create(spec, now=0)
     a.run(30)
     assert len(a.running("web")) == 4
+    # an operator's cordon of a busy machine, before the roll: it is still there after
+    quarantined = max(a.running("web").values())
+    a.scheduler.region.set_cordon(quarantined, True)
     a.scheduler.define_profile(HostProfile(spec=web, version=2))
     while not a.scheduler.rolling:
         a.run(0.5)
     rolling = dict(a.scheduler.rolling)
+    assert quarantined not in rolling
     a.store.close()
 
     b = Plane(path, now=a.sim.now)  # profiles are the control plane's to load: given
@@ -158,6 +164,8 @@ def test_a_profile_roll_under_way_is_finished_after_a_restart(tmp_path):
     for version in (1, 2):
         b.scheduler.define_profile(HostProfile(spec=web, version=version))
     s = b.scheduler
+    # several drains at once: the machine found again must not be drained twice
+    s.config = replace(s.config, profile_roll_at_once=4)
     for m, agent in b.sim.agents.items():  # (a real agent's every heartbeat tells it)
         agent.profile_changed = True
         b.sim.wake(m)
@@ -170,8 +178,12 @@ def test_a_profile_roll_under_way_is_finished_after_a_restart(tmp_path):
     assert len(b.running("web")) == 4
     for m in rolling:  # the machine drained before the restart is back in service
         assert not s.region.broker_of(m).cordoned(m), s.fleet.name(m)
+    assert s.region.broker_of(quarantined).operator_cordoned(quarantined)
+    assert quarantined not in b.running("web").values()
     for m in b.running("web").values():
         assert b.sim.agents[m].profile == ("web", 2)
+    events = [e for e in s.profile_transitions if e.kind == "profile_roll_drained"]
+    assert len({e.machine for e in events}) == len(events)  # each drained once
 
 
 def test_a_restart_keeps_to_a_borrowers_reclaim_rate(tmp_path):

@@ -70,8 +70,15 @@ _ESCAPES = {c: (f"\\x{c:02x}" if c not in (9, 10, 13) else {9: "\\t", 10: "\\n",
 
 
 def safe(text: str) -> str:
-    """``text`` with its control characters escaped (``\\x1b``, ``\\n``)."""
-    return text.translate(_ESCAPES) if not text.isprintable() else text
+    """``text`` with its control characters escaped (``\\x1b``, ``\\n``), and its
+    invisible format characters (a right-to-left override, a zero-width space) as
+    ``\\u202e``: they can make a line read as another."""
+    if text.isprintable():
+        return text
+    import unicodedata
+
+    return "".join(f"\\u{ord(c):04x}" if unicodedata.category(c) == "Cf" else c
+                   for c in text.translate(_ESCAPES))
 
 
 def say(text: str) -> None:

@@ -90,8 +90,9 @@ def entitlement_create(
         except CliError as exc:
             if made:  # (what was stored stays: say so)
                 done = ", ".join(m["name"] for m in made)
-                exc.message = (f"{file} entry {i + 1}: {exc.message} (entries 1-{i}, "
-                               f"{done}, were created or changed)")
+                before = "entry 1" if i == 1 else f"entries 1-{i}"
+                exc.message = (f"{file} entry {i + 1}: {exc.message} ({before}, {done}, "
+                               f"{'was' if i == 1 else 'were'} created or changed)")
             raise
     emit(made, output, _ent_rows)
 

@@ -24,6 +24,7 @@ them again under new operation ids (``op_counter`` is kept, so ids never repeat)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -593,10 +594,12 @@ class PersistentScheduler:
         scheduler.changed_jobs = set(scheduler.jobs)
         #: jobs whose records could not be read or applied by the last ``sync``
         self.failed: set[str] = set()
-        #: (stored version, bytes) of the loans record: when each borrower's revokes
-        #: of its reclaim window began (``Scheduler.revoke_starts``), kept across a
-        #: takeover so a new leader keeps to the published rate
-        self._loans: tuple[int, bytes] | None = None
+        #: (stored version, bytes) of the scheduler's own records, kept across a
+        #: takeover: ``loans``, when each borrower's revokes of its reclaim window began
+        #: (``Scheduler.revoke_starts``: a new leader keeps to the published rate), and
+        #: ``rolls``, the machines a profile roll cordoned (``roll_cordoned``: a new
+        #: leader lifts those, and never an operator's cordon)
+        self._own: dict[str, tuple[int, bytes]] = {}
 
     # -- stored operations -> scheduler ----------------------------------------------------
     def sync(self, now: float, names: list[str] | None = None,
@@ -875,24 +878,31 @@ class PersistentScheduler:
                 pass
             parts[name] = -1
             written += 1
-        loans = fastjson.dumps({b: sorted(ts) for b, ts in sched.revoke_starts.items() if ts},
-                               sort_keys=True)
-        had = self._loans
-        if (had is None and loans != b"{}") or (had is not None and had[1] != loans):
+        own: dict[str, bytes] = {}
+        for key, data in (
+                ("loans", fastjson.dumps({b: sorted(ts) for b, ts in
+                                          sched.revoke_starts.items() if ts}, sort_keys=True)),
+                ("rolls", fastjson.dumps({"cordoned": sorted(
+                    sched.fleet.name(m) for m in sched.roll_cordoned)}))):
+            had = self._own.get(key)
+            if had is None and data in (b"{}", b'{"cordoned":[]}'):
+                continue
             if had is None:
-                txn.create(f"{p}/loans", loans)
+                txn.create(f"{p}/{key}", data)
+            elif had[1] != data:
+                txn.set(f"{p}/{key}", data, had[0])
             else:
-                txn.set(f"{p}/loans", loans, had[0])
-        else:
-            loans = b""
+                continue
+            own[key] = data
         placed = allocator.flush_into(txn) if allocator is not None else None
         if not txn.ops:
             return 0
         if self.fence is not None:  # applied only while this replica still leads
             txn.check(*self.fence)
         self.ns.store.commit(txn)
-        if loans:
-            self._loans = (0 if had is None else had[0] + 1, loans)
+        for key, data in own.items():
+            had = self._own.get(key)
+            self._own[key] = (0 if had is None else had[0] + 1, data)
         if placed is not None:
             placed()
         for key, stored in pending.items():
@@ -972,13 +982,17 @@ class PersistentScheduler:
                 self._parts[name] = count
             self.applied[name] = int(data["applied"])
             self._restore(doc, data)
-        try:
-            value, version = self.ns.get("/loans")
-            self._loans = (version, value)
-            scheduler.revoke_starts = {str(b): [float(t) for t in ts]
-                                       for b, ts in fastjson.loads(value).items()}
-        except NotFound:
-            pass
+        for own_key, (own_value, own_version) in self.ns.get_many(
+                ["/loans", "/rolls"]).items():
+            self._own[own_key.rsplit("/", 1)[1]] = (own_version, own_value)
+            kept = fastjson.loads(own_value)
+            if own_key.endswith("/loans"):
+                scheduler.revoke_starts = {str(b): [float(t) for t in ts]
+                                           for b, ts in kept.items()}
+            else:
+                for machine in kept.get("cordoned", ()):
+                    with contextlib.suppress(NotFound):  # (a machine gone since)
+                        scheduler.roll_cordoned.add(scheduler.fleet.index_of(machine))
         self.sync(now, docs=docs)
         return self
 

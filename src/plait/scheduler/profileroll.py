@@ -121,7 +121,9 @@ def roll(s: Scheduler, now: float) -> None:
         code = region.entitlements.find(name)
         target = None if found is None else s.profiles.target(found.host_profile)
         for m in sorted(stale):
-            if (found is None or code is None or int(index.ent[m]) != code
+            if m in s.rolling:
+                stale.discard(m)  # (draining already: found again after a takeover)
+            elif (found is None or code is None or int(index.ent[m]) != code
                     or carries(s, m, target)):
                 stale.discard(m)  # left the entitlement, or carries its profile
                 _uncordon(s, m)
@@ -162,17 +164,17 @@ def roll(s: Scheduler, now: float) -> None:
 def _rediscover(s: Scheduler, now: float) -> None:
     """Drains under way when this scheduler took over (a restart, a takeover): their
     events are in the brokers' records. A machine still bound to an entitlement goes
-    on draining for it (the roll cordoned it: uncordoned when it is empty); one that
-    is free already was drained, and its event ends."""
+    on draining for it; one that is free already was drained, and its event ends. The
+    cordons the roll set are stored with the scheduler's state (``roll_cordoned``):
+    those are lifted, and never an operator's."""
     names = s.fleet.name
     for ev in s.region.events():
         if not ev.id.startswith(PROFILE_ROLL_PREFIX) or len(ev.machines) != 1:
             continue
         m = s.fleet.index_of(ev.machines[0])
         ent = s.region.broker_of(m).entitlement_of(m)
-        broker = s.region.broker_of(m)
-        if broker.operator_cordoned(m):
-            s.roll_cordoned.add(m)  # (an operator's cordon is refused under a roll)
+        for stale in s.stale.values():  # (its agent's report, heard first, found it stale)
+            stale.discard(m)
         if ent is None or ent not in s.allocator.entitlements or not ev.id.startswith(
                 f"{PROFILE_ROLL_PREFIX}{ent}-{names(m)}-"):
             with contextlib.suppress(NotFound):
@@ -214,7 +216,3 @@ def found_stale(s: Scheduler, m: int, target: HostProfile | None) -> None:
         return
     s.stale.setdefault(ent, set()).add(m)
     s.profiles.pending.add(m)
-    if s.region.broker_of(m).operator_cordoned(m):
-        # (the roll that found it stale before cordoned it, and the cordon outlived
-        # that scheduler: this roll lifts it once the machine carries its profile)
-        s.roll_cordoned.add(m)
