@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -397,6 +398,57 @@ def test_agents_join_with_the_join_token_and_act_only_for_their_machine(live):
     assert live.admin.post("/v1/agents/join", json={"machine": "m0000003"}).status_code == 403
     r = live.client(join).post("/v1/agents/join", json={"machine": "zz"})
     assert r.status_code == 422 and "--fault-domain" in r.json()["message"]
+
+
+def test_a_join_token_does_not_take_over_a_machine_whose_agent_is_alive(tmp_path):
+    """Every agent host holds the join token: joining as a machine whose agent is
+    heard from would hand its holder that machine's tasks. Refused until the agent has
+    been silent for the heartbeat timeout; a join after that replaces the machine's
+    credential, and the one it had stops working."""
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
+        region=REGION, tick_seconds=0.05, heartbeat_timeout=1.0))
+    admin_token = cp.bootstrap_admin()
+    with ApiServer(cp) as server:
+        admin = httpx.Client(base_url=server.url,
+                             headers={"Authorization": f"Bearer {admin_token}"})
+        join = admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
+        joiner = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {join}"})
+        first = joiner.post("/v1/agents/join", json={"machine": "m0000003"})
+        assert first.status_code == 201, first.text
+        agent = httpx.Client(base_url=server.url,
+                             headers={"Authorization": f"Bearer {first.json()['token']}"})
+        report = {"tasks": [], "profile": {"name": None}}
+        assert agent.post("/v1/machines/m0000003/status", json=report).status_code == 200
+        again = joiner.post("/v1/agents/join", json={"machine": "m0000003"})
+        assert again.status_code == 409, again.text
+        assert "heard" in again.json()["message"] and "data dir" in again.json()["message"]
+        # (a described join is refused as well: it changes nothing of the live machine)
+        described = joiner.post("/v1/agents/join", json={
+            "machine": "m0000003", "fault_domain": "r/d/m/w/k", "cpu": 1, "memory_gb": 1,
+            "type": "t"})
+        assert described.status_code == 409, described.text
+        assert agent.get("/v1/machines/m0000003/desired").status_code == 200
+        # another machine, never heard from, joins
+        assert joiner.post("/v1/agents/join", json={"machine": "m0000004"}).status_code == 201
+        # silent past the timeout: a new agent may take the machine over (a reinstalled
+        # host), and the old credential is revoked
+        deadline = time.monotonic() + 60
+        while (taken := joiner.post("/v1/agents/join", json={"machine": "m0000003"})
+               ).status_code == 409:
+            assert time.monotonic() < deadline, taken.text
+            time.sleep(0.2)
+        assert taken.status_code == 201, taken.text
+        cp.tokens.forget()  # (as after its cache's 2 s)
+        old = agent.get("/v1/machines/m0000003/desired")
+        assert old.status_code == 401
+        tokens = {t["id"]: t for t in admin.get("/v1/tokens").json()["tokens"]}
+        assert tokens[first.json()["id"]]["revoked"] is True
+        new = httpx.Client(base_url=server.url,
+                           headers={"Authorization": f"Bearer {taken.json()['token']}"})
+        assert new.get("/v1/machines/m0000003/desired").status_code == 200
+        wait_for(lambda: any(f"replacing {first.json()['id']}, now revoked" in e["message"]
+                             for e in admin.get("/v1/events", params={
+                                 "kind": "machine_joined"}).json()["events"]))
 
 
 # -- events ---------------------------------------------------------------------------------

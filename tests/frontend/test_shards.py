@@ -12,6 +12,7 @@ import httpx
 import pytest
 from livecp import wait_for
 
+from plait.agent.daemon import Agent, JoinRefused
 from plait.harness.shards import ShardedBox, measure_move
 
 
@@ -433,3 +434,36 @@ def test_a_move_across_shards_is_explained_only_to_whoever_may_change_both(regio
     assert deploy.status_code == 409 and "a name taken in the region" in deploy.text
     assert "'a'" not in deploy.text
     assert api.get("/v1/jobs/ja").json()["entitlement"] == "a"
+
+
+def test_a_second_agent_cannot_join_as_a_live_machine_of_either_shard(region, tmp_path):
+    """A join is answered by the shard that hears the machine's agent (the one its
+    entitlement is on; shard 0 for a free machine), which refuses it while that agent
+    is alive: the join token every agent host holds does not make its holder another
+    machine. The agent says why it is refused."""
+    api = region.api
+    for ent in ("a", "b"):
+        assert api.post("/v1/entitlements", json={"name": ent, "owner": "o",
+                                                   "quota": {"machines": 3}}).status_code == 201
+    assert region.entry("b")["shard"] == 1
+    assert api.post("/v1/jobs", json=job("jb", "b")).status_code == 201
+    wait_for(lambda: region.running("jb", 2))
+    on_b = api.get("/v1/jobs/jb/tasks").json()["tasks"][0]["machine"]
+    free = next(m["id"] for m in api.get("/v1/machines").json()["machines"]
+                if m["entitlement"] is None)
+    join = api.post("/v1/tokens", json={"role": "join", "name": "j2"}).json()["token"]
+    joiner = httpx.Client(base_url=region.front.url, timeout=30,
+                          headers={"Authorization": f"Bearer {join}"})
+    for machine in (on_b, free):
+        r = joiner.post("/v1/agents/join", json={"machine": machine})
+        assert r.status_code == 409, (machine, r.text)  # (not shard 0's 503 for on_b)
+        assert f"machine {machine}" in r.json()["message"] and "heard" in r.json()["message"]
+    impostor = Agent(on_b, [region.front.url], join, tmp_path / "impostor")
+    try:
+        with pytest.raises(JoinRefused, match=f"joining as machine {on_b} was refused "
+                                              r"\(409\).*heard"):
+            impostor.join()
+        assert impostor.token is None
+    finally:
+        impostor.close()
+    assert region.running("jb", 2)

@@ -174,6 +174,10 @@ def _batches(chunks: list[dict[str, Any]], limit: int = 512 * 1024
     return batches
 
 
+class JoinRefused(RuntimeError):
+    """The control plane refused this agent's join (the reason is its answer's)."""
+
+
 class BadDesired(ValueError):
     """A desired set not in the form the agent takes (the reason says where): taken as
     no answer, so every task keeps running as it is and the heartbeats go on."""
@@ -425,8 +429,19 @@ class Agent:
         if not self.join_token:
             raise ValueError("this agent has no machine credential yet: give the join token "
                              "(--join-token-file, or PLAIT_JOIN_TOKEN)")
-        self.token = self._call("POST", "/v1/agents/join", self.join_token,
-                                {"machine": self.machine, **self.describe})["token"]
+        try:
+            self.token = self._call("POST", "/v1/agents/join", self.join_token,
+                                    {"machine": self.machine, **self.describe})["token"]
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code >= 500:
+                raise
+            try:
+                reason = str(exc.response.json().get("message", ""))
+            except (ValueError, AttributeError):
+                reason = ""
+            raise JoinRefused(f"joining as machine {self.machine} was refused "
+                              f"({exc.response.status_code}): "
+                              f"{reason or exc.response.text[:200]}") from None
         self._save()
 
     # -- one step --------------------------------------------------------------------------
@@ -818,6 +833,10 @@ class Agent:
                         poller.start()
                     if self._tick(now, now >= next_report):
                         next_report = now + interval
+                except JoinRefused as exc:  # (asked again at the next heartbeat)
+                    self.log.error("join refused", error=str(exc))
+                    self.reachable = False
+                    next_report = now + interval
                 except (ConnectionError, httpx.HTTPError) as exc:
                     self.log.warning("step failed: control plane unreachable",
                                      error=str(exc))

@@ -1146,6 +1146,21 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         """Trade the cluster join token for this machine's own credential."""
         if who.role is not Role.JOIN:
             raise refuse(request, 403, f"{who} is not a join token")
+        try:
+            cp.machine_index(body.machine)
+        except NotFound:
+            pass
+        else:
+            # (a machine's agent is heard by the shard that manages it: another shard
+            # answers 503, and the front end asks again where the map now says)
+            cp.membership.check_owned(body.machine)
+            ago = cp.gateway.heard_ago(body.machine)
+            if ago is not None:  # (the join token does not make its holder that machine)
+                raise Conflict(
+                    f"machine {body.machine}",
+                    f"no agent heard from it for {cp.config.heartbeat_timeout:g}s",
+                    f"its agent, heard {ago:.1f}s ago: stop that agent first, or start "
+                    "this one with that agent's data dir (its credential)")
         if body.fault_domain is not None:
             assert body.cpu is not None and body.memory_gb is not None and body.type
             cp.machine_ops.register(Machine(
@@ -1159,9 +1174,10 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                 raise ValidationError(
                     "machine", f"machine {body.machine!r} is not in the region: start its agent "
                     "with --fault-domain, --cpu, --memory-gb and --type to register it") from None
-        info, token = cp.tokens.create(Role.MACHINE, body.machine, cp.clock(),
-                                       f"joined with {who.token_id}")
-        cp.record("auth", "machine_joined", f"{body.machine} (credential {info.id})",
+        info, token, replaced = cp.tokens.issue_machine(body.machine, cp.clock(),
+                                                        f"joined with {who.token_id}")
+        cp.record("auth", "machine_joined", f"{body.machine} (credential {info.id}"
+                  + (f", replacing {replaced}, now revoked)" if replaced else ")"),
                   machine=body.machine)
         cp.gateway.joined(body.machine)
         return {"machine": body.machine, "token": token, "id": info.id}

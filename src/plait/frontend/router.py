@@ -555,7 +555,17 @@ class ShardRouter:
                                             "/v1/admin/entitlements/{name}/move)")
         if parts[:2] == ["v1", "events"] and method == "GET":
             return await self.events(scope, body)
-        return await self.to_shard(0, scope, body)  # tokens, agents joining, maintenance
+        if parts == ["v1", "agents", "join"] and method == "POST":
+            # (to the shard that hears the machine's agent: it refuses a second agent
+            # joining as a machine whose agent is alive; a free or new machine, or a
+            # body that names none, to shard 0)
+            machine = self._body(body).get("machine")
+            bound = (await run_in_threadpool(m.machine, machine)
+                     if isinstance(machine, str) and machine else None)
+            found = await run_in_threadpool(m.route, bound) if bound is not None else None
+            return await self.to_shard(found[0]["shard"] if found is not None else 0,
+                                       scope, body)
+        return await self.to_shard(0, scope, body)  # tokens, maintenance
 
     @staticmethod
     def _body(body: bytes) -> dict[str, Any]:

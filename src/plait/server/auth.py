@@ -17,6 +17,7 @@ Roles:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import hmac
@@ -101,6 +102,35 @@ class TokenStore:
             "hash": _hash(secret), "created": now, "revoked": False,
             "description": description}).encode())
         return info, f"{PREFIX}{token_id}_{secret}"
+
+    def issue_machine(self, machine: str, now: float,
+                      description: str = "") -> tuple[TokenInfo, str, str | None]:
+        """A machine's credential, which replaces the one its last join issued (that
+        one is revoked: a machine has one live credential, its current agent's).
+        Returns the new record, the token (shown once) and the replaced token's id
+        (None: none was on record). Two joins of one machine at once: the one that
+        records its credential second is refused (Conflict), its token revoked."""
+        key = f"/machines/{machine}"
+        try:
+            value, version = self.ns.get(key)
+            before: str | None = str(json.loads(value)["token"])
+        except NotFound:
+            before, version = None, None
+        info, token = self.create(Role.MACHINE, machine, now, description)
+        pointer = json.dumps({"schema": SCHEMA, "token": info.id}).encode()
+        try:
+            if version is None:
+                self.ns.create(key, pointer)
+            else:
+                self.ns.set(key, pointer, version)
+        except Conflict:
+            self.revoke(info.id)
+            raise Conflict(f"machine {machine}", "one agent joining",
+                           "another join of it at the same time: retry") from None
+        if before is not None and before != info.id:
+            with contextlib.suppress(NotFound):
+                self.revoke(before)
+        return info, token, before
 
     def _read(self, token_id: str) -> tuple[TokenInfo, str, int]:
         try:

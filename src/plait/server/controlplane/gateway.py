@@ -156,6 +156,24 @@ class AgentGateway:
                 return beating
             time.sleep(0.05)
 
+    def heard_ago(self, machine: str) -> float | None:
+        """Seconds since this control plane last heard the machine's agent, when that
+        is within the heartbeat timeout (its agent is alive); None otherwise: never
+        heard since this replica began leading (a machine watched at start-up, whose
+        agent is only expected back, is not heard), or silent past the timeout."""
+        now = self.cp.clock()
+        with self.cp.pending_lock:
+            beat = self._beats.get(machine)
+        with self.cp.lock:
+            live = self.cp.liveness
+            seen = [beat] if beat is not None else []
+            if machine in live.heard and machine in live.last:
+                seen.append(live.last[machine])
+            timeout = live.timeout
+        if not seen or now - max(seen) > timeout:
+            return None
+        return max(0.0, now - max(seen))
+
     def joined(self, machine: str) -> None:
         with self.cp.lock:
             if self.cp.membership.owns(self.cp.machine_index(machine)):
