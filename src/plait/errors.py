@@ -45,6 +45,15 @@ class Conflict(PlaitError):
         super().__init__(f"{what}: expected {expected!r}, found {actual!r}")
 
 
+class Taken(Conflict):
+    """A conflict said in a sentence of its own (what is in the way, and what to do),
+    where an expected/found pair would not read well."""
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(what, None, None)
+        self.args = (message,)
+
+
 class TooLarge(PlaitError):
     """A request or the record it would write is over a size limit (an HTTP 413)."""
 

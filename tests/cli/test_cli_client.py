@@ -388,3 +388,37 @@ def test_an_empty_token_is_refused_and_a_files_partial_apply_is_said(plane, tmp_
     assert "entry 1, half1, was created or changed" in said
     assert json.loads(plait("entitlement", "show", "half1", "-o", "json").stdout)["name"] == \
         "half1"
+
+
+def test_an_agent_refused_its_join_says_why_in_one_line(plane, tmp_path, monkeypatch):
+    """A second agent started as a machine whose agent is alive: the control plane's
+    reason, one line, and an exit code (not a traceback)."""
+    import signal
+
+    import httpx
+
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # (the test's own handlers)
+    admin = httpx.Client(base_url=plane.url,
+                         headers={"Authorization": f"Bearer {plane.admin_token}"})
+    join = admin.post("/v1/tokens", json={"role": "join", "name": "c"}).json()["token"]
+    first = httpx.post(f"{plane.url}/v1/agents/join", json={"machine": "m0000003"},
+                       headers={"Authorization": f"Bearer {join}"})
+    assert first.status_code == 201, first.text
+    beat = httpx.post(f"{plane.url}/v1/machines/m0000003/status",
+                      json={"tasks": [], "profile": {"name": None}},
+                      headers={"Authorization": f"Bearer {first.json()['token']}"})
+    assert beat.status_code == 200, beat.text
+    token_file = write(tmp_path, "join-token", join)
+    res = plait("agent", "--machine-id", "m0000003", "--control-plane", plane.url,
+                "--join-token-file", str(token_file), "--data-dir", str(tmp_path / "a"),
+                ok=False)
+    text = " ".join(res.output.split())
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "the control plane refused machine m0000003: machine m0000003 has a live agent" \
+        in text and "Traceback" not in res.output
+    assert isinstance(res.exception, SystemExit)
+    # a join token that is not one: refused as such (exit 4)
+    bad = write(tmp_path, "bad-token", "plait_0000_nothing")
+    res = plait("agent", "--machine-id", "m0000004", "--control-plane", plane.url,
+                "--join-token-file", str(bad), "--data-dir", str(tmp_path / "b"), ok=False)
+    assert res.exit_code == 4 and "invalid token" in res.output, res.output

@@ -175,7 +175,12 @@ def _batches(chunks: list[dict[str, Any]], limit: int = 512 * 1024
 
 
 class JoinRefused(RuntimeError):
-    """The control plane refused this agent's join (the reason is its answer's)."""
+    """The control plane refused this agent's join: ``status`` (its HTTP status) and
+    ``reason`` (its answer's message)."""
+
+    def __init__(self, machine: str, status: int, reason: str) -> None:
+        self.status, self.reason = status, reason
+        super().__init__(f"joining as machine {machine} was refused ({status}): {reason}")
 
 
 class BadDesired(ValueError):
@@ -439,9 +444,8 @@ class Agent:
                 reason = str(exc.response.json().get("message", ""))
             except (ValueError, AttributeError):
                 reason = ""
-            raise JoinRefused(f"joining as machine {self.machine} was refused "
-                              f"({exc.response.status_code}): "
-                              f"{reason or exc.response.text[:200]}") from None
+            raise JoinRefused(self.machine, exc.response.status_code,
+                              reason or exc.response.text[:200]) from None
         self._save()
 
     # -- one step --------------------------------------------------------------------------

@@ -293,13 +293,12 @@ def agent(
     import signal
     import threading
 
-    import httpx
-
     from plait import logconfig
+    from plait.cli.common import safe
 
     logconfig.configure("agent")
     log = logconfig.get("plait.agent").bind(machine=machine_id)
-    from plait.agent.daemon import Agent
+    from plait.agent.daemon import Agent, JoinRefused
     from plait.agent.runtime import create_runtime
 
     join_token = os.environ.get("PLAIT_JOIN_TOKEN") or None
@@ -363,15 +362,10 @@ def agent(
         except (ValueError, OSError) as exc:  # no join token, a data dir it cannot write
             err.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INVALID) from None
-        except httpx.HTTPStatusError as exc:
-            try:
-                reason = exc.response.json().get("message", exc.response.text)
-            except ValueError:
-                reason = exc.response.text
+        except JoinRefused as exc:
             err.print(f"[red]error:[/red] the control plane refused machine {machine_id}: "
-                      f"{reason}")
-            raise typer.Exit(EXIT_DENIED if exc.response.status_code in (401, 403)
-                             else EXIT_INVALID) from None
+                      f"{safe(exc.reason)}")
+            raise typer.Exit(EXIT_DENIED if exc.status in (401, 403) else EXIT_INVALID) from None
     a.run(interval, stop)
     if shutdown["tasks"]:
         a.shutdown()

@@ -42,6 +42,7 @@ from plait.errors import (
     Conflict,
     NotFound,
     PlaitError,
+    Taken,
     TooLarge,
     TransientError,
     ValidationError,
@@ -1156,11 +1157,12 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             cp.membership.check_owned(body.machine)
             ago = cp.gateway.heard_ago(body.machine)
             if ago is not None:  # (the join token does not make its holder that machine)
-                raise Conflict(
-                    f"machine {body.machine}",
-                    f"no agent heard from it for {cp.config.heartbeat_timeout:g}s",
-                    f"its agent, heard {ago:.1f}s ago: stop that agent first, or start "
-                    "this one with that agent's data dir (its credential)")
+                raise Taken(f"machine {body.machine}", (
+                    f"machine {body.machine} has a live agent (heard {ago:.1f}s ago): a "
+                    "second agent cannot join as it. Stop that agent first (a machine "
+                    f"silent for {cp.config.heartbeat_timeout:g}s may be joined again), or "
+                    "start this one with that agent's data dir, which holds the "
+                    "machine's credential"))
         if body.fault_domain is not None:
             assert body.cpu is not None and body.memory_gb is not None and body.type
             cp.machine_ops.register(Machine(
