@@ -467,3 +467,42 @@ def test_a_second_agent_cannot_join_as_a_live_machine_of_either_shard(region, tm
     finally:
         impostor.close()
     assert region.running("jb", 2)
+
+
+def test_an_agent_whose_credential_was_revoked_stops_its_tasks_and_joins_again(
+        tmp_path, monkeypatch):
+    """A machine's credential revoked (another agent joined as the machine, which then
+    runs its tasks, or an admin revoked it): the agent that held it must not run the
+    machine's tasks on, unseen. Refused past ``REVOKED_AFTER``, it stops them and joins
+    again; the control plane then runs the job's tasks as before."""
+    from plait.agent import daemon
+
+    monkeypatch.setattr(daemon, "REVOKED_AFTER", 1.0)
+    with ShardedBox(tmp_path, shards=1, machines=3, heartbeat_timeout=2.0) as region:
+        api = region.api
+        api.post("/v1/entitlements", json={"name": "a", "owner": "o",
+                                           "quota": {"machines": 3}})
+        assert api.post("/v1/jobs", json=job("ja", "a", tasks=1)).status_code == 201
+        wait_for(lambda: region.running("ja", 1))
+        machine = api.get("/v1/jobs/ja/tasks").json()["tasks"][0]["machine"]
+        agent = next(a for a in region.agents if a.machine == machine)
+        (pid,) = [h.pid for h in agent.handles.values()]
+        credential = agent.token
+        assert credential is not None
+        token_id = credential.split("_")[1]
+        assert api.delete(f"/v1/tokens/{token_id}").status_code == 200
+
+        def gone(pid: int) -> bool:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
+
+        wait_for(lambda: gone(pid))
+        # joined again with a new credential (once its old one had been refused for
+        # the heartbeat timeout), and the job runs its task again
+        wait_for(lambda: agent.token is not None and agent.token != credential)
+        wait_for(lambda: region.running("ja", 1))
+        assert pid not in region.pids().values()
+        assert sum(1 for key in region.pids() if key.endswith("/ja.0")) == 1

@@ -117,6 +117,12 @@ TASK_HOST_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE"
 #: up at the next report)
 LONG_POLL_SECONDS = 10.0
 
+#: seconds the control plane may refuse this machine's credential (401) before the
+#: agent takes it as revoked: it stops its tasks and joins again (a join of the
+#: machine by another agent revokes this one's; a refusal as short as a store
+#: replica's lag behind a new credential is not one)
+REVOKED_AFTER = 10.0
+
 #: the kill timeout of a task whose spec names none
 DEFAULT_KILL_TIMEOUT = 10.0
 #: stops under way at once at most (each waits out its task's kill timeout)
@@ -266,6 +272,8 @@ class Agent:
         digest = hashlib.sha1(str(self.data_dir).encode()).hexdigest()[:8]
         self.prefix = f"{machine}.{digest}"
         self.token: str | None = None
+        #: since when the control plane has refused the machine's credential (401)
+        self.refused_since: float | None = None
         self.tasks: dict[str, Task] = {}
         self.handles: dict[str, Handle] = {}
         #: the last spec seen per task (for its health probe)
@@ -485,17 +493,45 @@ class Agent:
         """What a pull of the desired set brought: the set, or the error that it could
         not be had (then everything keeps running, as it is)."""
         if isinstance(desired, Exception):
+            if (isinstance(desired, httpx.HTTPStatusError)
+                    and desired.response.status_code == 401 and self.token is not None):
+                self._refused(time.monotonic())
+                return
             if self.reachable:
                 self.log.warning("control plane unreachable; tasks keep running",
                                  error=str(desired))
             self.reachable = False
             self.generation = None
             return
+        self.refused_since = None
         if not self.reachable:
             self.log.info("control plane reachable", tasks=len(desired["tasks"]))
         self.reachable = True
         self.profile.want(desired)
         self.generation = desired.get("generation")
+
+    def _refused(self, now: float) -> None:
+        """The control plane refused this machine's credential. Past ``REVOKED_AFTER``
+        seconds of refusals it was revoked (another agent joined as this machine,
+        which then runs the machine's tasks, or an admin revoked it): the tasks are
+        stopped, as they would be if the desired set had dropped them (two copies of
+        a task must not run), the credential is forgotten, and the agent joins again
+        (refused while the other agent is alive)."""
+        self.reachable = False
+        self.generation = None
+        if self.refused_since is None:
+            self.refused_since = now
+            self.log.warning("the control plane refuses this machine's credential",
+                             revoked_after_seconds=REVOKED_AFTER)
+            return
+        if now - self.refused_since < REVOKED_AFTER:
+            return
+        self.log.error("this machine's credential was revoked (another agent joined as "
+                       "this machine, or an admin revoked it): its tasks are stopped, and "
+                       "the agent joins again", tasks=len(self.tasks))
+        self._converge({"tasks": []}, now)
+        self.token, self.refused_since = None, None
+        self._save()
 
     def _converge(self, desired: dict[str, Any], now: float) -> None:
         """Converge the tasks to the desired set (starts, restarts on a new revision,
