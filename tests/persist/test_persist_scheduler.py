@@ -469,3 +469,28 @@ def test_a_versions_runtime_key_is_the_digest_stored_keys_were_made_with() -> No
     assert keys == [runtime_key(s, s.model_dump(mode="json")) for s in specs]
     # count, pacing, TaskController and kept versions change nothing of how it runs
     assert keys[0] == keys[1] == keys[2] != keys[3]
+
+
+def test_a_job_waiting_for_room_is_not_stored_again_while_nothing_changes(tmp_path):
+    """A job whose tasks cannot all be placed is stored once it settles, and not again
+    at every pass: a job of many pending tasks cost each pass its whole record."""
+    path = str(tmp_path / "plait.db")
+    a = Plane(path)
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=2)))
+    a.jobs.create(job_spec("big", 5000, memory_gb=0.1), now=0)
+    a.run(30)
+    job = a.scheduler.job("big")
+    assert job.unplaced_reason is not None and 0 < len(a.running("big")) < 5000
+    stored = dict(a.persist._saved)
+    made: list[str] = []
+    whole = a.persist._whole
+    a.persist._whole = lambda job: (made.append(job.name), whole(job))[1]
+    a.run(60)
+    assert dict(a.persist._saved) == stored
+    assert made.count("big") <= 1, len(made)  # (its record not even made again)
+    # a larger quota: its jobs waiting for room are tried at once, and take it
+    a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=4)))
+    a.scheduler.room_changed("ent")
+    before = len(a.running("big"))
+    a.run(3)
+    assert len([r for r in job.tasks.values() if r.machine is not None]) > before

@@ -203,3 +203,35 @@ def test_the_full_pass_runs_every_interval_seconds(looked_at):
             times.append(k)
     assert times == [30, 60, 90]
     assert s.full_passes == full + 3
+
+
+def test_a_job_waiting_for_room_is_not_reconciled_each_pass_until_room_appears(looked_at):
+    """A job whose only work is placing tasks no machine has room for leaves the dirty
+    set: its timer (backoff up to 8 s) asks the allocator about one of its tasks, and
+    only room found brings its reconcile back. Once another job's tasks are gone, it
+    places into the room they left. (A job of 100,000 tasks that could never be placed
+    was reconciled, stored and shown every pass: 0.6 s each, for everyone.)"""
+    sim, s = settled_world(looked_at)
+    region_cpu = int(s.fleet.cpu.sum()) // 1000
+    huge = int(region_cpu) + 500  # (1 cpu each: never all placed)
+    s.create_job(job_spec("huge", huge, memory_gb=0.1), sim.now)
+    assert sim.run_until(lambda: s.job("huge").unplaced_reason is not None
+                         and "huge" in s._room, 120)
+    placed = sum(1 for r in s.job("huge").tasks.values() if r.machine is not None)
+    assert 0 < placed < huge
+    # (the placed tasks' starts are the job's own inputs: looked at for those)
+    assert sim.run_until(lambda: all(r.state is TaskState.RUNNING
+                                     for r in s.job("huge").tasks.values()
+                                     if r.machine is not None), 120)
+    sim.run(5)
+    looked_at.clear()
+    passes = s.passes
+    sim.run(60)
+    assert s.passes - passes >= 30  # (passes went on; the job was not among them)
+    assert looked_at.count("huge") <= 1, looked_at.count("huge")
+    # the room the other jobs hold, given back: the waiting job takes it
+    s.delete_job("web", sim.now)
+    s.delete_job("db", sim.now)
+    assert sim.run_until(lambda: "web" not in s.jobs and "db" not in s.jobs, 300)
+    assert sim.run_until(lambda: sum(1 for r in s.job("huge").tasks.values()
+                                     if r.machine is not None) >= placed + 5, 60)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange
@@ -29,6 +30,24 @@ from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall, OpKind,
 #: distinct task-event messages kept at most (``task_event``; a message naming
 #: something unbounded starts the table afresh now and then)
 TASK_MESSAGES = 4096
+
+#: a job waiting for room is tried again after this many seconds, twice as long after
+#: each try that found none, up to ``ROOM_RETRY_MAX``
+ROOM_RETRY = 1.0
+ROOM_RETRY_MAX = 8.0
+
+
+@dataclass(slots=True)
+class RoomWait:
+    """A job whose only work is placing tasks no machine has room for (decision 135):
+    what its last reconcile left (``seen``), when it is tried again and the backoff
+    of that try, and the one-task request that asks the allocator first whether
+    anything has room now (None: the job is reconciled at each try)."""
+
+    seen: tuple[object, ...]
+    at: float
+    backoff: float
+    probe: AllocationRequest | None
 
 
 class SchedulerState:
@@ -79,6 +98,9 @@ class SchedulerState:
         #: idle jobs with a controller, and when they must be looked at again even
         #: if nothing happens (a re-check due, an answer given up for lost)
         self._wake_at: dict[str, float] = {}
+        #: jobs waiting for room (``Scheduler._room_wait``): what their last reconcile
+        #: left (unchanged: the retry changed nothing) and their retry's backoff
+        self._room: dict[str, RoomWait] = {}
         #: idle jobs whose acked operations wait for the rate limit, oldest first: each
         #: pass wakes as many as there are tokens (not a thousand reconciles a pass
         #: for one or two tokens), in turn

@@ -48,6 +48,7 @@ class JobCommands:
                 raise Conflict(f"entitlement {ent.name}", f"owner {old.owner}",
                                f"owner {ent.owner} (owners do not change)")
             self.cp.allocator.define(ent)
+            self.cp.scheduler.room_changed(ent.name)  # (its quota may have grown)
         if old is None:
             said = f"{ent.name}: quota {ent.quota}, owner {ent.owner}"
         else:  # what changed, each setting as it was and as it is
