@@ -271,6 +271,41 @@ def test_a_rollouts_bar_counts_only_the_new_versions_tasks_and_says_why_unplaced
     assert "unplaced: no machine satisfies" in seen[1][1]
 
 
+def test_wait_on_a_new_version_is_not_ended_by_the_old_ones_halt(monkeypatch):
+    """A fix rolled forward after a halted rollout: until it is applied, the job still
+    says the old version halted; ``--wait`` failed at once with that halt."""
+    import io
+
+    import pytest
+    from rich.console import Console
+
+    import plait.cli.jobs as jobs
+    from plait.cli.client import CliError
+    from plait.cli.common import err
+
+    base = {"task_count": 3, "version": 3, "unavailable": 1, "serving": 2, "batch": False,
+            "unplaced_reason": None, "settled": False, "updated": 0,
+            "halted": "1 tasks of version 2 failed to become healthy"}
+    answers = iter([
+        {**base, "applied_version": 2},
+        {**base, "applied_version": 3, "halted": None, "updated": 1},
+        {**base, "applied_version": 3, "halted": None, "updated": 3, "unavailable": 0,
+         "serving": 3, "settled": True},
+    ])
+
+    class Fake:
+        def get(self, path):
+            return next(answers)
+    monkeypatch.setattr(err, "_console", Console(file=io.StringIO(), width=200))
+    monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
+    assert jobs.follow(Fake(), "web", timeout=60)["settled"]
+    # the new version's own halt ends the wait, as before
+    answers = iter([{**base, "applied_version": 3,
+                     "halted": "1 tasks of version 3 failed to become healthy"}])
+    with pytest.raises(CliError, match="rollout of web halted: 1 tasks of version 3"):
+        jobs.follow(Fake(), "web", timeout=60)
+
+
 def test_a_tables_values_are_never_cut_short(monkeypatch):
     # on an 80-column terminal, or a pipe, `plait token list` showed "295882b68bf8f…":
     # an id no one could copy into `plait token revoke`

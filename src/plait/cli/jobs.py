@@ -121,10 +121,13 @@ def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[st
                                 detail=f"{job['unavailable']} unavailable, {job['serving']} "
                                        "serving" + (f"; unplaced: {reason}" if reason
                                                     else "") + (f"; {error}" if error else ""))
-                if job["halted"]:
+                # (until the new version is applied, a halt or a reason to wait in vain
+                # is the old version's: the new one is what ends it)
+                applied = job.get("applied_version") == job["version"]
+                if job["halted"] and applied:
                     raise CliError(f"rollout of {name} halted: {job['halted']} "
                                    f"(plait job resume {name}, or roll back)", EXIT_FAILED)
-                if reason and reason.startswith(NEVER_FITS):  # (waiting is in vain)
+                if applied and reason and reason.startswith(NEVER_FITS):  # (in vain)
                     raise CliError(f"{name} cannot be placed: {reason}. The job is stored "
                                    "and waits for such machines; change its resources or "
                                    f"requirements (plait job deploy), or plait job delete "
