@@ -200,6 +200,14 @@ def test_controller_urls_are_checked_and_a_refusal_names_the_rule(tmp_path):
         assert r.status_code == 201, r.text
         r = live.admin.put("/v1/jobs/j", json=spec("j", "t", 1, "http://169.254.169.254/"))
         assert r.status_code == 422 and "rule metadata" in r.json()["message"]
+        # a dry run says what the deploy would: refused, for the same rule
+        for url, rule in (("http://169.254.169.254/", "metadata"),
+                          (live.url + "/v1/jobs", "own-api")):
+            for method, path in (("put", "/v1/jobs/j"), ("post", "/v1/jobs")):
+                r = getattr(live.admin, method)(path, params={"dry_run": "true"},
+                                                json=spec("j", "t", 1, url))
+                assert r.status_code == 422, (method, url, r.text)
+                assert f"rule {rule}" in r.json()["message"], r.text
     finally:
         stop_live(live)
 

@@ -164,6 +164,8 @@ class Views:
         differ from the current version, and where new tasks would go. ``may_see``
         (given the entitlement of the job the name holds now, read once with the spec
         it is diffed against) raises for a caller who may not see that job."""
+        if spec.task_controller is not None:  # (as a deploy checks it; not under the lock)
+            self.cp.controllers.check_controller_url(spec.task_controller)
         self.cp.check_job(spec)
         try:
             doc = self.cp.jobs.get(spec.name)
