@@ -384,6 +384,30 @@ def test_scheduled_maintenance_is_listed(live):
     assert len(live.admin.get("/v1/maintenance").json()["events"]) == 1
 
 
+def test_resume_is_refused_for_a_rollout_that_is_not_halted(live):
+    """A resume stored for a job whose rollout runs did nothing and said it had
+    ("resume stored", a history entry "rollout resumed"); as ``kubectl rollout
+    resume`` of a deployment not paused, it is refused."""
+    live.admin.post("/v1/entitlements", json={"name": "web", "owner": "alice",
+                                              "quota": {"machines": 6}})
+    spec = {"name": "web", "entitlement": "web", "task_count": 2, "command": "serve",
+            "resources": {"cpu": 1, "memory_gb": 1}, "update": {"max_unavailable": 1}}
+    assert live.admin.post("/v1/jobs", json=spec).status_code == 201
+    wait_for(lambda: live.admin.get("/v1/jobs/web").json()["settled"])
+    r = live.admin.post("/v1/jobs/web/resume")
+    assert r.status_code == 409, r.text
+    assert r.json()["message"] == ("job web's rollout is not halted: nothing to resume "
+                                   "(plait job show web)")
+    history = live.admin.get("/v1/jobs/web/history").json()
+    assert "rollout resumed" not in json.dumps(history)
+    assert live.admin.post("/v1/jobs/nope/resume").status_code == 404
+    # a version that crashes halts the rollout; that one is resumed
+    assert live.admin.put("/v1/jobs/web", json={**spec, "command": "crash"}).status_code == 200
+    wait_for(lambda: live.admin.get("/v1/jobs/web").json()["halted"] is not None)
+    r = live.admin.post("/v1/jobs/web/resume")
+    assert r.status_code == 200, r.text
+
+
 # -- agents ---------------------------------------------------------------------------------
 def test_agents_join_with_the_join_token_and_act_only_for_their_machine(live):
     join = live.admin.post("/v1/tokens", json={"role": "join", "name": "cluster"}).json()["token"]

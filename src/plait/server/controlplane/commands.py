@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from plait import logconfig
-from plait.errors import Conflict
+from plait.errors import Conflict, Taken
 from plait.model import Entitlement, JobSpec
 from plait.persist.scheduler import JobDoc
 
@@ -124,7 +124,15 @@ class JobCommands:
     def restart_job(self, name: str, index: int | None = None) -> JobDoc:
         return self.changed(self.cp.jobs.restart(name, index, self.cp.clock()))
 
-    def resume_job(self, name: str) -> JobDoc:
+    def resume_job(self, name: str, only_halted: bool = True) -> JobDoc:
+        """Resume a halted rollout; refused (409) for a job whose rollout the last
+        pass left running (``kubectl rollout resume`` of a deployment not paused is
+        refused too): a resume stored then would do nothing, and say it had."""
+        self.cp.jobs.get(name)  # (NotFound first)
+        state = self.cp.views.published().get(name)
+        if only_halted and state is not None and state.halted is None:
+            raise Taken(f"job {name}", f"job {name}'s rollout is not halted: nothing to "
+                                       f"resume (plait job show {name})")
         return self.changed(self.cp.jobs.resume(name, self.cp.clock()))
 
     def delete_job(self, name: str) -> JobDoc:

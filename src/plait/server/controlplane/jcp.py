@@ -754,8 +754,8 @@ class JobControlPlane:
         with self.cp.lock:
             sched = self.cp.scheduler.jobs.get(job)
             halted = sched is not None and sched.halted is not None
-        if halted:
-            self.cp.commands.resume_job(job)
+        if halted:  # (seen halted under the lock: not the published view's to say)
+            self.cp.commands.resume_job(job, only_halted=False)
 
     @staticmethod
     def _describe(unified: Unified) -> str:
