@@ -1,6 +1,7 @@
 """Rollout health: a crashing version halts by itself; rollback is a paced update."""
 
 from plait.model import UpdatePolicy
+from plait.model.task import TaskState
 from plait.sim.scenarios import job_spec, world
 
 
@@ -47,3 +48,32 @@ def test_resume_continues_a_halted_rollout():
     s.resume("web", sim.now)
     assert s.job("web").halted is None
     assert sim.run_until(lambda: s.job("web").halted is not None, 300)  # halts again
+
+
+def test_a_rollout_is_done_only_once_its_last_task_is_ready():
+    """``rollout_done`` came while the last task was still in its min_ready_seconds:
+    a crash of it then would not have counted toward halting the rollout."""
+    sim = world(machines=24)
+    s = sim.scheduler
+    spec = job_spec("web", 4, update=UpdatePolicy(max_unavailable=1, min_ready_seconds=5))
+    s.create_job(spec, 0)
+    assert sim.run_until(lambda: len(s.discovery("web")) == 4, 300)
+    s.update_job(spec.model_copy(update={"args": ("--v2",)}), sim.now)
+    job = s.job("web")
+
+    def last_in_its_min_ready() -> bool:
+        busy = [r for r in job.tasks.values() if r.op is not None]
+        return (len(busy) == 1 and busy[0].healthy and busy[0].state is TaskState.RUNNING and all(
+            r.spec_version == 2 for r in job.tasks.values()))
+
+    assert sim.run_until(last_in_its_min_ready, 600)
+    # a heartbeat that reports another task healthy (a real agent reports every task
+    # each second) looks whether the rollout is done: not yet
+    other = next(r for r in job.tasks.values() if r.op is None)
+    s.maybe_serving(job, other, sim.now)
+    assert job.rollout_active
+    assert sim.run_until(lambda: not job.rollout_active, 600)
+    done = [e.time for e in s.events if e.kind == "rollout_done"][-1]
+    ready = [e.time for e in s.events if e.kind == "task_ready"]
+    assert len(ready) >= 8 and done >= max(ready)
+    assert all(r.op is None and r.serving for r in job.tasks.values())

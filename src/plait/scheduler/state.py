@@ -186,9 +186,11 @@ class SchedulerState:
 
     def rollout_done(self, job: JobRecord, now: float) -> None:
         goal = job.target_of
+        # (a task whose operation is still under way, in its min_ready_seconds say, is
+        # not done: a crash of it then counts toward halting the rollout)
         if job.rollout_active and all(
                 r.spec_version == goal(r.index) and (
-                    (r.state is TaskState.RUNNING and r.healthy)
+                    (r.state is TaskState.RUNNING and r.healthy and r.op is None)
                     or r.state is TaskState.SUCCEEDED)
                 for r in job.tasks.values()):
             job.rollout_active = False
