@@ -53,6 +53,11 @@ def test_deploy_a_yaml_job_follow_it_and_inspect_it(plane, tmp_path):
     dry = plait("job", "deploy", str(EXAMPLES / "web.yaml"), "--dry-run")
     assert "create job web: +6 tasks" in dry.stdout
     assert plane.control_plane.jobs.names() == []  # a dry run changes nothing
+    # an update changes an existing job: a misnamed one is not created by it
+    res = plait("job", "update", str(EXAMPLES / "web.yaml"), ok=False)
+    assert res.exit_code == 1 and "job web does not exist" in res.output
+    assert "plait job deploy" in " ".join(res.output.split())
+    assert plane.control_plane.jobs.names() == []
     res = plait("job", "deploy", str(EXAMPLES / "web.yaml"), "--wait", "--timeout", "60")
     assert "version 1 stored (created)" in res.output
     jobs = json.loads(plait("job", "list", "-o", "json").stdout)["jobs"]

@@ -21,9 +21,13 @@ EXIT_FAILED, EXIT_INVALID, EXIT_UNREACHABLE, EXIT_DENIED = 1, 2, 3, 4
 
 
 class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+    """``status``: the HTTP status of the API's refusal it stands for, if one."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED,
+                 status: int | None = None) -> None:
         self.message = message
         self.code = code
+        self.status = status
         super().__init__(message)
 
 
@@ -62,7 +66,7 @@ class Api:
                     413: EXIT_INVALID}.get(exc.status, EXIT_FAILED)
             if exc.status == 400 and exc.kind == "invalid":  # (a bad page or filter)
                 code = EXIT_INVALID
-            raise CliError(str(exc), code) from None
+            raise CliError(str(exc), code, exc.status) from None
         except OSError as exc:  # (a CA file that cannot be read, ...)
             raise CliError(str(exc), EXIT_INVALID) from None
 

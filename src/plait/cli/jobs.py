@@ -188,9 +188,17 @@ def _job_document(path: Path) -> dict[str, Any]:
 @guarded
 def job_update(file: Path, wait: Wait = False, timeout: Timeout = 600.0,
                output: Output = "table") -> None:
-    """Roll out FILE as a new version of an existing job."""
+    """Roll out FILE as a new version of an existing job (refused for a job that does
+    not exist: plait job deploy creates one)."""
     spec = job_spec_from(file)
     a = api()
+    try:
+        a.get(f"/v1/jobs/{q(spec.name)}")
+    except CliError as exc:
+        if exc.status != 404:
+            raise
+        raise CliError(f"job {spec.name} does not exist (an update changes an existing "
+                       f"job; plait job deploy {file} creates it)", EXIT_FAILED, 404) from None
     result = a.put(f"/v1/jobs/{q(spec.name)}", spec.model_dump(mode="json"))
     say(f"job {spec.name}: version {result['version']} stored")
     if wait:
