@@ -313,6 +313,10 @@ def test_a_job_keeps_its_last_versions_and_those_its_tasks_run(tmp_path):
     assert len(doc.kept) <= 10 + len(running)
     with pytest.raises(ValidationError, match=r"version 3 of job web is no longer kept"):
         a.jobs.rollback("web", 3, now=a.sim.now)
+    # a version past the last names the ones kept too (not 1.., which are gone)
+    with pytest.raises(ValidationError, match=r"job web has versions 1\.\.17, of which it "
+                                              r"keeps \d"):
+        a.jobs.rollback("web", 99, now=a.sim.now)
     a.store.close()
 
     b = Plane(path, now=a.sim.now)  # restarted over the trimmed record

@@ -157,6 +157,10 @@ class JobDoc:
 
     def missing(self, version: int) -> str:
         if not 1 <= version <= self.version:
+            kept = sorted(self.kept)
+            if kept and kept[0] > 1:  # (those before are gone: name the ones to use)
+                return (f"job {self.name} has versions 1..{self.version}, of which it "
+                        f"keeps {spans(kept)}")
             return f"job {self.name} has versions 1..{self.version}"
         return (f"version {version} of job {self.name} is no longer kept (it keeps its "
                 f"last {self.spec.keep_versions} versions and those its tasks run: "
