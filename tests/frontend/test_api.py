@@ -627,3 +627,16 @@ def test_a_misspelt_field_is_named_beside_the_field_it_misses(live):
     many = {**spec, **{f"x{i}": 1 for i in range(15)}}
     message = live.admin.post("/v1/jobs", json=many).json()["message"]
     assert message.count("Extra inputs are not permitted") <= 9 and "more" in message
+
+
+def test_a_name_with_a_slash_is_said_to_be_no_name(live):
+    """``plait job show a/b`` (sent as a%2Fb) and a spec named "a/b" were answered
+    with the framework's bare "Not Found"."""
+    for method, path in (("get", "/v1/jobs/a%2Fb"), ("put", "/v1/jobs/a%2Fb"),
+                         ("get", "/v1/entitlements/x%2f..%2Fy")):
+        r = live.admin.request(method.upper(), path, json={"name": "a/b"})
+        assert r.status_code == 404, r.text
+        assert "a name has no '/'" in r.json()["message"], r.text
+    assert "'a/b'" in live.admin.get("/v1/jobs/a%2Fb").json()["message"]
+    # a path that is not the API's is answered as before
+    assert live.admin.get("/v1/nothing-here").json()["message"] == "Not Found"

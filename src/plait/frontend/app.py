@@ -21,6 +21,7 @@ import functools
 import inspect
 import json
 import threading
+import urllib.parse
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -428,6 +429,15 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             # not even text (FastAPI reads JSON errors as 422 already)
             return _error(422, "invalid", "the request body is not valid JSON (UTF-8)")
         kind = _HTTP_KINDS.get(exc.status_code, "error")
+        raw = request.scope.get("raw_path") or b""
+        if exc.status_code == 404 and b"%2f" in raw.lower():
+            # (a name with a '/' in it, escaped: the path is read unescaped, and names
+            # another path; no object can be named so)
+            named = [urllib.parse.unquote(p) for p in raw.decode("latin-1").split("/")
+                     if "%2f" in p.lower()]
+            return _error(404, kind, f"no object is named {named[0][:128]!r}: a name has "
+                                     "no '/' (1-64 of a-z 0-9 . _ -, starting and ending "
+                                     "with a letter or digit)")
         return _error(exc.status_code, kind, str(exc.detail),
                       headers=dict(exc.headers) if exc.headers else None)
 
