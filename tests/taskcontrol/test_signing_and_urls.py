@@ -13,6 +13,9 @@ def test_ask_again_after_is_optional_bounded_and_round_trips():
     r = response_from_wire({"ack": [], "ask_again_after": 2})
     assert r.ask_again_after == 2.0 and response_from_wire(response_to_wire(r)) == r
     assert response_from_wire({"ack": [], "ask_again_after": 10**9}).ask_again_after == 3600
+    # never back to back: 0 (or 0.01) is half a second
+    for soon in (0, 0.01):
+        assert response_from_wire({"ack": [], "ask_again_after": soon}).ask_again_after == 0.5
     for bad in ({"ack": [], "ask_again_after": -1}, {"ack": [], "ask_again_after": "1"},
                 {"ack": [], "ask_again_after": True}, {"ask_again_after": 1},
                 {"ack": [], "extra": 1}, {"ack": [], "ask_again_after": float("nan")}):
