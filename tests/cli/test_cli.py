@@ -186,6 +186,7 @@ def test_bad_spec_files_are_one_line_errors(tmp_path):
         "twice.yaml": b"name: x\nentitlement: web\nname: web\n",
         "twice.json": b'{"name": "x", "entitlement": "web", "name": "web"}',
         "nested-twice.yaml": b"name: x\nresources: {cpu: 1, cpu: 2}\n",
+        "indented.yaml": b"name: web\n  bad: [\n",
     }
     said = {}
     for name, data in cases.items():
@@ -196,6 +197,9 @@ def test_bad_spec_files_are_one_line_errors(tmp_path):
     assert "larger than" in said["huge.yaml"]
     assert "nested too deeply" in said["deep.yaml"] or "not valid YAML" in said["deep.yaml"]
     assert "nested too deeply" in said["deep.json"]
+    # where and what, on one line (the parser's own text had a newline, shown as \n)
+    assert "is not valid YAML: line 2, column 6: mapping values are not allowed" in said[
+        "indented.yaml"] and "\\n" not in said["indented.yaml"]
     assert "nested too deeply" in said["hidden.yaml"]  # (a quote inside a plain scalar)
     for name in ("twice.yaml", "twice.json", "nested-twice.yaml"):
         assert "given twice" in said[name], said[name]

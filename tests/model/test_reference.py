@@ -46,8 +46,10 @@ def test_a_field_is_explained_with_its_default_and_bounds():
     assert count.default == "" and count.bounds == ">= 0, <= 100000"  # required
     _, [args] = reference.explain("job.args")
     assert "each at most 65,536 characters" in args.bounds
-    with pytest.raises(NotFound, match=r"job\.nope"):
+    with pytest.raises(NotFound, match=r"^job has no field 'nope' \(its fields: name, "):
         reference.explain("job.nope")
+    with pytest.raises(NotFound, match=r"^job\.update has no field 'nope'"):
+        reference.explain("job.update.nope")
     with pytest.raises(NotFound, match="pod"):
         reference.explain("pod")
 

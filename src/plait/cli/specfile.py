@@ -113,7 +113,12 @@ def parse_yaml(text: str, path: str | os.PathLike[str]) -> list[object]:
     except RecursionError:
         raise SpecError(f"{path} is nested too deeply") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{path} is not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None)
+        if mark is not None and problem:  # (one line: where, then what)
+            raise SpecError(f"{path} is not valid YAML: line {mark.line + 1}, column "
+                            f"{mark.column + 1}: {problem}") from None
+        raise SpecError(f"{path} is not valid YAML: {' '.join(str(exc).split())}") from None
 
 
 _LOADER: type | None = None

@@ -53,7 +53,8 @@ def explain(path: str) -> tuple[str, list[Field]]:
     for part in parts:
         found = {f.path.rsplit(".", 1)[-1]: f for f in fields(model, done)}
         if part not in found:
-            raise NotFound("field", f"{done}.{part} (fields: {', '.join(found)})")
+            raise NotFound("field", f"{done}.{part}", f"{done} has no field {part!r} (its "
+                                                      f"fields: {', '.join(found)})")
         field = found[part]
         done = field.path
         if field.model is None:
