@@ -289,7 +289,7 @@ def test_wait_on_a_new_version_is_not_ended_by_the_old_ones_halt(monkeypatch):
 
     base = {"task_count": 3, "version": 3, "unavailable": 1, "serving": 2, "batch": False,
             "unplaced_reason": None, "settled": False, "updated": 0,
-            "halted": "1 tasks of version 2 failed to become healthy"}
+            "halted": "1 task of version 2 failed to become healthy"}
     answers = iter([
         {**base, "applied_version": 2},
         {**base, "applied_version": 3, "halted": None, "updated": 1},
@@ -305,8 +305,8 @@ def test_wait_on_a_new_version_is_not_ended_by_the_old_ones_halt(monkeypatch):
     assert jobs.follow(Fake(), "web", timeout=60)["settled"]
     # the new version's own halt ends the wait, as before
     answers = iter([{**base, "applied_version": 3,
-                     "halted": "1 tasks of version 3 failed to become healthy"}])
-    with pytest.raises(CliError, match="rollout of web halted: 1 tasks of version 3"):
+                     "halted": "1 task of version 3 failed to become healthy"}])
+    with pytest.raises(CliError, match="rollout of web halted: 1 task of version 3"):
         jobs.follow(Fake(), "web", timeout=60)
 
 

@@ -245,7 +245,7 @@ def test_a_pushed_task_that_never_passes_its_probe_goes_back_when_its_pin_is_dro
         agents.step()
         if job.halted is not None:
             break
-    assert job.halted is not None and job.halted.startswith("1 tasks of version 2 failed")
+    assert job.halted is not None and job.halted.startswith("1 task of version 2 failed")
     assert next(e.message for e in s.events if e.kind == "task_not_ready").startswith(
         "task 0 of version 2 ")
     # the push rolls back: the rollout resumes, no task is pinned any more

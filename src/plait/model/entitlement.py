@@ -46,7 +46,9 @@ class Quota(Value):
         return self
 
     def __str__(self) -> str:
-        return f"{self.machines} machines" if self.machines is not None else f"{self.rru:g} RRU"
+        if self.machines is not None:
+            return f"{self.machines} machine{'s' if self.machines != 1 else ''}"
+        return f"{self.rru:g} RRU"
 
 
 def shard_weight(quota: Quota, machine_milli_rru: int) -> int:

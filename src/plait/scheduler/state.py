@@ -243,7 +243,8 @@ class SchedulerState:
         cap = update.resolve(job.spec.task_count)
         limit = min(update.halt_after_failures, cap or update.halt_after_failures)
         if job.halted is None and job.rollout_failures >= limit:
-            job.halted = (f"{job.rollout_failures} tasks of version {version} failed "
+            n = job.rollout_failures
+            job.halted = (f"{n} task{'s' if n != 1 else ''} of version {version} failed "
                           f"to become healthy (the last {how})")
             self.event(now, job.name, "rollout_halted", job.halted, cause=job.cause)
             for op in [o for o in job.acked.values() if to_target(o)]:
