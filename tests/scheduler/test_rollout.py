@@ -21,6 +21,10 @@ def test_crashing_version_halts_then_rollback_restores_under_the_same_pacing():
     assert sim.run_until(lambda: s.job("web").halted is not None, 300)
     job = s.job("web")
     assert "version 2" in job.halted and "failed to become healthy" in job.halted
+    # the exit code the agent reported is said (a crash loop showed none anywhere)
+    assert job.halted.endswith("(the last exited with code 1)"), job.halted
+    assert any(e.kind == "task_exited" and "exited with code 1; its agent restarts it"
+               in str(e.message) for e in s.events)
     assert any(e.kind == "rollout_halted" for e in s.events)
     on_bad = sum(1 for r in job.tasks.values() if r.spec_version == 2)
     sim.run(120)  # halted: no further update starts

@@ -65,7 +65,7 @@ def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now:
         elif phase is Phase.EXITED and st.final and _may_end(job, rec, st.exit_code):
             s.finished(job, rec, st.exit_code, now)
         elif phase is Phase.EXITED:
-            s.exited(job, rec, now, st.killed)
+            s.exited(job, rec, now, st.killed, st.exit_code)
     # a task this machine was stopping and no longer has is stopped
     for ref in s.placed.get(machine, NOTHING_PLACED).refs():
         if ref in seen:

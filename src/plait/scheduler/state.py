@@ -202,7 +202,7 @@ class SchedulerState:
                            f"every task runs in entitlement {job.entitlement}")
 
     def exited(self, job: JobRecord, rec: TaskRecord, now: float,
-               killed: bool = False) -> None:
+               killed: bool = False, code: int | None = None) -> None:
         """A task crashed (its agent restarts it); during a rollout, a task of the new
         version that crashes counts toward halting it, unless it was ``killed`` from
         outside (a SIGKILL neither its agent nor the out-of-memory killer sent: not
@@ -221,10 +221,11 @@ class SchedulerState:
                        task=rec.index, machine=rec.machine, op="failure",
                        reason="killed from outside")
         else:
-            self.task_event(now, job, rec, "task_exited", "exited; its agent restarts it",
+            how = "exited" if code is None else f"exited with code {code}"
+            self.task_event(now, job, rec, "task_exited", f"{how}; its agent restarts it",
                             op="failure", reason="exited")
             if job.rollout_active and rec.spec_version == job.target_of(rec.index):
-                self.rollout_failure(job, rec.index, "exited", now)
+                self.rollout_failure(job, rec.index, how, now)
 
     def rollout_failure(self, job: JobRecord, index: int, how: str, now: float) -> None:
         """A task of the rollout's new version failed to become healthy (it exited, or
