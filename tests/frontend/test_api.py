@@ -640,3 +640,13 @@ def test_a_name_with_a_slash_is_said_to_be_no_name(live):
     assert "'a/b'" in live.admin.get("/v1/jobs/a%2Fb").json()["message"]
     # a path that is not the API's is answered as before
     assert live.admin.get("/v1/nothing-here").json()["message"] == "Not Found"
+
+
+def test_an_empty_body_is_said_to_be_empty(live):
+    # ("Field required", naming no field)
+    for method, path in (("POST", "/v1/jobs"), ("PUT", "/v1/jobs/x"),
+                         ("POST", "/v1/entitlements"), ("POST", "/v1/tokens")):
+        r = live.admin.request(method, path, content=b"",
+                               headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert r.json()["message"] == "the request body is empty: a JSON object is required"

@@ -456,6 +456,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             where = ".".join(str(p) for p in e.get("loc", ())
                              if p not in ("body", "query", "path"))
             msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")  # (a validator's)
+            if not where and tuple(e.get("loc", ())) == ("body",) and e.get("type") == "missing":
+                msg = "the request body is empty: a JSON object is required"
             said.append(f"{where}: {msg}" if where else msg)
         if len(errors) > MAX_PROBLEMS:
             said.append(f"and {len(errors) - MAX_PROBLEMS} more")
