@@ -78,6 +78,10 @@ def test_a_machine_failure_draws_a_failure_bar_until_the_task_serves_elsewhere()
     assert [b.op for b in bars] == ["start", "failure"]
     failure = bars[-1]
     assert failure.end is not None and failure.machine == victim
+    # a replacement is not paced: its decision does not claim max_unavailable
+    moved = [e for e in s.events if e.kind == "op_started" and e.op == "failure"]
+    assert [e.decision for e in moved] == [
+        "approved by the scheduler (no TaskController): the task was down"]
     assert failure.ended_on not in (None, victim)  # it ends where the task runs now
     assert f"{victim} -> {failure.ended_on}" in failure.detail(sim.now)
     # the other tasks drew no failure

@@ -362,11 +362,15 @@ class SchedulerState:
         name = job.name
         if events and steps:  # (a task-level event, ``task_event``, inlined)
             self.mark(name)  # (once: marking a marked job again does nothing)
+            down = None
             if job.controller is not None:
                 decision = "acked by the job's TaskController"
             else:
                 decision = ("approved by the scheduler (no TaskController), within "
                             "max_unavailable")
+                # (a move off a failed machine: its task was down already, whatever
+                # the cap; "within max_unavailable" would claim otherwise)
+                down = "approved by the scheduler (no TaskController): the task was down"
             actor, request = self.acting
             # an operation that carries out a user's change names its request (not one
             # forced by a machine's failure or a maintenance)
@@ -406,7 +410,8 @@ class SchedulerState:
                         chart = kinds[kind]
                     # (the message, "task {index}: {chart} ({reason})", is made when read)
                     append((now, name, "op_started", None, index, rec.machine, chart, reason,
-                            decision, actor,
+                            down if down is not None and chart == "failure" else decision,
+                            actor,
                             forced if chart == "failure" or chart == "maintenance"
                             else caused))
                     if len(rows) > most:
