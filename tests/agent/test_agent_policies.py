@@ -507,10 +507,14 @@ def test_a_burst_of_output_does_not_hold_back_what_follows(box):
     def logs():
         return box.api.get("/v1/jobs/burst/tasks/0/logs").json()["data"]
     wait_for(lambda: "after-the-burst" in logs(), what="the line after the burst")
-    said = logs()
+    page = box.api.get("/v1/jobs/burst/tasks/0/logs").json()
+    said = page["data"]
     assert "bytes of output not sent here" in said
-    left_out = int(said.split("[plait: ", 1)[1].split(" ", 1)[0])
-    assert 2_000_000 < left_out < 3_000_000
+    left_out = [int(part.split(" ", 1)[0]) for part in said.split("[plait: ")[1:]]
+    assert all(0 < n < 3_000_000 for n in left_out)
+    # (the burst may be read while it is written: then in two or more skips, each with
+    # its note, the first perhaps past the tail kept; what was sent in all is small)
+    assert page["next"] < 1_000_000, page["next"]
     # the machine's own log of the task holds every byte
     (handle,) = [a.handles["burst.0"] for a in box.agents if "burst.0" in a.handles]
     assert handle.log_path.stat().st_size > 3_000_000
