@@ -267,12 +267,20 @@ def test_a_rollouts_bar_counts_only_the_new_versions_tasks_and_says_why_unplaced
             seen.append((fields["completed"], fields.get("detail")))
         return original(self, task_id, **fields)
     monkeypatch.setattr(rich.progress.Progress, "update", spy)
-    monkeypatch.setattr(err, "_console", Console(file=io.StringIO(), width=200))
+    screen = io.StringIO()
+    monkeypatch.setattr(err, "_console", Console(file=screen, width=200))
     monkeypatch.setattr(jobs.time, "sleep", lambda s: None)
     job = jobs.follow(Fake(), "web", timeout=60)
     assert job["settled"]
     assert [c for c, _ in seen] == [0, 2, 6]
     assert "unplaced: no machine satisfies" in seen[1][1]
+    # not a terminal (a CI job's log): a line for each change, where a bar shows nothing
+    lines = [line for line in screen.getvalue().splitlines() if line.startswith("web v2: ")]
+    assert lines == [
+        "web v2: 0/6 0 unavailable, 6 serving",
+        "web v2: 2/6 2 unavailable, 4 serving; unplaced: no machine satisfies the hard "
+        "requirements with room",
+        "web v2: 6/6 0 unavailable, 6 serving"], screen.getvalue()
 
 
 def test_wait_on_a_new_version_is_not_ended_by_the_old_ones_halt(monkeypatch):

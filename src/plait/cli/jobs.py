@@ -87,23 +87,38 @@ def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[st
                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
                   console=err.console) as progress:
         bar = progress.add_task(f"{name}", total=None, detail="")
+        # (a bar shows nothing where the output is not a terminal, a CI job's log say:
+        # there each change of the job's progress is a line of its own)
+        lines = not err.console.is_terminal
+        said = ""
+
+        def show(**fields: Any) -> None:
+            nonlocal said
+            progress.update(bar, **fields)
+            if lines:
+                task = progress.tasks[0]
+                line = (f"{task.description}: {int(task.completed)}/"
+                        f"{int(task.total) if task.total is not None else '?'} "
+                        f"{task.fields.get('detail', '')}").rstrip()
+                if line != said:
+                    said = line
+                    err.print(line, markup=False, highlight=False)
         while True:
             try:
                 job: dict[str, Any] = a.get(f"/v1/jobs/{q(name)}")
             except CliError as exc:
-                if deleting and "not found" in exc.message:
-                    progress.update(bar, total=1, completed=1, detail="deleted")
+                if deleting and exc.status == 404:
+                    show(total=1, completed=1, detail="deleted")
                     return last
                 raise
             last = job
             if deleting:
                 left = sum(job["tasks"].values())
-                progress.update(bar, total=max(left, 1), completed=0,
-                                detail=f"{left} tasks left")
+                show(total=max(left, 1), completed=0, detail=f"{left} tasks left")
             elif job.get("batch"):  # a batch job: until every task exited 0
-                progress.update(bar, total=job["task_count"], completed=job["succeeded"],
-                                description=f"{name} v{job['version']}",
-                                detail=f"{job['running']} running, {job['failed']} failed")
+                show(total=job["task_count"], completed=job["succeeded"],
+                     description=f"{name} v{job['version']}",
+                     detail=f"{job['running']} running, {job['failed']} failed")
                 if job["phase"] == "failed":
                     raise CliError(f"batch job {name} failed: {job['failed']} tasks exited "
                                    f"non-zero with no retries left (plait job show {name})",
@@ -116,11 +131,11 @@ def follow(a: Api, name: str, timeout: float, deleting: bool = False) -> dict[st
                 done = job["updated"] if job.get("applied_version") == job["version"] else 0
                 reason = job.get("unplaced_reason")
                 error = job.get("error")
-                progress.update(bar, total=job["task_count"], completed=done,
-                                description=f"{name} v{job['version']}",
-                                detail=f"{job['unavailable']} unavailable, {job['serving']} "
-                                       "serving" + (f"; unplaced: {reason}" if reason
-                                                    else "") + (f"; {error}" if error else ""))
+                show(total=job["task_count"], completed=done,
+                     description=f"{name} v{job['version']}",
+                     detail=f"{job['unavailable']} unavailable, {job['serving']} serving"
+                            + (f"; unplaced: {reason}" if reason else "")
+                            + (f"; {error}" if error else ""))
                 # (until the new version is applied, a halt or a reason to wait in vain
                 # is the old version's: the new one is what ends it)
                 applied = job.get("applied_version") == job["version"]
