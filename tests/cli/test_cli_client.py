@@ -368,6 +368,19 @@ def test_an_entitlement_is_changed_by_update_never_replaced_from_options(plane, 
     assert changed() == ["web: quota 4 machines -> 6 machines"]
     res = plait("entitlement", "update", "nope", "--machines", "1", ok=False)
     assert res.exit_code != 0 and "not found" in res.output
+    # a quota lowered below what the entitlement uses: taken, and said (it was silent)
+    job = ("name: big\nentitlement: web\ntask_count: 3\ncommand: serve\n"
+           "resources: {cpu: 9, memory_gb: 1}\n")
+    plait("job", "deploy", str(write(tmp_path, "big.yaml", job)), "--wait", "--timeout", "60")
+    res = plait("entitlement", "update", "web", "--machines", "1")
+    assert "entitlement web uses 3 machines, above its quota of 1: nothing is taken back" \
+        in " ".join(res.output.split())
+    deadline = time.monotonic() + 60
+    while len(changed()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert changed()[-1] == ("web: quota 6 machines -> 1 machine (it uses 3 machines, above "
+                             "its quota: nothing is taken back, and its jobs' new tasks wait "
+                             "until it is under)")
 
 
 def test_an_empty_token_is_refused_and_a_files_partial_apply_is_said(plane, tmp_path):

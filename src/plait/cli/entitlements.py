@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from plait.cli.client import EXIT_INVALID, CliError, q
-from plait.cli.common import Output, api, emit, guarded, kv_table, load_documents, rows
+from plait.cli.common import Output, api, emit, guarded, kv_table, load_documents, rows, say
 from plait.errors import PlaitError
 
 # -- entitlements --------------------------------------------------------------------------
@@ -132,7 +132,14 @@ def entitlement_update(
         parsed = parse(Entitlement, spec)
     except PlaitError as exc:
         raise CliError(f"entitlement {name}: {exc}", EXIT_INVALID) from None
-    emit([a.post("/v1/entitlements", parsed.model_dump(mode="json"))], output, _ent_rows)
+    answer = a.post("/v1/entitlements", parsed.model_dump(mode="json"))
+    emit([answer], output, _ent_rows)
+    quota = answer.get("quota") or {}
+    if output != "json" and quota.get("machines") is not None and (
+            answer.get("machines", 0) > quota["machines"]):
+        say(f"entitlement {name} uses {answer['machines']} machines, above its quota of "
+            f"{quota['machines']}: nothing is taken back, and its jobs' new tasks wait "
+            "until it is under")
 
 
 @entitlement_app.command("list")

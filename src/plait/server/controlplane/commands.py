@@ -28,7 +28,8 @@ def _setting(value: Any) -> str:
     """An entitlement's setting in an event's message (a quota as its one amount)."""
     if isinstance(value, dict) and value.keys() <= {"machines", "rru"}:
         given = {k: v for k, v in value.items() if v is not None}
-        return " ".join(f"{v:g} {k}" for k, v in given.items()) or "none"
+        return " ".join(f"{v:g} {'machine' if k == 'machines' and v == 1 else k}"
+                        for k, v in given.items()) or "none"
     return "none" if value in (None, [], {}) else str(value)[:200]
 
 
@@ -56,9 +57,26 @@ class JobCommands:
             said = f"{ent.name}: " + "; ".join(
                 f"{k} {_setting(was[k])} -> {_setting(now[k])}"
                 for k in now if now[k] != was.get(k))
+        over = self.over_quota(ent)
+        if over:
+            said += f" ({over})"
         self.cp.record("api", "entitlement_created" if old is None else "entitlement_changed",
                        said, entitlement=ent.name)
         return old is None
+
+    def over_quota(self, ent: Entitlement) -> str | None:
+        """What an entitlement uses above its quota, said (None: nothing): a quota
+        lowered below its use takes nothing back, as Kubernetes' ResourceQuota."""
+        usage = self.cp.allocator.usage(ent.name)
+        quota = ent.quota
+        if quota.machines is not None and usage.machines > quota.machines:
+            used = f"{usage.machines} machines"
+        elif quota.rru is not None and usage.rru > quota.rru + 1e-9:
+            used = f"{usage.rru:g} RRU"
+        else:
+            return None
+        return (f"it uses {used}, above its quota: nothing is taken back, and its jobs' "
+                "new tasks wait until it is under")
 
     def create_job(self, spec: JobSpec) -> tuple[JobDoc, bool]:
         # a shard checks and stores under the creates' lock, which a handoff of the
