@@ -45,7 +45,8 @@ def test_a_deploy_is_one_put_and_prints_what_the_full_command_prints(
     assert capsys.readouterr().err == "job fast: version 1 stored (created)\n"
     assert stored(region, "fast")["spec"]["task_count"] == 1
     assert fast.deploy(["plait", "job", "deploy", str(path)]) == 0  # the same spec again
-    assert capsys.readouterr().err == "job fast: version 1 stored (updated)\n"
+    assert capsys.readouterr().err == ("job fast: version 1 stored (unchanged: the job runs "
+                                       "this spec already)\n")
     path.write_text(json.dumps({**SPEC, "task_count": 2}))
     assert fast.deploy(["plait", "job", "deploy", str(path)]) == 0
     assert capsys.readouterr().err == "job fast: version 2 stored (updated)\n"

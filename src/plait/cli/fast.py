@@ -63,7 +63,8 @@ def deploy(argv: list[str]) -> int | None:
         return None
     if answer is None or not isinstance(answer.get("version"), int):
         return None
-    how = "created" if answer.get("created") else "updated"
+    how = ("created" if answer.get("created") else
+           "unchanged: the job runs this spec already" if answer.get("unchanged") else "updated")
     print(f"job {body['name']}: version {answer['version']} stored ({how})", file=sys.stderr,
           flush=True)
     return 0

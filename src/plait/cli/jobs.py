@@ -179,8 +179,10 @@ def job_deploy(file: Path, dry_run: Annotated[bool, typer.Option(
             raise CliError(f"{file}: {exc.message}", exc.code) from None
         raise
     if output == "table":
-        say(f"job {name}: version {result['version']} stored "
-                  f"({'created' if result.get('created') else 'updated'})")
+        how = ("created" if result.get("created") else
+               "unchanged: the job runs this spec already" if result.get("unchanged")
+               else "updated")
+        say(f"job {name}: version {result['version']} stored ({how})")
     if wait:
         result = follow(a, name, timeout)
     if output == "json":

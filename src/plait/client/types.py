@@ -52,6 +52,9 @@ class JobAck(TypedDict, total=False):
     deleting: bool
     #: (create) false when the same spec was stored already
     created: bool
+    #: (a deploy of a job that exists) true when its spec was the job's current one:
+    #: nothing was stored
+    unchanged: bool
 
 
 class JobView(TypedDict):

@@ -647,11 +647,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     hostprofiles.add_routes(app, cp, Admin, User)
 
     # -- jobs ------------------------------------------------------------------------------
-    def ack(doc: Any, created: bool | None = None) -> dict[str, Any]:
+    def ack(doc: Any, created: bool | None = None,
+            unchanged: bool | None = None) -> dict[str, Any]:
         body = {"name": doc.name, "entitlement": doc.entitlement, "version": doc.target,
                 "operation": doc.seq, "deleting": doc.deleting}
         if created is not None:
             body["created"] = created
+        if unchanged is not None:
+            body["unchanged"] = unchanged
         return body
 
     def cached_caller(authorization: bytes, content_type: bytes) -> Principal | None:
@@ -867,7 +870,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             response.status_code = 201 if created else 200
             return ack(doc, created)
         name_free_for(request, who, name, stored.entitlement)
-        return ack(cp.commands.update_job(spec), False)
+        doc = cp.commands.update_job(spec)
+        return ack(doc, False, unchanged=doc.seq == stored.seq)
 
     @app.post("/v1/jobs/{name}/resize", response_model=t.JobAck, tags=["jobs"])
     def resize_job(name: str, body: Resize, who: User, request: Request) -> dict[str, Any]:
