@@ -106,6 +106,9 @@ def test_deploy_a_yaml_job_follow_it_and_inspect_it(plane, tmp_path):
 def test_machines_maintenance_and_tokens(plane):
     machines = json.loads(plait("machine", "list", "--limit", "5", "-o", "json").stdout)
     assert machines["total"] == 24 and len(machines["machines"]) == 5
+    said = plait("machine", "list", "--limit", "5").stdout
+    assert "machines 1-5 of 24" in said and "from 0" not in said
+    assert "24 of 24 machines" in plait("machine", "list", "--limit", "100").stdout
     plait("machine", "cordon", "m0000002")
     assert json.loads(plait("machine", "show", "m0000002", "-o", "json").stdout)["cordoned"]
     plait("machine", "uncordon", "m0000002")

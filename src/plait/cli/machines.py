@@ -105,7 +105,11 @@ def machine_list(state: Annotated[str | None, typer.Option()] = None,
             rows(LOAN_COLUMNS, [_loan_row(m) for m in d["machines"]])
         else:
             rows(MACHINE_COLUMNS, [_machine_row(m) for m in d["machines"]])
-        out.print(f"{len(d['machines'])} of {d['total']} machines from {d['offset']}")
+        shown, total, first = len(d["machines"]), d["total"], d["offset"]
+        if shown and (first or shown < total):  # (a part: which)
+            out.print(f"machines {first + 1}-{first + shown} of {total}")
+        else:
+            out.print(f"{shown} of {total} machines")
         if d.get("continue"):
             say(f"more: plait machine list --limit {limit} --continue {d['continue']}")
     emit(data, output, show)
