@@ -235,3 +235,27 @@ def test_a_job_waiting_for_room_is_not_reconciled_each_pass_until_room_appears(l
     assert sim.run_until(lambda: "web" not in s.jobs and "db" not in s.jobs, 300)
     assert sim.run_until(lambda: sum(1 for r in s.job("huge").tasks.values()
                                      if r.machine is not None) >= placed + 5, 60)
+
+
+def test_a_task_waiting_for_room_at_a_version_an_update_replaced_is_placed_at_the_new_one():
+    """A version that never fitted, then an update that fits: its pending task ran
+    nowhere, so it goes to the new version at once (it waited for room at the old
+    one, in vain, for ever); and the probe of a waiting job asks about what its
+    placement would ask, so room freed for it is found."""
+    sim = world(machines=12, quota=1, config=SchedulerConfig(**NO_FULL_PASS))
+    s = sim.scheduler
+    s.create_job(job_spec("hog", 1, cpu=13, memory_gb=0.1), sim.now)
+    sim.run(20)
+    s.create_job(job_spec("x", 1, cpu=8, memory_gb=0.1), sim.now)  # (3 cpu left)
+    sim.run(20)
+    x = s.job("x")
+    assert x.unplaced_reason is not None and "x" in s._room
+    s.update_job(job_spec("x", 1, cpu=2, memory_gb=0.1), sim.now)
+    assert sim.run_until(lambda: all(r.state is TaskState.RUNNING and r.spec_version == 2
+                                     for r in x.tasks.values()), 120)
+    # another job with no room, then room for it: placed without any input of its own
+    s.create_job(job_spec("y", 1, cpu=8, memory_gb=0.1), sim.now)
+    assert sim.run_until(lambda: "y" in s._room, 120)
+    s.delete_job("hog", sim.now)
+    assert sim.run_until(lambda: all(r.state is TaskState.RUNNING
+                                     for r in s.job("y").tasks.values()), 120)

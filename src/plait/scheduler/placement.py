@@ -34,12 +34,17 @@ def plan_placement(job: JobRecord, canaries: Container[str] = ()) -> PlacementPl
     for rec in pending:
         version = rec.spec_version
         bound = versions[version - 1].entitlement
-        if bound != ent and (bound not in canaries or job.target_of(rec.index) != version):
+        goal = job.target_of(rec.index)
+        if (bound != ent and (bound not in canaries or goal != version)) or (
+                version != goal and rec.op is None):
             # waiting for a machine at a version of the entitlement the job left (never
-            # placed, or moved off a failed machine), or of a canary that ended: it
-            # runs nowhere, so it starts at its goal version directly
+            # placed, or moved off a failed machine), or of a canary that ended, or at
+            # a version an update has replaced since with no operation under way (a
+            # task never placed: a version that never fitted waited for room in vain
+            # after an update that fits): it runs nowhere, so it starts at its goal
+            # version directly
             plan.retarget.append(rec.index)
-            version = job.target_of(rec.index)
+            version = goal
         by_version.setdefault(version, []).append(rec.index)
     for version, indices in sorted(by_version.items()):
         spec = versions[version - 1]

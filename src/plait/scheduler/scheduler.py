@@ -78,7 +78,13 @@ from plait.scheduler.records import (
     TaskStatus,
     same_runtime,
 )
-from plait.scheduler.state import ROOM_RETRY, ROOM_RETRY_MAX, RoomWait, SchedulerState
+from plait.scheduler.state import (
+    ROOM_RECONCILE_EVERY,
+    ROOM_RETRY,
+    ROOM_RETRY_MAX,
+    RoomWait,
+    SchedulerState,
+)
 from plait.scheduler.wanted import Notice, plan_wanted
 from plait.sidekick.book import Applied, ProfileBook, Transition
 from plait.taskcontrol.protocol import (
@@ -696,13 +702,11 @@ class Scheduler(SchedulerState):
             self._room.pop(name, None)
             return None
         pending_state, live, goal = TaskState.PENDING, LIVE, job.target_of
-        pending, first = 0, -1
+        pending = 0
         for r in job.tasks.values():
             state = r.state
             if state is pending_state:
                 pending += 1
-                if first < 0:
-                    first = r.index
             elif state not in live or r.op is not None or r.restart or (
                     r.spec_version != goal(r.index)):
                 self._room.pop(name, None)
@@ -714,13 +718,15 @@ class Scheduler(SchedulerState):
         had = self._room.get(name)
         same = had is not None and had.seen == seen
         backoff = min(ROOM_RETRY_MAX, had.backoff * 2) if same and had else ROOM_RETRY
-        probe = None
-        version = job.target_of(first)
-        spec = job.versions[version - 1]
-        if spec.entitlement == job.entitlement and not job.surges:
-            probe = AllocationRequest.of(name, job.entitlement, spec.resources,
-                                         allocate=[first], policy=spec.policy)
-        self._room[name] = RoomWait(seen, now + backoff, backoff, probe)
+        # the requests the next reconcile's placement would make (each version and
+        # entitlement its pending tasks are placed at), one task of each: room for
+        # any of them brings the reconcile back
+        plan = placement.plan_placement(job, self.allocator.canaries.get(job.entitlement, ()))
+        probes = tuple(AllocationRequest.of(name, request.entitlement, request.resources,
+                                            allocate=[request.tasks[0][0]],
+                                            policy=request.policy)
+                       for _, request in plan.requests if request.tasks)
+        self._room[name] = RoomWait(seen, now + backoff, backoff, probes or None)
         return now + backoff, same
 
     def _room_now(self, name: str, now: float) -> bool:
@@ -729,12 +735,16 @@ class Scheduler(SchedulerState):
         again after a longer backoff, its reconcile skipped: a job of many pending
         tasks costs a try what one task costs)."""
         wait = self._room.get(name)
-        if wait is None or wait.probe is None or name not in self.jobs:
+        if wait is None or wait.probes is None or name not in self.jobs:
+            return True
+        wait.skipped += 1
+        if wait.skipped >= ROOM_RECONCILE_EVERY:  # (whatever the probes say, now and then)
+            wait.skipped = 0
             return True
         try:
-            if self.allocator.propose(wait.probe).assign:
+            if any(self.allocator.propose(probe).assign for probe in wait.probes):
                 return True
-        except (NotFound, ValidationError):  # (its entitlement gone, say: reconciled)
+        except Exception:  # (an entitlement gone, say: the reconcile says what it is)
             return True
         wait.backoff = min(ROOM_RETRY_MAX, wait.backoff * 2)
         wait.at = now + wait.backoff

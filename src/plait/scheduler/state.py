@@ -35,19 +35,25 @@ TASK_MESSAGES = 4096
 #: each try that found none, up to ``ROOM_RETRY_MAX``
 ROOM_RETRY = 1.0
 ROOM_RETRY_MAX = 8.0
+#: a try of every this many is a reconcile whatever the allocator says (a safety net
+#: for room the one-task requests do not see: about every minute at the longest
+#: backoff)
+ROOM_RECONCILE_EVERY = 8
 
 
 @dataclass(slots=True)
 class RoomWait:
     """A job whose only work is placing tasks no machine has room for (decision 135):
     what its last reconcile left (``seen``), when it is tried again and the backoff
-    of that try, and the one-task request that asks the allocator first whether
-    anything has room now (None: the job is reconciled at each try)."""
+    of that try, the requests of one task each (one per request its placement
+    makes) that ask the allocator first whether anything has room now (None: the
+    job is reconciled at each try), and the tries since its last reconcile."""
 
     seen: tuple[object, ...]
     at: float
     backoff: float
-    probe: AllocationRequest | None
+    probes: tuple[AllocationRequest, ...] | None
+    skipped: int = 0
 
 
 class SchedulerState:
