@@ -49,9 +49,11 @@ class Taken(Conflict):
     """A conflict said in a sentence of its own (what is in the way, and what to do),
     where an expected/found pair would not read well."""
 
-    def __init__(self, what: str, message: str) -> None:
+    def __init__(self, what: str, message: str, **details: float) -> None:
         super().__init__(what, None, None)
         self.args = (message,)
+        #: numbers a program reads from the answer beside its message
+        self.details = details
 
 
 class TooLarge(PlaitError):

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from plait.agent.daemon import Agent, BadDesired, checked_desired
+from plait.agent.daemon import Agent, BadDesired, JoinRefused, Task, checked_desired
 
 GOOD_TASK = {"job": "a", "index": 0, "revision": 1,
              "spec": {"command": "sleep", "args": ["60"], "resources": {"cpu": 0.1}}}
@@ -164,4 +164,47 @@ def test_stops_that_wait_out_their_kill_timeout_hold_up_no_other_stop(tmp_path: 
         assert stopped == ["other"]
     finally:
         release.set()
+        agent.close()
+
+
+@pytest.mark.parametrize(("answer", "stops", "token"), [
+    # another agent heard after this one's refusals began: it took the machine over
+    (JoinRefused("m0", 409, "a live agent", heard_ago=0.5), True, None),
+    # heard no later than this agent's own last beats: perhaps this agent itself
+    (JoinRefused("m0", 409, "a live agent", heard_ago=9.0), False, "old"),
+    (JoinRefused("m0", 409, "a live agent"), False, "old"),
+    # a join refused otherwise, or no answer: nothing learnt, nothing stopped
+    (JoinRefused("m0", 401, "invalid token"), False, "old"),
+    (ConnectionError("no control plane reachable"), False, "old"),
+    # joined: the credential had been revoked, or lost; the tasks go on
+    (None, False, "new"),
+])
+def test_a_refused_credential_stops_the_tasks_only_when_another_agent_took_the_machine(
+        tmp_path: Path, answer: Exception | None, stops: bool, token: str | None) -> None:
+    """A refusal alone stops nothing (a control plane refusing every agent for a while
+    must not stop the region): the agent joins again, and only a refusal naming an
+    agent heard since its own beats were refused stops its tasks, files kept."""
+    from plait.agent import daemon
+
+    agent = Agent("m0", ["http://127.0.0.1:9"], "join", tmp_path / "agent")
+    try:
+        agent.token = "old"
+        agent.tasks = {"web.0": Task("web", 0, 1, 0)}
+        stopped: list[tuple[str, bool]] = []
+        agent._stop = lambda key, remove=False, reason="", cause=None: (  # type: ignore
+            stopped.append((key, remove)))
+
+        def join() -> None:
+            if answer is None:
+                agent.token = "new"
+                return
+            raise answer
+        agent.join = join  # type: ignore[method-assign]
+        agent._refused(100.0)
+        agent._refused(100.0 + daemon.REVOKED_AFTER - 1)
+        assert stopped == [] and agent.token == "old"
+        agent._refused(100.0 + daemon.REVOKED_AFTER + 1)
+        assert stopped == ([("web.0", False)] if stops else [])
+        assert agent.token == token and bool(agent.tasks) is not stops
+    finally:
         agent.close()

@@ -430,6 +430,10 @@ def test_an_agent_refused_its_join_says_why_in_one_line(plane, tmp_path, monkeyp
                       headers={"Authorization": f"Bearer {first.json()['token']}"})
     assert beat.status_code == 200, beat.text
     token_file = write(tmp_path, "join-token", join)
+    import plait.cli.daemons as daemons
+
+    # (it waits out a live agent's last heartbeats first: here, none)
+    monkeypatch.setattr(daemons, "JOIN_WAIT", 0.0)
     res = plait("agent", "--machine-id", "m0000003", "--control-plane", plane.url,
                 "--join-token-file", str(token_file), "--data-dir", str(tmp_path / "a"),
                 ok=False)

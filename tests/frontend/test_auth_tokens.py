@@ -31,3 +31,22 @@ def test_names_and_roles_are_checked(tmp_path):
     assert tokens.verify(token).role is Role.JOIN
     with pytest.raises(AuthError, match="unknown token"):
         tokens.verify("plait_ffff_" + token.rsplit("_", 1)[1])
+
+
+def test_a_machine_has_one_live_credential_rotated_or_joined_again(tmp_path):
+    """Each join replaces the machine's credential and revokes the one before; a
+    rotated credential is the machine's in its place (a later join revokes it)."""
+    tokens = TokenStore(SqliteStore(str(tmp_path / "plait.db")))
+    first, _, before = tokens.issue_machine("m1", now=0)
+    assert before is None
+    second, token, before = tokens.issue_machine("m1", now=1)
+    assert before == first.id and tokens.verify(token).name == "m1"
+    assert {t.id: t.revoked for t in tokens.list()} == {first.id: True, second.id: False}
+    rotated, _ = tokens.rotate(second.id, now=2)
+    third, _, before = tokens.issue_machine("m1", now=3)
+    assert before == rotated.id
+    live = [t.id for t in tokens.list() if not t.revoked]
+    assert live == [third.id]
+    # another machine's credentials are its own
+    other, _, before = tokens.issue_machine("m2", now=4)
+    assert before is None and not next(t for t in tokens.list() if t.id == third.id).revoked

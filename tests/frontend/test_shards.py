@@ -469,12 +469,13 @@ def test_a_second_agent_cannot_join_as_a_live_machine_of_either_shard(region, tm
     assert region.running("jb", 2)
 
 
-def test_an_agent_whose_credential_was_revoked_stops_its_tasks_and_joins_again(
+def test_an_agent_refused_its_credential_joins_again_and_stops_its_tasks_only_if_taken_over(
         tmp_path, monkeypatch):
-    """A machine's credential revoked (another agent joined as the machine, which then
-    runs its tasks, or an admin revoked it): the agent that held it must not run the
-    machine's tasks on, unseen. Refused past ``REVOKED_AFTER``, it stops them and joins
-    again; the control plane then runs the job's tasks as before."""
+    """An agent whose credential is refused joins again to learn why. An admin revoked
+    it: joined with a new one, its tasks run on. Another agent joined as its machine
+    (the machine's tasks are that one's now): it stops them, and asks to join at
+    each heartbeat until that agent is gone. A frozen agent that woke after a
+    takeover ran its task beside the replacement for as long as it was watched."""
     from plait.agent import daemon
 
     monkeypatch.setattr(daemon, "REVOKED_AFTER", 1.0)
@@ -487,10 +488,39 @@ def test_an_agent_whose_credential_was_revoked_stops_its_tasks_and_joins_again(
         machine = api.get("/v1/jobs/ja/tasks").json()["tasks"][0]["machine"]
         agent = next(a for a in region.agents if a.machine == machine)
         (pid,) = [h.pid for h in agent.handles.values()]
-        credential = agent.token
-        assert credential is not None
-        token_id = credential.split("_")[1]
-        assert api.delete(f"/v1/tokens/{token_id}").status_code == 200
+
+        def revoke(credential: str) -> None:
+            assert api.delete(f"/v1/tokens/{credential.split('_')[1]}").status_code == 200
+
+        # an admin revokes the credential: the agent joins again (once its own beats,
+        # refused, are no longer heard); its machine looked dead meanwhile, and the
+        # job runs its one task, once
+        first = agent.token
+        assert first is not None
+        revoke(first)
+        wait_for(lambda: agent.token not in (None, first))
+        wait_for(lambda: region.running("ja", 1))
+        wait_for(lambda: sum(1 for key in region.pids() if key.endswith("/ja.0")) == 1)
+        machine = api.get("/v1/jobs/ja/tasks").json()["tasks"][0]["machine"]
+        agent = next(a for a in region.agents if a.machine == machine)
+        wait_for(lambda: len(agent.handles) == 1)
+        (pid,) = [h.pid for h in agent.handles.values()]
+
+        # another agent joins as the machine once this one's beats are refused (this
+        # one held back from joining again meanwhile: whichever asked first would win)
+        second = agent.token
+        assert second is not None
+        monkeypatch.setattr(daemon, "REVOKED_AFTER", 1000.0)
+        revoke(second)
+        join = api.post("/v1/tokens", json={"role": "join", "name": "j2"}).json()["token"]
+        other = httpx.Client(base_url=region.front.url, timeout=30,
+                             headers={"Authorization": f"Bearer {join}"})
+        deadline = time.monotonic() + 60
+        while (r := other.post("/v1/agents/join", json={"machine": machine})).status_code != 201:
+            assert r.status_code == 409 and time.monotonic() < deadline, r.text
+            time.sleep(0.1)
+        taker = httpx.Client(base_url=region.front.url, timeout=30, headers={
+            "Authorization": f"Bearer {r.json()['token']}"})
 
         def gone(pid: int) -> bool:
             try:
@@ -499,10 +529,22 @@ def test_an_agent_whose_credential_was_revoked_stops_its_tasks_and_joins_again(
             except FileNotFoundError:
                 return True
 
-        wait_for(lambda: gone(pid))
-        # joined again with a new credential (once its old one had been refused for
-        # the heartbeat timeout), and the job runs its task again
-        wait_for(lambda: agent.token is not None and agent.token != credential)
+        report = {"tasks": [], "profile": {"name": None}}
+        assert taker.post(f"/v1/machines/{machine}/status", json=report).status_code == 200
+        monkeypatch.setattr(daemon, "REVOKED_AFTER", 1.0)
+        deadline = time.monotonic() + 60
+        quiet_since = None
+        while quiet_since is None or time.monotonic() - quiet_since < 3:
+            # (the other agent beats: alive; this one runs no copy of the task, for
+            # 3 s on end once its process is gone)
+            assert taker.post(f"/v1/machines/{machine}/status", json=report).status_code == 200
+            assert time.monotonic() < deadline
+            if not gone(pid) or "ja.0" in agent.handles:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            time.sleep(0.2)
+        # the other agent goes quiet: this one joins again, and the job runs again
+        wait_for(lambda: agent.token is not None)
         wait_for(lambda: region.running("ja", 1))
-        assert pid not in region.pids().values()
         assert sum(1 for key in region.pids() if key.endswith("/ja.0")) == 1

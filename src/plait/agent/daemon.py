@@ -117,11 +117,15 @@ TASK_HOST_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE"
 #: up at the next report)
 LONG_POLL_SECONDS = 10.0
 
-#: seconds the control plane may refuse this machine's credential (401) before the
-#: agent takes it as revoked: it stops its tasks and joins again (a join of the
-#: machine by another agent revokes this one's; a refusal as short as a store
-#: replica's lag behind a new credential is not one)
+#: seconds of the control plane refusing this machine's credential (401) in a row
+#: before the agent joins again to learn why (``Agent._refused``): a join of the
+#: machine by another agent revokes this one's, and a refusal as short as a store
+#: replica's lag behind a new credential is none
 REVOKED_AFTER = 10.0
+#: seconds a control plane may take a revoked credential still (its cache of them)
+#: and more: a heartbeat it heard that long after this agent's first refusal was
+#: another agent's
+CREDENTIAL_CACHE_SLACK = 3.0
 
 #: the kill timeout of a task whose spec names none
 DEFAULT_KILL_TIMEOUT = 10.0
@@ -184,8 +188,11 @@ class JoinRefused(RuntimeError):
     """The control plane refused this agent's join: ``status`` (its HTTP status) and
     ``reason`` (its answer's message)."""
 
-    def __init__(self, machine: str, status: int, reason: str) -> None:
-        self.status, self.reason = status, reason
+    def __init__(self, machine: str, status: int, reason: str,
+                 heard_ago: float | None = None) -> None:
+        #: (a 409 for a live agent of the machine) how long ago the control plane
+        #: heard that agent
+        self.status, self.reason, self.heard_ago = status, reason, heard_ago
         super().__init__(f"joining as machine {machine} was refused ({status}): {reason}")
 
 
@@ -272,8 +279,10 @@ class Agent:
         digest = hashlib.sha1(str(self.data_dir).encode()).hexdigest()[:8]
         self.prefix = f"{machine}.{digest}"
         self.token: str | None = None
-        #: since when the control plane has refused the machine's credential (401)
+        #: since when the control plane has refused the machine's credential (401),
+        #: and when the agent joins again to learn why (``_refused``)
         self.refused_since: float | None = None
+        self._rejoin_at = 0.0
         self.tasks: dict[str, Task] = {}
         self.handles: dict[str, Handle] = {}
         #: the last spec seen per task (for its health probe)
@@ -448,12 +457,17 @@ class Agent:
         except httpx.HTTPStatusError as exc:
             if exc.response.status_code >= 500:
                 raise
+            reason, heard = "", None
             try:
-                reason = str(exc.response.json().get("message", ""))
+                answer = exc.response.json()
+                reason = str(answer.get("message", ""))
+                ago = answer.get("heard_seconds_ago")
+                if isinstance(ago, int | float) and not isinstance(ago, bool):
+                    heard = float(ago)
             except (ValueError, AttributeError):
-                reason = ""
+                pass
             raise JoinRefused(self.machine, exc.response.status_code,
-                              reason or exc.response.text[:200]) from None
+                              reason or exc.response.text[:200], heard) from None
         self._save()
 
     # -- one step --------------------------------------------------------------------------
@@ -497,6 +511,7 @@ class Agent:
                     and desired.response.status_code == 401 and self.token is not None):
                 self._refused(time.monotonic())
                 return
+            self.refused_since = None  # (refusals in a row only: another failure ends them)
             if self.reachable:
                 self.log.warning("control plane unreachable; tasks keep running",
                                  error=str(desired))
@@ -511,27 +526,60 @@ class Agent:
         self.generation = desired.get("generation")
 
     def _refused(self, now: float) -> None:
-        """The control plane refused this machine's credential. Past ``REVOKED_AFTER``
-        seconds of refusals it was revoked (another agent joined as this machine,
-        which then runs the machine's tasks, or an admin revoked it): the tasks are
-        stopped, as they would be if the desired set had dropped them (two copies of
-        a task must not run), the credential is forgotten, and the agent joins again
-        (refused while the other agent is alive)."""
+        """The control plane refused this machine's credential. After ``REVOKED_AFTER``
+        seconds of refusals in a row the agent joins again with its join token, and
+        the answer says what happened. Refused because another agent of this machine
+        is alive (409): that one took the machine over and runs its tasks, so this
+        one stops them (their files kept), as if the desired set had dropped them,
+        and asks to join again at each heartbeat (two copies of a task must not
+        run). Joined: the credential had been revoked (an admin), or the region's
+        store lost it; the tasks go on. Anything else (no join token, the join
+        refused for another reason, no answer): nothing is stopped, and it is tried
+        again after another ``REVOKED_AFTER``. A refusal alone never stops a task:
+        a control plane that refuses every agent for a while (a store restored from
+        an old backup, a proxy that drops the header) must not stop the region."""
         self.reachable = False
         self.generation = None
         if self.refused_since is None:
             self.refused_since = now
             self.log.warning("the control plane refuses this machine's credential",
-                             revoked_after_seconds=REVOKED_AFTER)
+                             join_again_after_seconds=REVOKED_AFTER)
             return
-        if now - self.refused_since < REVOKED_AFTER:
+        if now < self._rejoin_at or now - self.refused_since < REVOKED_AFTER:
             return
-        self.log.error("this machine's credential was revoked (another agent joined as "
-                       "this machine, or an admin revoked it): its tasks are stopped, and "
-                       "the agent joins again", tasks=len(self.tasks))
-        self._converge({"tasks": []}, now)
-        self.token, self.refused_since = None, None
-        self._save()
+        self._rejoin_at = now + REVOKED_AFTER  # (the next try, if this one settles nothing)
+        held, self.token = self.token, None
+        try:
+            self.join()
+        except JoinRefused as exc:
+            # (heard since this agent's own beats were refused, and the control plane's
+            # cache of credentials let them in: another agent's)
+            other = exc.heard_ago is not None and (
+                exc.heard_ago < now - self.refused_since - CREDENTIAL_CACHE_SLACK)
+            if exc.status != 409 or not other:
+                self.token = held
+                self.log.error("this machine's credential is refused, and so is its join: "
+                               "its tasks keep running", error=str(exc))
+                return
+            self.log.error("another agent runs this machine (its credential replaced this "
+                           "one's): this agent's tasks are stopped, and it asks to join "
+                           "again", error=str(exc), tasks=len(self.tasks))
+            for key in list(self.tasks):  # (stopped, their files kept)
+                self._stop(key, reason="another agent runs this machine")
+                self.tasks.pop(key, None)
+                self.specs.pop(key, None)
+                self.prober.forget(key)
+                self._cpu.pop(key, None)
+            self.refused_since = None
+            self._save()
+        except (ConnectionError, httpx.HTTPError, ValueError, OSError) as exc:
+            self.token = held  # (no join token, or no answer: as it was)
+            self.log.error("this machine's credential is refused, and joining again "
+                           "failed: its tasks keep running", error=str(exc))
+        else:
+            self.refused_since = None
+            self.log.warning("this machine's credential was refused: joined again with a "
+                             "new one, its tasks kept", tasks=len(self.tasks))
 
     def _converge(self, desired: dict[str, Any], now: float) -> None:
         """Converge the tasks to the desired set (starts, restarts on a new revision,

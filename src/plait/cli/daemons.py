@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +14,10 @@ from plait.cli.client import EXIT_DENIED, EXIT_INVALID, q
 from plait.cli.common import Output, api, emit, err
 from plait.clientconfig import ClientConfig
 from plait.errors import Conflict, PlaitError, ValidationError
+
+#: seconds `plait agent` waits out a refusal of its join for a live agent of its
+#: machine (more than a control plane's heartbeat timeout, 5 s by default)
+JOIN_WAIT = 15.0
 
 #: tracing (plait.tracing), the same on every process that serves the API
 OtlpEndpoint = Annotated[str | None, typer.Option(
@@ -293,6 +298,8 @@ def agent(
     import signal
     import threading
 
+    import httpx
+
     from plait import logconfig
     from plait.cli.common import safe
 
@@ -352,17 +359,26 @@ def agent(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, stop_tasks)
     (data_dir / "agent.pid").write_text(f"{os.getpid()}\n")
-    while not stop.is_set():  # join first: a refused join is an error, not a retry
+    # join first: a refused join is an error, not a retry; but a live agent of the
+    # machine (409) may be one that just stopped (a host reinstalled, its data dir
+    # lost), whose last heartbeat the control plane still counts: waited out
+    waiting_since = time.monotonic()
+    while not stop.is_set():
         try:
             a.join()
             break
-        except ConnectionError as exc:
+        except (ConnectionError, httpx.HTTPStatusError) as exc:  # (5xx: no leader yet)
             log.warning("cannot join yet; retrying", error=str(exc))
             stop.wait(interval)
         except (ValueError, OSError) as exc:  # no join token, a data dir it cannot write
             err.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(EXIT_INVALID) from None
         except JoinRefused as exc:
+            if exc.status == 409 and time.monotonic() - waiting_since < JOIN_WAIT:
+                log.warning("join refused: waiting for the machine's last agent to be "
+                            "silent", error=exc.reason)
+                stop.wait(interval)
+                continue
             err.print(f"[red]error:[/red] the control plane refused machine {machine_id}: "
                       f"{safe(exc.reason)}")
             raise typer.Exit(EXIT_DENIED if exc.status in (401, 403) else EXIT_INVALID) from None

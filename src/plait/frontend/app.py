@@ -406,7 +406,11 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
 
     @app.exception_handler(Conflict)
     async def _conflict(request: Request, exc: Conflict) -> JSONResponse:
-        return _error(409, "conflict", str(exc))
+        answer = _error(409, "conflict", str(exc))
+        if isinstance(exc, Taken) and exc.details:
+            body = {**json.loads(bytes(answer.body)), **exc.details}
+            return JSONResponse(body, status_code=409)
+        return answer
 
     @app.exception_handler(TooLarge)
     async def _too_large(request: Request, exc: TooLarge) -> JSONResponse:
@@ -1178,7 +1182,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                     "second agent cannot join as it. Stop that agent first (a machine "
                     f"silent for {cp.config.heartbeat_timeout:g}s may be joined again), or "
                     "start this one with that agent's data dir, which holds the "
-                    "machine's credential"))
+                    "machine's credential"), heard_seconds_ago=round(ago, 3))
         if body.fault_domain is not None:
             assert body.cpu is not None and body.memory_gb is not None and body.type
             cp.machine_ops.register(Machine(

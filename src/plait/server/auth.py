@@ -128,7 +128,9 @@ class TokenStore:
             raise Conflict(f"machine {machine}", "one agent joining",
                            "another join of it at the same time: retry") from None
         if before is not None and before != info.id:
-            with contextlib.suppress(NotFound):
+            # (a record other writers keep changing: the old credential is left live,
+            # the new one stands)
+            with contextlib.suppress(NotFound, Conflict):
                 self.revoke(before)
         return info, token, before
 
@@ -209,7 +211,15 @@ class TokenStore:
         if self._read(token_id)[0].revoked:
             raise Conflict(f"token {token_id}", "a live token", "revoked")
         info = self.revoke(token_id)
-        return self.create(info.role, info.name, now, info.description)
+        made, token = self.create(info.role, info.name, now, info.description)
+        if info.role is Role.MACHINE:  # (the machine's credential, if it was: this one now)
+            key = f"/machines/{info.name}"
+            with contextlib.suppress(NotFound, Conflict):
+                value, version = self.ns.get(key)
+                if json.loads(value).get("token") == token_id:
+                    self.ns.set(key, json.dumps({"schema": SCHEMA, "token": made.id}).encode(),
+                                version)
+        return made, token
 
     def forget(self) -> None:
         """Drop cached records (another process may have revoked a token)."""
