@@ -48,5 +48,5 @@ def test_a_machine_has_one_live_credential_rotated_or_joined_again(tmp_path):
     live = [t.id for t in tokens.list() if not t.revoked]
     assert live == [third.id]
     # another machine's credentials are its own
-    other, _, before = tokens.issue_machine("m2", now=4)
+    _other, _, before = tokens.issue_machine("m2", now=4)
     assert before is None and not next(t for t in tokens.list() if t.id == third.id).revoked
