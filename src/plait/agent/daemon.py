@@ -283,6 +283,8 @@ class Agent:
         #: and when the agent joins again to learn why (``_refused``)
         self.refused_since: float | None = None
         self._rejoin_at = 0.0
+        #: the last refusal of a join logged, and when (``run``)
+        self._join_refused: tuple[str, float] = ("", float("-inf"))
         self.tasks: dict[str, Task] = {}
         self.handles: dict[str, Handle] = {}
         #: the last spec seen per task (for its health probe)
@@ -922,7 +924,11 @@ class Agent:
                     if self._tick(now, now >= next_report):
                         next_report = now + interval
                 except JoinRefused as exc:  # (asked again at the next heartbeat)
-                    self.log.error("join refused", error=str(exc))
+                    # (said once, then each minute while the reason stays the same)
+                    said, at = self._join_refused
+                    if exc.reason.split(" (heard", 1)[0] != said or now - at >= 60:
+                        self.log.error("join refused", error=str(exc))
+                        self._join_refused = (exc.reason.split(" (heard", 1)[0], now)
                     self.reachable = False
                     next_report = now + interval
                 except (ConnectionError, httpx.HTTPError) as exc:
