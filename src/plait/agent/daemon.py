@@ -566,12 +566,8 @@ class Agent:
             self.log.error("another agent runs this machine (its credential replaced this "
                            "one's): this agent's tasks are stopped, and it asks to join "
                            "again", error=str(exc), tasks=len(self.tasks))
-            for key in list(self.tasks):  # (stopped, their files kept)
-                self._stop(key, reason="another agent runs this machine")
-                self.tasks.pop(key, None)
-                self.specs.pop(key, None)
-                self.prober.forget(key)
-                self._cpu.pop(key, None)
+            for key in list(self.tasks):
+                self._remove(key, "another agent runs this machine", keep_files=True)
             self.refused_since = None
             self._save()
         except (ConnectionError, httpx.HTTPError, ValueError, OSError) as exc:
@@ -775,8 +771,10 @@ class Agent:
         self.runtime.cleanup(self._runtime_key(key))
         shutil.rmtree(self.data_dir / "tasks" / key, ignore_errors=True)
 
-    def _remove(self, key: str, reason: str, cause: str | None = None) -> None:
-        self._stop(key, remove=True, reason=reason, cause=cause)
+    def _remove(self, key: str, reason: str, cause: str | None = None,
+                keep_files: bool = False) -> None:
+        """Stop the task and forget it (``keep_files``: its files stay on disk)."""
+        self._stop(key, remove=not keep_files, reason=reason, cause=cause)
         self.tasks.pop(key, None)
         self.specs.pop(key, None)
         self.prober.forget(key)
