@@ -475,6 +475,33 @@ def test_a_versions_runtime_key_is_the_digest_stored_keys_were_made_with() -> No
     assert keys[0] == keys[1] == keys[2] != keys[3]
 
 
+def test_a_first_version_gets_its_runtime_key_when_a_second_is_added(tmp_path) -> None:
+    """A create stores its one version without the runtime key (nothing to compare it
+    with); the next version made gives it the key it would have had, so an update of
+    count or pacing keeps the revision and one of the command makes a new one, through
+    the store and a restart alike."""
+    from plait.model import JobSpec
+    from plait.persist.scheduler import runtime_key
+
+    base = {"name": "web", "entitlement": "e", "command": "serve", "task_count": 1,
+            "resources": {"cpu": 1, "memory_gb": 1}}
+    first = JobSpec.model_validate(base)
+    store = SqliteStore(str(tmp_path / "s.db"))
+    jobs = JobStore(store)
+    jobs.create(first, now=1.0)
+    assert "runtime" not in jobs.get("web").kept[1]
+    jobs.update(first.model_copy(update={"task_count": 3}), now=2.0)
+    store.close()
+    store = SqliteStore(str(tmp_path / "s.db"))  # (read back as stored)
+    doc = JobStore(store).get("web")
+    assert doc.kept[1]["runtime"] == doc.kept[2]["runtime"] == runtime_key(first)
+    assert [doc.revision(v) for v in (1, 2)] == [1, 1]
+    JobStore(store).update(first.model_copy(update={"command": "serve2"}), now=3.0)
+    doc = JobStore(store).get("web")
+    assert doc.revision(3) == 3 and doc.kept[3]["runtime"] != doc.kept[1]["runtime"]
+    store.close()
+
+
 def test_a_job_waiting_for_room_is_not_stored_again_while_nothing_changes(tmp_path):
     """A job whose tasks cannot all be placed is stored once it settles, and not again
     at every pass: a job of many pending tasks cost each pass its whole record."""

@@ -74,7 +74,12 @@ def runtime_key(spec: JobSpec, dumped: dict[str, Any] | None = None) -> str:
     ``dumped``: the spec's JSON form, when the caller made it already. (The digest is
     of the spec's JSON form with the fields that do not change how it runs set to
     fixed values; keys are stored with versions, so it never changes.)"""
-    runs = dict(spec.model_dump(mode="json") if dumped is None else dumped)
+    return _runtime_of(spec.model_dump(mode="json") if dumped is None else dumped)
+
+
+def _runtime_of(dumped: dict[str, Any]) -> str:
+    """``runtime_key`` of a spec's JSON form."""
+    runs = dict(dumped)
     for key, value in _fixed_not_runtime().items():
         if value is _ABSENT_FIELD:
             runs.pop(key, None)
@@ -110,7 +115,8 @@ class JobDoc:
     entitlement: str
     #: the latest version's number (versions are numbered 1, 2, ... for good)
     version: int
-    #: kept versions: number -> {"spec": JSON, "revision": int, "runtime": key}
+    #: kept versions: number -> {"spec": JSON, "revision": int, "runtime": key}; a
+    #: job's first version is stored without its key until a second is added
     kept: dict[int, dict[str, Any]]
     seq: int = 0
     log: list[dict[str, Any]] = field(default_factory=list)
@@ -207,11 +213,21 @@ class JobDoc:
 
     def _append(self, spec: JobSpec) -> int:
         dumped = spec.model_dump(mode="json")
-        key = runtime_key(spec, dumped)
         self.version += 1
-        revision = next((int(e["revision"]) for _, e in sorted(self.kept.items())
-                         if e.get("runtime") == key), self.version)
-        self.kept[self.version] = {"spec": dumped, "revision": revision, "runtime": key}
+        entry: dict[str, Any] = {"spec": dumped, "revision": self.version}
+        if self.kept:
+            # the first kept version that runs the same way gives the revision; a
+            # version stored without its key (a job's first: nothing to compare it
+            # with then, and a create is the hot path) gets it now, from its stored
+            # form, the digest it would have had
+            key = entry["runtime"] = _runtime_of(dumped)
+            for _, e in sorted(self.kept.items()):
+                if "runtime" not in e:
+                    e["runtime"] = _runtime_of(e["spec"])
+                if e["runtime"] == key:
+                    entry["revision"] = int(e["revision"])
+                    break
+        self.kept[self.version] = entry
         self._parsed[self.version] = spec
         return self.version
 
