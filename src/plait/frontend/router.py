@@ -351,6 +351,15 @@ class Creates:
 
     async def _send(self, shard: int, sent: list[tuple[batch.Item, asyncio.Future[Any]]]
                     ) -> None:
+        released = False
+
+        def release() -> None:  # (once: this batch is no longer on its way)
+            nonlocal released
+            if not released:
+                released = True
+                self._sending[shard] -= 1
+                self._kick(shard)
+
         try:
             items = [item for item, _ in sent]
             rid = items[0].request_id  # (the batch's: its first create's, in every log)
@@ -364,10 +373,14 @@ class Creates:
             try:
                 r = await self.router.to_shard(shard, scope, batch.encode(items))
             except Refused as exc:
+                release()
                 for _, waiting in sent:
                     if not waiting.done():
                         waiting.set_exception(exc)  # (its reply, for each caller)
                 return
+            # the next batch leaves before this one's callers are answered (each
+            # answer is written to its caller's connection first otherwise)
+            release()
             answers: list[tuple[int, bytes] | None] = [None] * len(sent)
             if r.status_code == 200 and r.headers.get("content-type") == batch.CONTENT_TYPE:
                 # (an answer not in the form: each create alone, the route's answers)
@@ -382,8 +395,7 @@ class Creates:
                     waiting.set_exception(exc)
             raise
         finally:
-            self._sending[shard] -= 1
-            self._kick(shard)
+            release()
 
 
 class ShardRouter:
