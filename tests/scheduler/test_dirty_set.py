@@ -237,6 +237,35 @@ def test_a_job_waiting_for_room_is_not_reconciled_each_pass_until_room_appears(l
                                      if r.machine is not None) >= placed + 5, 60)
 
 
+def test_a_rollout_whose_new_tasks_find_no_room_waits_for_room_out_of_the_passes(looked_at):
+    """An update whose new version has no room: its pending task holds the job's
+    max_unavailable, the other tasks' operations wait for it, and the job is not
+    reconciled each pass (a 100,000-task job in that state cost every pass its whole
+    reconcile, save and view) until room appears; then the rollout finishes."""
+    sim = world(machines=12, config=SchedulerConfig(**NO_FULL_PASS))
+    s = sim.scheduler
+    s.create_job(job_spec("hog", 12, cpu=10, memory_gb=0.1), sim.now)  # (6 cpu left each)
+    s.create_job(job_spec("big", 4, cpu=1, memory_gb=0.1,
+                          update=UpdatePolicy(max_unavailable=1)), sim.now)
+    assert sim.run_until(lambda: len(s.discovery("hog")) == 12
+                         and len(s.discovery("big")) == 4, 300)
+    s.update_job(job_spec("big", 4, cpu=8, memory_gb=0.1,
+                          update=UpdatePolicy(max_unavailable=1)), sim.now)
+    big = s.job("big")
+    assert sim.run_until(lambda: big.unplaced_reason is not None and any(
+        r.state is TaskState.PENDING for r in big.tasks.values()), 120)
+    sim.run(5)
+    assert big.offers and big.in_progress and big.unplaced_reason is not None
+    looked_at.clear()
+    passes = s.passes
+    sim.run(60)
+    assert s.passes - passes >= 30
+    assert looked_at.count("big") <= 1, looked_at.count("big")
+    s.delete_job("hog", sim.now)  # room: the rollout goes on without another input
+    assert sim.run_until(lambda: all(r.state is TaskState.RUNNING and r.spec_version == 2
+                                     for r in big.tasks.values()) and not big.offers, 300)
+
+
 def test_a_task_waiting_for_room_at_a_version_an_update_replaced_is_placed_at_the_new_one():
     """A version that never fitted, then an update that fits: its pending task ran
     nowhere, so it goes to the new version at once (it waited for room at the old

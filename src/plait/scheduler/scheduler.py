@@ -689,29 +689,38 @@ class Scheduler(SchedulerState):
 
     def _room_wait(self, job: JobRecord, now: float) -> tuple[float, bool] | None:
         """After a reconcile: None unless all the job has left to do is place pending
-        tasks for which no machine had room (every other task placed at its goal
-        version, with nothing under way), then (when to try again, whether this
+        tasks for which no machine had room, then (when to try again, whether this
         reconcile changed nothing since the last such one: then nothing is stored or
-        shown). The job waits, out of the dirty set, for its timer (1 s, doubled
-        after each try that changed nothing, up to 8 s), for an input of its own, or
-        for a change of its entitlement (``room_changed``): a job of 100,000 tasks
-        that can never be placed cost every pass 0.6 s of reconcile, save and view."""
+        shown). Every other task is placed at its goal version with nothing under
+        way, or waits with an operation offered that the built-in policy cannot ack
+        until a pending task runs (a rollout whose new tasks found no room, its
+        max_unavailable spent on them). The job waits, out of the dirty set, for its
+        timer (1 s, doubled after each try that changed nothing, up to 8 s), for an
+        input of its own, or for a change of its entitlement (``room_changed``): a job
+        of 100,000 tasks that can never be placed cost every pass 0.6 s of reconcile,
+        save and view, and so did one whose update could not be placed."""
         name = job.name
-        if (job.unplaced_reason is None or job.offers or job.acked or job.in_progress
-                or job.lost or job.deleting or job.in_flight is not None):
+        if (job.unplaced_reason is None or job.acked or job.lost or job.deleting
+                or job.in_flight is not None
+                or (job.offers and job.controller is not None)):
             self._room.pop(name, None)
             return None
         pending_state, live, goal = TaskState.PENDING, LIVE, job.target_of
+        offers = job.offers
         pending = 0
         for r in job.tasks.values():
             state = r.state
             if state is pending_state:
                 pending += 1
             elif state not in live or r.op is not None or r.restart or (
-                    r.spec_version != goal(r.index)):
+                    r.spec_version != goal(r.index) and r.index not in offers):
                 self._room.pop(name, None)
                 return None
-        if not pending:
+        tasks = job.tasks
+        if not pending or any(tasks[i].state is not pending_state for i in job.in_progress
+                              if i in tasks) or (
+                offers and acks.builtin_acks(job, now, down_tasks(job))):
+            # (an operation waiting on a running task, or one the policy acks now)
             self._room.pop(name, None)
             return None
         seen = (pending, len(job.tasks), job.unplaced_reason, self._unchanged(job))
