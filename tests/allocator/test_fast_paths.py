@@ -165,3 +165,50 @@ def test_commit_still_verifies_when_the_index_changed_after_the_plan():
     c.allocate("other", "e", half, allocate=[0])  # takes a's last room
     with pytest.raises(Conflict):
         c.allocator.commit(plan)
+
+
+def run_one_task_jobs(monkeypatch, seed: int, fast: bool):
+    """New one-task jobs of random shapes and policies in entitlements of every size,
+    with machines failing, in maintenance and back on the way; optionally without the
+    path that places a new job's one task on a member with room."""
+    if not fast:
+        monkeypatch.setattr(placement, "_one_on_a_member", lambda index, cp: None)
+    rnd = random.Random(seed)
+    c = Cluster.generated(dcs=2, msbs_per_dc=3, rows_per_msb=2, racks_per_row=2,
+                          machines_per_rack=3)
+    for k, quota in enumerate([2, 5, 9, 40]):
+        c.entitlement(f"e{k}", machines=quota)
+    policies = [*POLICIES,
+                AllocationPolicy(requirements=Requirements(dc="dc1")),
+                AllocationPolicy(preferences=(SPREAD_TYPE, STACK)),
+                AllocationPolicy(preferences=(SPREAD_MSB, SPREAD_RACK, STACK))]
+    results = []
+    events: list[str] = []
+    for j in range(150):
+        if j % 25 == 24:  # a machine fails or goes into maintenance...
+            m = rnd.randrange(len(c.fleet))
+            events.append(f"ev{j}")
+            c.region.add_event(UnavailabilityEvent(
+                events[-1], rnd.choice([EventKind.FAILURE, EventKind.MAINTENANCE]),
+                (c.fleet.name(m),), start=j, end=j + 1000), j)
+        if j % 25 == 12 and len(events) > 1:  # ... and an earlier one comes back
+            c.region.end_event(events.pop(0), j)
+        if j % 10 == 9 and results:  # a job leaves: room on a member
+            gone = rnd.choice([r for r in results if r[1]])
+            c.allocate(gone[0], gone[1], gone[2], free=[0], policy=gone[3])
+        job, ent = f"j{j}", f"e{rnd.randrange(4)}"
+        res = Resources(cpu=rnd.choice([0, 1, 2, 4, 16]), memory_gb=rnd.choice([0, 1, 8]),
+                        disk_gb=rnd.choice([0, 0, 50]))
+        policy = rnd.choice(policies)
+        r = c.allocate(job, ent, res, allocate=[0], policy=policy)
+        results.append((job, ent, res, policy, r.tasks, r.machines, r.unplaced, r.claimed))
+    check_invariants(c)
+    monkeypatch.undo()
+    return [r[4:] for r in results]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_a_new_jobs_one_task_on_a_member_matches_the_heap(monkeypatch, seed):
+    fast = run_one_task_jobs(monkeypatch, seed, True)
+    assert fast == run_one_task_jobs(monkeypatch, seed, False)
+    assert sum(1 for tasks, _, _, claimed in fast if tasks and not claimed) > 50

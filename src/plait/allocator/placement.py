@@ -116,8 +116,62 @@ def propose(
     if cp.impossible:
         plan.unplaced = [(t, cp.impossible) for t in to_place]
         return plan
+    if job is None and len(to_place) == 1:
+        # a new job's one task (most creates): a machine of the entitlement with room,
+        # found with a few array operations rather than the bins' keys and heap
+        m = _one_on_a_member(index, cp)
+        if m is not None:
+            plan.assign.append((to_place[0], m))
+            return plan
     _Placer(index, cp, quota, placement, plan).run(to_place)
     return plan
+
+
+def _one_on_a_member(index: MachineIndex, cp: CompiledPolicy) -> int | None:
+    """Where ``_Placer`` puts the one task of a new job when a machine of the
+    entitlement has room for it, or None (then ``_Placer`` decides: the free pool, a
+    large entitlement's idle members, a per-machine cap). A new job counts no task in
+    any domain, so every bin's key is its head's (kind, room left, bin): a member with
+    room (kind 0) before any free machine, the least cpu then memory left, then the
+    lowest bin, then (the bin's order) the lowest machine."""
+    if cp.max_per_machine is not None or cp.shapes.size == 0 or (
+            index.idle.get(cp.ent_code) is not None):
+        return None
+    members = index.members.get(cp.ent_code)
+    if members is None or members.size == 0:
+        return None
+    E = members.ids
+    fc, fm = index.free_cpu[E], index.free_mem[E]
+    (nc, nm, nd), (floor_c, floor_m, floor_d) = cp.need, cp.floor
+    ok = cp.usable[index.hshape[E]]  # healthy, and an allowed shape
+    if nc or floor_c:
+        ok &= fc >= nc + floor_c
+    if nm or floor_m:
+        ok &= fm >= nm + floor_m
+    if nd or floor_d:
+        ok &= index.free_disk[E] >= nd + floor_d
+    if cp.dc is not None:
+        ok &= index.loc["dc"][E] == cp.dc
+    sel = ok.nonzero()[0]
+    if sel.size == 0:
+        return None
+    C = E[sel]
+    layout = cp.layout
+    if cp.finest is None:
+        b = (index.shape_type[index.shape[C]] if cp.by_type
+             else np.zeros(C.size, np.int64))
+    else:
+        b = index.loc[cp.finest][C]
+        if cp.by_type:
+            b = b * index.n_types + index.shape_type[index.shape[C]]
+    b = layout.pos[b]
+    inside = (b >= 0) & (b < layout.n_bins)  # (a machine in no bin is never a head)
+    if not inside.all():
+        C, b, sel = C[inside], b[inside], sel[inside]
+        if C.size == 0:
+            return None
+    best = np.lexsort((C, b, fm[sel], fc[sel]))[0]
+    return int(C[best])
 
 
 def _enforce_max_per_machine(cap: int, placement: Mapping[int, int], plan: Plan,
