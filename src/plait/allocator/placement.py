@@ -157,14 +157,15 @@ def _one_on_a_member(index: MachineIndex, cp: CompiledPolicy) -> int | None:
         return None
     C = E[sel]
     layout = cp.layout
+    code: np.ndarray
     if cp.finest is None:
-        b = (index.shape_type[index.shape[C]] if cp.by_type
-             else np.zeros(C.size, np.int64))
+        code = (index.shape_type[index.shape[C]] if cp.by_type
+                else np.zeros(C.size, np.int64))
     else:
-        b = index.loc[cp.finest][C]
+        code = index.loc[cp.finest][C]
         if cp.by_type:
-            b = b * index.n_types + index.shape_type[index.shape[C]]
-    b = layout.pos[b]
+            code = code * index.n_types + index.shape_type[index.shape[C]]
+    b: np.ndarray = layout.pos[code]
     inside = (b >= 0) & (b < layout.n_bins)  # (a machine in no bin is never a head)
     if not inside.all():
         C, b, sel = C[inside], b[inside], sel[inside]
