@@ -114,3 +114,27 @@ def test_a_task_is_found_in_a_set_of_any_size(tasks, job, index):
     assert (found is None) == ((job, index) not in tasks)
     if found is not None:
         assert (found.job, found.index) == (job, index)
+
+
+@given(st.integers(0, 700), st.lists(st.tuples(st.sampled_from(["web", "db"]),
+                                                st.integers(0, 700)), max_size=40),
+       st.sampled_from(["big", "web", "db", "nosuch"]), st.integers(0, 701))
+def test_a_task_is_found_among_hundreds_of_one_jobs(big, others, job, index):
+    """Hundreds of one job's tasks on a machine, other jobs' tasks with the same
+    indices among them: both sets find the task's own pair, or nothing."""
+    tasks = list(dict.fromkeys([*(("big", i) for i in range(big)), *others]))
+    pairs: list[object] = []
+    placed: list[object] = []
+    for name, i in tasks:
+        pairs += [Assigned(name, 1, 1, SPECS.get(name, SPECS["web"])), i]
+        placed += [name, i]
+    ref, there = TaskRef(job, index), (job, index) in tasks
+    got = DesiredSet(tuple(pairs))
+    assert (ref in got) == there
+    found = got.get(ref)
+    assert (found is not None) == there
+    if found is not None:
+        assert (found.job, found.index) == (job, index)
+    assert (ref in PlacedSet(tuple(placed))) == there
+    assert got.indices_of(job) == {i for name, i in tasks if name == job}
+

@@ -42,6 +42,7 @@ from plait.model.job import spans
 from plait.model.task import TaskState
 from plait.persist.allocator import PersistentAllocator
 from plait.scheduler import Scheduler
+from plait.scheduler.machinesets import DesiredSet
 from plait.scheduler.records import NOT_RUNTIME, SEQUENCE_BLOCK, JobRecord, TaskRecord
 from plait.store.protocol import MAX_VALUE_BYTES, Namespace, Store, Transaction
 from plait.taskcontrol import signing
@@ -816,9 +817,18 @@ class PersistentScheduler:
         sched = self.scheduler
         name = sched.fleet.name
         tasks = {}
+        # per machine, the job's tasks in its desired set, read once (a machine can
+        # hold hundreds of the job's tasks: one look-up each scanned the set)
+        own: dict[int, set[int]] = {}
+        sets, nothing = sched.desired, DesiredSet()
         for index, rec in job.tasks.items():
-            desired = rec.machine is not None and job.ref(index) in sched.desired.get(
-                rec.machine, {})
+            m = rec.machine
+            desired = False
+            if m is not None:
+                mine = own.get(m)
+                if mine is None:
+                    mine = own[m] = sets.get(m, nothing).indices_of(job.name)
+                desired = index in mine
             tasks[str(index)] = _task_state(job, rec, desired, name)
         return fastjson.dumps({
             "schema": SCHEMA, "applied": self.applied.get(job.name, 0),
