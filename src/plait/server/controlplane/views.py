@@ -54,9 +54,15 @@ class JobState:
         counts: dict[str, int] = {}
         serving = updated = 0
 
+        domains: dict[int, dict[str, str]] = {}
+
         def domain(m: int) -> dict[str, str]:
-            fd = fleet.fault_domain(m)
-            return {"dc": fd.dc, "msb": fd.msb, "rack": fd.rack}
+            # (once per machine: a job's tasks share machines, hundreds to one)
+            got = domains.get(m)
+            if got is None:
+                fd = fleet.fault_domain(m)
+                got = domains[m] = {"dc": fd.dc, "msb": fd.msb, "rack": fd.rack}
+            return got
 
         target, running = job.target, TaskState.RUNNING
         tasks = []
