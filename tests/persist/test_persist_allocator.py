@@ -1,5 +1,7 @@
 """The allocator's entitlements and job placements survive a restart."""
 
+import pytest
+
 from plait.allocator import AllocationRequest, MachineIndex
 from plait.model import Entitlement, Quota, RegionSpec, Resources, generate
 from plait.persist import PersistentAllocator, PersistentRegion
@@ -81,4 +83,57 @@ def test_a_crash_between_a_binding_and_the_placements_is_mended_on_load(tmp_path
     store, e = start(path)  # the repair was written through
     assert {m: e.region.record(e.fleet.index_of(m)).entitlement for m in held | claimed_for_b} \
         == {m: d.region.record(d.fleet.index_of(m)).entitlement for m in held | claimed_for_b}
+    store.close()
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_job_whose_placements_pass_the_record_limit_is_stored_in_parts(
+        tmp_path, monkeypatch, deferred):
+    """A job's placements past ``PART_BYTES`` are stored as a header and parts (one
+    record of 32,000 tasks passed the store's limit: the pass's whole transaction was
+    refused, for every job of the region), read back whole after a restart; parts it
+    no longer needs go, and every key with the job."""
+    from plait.persist import allocator as module
+
+    monkeypatch.setattr(module, "PART_BYTES", 700)
+    path = str(tmp_path / "plait.db")
+    store, c = start(path)
+    if deferred:
+        c.allocator.defer()
+
+    def write():
+        if deferred:
+            txn = Transaction()
+            done = c.allocator.flush_into(txn)
+            store.commit(txn)
+            done()
+
+    small = Resources(cpu=0.5, memory_gb=0.5)
+    c.allocator.define(Entitlement(name="web", owner="o", quota=Quota(machines=8)))
+    c.allocator.allocate(AllocationRequest.of("big", "web", small, allocate=range(60)))
+    write()
+    keys = store.children("/allocator/jobs")
+    parts = c.allocator.part_keys("big")
+    assert len(parts) >= 3 and sorted(keys) == sorted(["big", *(k[6:] for k in parts)])
+    assert all(len(store.get(f"/allocator{k}")[0]) <= 700 for k in parts)
+    before, free_before = c.allocator.placement("big"), c.index.free_cpu.copy()
+    store.close()
+
+    store, d = start(path)  # a restart reads the parts back
+    c = d
+    if deferred:
+        d.allocator.defer()
+    assert d.allocator.placement("big") == before and len(before) == 60
+    assert (d.index.free_cpu == free_before).all()
+    check_invariants(d)
+    d.allocator.allocate(AllocationRequest.of("big", "web", small, free=range(5, 60)))
+    write()
+    assert store.children("/allocator/jobs") == ["big"]  # (whole again: no part left)
+    assert d.allocator.part_keys("big") == []
+    d.allocator.allocate(AllocationRequest.of("big", "web", small, allocate=range(5, 60)))
+    write()
+    assert len(store.children("/allocator/jobs")) >= 4
+    d.allocator.allocate(AllocationRequest.of("big", "web", small, free=range(60)))
+    write()
+    assert store.children("/allocator/jobs") == []
     store.close()

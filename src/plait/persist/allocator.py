@@ -5,6 +5,10 @@ Layout in the ``/allocator`` namespace (records carry a schema version):
     /allocator/entitlements/{name}   the Entitlement as JSON
     /allocator/jobs/{job}            {"schema": 1, "entitlement": name,
                                       "tasks": {index: [machine, cpu, memory, disk, entitlement]}}
+    /allocator/jobs/{job}~{j}        a record past ``PART_BYTES`` (a job of some 30,000
+                                     tasks): {"tasks": {...}} parts j = 1..n, under a
+                                     header {"schema": 2, "entitlement": name,
+                                     "tasks": {}, "parts": n} (``~`` is never in a name)
 
 ``load`` rebuilds the allocator over an index (whose brokers were loaded first):
 the job placements come back and their resources are taken again on the index.
@@ -33,6 +37,12 @@ from plait.model import Entitlement, parse
 from plait.store.protocol import Namespace, Store, Transaction
 
 SCHEMA = 1
+#: the schema of a job's record split into parts
+SPLIT_SCHEMA = 2
+#: a job's record above this size is split into parts of at most this size, under the
+#: store's limit per record (one record of 32,000 tasks passed it: the pass's whole
+#: transaction was refused, every pass, for every job of the region)
+PART_BYTES = 800_000
 
 
 class AllocationSink(Protocol):
@@ -55,6 +65,8 @@ class PersistentAllocator(Allocator):
         super().__init__(index, max_attempts)
         self.ns = Namespace(store, "/allocator")
         self._stored: dict[str, int] = {}
+        #: per job: the parts its stored record has (0: one whole record)
+        self._parts: dict[str, int] = {}
         #: jobs whose placement changed and is not written yet (None: written at once)
         self.deferred: set[str] | None = None
 
@@ -106,21 +118,22 @@ class PersistentAllocator(Allocator):
         """Add the changed placements to ``txn`` (full keys); returns what to call
         once ``txn`` is committed."""
         done: list[tuple[str, int | None]] = []
+        parts: dict[str, int] = {}
         for job in sorted(self.deferred or ()):
-            key = f"/jobs/{job}"
-            data = self._record(job)
-            seen = self._stored.get(key)
-            if data is None:
-                if seen is not None:
-                    txn.delete(self.ns.prefix + key, seen)
-                    done.append((key, None))
-                continue
-            if seen is None:
-                txn.create(self.ns.prefix + key, data)
-                done.append((key, 0))
-            else:
-                txn.set(self.ns.prefix + key, data, seen)
-                done.append((key, seen + 1))
+            records = self._records(job)
+            for key, data in self._keyed(job, records):
+                seen = self._stored.get(key)
+                if data is None:
+                    if seen is not None:
+                        txn.delete(self.ns.prefix + key, seen)
+                        done.append((key, None))
+                elif seen is None:
+                    txn.create(self.ns.prefix + key, data)
+                    done.append((key, 0))
+                else:
+                    txn.set(self.ns.prefix + key, data, seen)
+                    done.append((key, seen + 1))
+            parts[job] = len(records) - 1
 
         def committed() -> None:
             for key, version in done:
@@ -128,27 +141,68 @@ class PersistentAllocator(Allocator):
                     self._stored.pop(key, None)
                 else:
                     self._stored[key] = version
+            for job, n in parts.items():
+                if n > 0:
+                    self._parts[job] = n
+                else:
+                    self._parts.pop(job, None)
             if self.deferred is not None:
                 self.deferred.clear()
         return committed
 
-    def _record(self, job: str) -> bytes | None:
+    def part_keys(self, job: str) -> list[str]:
+        """The keys of the parts of the job's stored record (none when it is whole)."""
+        return [f"/jobs/{job}~{j}" for j in range(1, self._parts.get(job, 0) + 1)]
+
+    def _keyed(self, job: str, records: list[bytes]) -> list[tuple[str, bytes | None]]:
+        """Each key of the job's record and what it holds now: the whole record or its
+        header, its parts, and None for a key to delete (parts it no longer needs, or
+        every key of a job that has no record)."""
+        n = max(self._parts.get(job, 0), len(records) - 1)
+        keys = [f"/jobs/{job}"] + [f"/jobs/{job}~{j}" for j in range(1, n + 1)]
+        return [(key, records[i] if i < len(records) else None) for i, key in enumerate(keys)]
+
+    def _records(self, job: str) -> list[bytes]:
+        """The job's record (none for a job with no placement), or past
+        ``PART_BYTES`` its header and parts."""
         state = self.jobs.get(job)
         if state is None:
-            return None
+            return []
         names = self.region.entitlements.names
         fleet = self.index.fleet
         tasks = {str(t): [fleet.name(m), *state.units[t], names[state.ents[t]]]
                  for t, m in state.placement.items()}
-        return fastjson.dumps({"schema": SCHEMA, "entitlement": names[state.entitlement],
-                               "tasks": tasks}, sort_keys=True)
+        entitlement = names[state.entitlement]
+        whole = fastjson.dumps({"schema": SCHEMA, "entitlement": entitlement,
+                                "tasks": tasks}, sort_keys=True)
+        if len(whole) <= PART_BYTES:
+            return [whole]
+        parts: list[bytes] = []
+        chunk: dict[str, Any] = {}
+        size = 0
+        for key, row in tasks.items():
+            item = len(key) + len(fastjson.dumps(row)) + 6
+            if chunk and size + item > PART_BYTES - 64:
+                parts.append(fastjson.dumps({"tasks": chunk}, sort_keys=True))
+                chunk, size = {}, 0
+            chunk[key] = row
+            size += item
+        parts.append(fastjson.dumps({"tasks": chunk}, sort_keys=True))
+        header = fastjson.dumps({"schema": SPLIT_SCHEMA, "entitlement": entitlement,
+                                 "tasks": {}, "parts": len(parts)}, sort_keys=True)
+        return [header, *parts]
 
     def _save(self, job: str) -> None:
-        data = self._record(job)
-        if data is None:
-            self._drop(f"/jobs/{job}")
+        records = self._records(job)
+        for key, data in self._keyed(job, records):
+            if data is None:
+                self._drop(key)
+            else:
+                self._put(key, data)
+        if len(records) > 1:
+            self._parts[job] = len(records) - 1
         else:
-            self._put(f"/jobs/{job}", data)
+            self._parts.pop(job, None)
 
     @classmethod
     def load(cls, index: MachineIndex, store: Store,
@@ -164,11 +218,18 @@ class PersistentAllocator(Allocator):
         fleet = index.fleet
         records: list[tuple[str, dict[str, Any]]] = []
         for job in allocator.ns.children("/jobs"):
+            if "~" in job:
+                continue  # (a part: read with its header)
             value, version = allocator.ns.get(f"/jobs/{job}")
             allocator._stored[f"/jobs/{job}"] = version
             data: dict[str, Any] = fastjson.loads(value)
-            if int(data.get("schema", 0)) > SCHEMA:
+            if int(data.get("schema", 0)) > SPLIT_SCHEMA:
                 raise ValueError(f"job {job}: a record of a newer schema than this plait reads")
+            for j in range(1, int(data.get("parts", 0)) + 1):
+                value, version = allocator.ns.get(f"/jobs/{job}~{j}")
+                allocator._stored[f"/jobs/{job}~{j}"] = version
+                data["tasks"].update(fastjson.loads(value)["tasks"])
+                allocator._parts[job] = j
             records.append((job, data))
         allocator._release_unused({(fleet.index_of(machine), ent) for _, data in records
                                    for machine, *_, ent in data["tasks"].values()},

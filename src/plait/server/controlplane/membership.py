@@ -142,6 +142,8 @@ class Membership:
                 for part in ("allocator/jobs", "scheduler/jobs", "scheduler/state")]
             keys += [f"/scheduler{key}" for name in jobs
                      for key in self.cp.persist.part_keys(name)]  # (split state records)
+            keys += [f"/allocator{key}" for name in jobs
+                     for key in self.cp.allocator.part_keys(name)]  # (split placements)
             txn = Transaction()
             if self.cp.persist.fence is not None:  # only while this replica still leads
                 txn.check(*self.cp.persist.fence)
