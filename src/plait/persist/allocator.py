@@ -34,6 +34,7 @@ from plait.allocator import (
 )
 from plait.errors import Conflict, NotFound
 from plait.model import Entitlement, parse
+from plait.persist.parts import task_parts
 from plait.store.protocol import Namespace, Store, Transaction
 
 SCHEMA = 1
@@ -177,17 +178,7 @@ class PersistentAllocator(Allocator):
                                 "tasks": tasks}, sort_keys=True)
         if len(whole) <= PART_BYTES:
             return [whole]
-        parts: list[bytes] = []
-        chunk: dict[str, Any] = {}
-        size = 0
-        for key, row in tasks.items():
-            item = len(key) + len(fastjson.dumps(row)) + 6
-            if chunk and size + item > PART_BYTES - 64:
-                parts.append(fastjson.dumps({"tasks": chunk}, sort_keys=True))
-                chunk, size = {}, 0
-            chunk[key] = row
-            size += item
-        parts.append(fastjson.dumps({"tasks": chunk}, sort_keys=True))
+        parts = task_parts(tasks, PART_BYTES)
         header = fastjson.dumps({"schema": SPLIT_SCHEMA, "entitlement": entitlement,
                                  "tasks": {}, "parts": len(parts)}, sort_keys=True)
         return [header, *parts]

@@ -41,6 +41,7 @@ from plait.model.entitlement import NAME_RE
 from plait.model.job import spans
 from plait.model.task import TaskState
 from plait.persist.allocator import PersistentAllocator
+from plait.persist.parts import task_parts
 from plait.scheduler import Scheduler
 from plait.scheduler.machinesets import DesiredSet
 from plait.scheduler.records import NOT_RUNTIME, SEQUENCE_BLOCK, JobRecord, TaskRecord
@@ -798,17 +799,7 @@ class PersistentScheduler:
             return [whole]
         data = fastjson.loads(whole)
         tasks: dict[str, Any] = data.pop("tasks")
-        parts: list[bytes] = []
-        chunk: dict[str, Any] = {}
-        size = 0
-        for key, row in tasks.items():
-            item = len(key) + len(fastjson.dumps(row)) + 6
-            if chunk and size + item > PART_BYTES - 64:
-                parts.append(fastjson.dumps({"tasks": chunk}, sort_keys=True))
-                chunk, size = {}, 0
-            chunk[key] = row
-            size += item
-        parts.append(fastjson.dumps({"tasks": chunk}, sort_keys=True))
+        parts = task_parts(tasks, PART_BYTES)
         header = {**data, "schema": SPLIT_SCHEMA, "tasks": {}, "parts": len(parts),
                   "run": sorted({int(row[0]) for row in tasks.values()})}
         return [fastjson.dumps(header, sort_keys=True), *parts]

@@ -24,7 +24,7 @@ left with no task has no entry.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import cast
 
 from plait.model.task import TaskRef
@@ -37,6 +37,29 @@ _ODD = slice(1, None, 2)
 _SCAN = 2 * 6
 
 
+def _find(pairs: tuple[object, ...], index: int, is_job: Callable[[int], bool]) -> int:
+    """The position of the pair ``(x, index)`` whose ``x`` is the job's
+    (``is_job(position)``), or -1: a short scan for a few pairs, else the index searched
+    among the pairs' indices in C, the job compared only where it matches."""
+    get = tuple.__getitem__
+    n = tuple.__len__(pairs)
+    if n <= _SCAN:
+        for k in range(0, n, 2):
+            if get(pairs, k + 1) == index and is_job(k):
+                return k
+        return -1
+    indices = get(pairs, _ODD)
+    start = 0
+    while True:
+        try:
+            p = indices.index(index, start)
+        except ValueError:
+            return -1
+        if is_job(2 * p):
+            return 2 * p
+        start = p + 1
+
+
 class DesiredSet(tuple[object, ...]):
     """A machine's desired set: ``(assigned, index, ...)``, in the order the tasks
     were assigned, read like a dict of ``TaskRef`` to ``Assignment``."""
@@ -47,23 +70,8 @@ class DesiredSet(tuple[object, ...]):
         """The position of the task's pair, or -1. (A machine packed with small tasks
         holds dozens, hundreds of one job's: past a few, the indices are searched in
         C, and only a pair with the task's index has its job compared.)"""
-        get = tuple.__getitem__
-        n = tuple.__len__(self)
-        if n <= _SCAN:
-            for k in range(0, n, 2):
-                if get(self, k + 1) == index and cast(Assigned, get(self, k)).job == job:
-                    return k
-            return -1
-        indices = get(self, _ODD)
-        start = 0
-        while True:
-            try:
-                p = indices.index(index, start)
-            except ValueError:
-                return -1
-            if cast(Assigned, get(self, 2 * p)).job == job:
-                return 2 * p
-            start = p + 1
+        return _find(self, index, lambda k: cast(Assigned, tuple.__getitem__(self, k)).job
+                     == job)
 
     def indices_of(self, job: str) -> set[int]:
         """The indices of ``job``'s tasks in the set (one pass over it, for a caller
@@ -168,23 +176,7 @@ class PlacedSet(tuple[object, ...]):
 
     def _find(self, job: str, index: int) -> int:
         """The position of the task's pair, or -1 (as ``DesiredSet._find``)."""
-        get = tuple.__getitem__
-        n = tuple.__len__(self)
-        if n <= _SCAN:
-            for k in range(0, n, 2):
-                if get(self, k + 1) == index and get(self, k) == job:
-                    return k
-            return -1
-        indices = get(self, _ODD)
-        start = 0
-        while True:
-            try:
-                p = indices.index(index, start)
-            except ValueError:
-                return -1
-            if get(self, 2 * p) == job:
-                return 2 * p
-            start = p + 1
+        return _find(self, index, lambda k: tuple.__getitem__(self, k) == job)
 
     def __contains__(self, ref: object) -> bool:
         return isinstance(ref, TaskRef) and self._find(ref.job, ref.index) >= 0
