@@ -61,6 +61,9 @@ SPLIT_SCHEMA = 2
 #: size (``/state/{job}~1``, ``~2``...: ``~`` is never in a job's name), under the
 #: store's limit per record
 PART_BYTES = 800_000
+#: tasks of a job past which its state record reads each machine's desired set once
+#: (a look-up per task costs a scan in C of the set; a read, one in Python)
+_READ_SET_AFTER = 16
 #: the job record's schema (2: kept versions by number, each with its revision)
 JOB_SCHEMA = 2
 #: operations kept in a job's log (its history)
@@ -808,14 +811,20 @@ class PersistentScheduler:
         sched = self.scheduler
         name = sched.fleet.name
         tasks = {}
-        # per machine, the job's tasks in its desired set, read once (a machine can
-        # hold hundreds of the job's tasks: one look-up each scanned the set)
-        own: dict[int, set[int]] = {}
+        # a job of many tasks: per machine, its tasks in the machine's desired set,
+        # read once (a machine can hold hundreds of them); a job of a few: a look-up
+        # each (searched in C), not a pass in Python over a set of hundreds of tasks
+        # of other jobs
+        own: dict[int, set[int]] | None = {} if len(job.tasks) > _READ_SET_AFTER else None
         sets, nothing = sched.desired, DesiredSet()
         for index, rec in job.tasks.items():
             m = rec.machine
             desired = False
-            if m is not None:
+            if m is None:
+                pass
+            elif own is None:
+                desired = job.ref(index) in sets.get(m, nothing)
+            else:
                 mine = own.get(m)
                 if mine is None:
                     mine = own[m] = sets.get(m, nothing).indices_of(job.name)
