@@ -25,6 +25,7 @@ left with no task has no entry.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
+from operator import attrgetter
 from typing import cast
 
 from plait.model.task import TaskRef
@@ -32,32 +33,55 @@ from plait.scheduler.records import Assigned, Assignment
 
 _ALL = slice(None)
 _EVEN = slice(0, None, 2)
+_JOB = attrgetter("job")
 _ODD = slice(1, None, 2)
 #: pairs (doubled) up to which ``_find`` scans in Python
 _SCAN = 2 * 6
 
 
-def _find(pairs: tuple[object, ...], index: int, is_job: Callable[[int], bool]) -> int:
-    """The position of the pair ``(x, index)`` whose ``x`` is the job's
-    (``is_job(position)``), or -1: a short scan for a few pairs, else the index searched
-    among the pairs' indices in C, the job compared only where it matches."""
+def _find(pairs: tuple[object, ...], job: str, index: int,
+          jobs: Callable[[tuple[object, ...]], list[str]]) -> int:
+    """The position of the task's pair ``(x, index)`` whose ``x`` names ``job``
+    (``jobs(xs)``: the job of each ``x``), or -1. A short scan for a few pairs; else a
+    search in C by the index, or by the job when many pairs share the index (the one
+    task of each of many jobs: index 0), whichever has fewer candidates to check."""
     get = tuple.__getitem__
     n = tuple.__len__(pairs)
     if n <= _SCAN:
+        names = jobs(get(pairs, _EVEN))
         for k in range(0, n, 2):
-            if get(pairs, k + 1) == index and is_job(k):
+            if get(pairs, k + 1) == index and names[k // 2] == job:
                 return k
         return -1
     indices = get(pairs, _ODD)
+    if indices.count(index) <= _SCAN:
+        start = 0
+        while True:
+            try:
+                p = indices.index(index, start)
+            except ValueError:
+                return -1
+            if jobs((get(pairs, 2 * p),))[0] == job:
+                return 2 * p
+            start = p + 1
+    names = jobs(get(pairs, _EVEN))
     start = 0
     while True:
         try:
-            p = indices.index(index, start)
+            p = names.index(job, start)
         except ValueError:
             return -1
-        if is_job(2 * p):
+        if indices[p] == index:
             return 2 * p
         start = p + 1
+
+
+def _assigned_jobs(xs: tuple[object, ...]) -> list[str]:
+    return list(map(_JOB, xs))
+
+
+def _named_jobs(xs: tuple[object, ...]) -> list[str]:
+    return cast(list[str], list(xs))
 
 
 class DesiredSet(tuple[object, ...]):
@@ -70,8 +94,7 @@ class DesiredSet(tuple[object, ...]):
         """The position of the task's pair, or -1. (A machine packed with small tasks
         holds dozens, hundreds of one job's: past a few, the indices are searched in
         C, and only a pair with the task's index has its job compared.)"""
-        return _find(self, index, lambda k: cast(Assigned, tuple.__getitem__(self, k)).job
-                     == job)
+        return _find(self, job, index, _assigned_jobs)
 
     def indices_of(self, job: str) -> set[int]:
         """The indices of ``job``'s tasks in the set (one pass over it, for a caller
@@ -176,7 +199,7 @@ class PlacedSet(tuple[object, ...]):
 
     def _find(self, job: str, index: int) -> int:
         """The position of the task's pair, or -1 (as ``DesiredSet._find``)."""
-        return _find(self, index, lambda k: tuple.__getitem__(self, k) == job)
+        return _find(self, job, index, _named_jobs)
 
     def __contains__(self, ref: object) -> bool:
         return isinstance(ref, TaskRef) and self._find(ref.job, ref.index) >= 0
