@@ -25,7 +25,7 @@ changes). A machine left with no task has no entry.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from operator import attrgetter
 from typing import cast
 
@@ -56,24 +56,24 @@ def _find(pairs: tuple[object, ...], job: str, index: int,
         return -1
     indices = get(pairs, _ODD)
     if indices.count(index) <= _SCAN:
-        start = 0
-        while True:
-            try:
-                p = indices.index(index, start)
-            except ValueError:
-                return -1
-            if jobs((get(pairs, 2 * p),))[0] == job:
-                return 2 * p
-            start = p + 1
-    names = jobs(get(pairs, _EVEN))
+        p = _first(indices, index, lambda p: jobs((get(pairs, 2 * p),))[0] == job)
+    else:
+        names = jobs(get(pairs, _EVEN))
+        p = _first(names, job, lambda p: indices[p] == index)
+    return -1 if p < 0 else 2 * p
+
+
+def _first(seq: Sequence[object], value: object, ok: Callable[[int], bool]) -> int:
+    """The first position ``p`` of ``value`` in ``seq`` (searched in C) with
+    ``ok(p)``, or -1."""
     start = 0
     while True:
         try:
-            p = names.index(job, start)
+            p = seq.index(value, start)
         except ValueError:
             return -1
-        if indices[p] == index:
-            return 2 * p
+        if ok(p):
+            return p
         start = p + 1
 
 
