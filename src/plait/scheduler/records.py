@@ -370,6 +370,10 @@ class JobRecord:
     #: the surge tasks kept (``plait.scheduler.surge``): surge task index -> the index
     #: of the task it covers; None for jobs without one
     surges: dict[int, int] | None = None
+    #: the index of a task last seen not done with the rollout (``rollout_done``
+    #: looks there first, and scans on from it: a report per task would otherwise
+    #: scan the job's tasks each, and a rollout cost its square)
+    not_done: int = 0
 
     def target_of(self, index: int) -> int:
         """The version task ``index`` is to run."""

@@ -191,21 +191,39 @@ class SchedulerState:
         self.rollout_done(job, now)
 
     def rollout_done(self, job: JobRecord, now: float) -> None:
+        if not job.rollout_active:
+            return
+        tasks = job.tasks
         goal = job.target_of
+
         # (a task whose operation is still under way, in its min_ready_seconds say, is
         # not done: a crash of it then counts toward halting the rollout)
-        if job.rollout_active and all(
-                r.spec_version == goal(r.index) and (
-                    (r.state is TaskState.RUNNING and r.healthy and r.op is None)
-                    or r.state is TaskState.SUCCEEDED)
-                for r in job.tasks.values()):
-            job.rollout_active = False
-            self.event(now, job.name, "rollout_done", f"all tasks run version {job.target}",
-                       cause=job.cause)
-            if job.moving_from is not None:
-                job.moving_from = None
-                self.event(now, job.name, "move_done",
-                           f"every task runs in entitlement {job.entitlement}")
+        def done(r: TaskRecord) -> bool:
+            return r.spec_version == goal(r.index) and (
+                (r.state is TaskState.RUNNING and r.healthy and r.op is None)
+                or r.state is TaskState.SUCCEEDED)
+
+        # the task last seen not done, then those after it, then all: each report
+        # costs the tasks done since the last one, not the job's size
+        seen = tasks.get(job.not_done)
+        if seen is not None and not done(seen):
+            return
+        for index in range(job.not_done + 1, job.spec.task_count):
+            r = tasks.get(index)
+            if r is not None and not done(r):
+                job.not_done = index
+                return
+        left = next((r for r in tasks.values() if not done(r)), None)
+        if left is not None:
+            job.not_done = left.index
+            return
+        job.rollout_active = False
+        self.event(now, job.name, "rollout_done", f"all tasks run version {job.target}",
+                   cause=job.cause)
+        if job.moving_from is not None:
+            job.moving_from = None
+            self.event(now, job.name, "move_done",
+                       f"every task runs in entitlement {job.entitlement}")
 
     def exited(self, job: JobRecord, rec: TaskRecord, now: float,
                killed: bool = False, code: int | None = None) -> None:
