@@ -66,11 +66,13 @@ def wanted(s: SchedulerState, job: JobRecord, plan: WantedPlan, now: float) -> N
         rec.restart = False
         rec.exit_code = None
         dirty = True
+    retagged = []
     for index in plan.retag:
         rec = tasks[index]
         rec.spec_version = goal(index)
         if rec.machine is not None:
-            s.assign(job, rec, rec.machine)  # its desired set names the new version
+            retagged.append((rec, rec.machine))
+    s.assign_all(job, retagged)  # their desired sets name the new version
     if dirty:
         job.dirty = True
     if plan.settle:
@@ -216,14 +218,17 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
                 min(request.resources.cpu, 1e15) * 1000)))
         elif s.short:
             s.short.pop(job.name, None)
+        placed = []
         for index, machine in zip(result.tasks, result.machines, strict=True):
             rec = tasks[index]
             if s.transition(rec, Event.ALLOCATED):
-                s.assign(job, rec, machine)
-                if rec.op is None:  # (placed for an operation: part of its bar)
-                    s.task_event(now, job, rec, "task_placed",
-                                 f"placed, version {rec.spec_version}", op="start",
-                                 reason="new task")
+                placed.append((rec, machine))
+        s.assign_all(job, placed)
+        for rec, _machine in placed:
+            if rec.op is None:  # (placed for an operation: part of its bar)
+                s.task_event(now, job, rec, "task_placed",
+                             f"placed, version {rec.spec_version}", op="start",
+                             reason="new task")
         if result.unplaced:
             reason = result.unplaced[0][1]
             if reason != job.unplaced_reason:

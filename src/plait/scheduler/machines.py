@@ -19,6 +19,7 @@ from plait.scheduler import drain
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.machinesets import NOTHING_PLACED
 from plait.scheduler.plans import DELETE, RESIZE
+from plait.scheduler.records import TaskRecord
 from plait.scheduler.state import SchedulerState
 from plait.scheduler.wanted import Notice
 from plait.taskcontrol.protocol import OpKind
@@ -36,6 +37,7 @@ def on_changes(s: SchedulerState, now: float) -> None:
             for ref in refs:
                 lose(s, ref, now)
         elif change.state is MachineState.HEALTHY:
+            back: dict[str, list[tuple[TaskRecord, int]]] = {}
             for ref in refs:
                 job = s.jobs.get(ref.job)
                 rec = job.tasks.get(ref.index) if job else None
@@ -43,11 +45,13 @@ def on_changes(s: SchedulerState, now: float) -> None:
                     continue
                 s.mark(job.name)
                 if rec.op is None and s.transition(rec, Event.RECOVERED):
-                    s.assign(job, rec, m)
+                    back.setdefault(job.name, []).append((rec, m))
                     rec.lost_since = None
                     job.lost.discard(rec.index)
                     s.cancel_pending(job, rec.index)
                     s.drop_acked(job, rec.index)
+            for name, pairs in back.items():  # (the machine's sets rebuilt once a job)
+                s.assign_all(s.jobs[name], pairs)
 
 
 def lose(s: SchedulerState, ref: TaskRef, now: float) -> None:
@@ -130,6 +134,7 @@ def maintenance(s: SchedulerState, now: float) -> Notice:
                 deadline_stop(s, ref, ev.id, now)
     s.drains_forced &= live
     for event_id in [e for e in s.parked if e not in live]:
+        back: dict[str, list[tuple[TaskRecord, int]]] = {}
         for ref in s.parked.pop(event_id):
             job = s.jobs.get(ref.job)
             rec = job.tasks.get(ref.index) if job else None
@@ -138,7 +143,9 @@ def maintenance(s: SchedulerState, now: float) -> Notice:
             rec.parked = None
             s.mark(job.name)
             if rec.machine is not None and s.transition(rec, Event.ALLOCATED):
-                s.assign(job, rec, rec.machine)
+                back.setdefault(job.name, []).append((rec, rec.machine))
+        for name, pairs in back.items():  # (each machine's sets rebuilt once a job)
+            s.assign_all(s.jobs[name], pairs)
     return notice
 
 

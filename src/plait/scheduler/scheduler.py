@@ -71,6 +71,7 @@ from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import LIVE, down_tasks, to_target, unavailable
 from plait.scheduler.records import (
     SEQUENCE_BLOCK,
+    Assigned,
     Assignment,
     JobRecord,
     Stops,
@@ -464,6 +465,7 @@ class Scheduler(SchedulerState):
         self.jobs[job.name] = job
         self.mark(job.name)
         wanted = set(desired)
+        by_machine: dict[int, dict[int, Assigned | None]] = {}
         for rec in job.tasks.values():
             if rec.op is not None:
                 job.add_in_progress(rec.index)
@@ -473,12 +475,16 @@ class Scheduler(SchedulerState):
                 self.parked.setdefault(rec.parked, set()).add(job.ref(rec.index))
             if rec.machine is None:
                 continue
-            ref = job.ref(rec.index)
-            machinesets.place(self.placed, rec.machine, ref)
-            self.touched.add(rec.machine)
-            if rec.index in wanted:
-                machinesets.desire(self.desired, rec.machine, ref,
-                                    job.assigned(rec.spec_version))
+            on = by_machine.get(rec.machine)
+            if on is None:
+                on = by_machine[rec.machine] = {}
+            on[rec.index] = job.assigned(rec.spec_version) if rec.index in wanted else None
+        # (each machine's sets made once: a job of small tasks has thousands on one)
+        for machine, on in by_machine.items():
+            self.touched.add(machine)
+            machinesets.place_all(self.placed, machine, job.name, on.keys())
+            machinesets.desire_all(self.desired, machine, job.name,
+                                   {i: a for i, a in on.items() if a is not None})
         job.dirty = True
 
     # -- reading -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from plait.scheduler.lifecycle import TRANSITIONS, Event, advance
 from plait.scheduler.machinesets import DesiredSet, PlacedSet
 from plait.scheduler.plans import DELETE, FAILURE, KIND, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
-from plait.scheduler.records import NO_TASKS, JobRecord, TaskRecord
+from plait.scheduler.records import NO_TASKS, Assigned, JobRecord, TaskRecord
 from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall, OpKind, TaskOp
 
 #: distinct task-event messages kept at most (``task_event``; a message naming
@@ -488,6 +488,42 @@ class SchedulerState:
         machinesets.desire(self.desired, machine, ref,
                             job.assigned(rec.spec_version))
 
+    def assign_all(self, job: JobRecord, pairs: Sequence[tuple[TaskRecord, int]]) -> None:
+        """``assign`` for many of one job's tasks, (record, machine) each: each
+        machine's sets are rebuilt once, not once per task (an update of a job of
+        100,000 small tasks on 8 machines re-assigns 12,500 on each)."""
+        if len(pairs) <= 2:
+            for rec, machine in pairs:
+                self.assign(job, rec, machine)
+            return
+        self.unassign_all(job, [r for r, m in pairs if r.machine is not None and r.machine != m])
+        by_machine: dict[int, dict[int, Assigned]] = {}
+        assigned = job.assigned
+        for rec, machine in pairs:
+            rec.machine = machine
+            items = by_machine.get(machine)
+            if items is None:
+                items = by_machine[machine] = {}
+            items[rec.index] = assigned(rec.spec_version)
+        name = job.name
+        for machine, items in by_machine.items():
+            self.touched.add(machine)
+            machinesets.place_all(self.placed, machine, name, items.keys())
+            machinesets.desire_all(self.desired, machine, name, items)
+
+    def unassign_all(self, job: JobRecord, recs: Sequence[TaskRecord]) -> None:
+        """``unassign`` for many of one job's tasks from their machines, each
+        machine's sets rebuilt once."""
+        by_machine: dict[int, set[int]] = {}
+        for rec in recs:
+            if rec.machine is not None:
+                by_machine.setdefault(rec.machine, set()).add(rec.index)
+        name = job.name
+        for machine, indices in by_machine.items():
+            self.touched.add(machine)
+            machinesets.undesire_all(self.desired, machine, name, indices)
+            machinesets.unplace_all(self.placed, machine, name, indices)
+
     def unassign(self, ref: TaskRef, machine: int) -> None:
         self.touched.add(machine)
         machinesets.undesire(self.desired, machine, ref)
@@ -514,13 +550,16 @@ class SchedulerState:
         if indices:
             self.allocator.allocate(AllocationRequest.of(
                 job.name, job.entitlement, spec.resources, free=indices, policy=spec.policy))
+        together = len(recs) > 2
+        if together:  # (each machine's sets rebuilt once)
+            self.unassign_all(job, recs)
         for rec in recs:
             if rec.op is not None:
                 self.complete(job, rec)
             self.task_event(self.now, job, rec, "task_removed",
                             "deleted with its job" if job.deleting else "resized away")
             self.drop_acked(job, rec.index)
-            if rec.machine is not None:
+            if rec.machine is not None and not together:
                 self.unassign(job.ref(rec.index), rec.machine)
             job.offers.pop(rec.index, None)
             job.serials.pop(rec.index, None)
