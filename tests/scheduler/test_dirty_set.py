@@ -18,7 +18,8 @@ from plait.model.task import TaskState
 from plait.scheduler import Phase, SchedulerConfig, TaskStatus, settled
 from plait.sim.scenarios import job_spec, world
 from plait.taskcontrol import RemoteController, TaskControlResponse
-from plait.taskcontrol.protocol import ControllerAnswer
+from plait.taskcontrol.controllers import PacingController
+from plait.taskcontrol.protocol import ControllerAnswer, TaskControlRequest, TaskOp
 
 NO_FULL_PASS = {"full_pass_every": 0, "full_pass_interval": 0.0}
 
@@ -264,6 +265,85 @@ def test_a_rollout_whose_new_tasks_find_no_room_waits_for_room_out_of_the_passes
     s.delete_job("hog", sim.now)  # room: the rollout goes on without another input
     assert sim.run_until(lambda: all(r.state is TaskState.RUNNING and r.spec_version == 2
                                      for r in big.tasks.values()) and not big.offers, 300)
+
+
+class _AckAll(PacingController):
+    """A TaskController that acks every operation at once."""
+
+    def choose(self, ops: list[TaskOp], down: set[int],
+               request: TaskControlRequest) -> list[TaskOp]:
+        return ops
+
+
+def test_a_rollout_acked_by_its_controller_that_finds_no_room_waits_out_of_the_passes(
+        looked_at):
+    """As above, with a TaskController that acks every operation: the acked ones wait
+    for max_unavailable, held by the pending task. The job was reconciled and stored
+    at every pass (20,000 tasks: 126 ms each); now it waits for room, then the rollout
+    finishes."""
+    sim = world(machines=12, config=SchedulerConfig(**NO_FULL_PASS))
+    s = sim.scheduler
+    s.create_job(job_spec("hog", 12, cpu=10, memory_gb=0.1), sim.now)
+    ctl = _AckAll()
+    s.create_job(job_spec("big", 4, cpu=1, memory_gb=0.1,
+                          update=UpdatePolicy(max_unavailable=1)), sim.now, controller=ctl)
+    assert sim.run_until(lambda: len(s.discovery("hog")) == 12
+                         and len(s.discovery("big")) == 4, 300)
+    s.update_job(job_spec("big", 4, cpu=8, memory_gb=0.1,
+                          update=UpdatePolicy(max_unavailable=1)), sim.now)
+    big = s.job("big")
+    assert sim.run_until(lambda: big.unplaced_reason is not None and any(
+        r.state is TaskState.PENDING for r in big.tasks.values()), 120)
+    sim.run(5)
+    assert len(big.acked) == 3 and not big.offers and big.unplaced_reason is not None
+    looked_at.clear()
+    passes = s.passes
+    sim.run(60)
+    assert s.passes - passes >= 30
+    assert looked_at.count("big") <= 1, looked_at.count("big")
+    s.delete_job("hog", sim.now)  # room: the rollout goes on without another input
+    assert sim.run_until(lambda: all(r.state is TaskState.RUNNING and r.spec_version == 2
+                                     for r in big.tasks.values()) and not big.acked, 300)
+    assert all(r.serving for r in big.tasks.values())
+
+
+class _AckOne(PacingController):
+    """A TaskController that acks one operation a call."""
+
+    def choose(self, ops: list[TaskOp], down: set[int],
+               request: TaskControlRequest) -> list[TaskOp]:
+        return ops[:1]
+
+
+def test_a_rollout_whose_controller_is_asked_again_waits_for_room_between_its_calls(
+        looked_at):
+    """Operations offered to the job's TaskController, one acked a call, the acked
+    ones held by max_unavailable: the job waits for room out of the passes, and its
+    controller is still asked again at each re-check."""
+    sim = world(machines=12, config=SchedulerConfig(**NO_FULL_PASS, recheck_interval=10))
+    s = sim.scheduler
+    s.create_job(job_spec("hog", 12, cpu=10, memory_gb=0.1), sim.now)
+    ctl = _AckOne()
+    s.create_job(job_spec("big", 8, cpu=1, memory_gb=0.1,
+                          update=UpdatePolicy(max_unavailable=1)), sim.now, controller=ctl)
+    assert sim.run_until(lambda: len(s.discovery("hog")) == 12
+                         and len(s.discovery("big")) == 8, 300)
+    s.update_job(job_spec("big", 8, cpu=8, memory_gb=0.1,
+                          update=UpdatePolicy(max_unavailable=1)), sim.now)
+    big = s.job("big")
+    assert sim.run_until(lambda: big.unplaced_reason is not None and any(
+        r.state is TaskState.PENDING for r in big.tasks.values()) and big.acked, 120)
+    looked_at.clear()
+    passes, calls, acked = s.passes, len(ctl.calls), len(big.acked)
+    sim.run(60)
+    assert s.passes - passes >= 30
+    asked = len(ctl.calls) - calls
+    assert asked >= 5, asked  # asked again every 10 s, as when it was looked at each pass
+    assert len(big.acked) >= acked + 5
+    assert looked_at.count("big") <= asked + 2, (looked_at.count("big"), asked)
+    s.delete_job("hog", sim.now)
+    assert sim.run_until(lambda: all(r.state is TaskState.RUNNING and r.spec_version == 2
+                                     for r in big.tasks.values()) and not big.acked, 600)
 
 
 def test_a_task_waiting_for_room_at_a_version_an_update_replaced_is_placed_at_the_new_one():

@@ -699,36 +699,50 @@ class Scheduler(SchedulerState):
         reconcile changed nothing since the last such one: then nothing is stored or
         shown). Every other task is placed at its goal version with nothing under
         way, or waits with an operation offered that the built-in policy cannot ack
-        until a pending task runs (a rollout whose new tasks found no room, its
-        max_unavailable spent on them). The job waits, out of the dirty set, for its
-        timer (1 s, doubled after each try that changed nothing, up to 8 s), for an
-        input of its own, or for a change of its entitlement (``room_changed``): a job
-        of 100,000 tasks that can never be placed cost every pass 0.6 s of reconcile,
-        save and view, and so did one whose update could not be placed."""
+        until a pending task runs, or offered to its TaskController (told all there
+        is: its re-check wakes the job too), or acked and held by max_unavailable (a
+        rollout whose new tasks found no room, its max_unavailable spent on them).
+        The job waits, out of the dirty set, for its timer (1 s, doubled after each
+        try that changed nothing, up to 8 s), for an input of its own, or for a change
+        of its entitlement (``room_changed``): a job of 100,000 tasks that can never
+        be placed cost every pass 0.6 s of reconcile, save and view, and so did one
+        whose update could not be placed."""
         name = job.name
-        if (job.unplaced_reason is None or job.acked or job.lost or job.deleting
+        ctl = job.controller is not None
+        if (job.unplaced_reason is None or job.lost or job.deleting
                 or job.in_flight is not None
-                or (job.offers and job.controller is not None)):
+                or (ctl and (job.dirty or job.completed))):
             self._room.pop(name, None)
             return None
         pending_state, live, goal = TaskState.PENDING, LIVE, job.target_of
         offers = job.offers
+        acked = {op.task.index for op in job.acked.values()} if job.acked else offers
         pending = 0
         for r in job.tasks.values():
             state = r.state
             if state is pending_state:
                 pending += 1
             elif state not in live or r.op is not None or r.restart or (
-                    r.spec_version != goal(r.index) and r.index not in offers):
+                    r.spec_version != goal(r.index) and r.index not in offers
+                    and r.index not in acked):
                 self._room.pop(name, None)
                 return None
         tasks = job.tasks
         if not pending or any(tasks[i].state is not pending_state for i in job.in_progress
-                              if i in tasks) or (
-                offers and acks.builtin_acks(job, now, down_tasks(job))):
-            # (an operation waiting on a running task, or one the policy acks now)
+                              if i in tasks):
+            # (an operation waiting on a running task)
             self._room.pop(name, None)
             return None
+        if offers or job.acked:
+            down = down_tasks(job)
+            if offers and not ctl and acks.builtin_acks(job, now, down):
+                self._room.pop(name, None)  # (an operation the policy acks now)
+                return None
+            if job.acked:  # (one acked that would start now, or no longer applies)
+                ready = execution.plan_execution(job, 1 << 30, now, down)
+                if ready.start or ready.obsolete:
+                    self._room.pop(name, None)
+                    return None
         seen = (pending, len(job.tasks), job.unplaced_reason, self._unchanged(job))
         had = self._room.get(name)
         same = had is not None and had.seen == seen
@@ -750,8 +764,12 @@ class Scheduler(SchedulerState):
         again after a longer backoff, its reconcile skipped: a job of many pending
         tasks costs a try what one task costs)."""
         wait = self._room.get(name)
-        if wait is None or wait.probes is None or name not in self.jobs:
+        job = self.jobs.get(name)
+        if wait is None or wait.probes is None or job is None:
             return True
+        asks = self._controller_timer(job)
+        if asks <= now:
+            return True  # (its controller's re-check is due)
         wait.skipped += 1
         if wait.skipped >= ROOM_RECONCILE_EVERY:  # (whatever the probes say, now and then)
             wait.skipped = 0
@@ -763,8 +781,16 @@ class Scheduler(SchedulerState):
             return True
         wait.backoff = min(ROOM_RETRY_MAX, wait.backoff * 2)
         wait.at = now + wait.backoff
-        self._wake_at[name] = wait.at
+        self._wake_at[name] = min(wait.at, asks)
         return False
+
+    def _controller_timer(self, job: JobRecord) -> float:
+        """When the job's controller is to be asked again by itself (``inf``: never,
+        or no controller)."""
+        if job.controller is None:
+            return float("inf")
+        return controller.timer(job, self.config.recheck_interval,
+                                self.config.controller_lost_after)
 
     def room_changed(self, entitlement: str) -> None:
         """The entitlement's quota or settings changed: its jobs waiting for room are
@@ -916,7 +942,8 @@ class Scheduler(SchedulerState):
                 self._wake_at.pop(name, None)
         if room is not None:  # (tried again by its timer, or by an input)
             waits = True
-            self._wake_at[name] = min(self._wake_at.get(name, room[0]), room[0])
+            at = min(room[0], self._controller_timer(job))  # (its controller's re-check)
+            self._wake_at[name] = min(self._wake_at.get(name, at), at)
         if waits:
             dirty.discard(name)
         else:
