@@ -564,6 +564,9 @@ class Scheduler(SchedulerState):
         for name, ent in self.allocator.entitlements.items():
             if ent.host_profile == profile.name:
                 self.touched.update(int(m) for m in self.region.machines_of(name))
+        # their machines are pending now, not at the next pass: an agent that asks for
+        # its tasks before it must not start one on the profile it carries
+        profileroll.notice_changes(self)
 
     def report_profile(self, machine: str, applied: Applied, now: float) -> None:
         """An agent's report of the profile it applied (or why its switch fails). A
