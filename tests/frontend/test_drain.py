@@ -159,7 +159,7 @@ def test_a_pending_task_shows_no_machine(live):
         assert rec.machine is not None
         was, rec.state = rec.state, TaskState.PENDING
         try:
-            tasks = JobState.of(cp.scheduler, job, cp.fleet, 0).tasks
+            tasks = JobState.of(cp.scheduler, job, cp.fleet, 0).task_views()
         finally:
             rec.state = was
     assert tasks[0]["state"] == "pending"

@@ -53,7 +53,7 @@ def test_move_stop_or_keep_running_until_the_deadline():
     assert 1 not in now and s.job("db").tasks[1].parked == event_id
     assert now.get(2) == before[2]
     # its view says which maintenance it waits out; the others' views have no such key
-    view = {t["index"]: t for t in JobState.of(s, s.job("db"), s.fleet, 0).tasks}
+    view = {t["index"]: t for t in JobState.of(s, s.job("db"), s.fleet, 0).task_views()}
     assert view[1]["state"] == "stopped" and view[1]["parked"] == event_id
     assert "parked" not in view[0] and "parked" not in view[2]
     assert s.counters["deadline_stops"] == 0

@@ -40,7 +40,9 @@ class JobState:
     unplaced_reason: str | None
     error: str | None
     unavailable: int
-    tasks: tuple[dict[str, Any], ...]
+    #: per task, by index: (index, state, version, machine, fault domain, serving,
+    #: healthy, exit code, operation, parked); ``task_views`` reads them
+    tasks: tuple[tuple[Any, ...], ...]
     #: (index, machine, endpoint) of the tasks enabled in service discovery
     serving_on: tuple[tuple[int, str, str | None], ...]
     #: the last operation of the job's log the scheduler has applied
@@ -54,38 +56,40 @@ class JobState:
         counts: dict[str, int] = {}
         serving = updated = 0
 
-        domains: dict[int, dict[str, str]] = {}
+        # (once per machine: a job's tasks share machines, hundreds to one)
+        names: dict[int, tuple[str, dict[str, str]]] = {}
 
-        def domain(m: int) -> dict[str, str]:
-            # (once per machine: a job's tasks share machines, hundreds to one)
-            got = domains.get(m)
+        def named(m: int) -> tuple[str, dict[str, str]]:
+            got = names.get(m)
             if got is None:
                 fd = fleet.fault_domain(m)
-                got = domains[m] = {"dc": fd.dc, "msb": fd.msb, "rack": fd.rack}
+                got = names[m] = (fleet.name(m), {"dc": fd.dc, "msb": fd.msb,
+                                                  "rack": fd.rack})
             return got
 
-        target, running = job.target, TaskState.RUNNING
+        target, running, pending = job.target, TaskState.RUNNING, TaskState.PENDING
+        goal = job.target_of
         tasks = []
         serving_on = []
-        for r in sorted(job.tasks.values(), key=lambda r: r.index):
-            counts[r.state.value] = counts.get(r.state.value, 0) + 1
+        rows = job.tasks
+        for index in sorted(rows):
+            r = rows[index]
+            state = r.state.value
+            counts[state] = counts.get(state, 0) + 1
             serving += r.serving
-            updated += (r.spec_version == (target if job.pins is None else job.target_of(r.index))
+            updated += (r.spec_version == (target if job.pins is None else goal(index))
                         and r.state is running and r.healthy)
             # (a pending task waits for a machine: the one it was stopped on is not its)
-            where = None if r.state is TaskState.PENDING else r.machine
-            machine = None if where is None else fleet.name(where)
-            task = {"index": r.index, "state": r.state.value, "version": r.spec_version,
-                    "machine": machine,
-                    "fault_domain": None if where is None else domain(where),
-                    "serving": r.serving, "healthy": r.healthy,
-                    "exit_code": r.exit_code,
-                    "operation": None if r.op is None else r.op.kind.value}
-            if r.parked is not None:  # (stopped at a maintenance's deadline: it waits
-                task["parked"] = r.parked  # for the window to end; only then a key)
-            tasks.append(task)
+            where = None if r.state is pending else r.machine
+            machine, domain = (None, None) if where is None else named(where)
+            # (a row, made into the reader's dict when read: a view of 100,000 tasks is
+            # made at every pass that changes the job, and read seldom)
+            tasks.append((index, state, r.spec_version, machine, domain, r.serving,
+                          r.healthy, None if r.apart is None else r.exit_code,
+                          None if r.op is None else r.op.kind.value,
+                          None if r.apart is None else r.parked))
             if r.serving and machine is not None:
-                serving_on.append((r.index, machine, r.endpoint))
+                serving_on.append((index, machine, r.endpoint))
         return cls(job.entitlement, target, len(job.tasks), counts, serving, updated, job.halted,
                    job.rollout_active, job.moving_from, sched.on_entitlement(job),
                    job.unplaced_reason, job.error or (
@@ -95,6 +99,20 @@ class JobState:
                    tuple(serving_on), applied,
                    bool(job.offers or job.acked or job.in_progress
                         or any(r.restart for r in job.tasks.values())))
+
+    def task_views(self) -> list[dict[str, Any]]:
+        """The tasks as readers see them, by index."""
+        out = []
+        for (index, state, version, machine, domain, serving, healthy, exit_code, op,
+             parked) in self.tasks:
+            task = {"index": index, "state": state, "version": version, "machine": machine,
+                    "fault_domain": None if domain is None else dict(domain),
+                    "serving": serving, "healthy": healthy, "exit_code": exit_code,
+                    "operation": op}
+            if parked is not None:  # (stopped at a maintenance's deadline: it waits
+                task["parked"] = parked  # for the window to end; only then a key)
+            out.append(task)
+        return out
 
 
 class Views:
@@ -154,7 +172,7 @@ class Views:
     def tasks_view(self, name: str) -> list[dict[str, Any]]:
         self.cp.jobs.get(name)  # NotFound for an unknown job
         job = self._views.get(name)
-        return [dict(t) for t in job.tasks] if job is not None else []
+        return job.task_views() if job is not None else []
 
     def discovery(self, name: str) -> list[dict[str, Any]]:
         self.cp.jobs.get(name)
