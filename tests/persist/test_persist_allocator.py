@@ -137,3 +137,46 @@ def test_a_job_whose_placements_pass_the_record_limit_is_stored_in_parts(
     write()
     assert store.children("/allocator/jobs") == []
     store.close()
+
+
+def test_a_change_to_one_task_of_a_big_job_rewrites_the_part_that_holds_it(
+        tmp_path, monkeypatch):
+    """A job of more than ``PART_TASKS`` tasks is kept in parts by index: freeing one
+    task rewrites its part (and no other) in the pass's transaction; a restart reads
+    every part back."""
+    from plait.persist import allocator as module
+
+    monkeypatch.setattr(module, "PART_TASKS", 20)
+    path = str(tmp_path / "plait.db")
+    store, c = start(path)
+    c.allocator.defer()
+
+    def write():
+        txn = Transaction()
+        done = c.allocator.flush_into(txn)
+        store.commit(txn)
+        done()
+
+    small = Resources(cpu=0.5, memory_gb=0.5)
+    c.allocator.define(Entitlement(name="web", owner="o", quota=Quota(machines=8)))
+    c.allocator.allocate(AllocationRequest.of("big", "web", small, allocate=range(60)))
+    write()
+    keys = ["/allocator/jobs/big", *(f"/allocator{k}" for k in c.allocator.part_keys("big"))]
+    assert len(keys) == 4  # a header and three parts of 20 tasks
+
+    def versions():
+        return [store.get(k)[1] for k in keys]
+
+    before = versions()
+    c.allocator.allocate(AllocationRequest.of("big", "web", small, free=[25]))
+    write()
+    after = versions()
+    assert [a != b for a, b in zip(before, after, strict=True)] == [False, False, True, False]
+    placed = c.allocator.placement("big")
+    assert len(placed) == 59
+    store.close()
+
+    store, d = start(path)  # a restart reads the parts back
+    assert d.allocator.placement("big") == placed
+    check_invariants(d)
+    store.close()

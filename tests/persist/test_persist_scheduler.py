@@ -443,6 +443,57 @@ def test_a_job_too_large_for_one_record_is_stored_in_parts(tmp_path):
     store.close()
 
 
+def test_a_pass_that_changes_one_task_of_a_big_job_rewrites_its_part_only(tmp_path):
+    """A job of more than ``PART_TASKS`` tasks is kept in parts by index: a change to
+    one task rewrites the part that holds it, not the job's 100,000 tasks (a delete of
+    such a job changes it at every pass for an hour); a restart reads it back whole."""
+    from plait.persist.scheduler import PART_TASKS
+
+    big = generate(RegionSpec(dcs=1, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2,
+                              machines_per_rack=10))
+    path = str(tmp_path / "plait.db")
+
+    def plane(now=0.0):
+        store = SqliteStore(path)
+        region = PersistentRegion.load(big, store, now)
+        allocator = PersistentAllocator.load(MachineIndex(big, region), store)
+        allocator.defer()
+        scheduler = Scheduler(allocator, now=now)
+        persist = PersistentScheduler.load(scheduler, store, now)
+        return store, scheduler, persist, Simulation(big, scheduler=scheduler, now=now)
+
+    n = 2 * PART_TASKS + 100
+    store, sched, persist, sim = plane()
+    sched.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=40)))
+    JobStore(store).create(job_spec("huge", n, cpu=0.01, memory_gb=0.001), now=0)
+    for _ in range(20):
+        persist.sync(sim.now)
+        sim.step()
+        persist.save(allocator=sched.allocator)
+    job = sched.job("huge")
+    assert len(job.tasks) == n and all(r.serving for r in job.tasks.values())
+    keys = ["huge", *(k.removeprefix("/state/") for k in persist.part_keys("huge"))]
+    assert len(keys) == 4  # a header and three parts, by index
+
+    def versions() -> list[int]:
+        return [store.get(f"/scheduler/state/{k}")[1] for k in keys]
+
+    before = versions()
+    job.tasks[PART_TASKS + 5].serving = False  # (a task of the second part changes)
+    sched.mark("huge")
+    assert persist.save() == 1
+    after = versions()
+    assert [b != a for b, a in zip(before, after, strict=True)] == [False, False, True, False]
+    assert persist.state("huge")["tasks"][str(PART_TASKS + 5)][4] is False
+    rows = persist.state("huge")["tasks"]
+    store.close()
+
+    store, sched, persist, sim = plane(now=sim.now)  # a restart: read back whole
+    assert len(sched.job("huge").tasks) == n
+    assert persist.state("huge")["tasks"] == rows
+    store.close()
+
+
 def test_a_versions_runtime_key_is_the_digest_stored_keys_were_made_with() -> None:
     """Keys are stored with versions: the key of a spec is the digest of its JSON form
     with the fields that do not change how it runs set to fixed values, as it was

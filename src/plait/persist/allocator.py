@@ -18,6 +18,7 @@ control plane's metrics (``sink``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from time import perf_counter
@@ -34,7 +35,7 @@ from plait.allocator import (
 )
 from plait.errors import Conflict, NotFound
 from plait.model import Entitlement, parse
-from plait.persist.parts import task_parts
+from plait.persist.parts import index_parts
 from plait.store.protocol import Namespace, Store, Transaction
 
 SCHEMA = 1
@@ -44,6 +45,13 @@ SPLIT_SCHEMA = 2
 #: store's limit per record (one record of 32,000 tasks passed it: the pass's whole
 #: transaction was refused, every pass, for every job of the region)
 PART_BYTES = 800_000
+#: tasks of a job past which its record is split, and tasks per part: a change to a
+#: few tasks of a job of 100,000 rewrites their parts only
+PART_TASKS = 2048
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 class AllocationSink(Protocol):
@@ -70,6 +78,9 @@ class PersistentAllocator(Allocator):
         self._parts: dict[str, int] = {}
         #: jobs whose placement changed and is not written yet (None: written at once)
         self.deferred: set[str] | None = None
+        #: per key of a split record, a digest of what was last written there (a
+        #: part left as it was is not written again)
+        self._digests: dict[str, bytes] = {}
 
     def _put(self, key: str, data: bytes) -> None:
         seen = self._stored.get(key)
@@ -120,18 +131,24 @@ class PersistentAllocator(Allocator):
         once ``txn`` is committed."""
         done: list[tuple[str, int | None]] = []
         parts: dict[str, int] = {}
+        digests: dict[str, bytes | None] = {}
         for job in sorted(self.deferred or ()):
             records = self._records(job)
+            split = len(records) > 1
             for key, data in self._keyed(job, records):
                 seen = self._stored.get(key)
                 if data is None:
+                    digests[key] = None
                     if seen is not None:
                         txn.delete(self.ns.prefix + key, seen)
                         done.append((key, None))
-                elif seen is None:
+                    continue
+                digest = _digest(data) if split else None
+                digests[key] = digest
+                if seen is None:
                     txn.create(self.ns.prefix + key, data)
                     done.append((key, 0))
-                else:
+                elif digest is None or self._digests.get(key) != digest:
                     txn.set(self.ns.prefix + key, data, seen)
                     done.append((key, seen + 1))
             parts[job] = len(records) - 1
@@ -142,6 +159,11 @@ class PersistentAllocator(Allocator):
                     self._stored.pop(key, None)
                 else:
                     self._stored[key] = version
+            for key, digest in digests.items():  # (only a split record's keys are kept)
+                if digest is None:
+                    self._digests.pop(key, None)
+                else:
+                    self._digests[key] = digest
             for job, n in parts.items():
                 if n > 0:
                     self._parts[job] = n
@@ -164,21 +186,32 @@ class PersistentAllocator(Allocator):
         return [(key, records[i] if i < len(records) else None) for i, key in enumerate(keys)]
 
     def _records(self, job: str) -> list[bytes]:
-        """The job's record (none for a job with no placement), or past
-        ``PART_BYTES`` its header and parts."""
+        """The job's record (none for a job with no placement), or for a job of more
+        than ``PART_TASKS`` tasks or past ``PART_BYTES``, its header and parts
+        (``PART_TASKS`` tasks by index each, split further past ``PART_BYTES``)."""
         state = self.jobs.get(job)
         if state is None:
             return []
         names = self.region.entitlements.names
-        fleet = self.index.fleet
-        tasks = {str(t): [fleet.name(m), *state.units[t], names[state.ents[t]]]
+        fleet_name = self.index.fleet.name
+        machines: dict[int, str] = {}  # (a name made once per machine)
+
+        def machine(m: int) -> str:
+            got = machines.get(m)
+            if got is None:
+                got = machines[m] = fleet_name(m)
+            return got
+
+        units, ents = state.units, state.ents
+        tasks = {str(t): [machine(m), *units[t], names[ents[t]]]
                  for t, m in state.placement.items()}
         entitlement = names[state.entitlement]
-        whole = fastjson.dumps({"schema": SCHEMA, "entitlement": entitlement,
-                                "tasks": tasks}, sort_keys=True)
-        if len(whole) <= PART_BYTES:
-            return [whole]
-        parts = task_parts(tasks, PART_BYTES)
+        if len(tasks) <= PART_TASKS:
+            whole = fastjson.dumps({"schema": SCHEMA, "entitlement": entitlement,
+                                    "tasks": tasks}, sort_keys=True)
+            if len(whole) <= PART_BYTES:
+                return [whole]
+        parts = index_parts(state.placement, tasks, PART_TASKS, PART_BYTES)
         header = fastjson.dumps({"schema": SPLIT_SCHEMA, "entitlement": entitlement,
                                  "tasks": {}, "parts": len(parts)}, sort_keys=True)
         return [header, *parts]
@@ -186,6 +219,7 @@ class PersistentAllocator(Allocator):
     def _save(self, job: str) -> None:
         records = self._records(job)
         for key, data in self._keyed(job, records):
+            self._digests.pop(key, None)  # (written whatever it holds)
             if data is None:
                 self._drop(key)
             else:

@@ -4,7 +4,7 @@ past ``PART_BYTES`` each; the caller writes a header that counts the parts)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from plait import fastjson
@@ -24,4 +24,24 @@ def task_parts(tasks: Mapping[str, Any], limit: int) -> list[bytes]:
         chunk[key] = row
         size += item
     parts.append(fastjson.dumps({"tasks": chunk}, sort_keys=True))
+    return parts
+
+
+def index_parts(indices: Iterable[int], rows: Mapping[str, Any], per_part: int,
+                limit: int) -> list[bytes]:
+    """The rows of ``indices`` (``rows``: by the index as a string) as parts: part
+    ``k`` holds the indices ``k * per_part`` up to the next (empty if none is left
+    there), so a change to a few rows changes their parts only, whatever is added or
+    taken out elsewhere; a part past ``limit`` bytes is split further (``task_parts``)."""
+    chunks: list[dict[str, Any]] = []
+    for index in sorted(indices):
+        k = index // per_part
+        while len(chunks) <= k:
+            chunks.append({})
+        key = str(index)
+        chunks[k][key] = rows[key]
+    parts: list[bytes] = []
+    for chunk in chunks:
+        part = fastjson.dumps({"tasks": chunk}, sort_keys=True)
+        parts += [part] if len(part) <= limit else task_parts(chunk, limit)
     return parts

@@ -41,7 +41,7 @@ from plait.model.entitlement import NAME_RE
 from plait.model.job import spans
 from plait.model.task import TaskState
 from plait.persist.allocator import PersistentAllocator
-from plait.persist.parts import task_parts
+from plait.persist.parts import index_parts
 from plait.scheduler import Scheduler
 from plait.scheduler.machinesets import DesiredSet
 from plait.scheduler.records import NOT_RUNTIME, SEQUENCE_BLOCK, JobRecord, TaskRecord
@@ -61,6 +61,8 @@ SPLIT_SCHEMA = 2
 #: size (``/state/{job}~1``, ``~2``...: ``~`` is never in a job's name), under the
 #: store's limit per record
 PART_BYTES = 800_000
+#: tasks of a job past which its state record is split, and tasks per part
+PART_TASKS = 2048
 #: tasks of a job past which its state record reads each machine's desired set once
 #: (a look-up per task costs a scan in C of the set; a read, one in Python)
 _READ_SET_AFTER = 16
@@ -578,6 +580,12 @@ _TASK_STATES = {s.value: s for s in TaskState}
 
 def _task_state(job: JobRecord, rec: TaskRecord, desired: bool, fleet_name: Callable[[int], str]
                 ) -> list[Any]:
+    if rec.apart is None:  # (the fields kept apart all at their defaults)
+        return [rec.spec_version, rec.state.value,
+                None if rec.machine is None else fleet_name(rec.machine), desired,
+                rec.serving, rec.healthy, None if rec.op is None else op_to_wire(rec.op),
+                rec.op_costly, rec.restart, None, None, rec.healthy_since, None, None, False,
+                rec.endpoint]
     return [rec.spec_version, rec.state.value,
             None if rec.machine is None else fleet_name(rec.machine), desired, rec.serving,
             rec.healthy, None if rec.op is None else op_to_wire(rec.op), rec.op_costly,
@@ -794,22 +802,40 @@ class PersistentScheduler:
         return self._whole(job)
 
     def records(self, job: JobRecord) -> list[bytes]:
-        """The job's state as the records that store it: one, or for a job whose
-        record would pass ``PART_BYTES``, a header (every field but the tasks, the
-        number of parts and the versions its tasks run) and parts holding the tasks."""
-        whole = self._whole(job)
-        if len(whole) <= PART_BYTES:
-            return [whole]
-        data = fastjson.loads(whole)
-        tasks: dict[str, Any] = data.pop("tasks")
-        parts = task_parts(tasks, PART_BYTES)
-        header = {**data, "schema": SPLIT_SCHEMA, "tasks": {}, "parts": len(parts),
-                  "run": sorted({int(row[0]) for row in tasks.values()})}
+        """The job's state as the records that store it: one, or for a job of more
+        than ``PART_TASKS`` tasks or whose record would pass ``PART_BYTES``, a header
+        (every field but the tasks, the number of parts and the versions its tasks
+        run) and parts holding the tasks, ``PART_TASKS`` by index each (a part past
+        ``PART_BYTES`` split further). A pass that changes a few tasks of a big job
+        rewrites their parts only, and nothing is made twice: a job of 100,000 tasks
+        is saved at every pass that changes it, for as long as it is deleted."""
+        fields = self._fields(job)
+        rows = self._rows(job)
+        if len(rows) <= PART_TASKS:
+            whole = fastjson.dumps({**fields, "tasks": rows}, sort_keys=True)
+            if len(whole) <= PART_BYTES:
+                return [whole]
+        parts = index_parts(job.tasks, rows, PART_TASKS, PART_BYTES)
+        header = {**fields, "schema": SPLIT_SCHEMA, "tasks": {}, "parts": len(parts),
+                  "run": sorted({int(row[0]) for row in rows.values()})}
         return [fastjson.dumps(header, sort_keys=True), *parts]
 
     def _whole(self, job: JobRecord) -> bytes:
+        return fastjson.dumps({**self._fields(job), "tasks": self._rows(job)},
+                              sort_keys=True)
+
+    def _rows(self, job: JobRecord) -> dict[str, list[Any]]:
+        """Each task's row, by its index (as a string)."""
         sched = self.scheduler
-        name = sched.fleet.name
+        fleet_name = sched.fleet.name
+        names: dict[int, str] = {}  # (a name made once per machine)
+
+        def name(m: int) -> str:
+            got = names.get(m)
+            if got is None:
+                got = names[m] = fleet_name(m)
+            return got
+
         tasks = {}
         # a job of many tasks: per machine, its tasks in the machine's desired set,
         # read once (a machine can hold hundreds of them); a job of a few: a look-up
@@ -830,7 +856,11 @@ class PersistentScheduler:
                     mine = own[m] = sets.get(m, nothing).indices_of(job.name)
                 desired = index in mine
             tasks[str(index)] = _task_state(job, rec, desired, name)
-        return fastjson.dumps({
+        return tasks
+
+    def _fields(self, job: JobRecord) -> dict[str, Any]:
+        """Every field of the job's state record but its tasks."""
+        return {
             "schema": SCHEMA, "applied": self.applied.get(job.name, 0),
             "versions": len(job.versions), "target": job.target, "deleting": job.deleting,
             "halted": job.halted, "rollout_active": job.rollout_active,
@@ -841,8 +871,7 @@ class PersistentScheduler:
                if job.surges else {}),
             # a block reserved ahead (records.SEQUENCE_BLOCK)
             "sequence_number": -(-job.sequence_number // SEQUENCE_BLOCK) * SEQUENCE_BLOCK,
-            "tasks": tasks,
-        }, sort_keys=True)
+        }
 
     def save(self, allocator: PersistentAllocator | None = None) -> int:
         """Write the state of every job that changed, drop the records of jobs whose
