@@ -277,3 +277,39 @@ def test_a_task_waiting_for_a_machine_for_its_pin_starts_at_its_goal_once_unpinn
     assert job.tasks[0].spec_version == 1
     agents.run(30)
     assert settled(s, "zk", 4), {i: (r.state, r.spec_version) for i, r in job.tasks.items()}
+
+
+class _AckAll:
+    """A TaskController that acks every operation offered."""
+
+    def process(self, request: TaskControlRequest) -> TaskControlResponse:
+        return TaskControlResponse(tuple(op.op_id for op in request.request))
+
+
+def test_an_acked_update_held_by_a_task_in_its_grace_starts_when_the_grace_ends():
+    """A rollout whose new task found no room waits for room out of the passes, with
+    its acked operations held by max_unavailable; but a task that fails its probe is
+    held only for its grace, which ends by time alone: its update starts when it ends,
+    not at the room timer's next try (up to a minute later)."""
+    sim = world(machines=12)
+    s = sim.scheduler
+    s.create_job(job_spec("hog", 12, cpu=10, memory_gb=0.1), 0)
+    update = UpdatePolicy(max_unavailable=1, serving_grace_seconds=20)
+    s.create_job(job_spec("zk", 4, cpu=1, memory_gb=0.1, health=PROBE, update=update), 0,
+                 controller=_AckAll())
+    agents = Agents(s)
+    agents.run(10)
+    assert settled(s, "zk", 4)
+    s.update_job(job_spec("zk", 4, cpu=8, memory_gb=0.1, health=PROBE, update=update),
+                 agents.now)
+    agents.run(10)
+    job = s.job("zk")
+    assert job.unplaced_reason is not None and len(job.acked) == 3 and "zk" in s._room
+    failing = max(op.task.index for op in job.acked.values())
+    agents.unhealthy = {("zk", failing)}
+    began = agents.now
+    agents.run(40, watch=lambda: None)
+    rec = job.tasks[failing]
+    assert rec.op is not None or rec.spec_version == 2, "its update never started"
+    started = [e.time for e in s.events if e.kind == "op_started" and e.task == failing]
+    assert started and started[0] - began <= 20 + 3, started

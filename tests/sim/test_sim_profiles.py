@@ -311,3 +311,25 @@ def test_a_profile_roll_with_no_spare_machine_in_the_region_completes():
         {m: sim.agents[m].profile for m in range(2)}, sim.region.machines_of("front"))
     assert not any(sim.region.record(m).cordoned for m in range(2))
     check(sim)
+
+
+def test_a_new_profile_version_makes_its_machines_pending_at_once_but_no_roll_at_start():
+    """A profile's new version makes its machines pending when it is defined (not at
+    the next pass). A control plane that starts defines its stored profiles one by
+    one after its entitlements: none of that is a roll."""
+    sim = world(machines=MACHINES, entitlements=())
+    s = sim.scheduler
+    for ent, profile in ENTS.items():  # (as a restart: entitlements first)
+        sim.allocator.define(Entitlement(name=ent, owner="o", quota=Quota(machines=12),
+                                         host_profile=profile))
+    for spec in PROFILES.values():
+        s.define_profile(HostProfile(spec=spec, version=1))
+    s.create_job(job_spec("a", 4, entitlement="web", cpu=4), 0)
+    sim.run(300)
+    assert len(s.discovery("a")) == 4
+    assert [t.kind for t in s.profile_transitions].count("profile_roll_started") == 0
+    assert not s.stale and not s.roll_cordoned
+    machines = {r.machine for r in s.job("a").tasks.values()}
+    s.define_profile(HostProfile(spec=PROFILES["web"].model_copy(
+        update={"description": "v2"}), version=2))
+    assert machines <= s.profiles.pending  # before any pass

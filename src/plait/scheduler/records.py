@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
@@ -300,13 +301,16 @@ class Acked(dict[str, TaskOp]):
     task that stops or goes drops its acked ones, and a delete acks a stop of each of
     a job's 100,000 tasks and sees them stop by the rate limit, dozens a pass: a scan
     of all for each cost every pass a second. The index by task is made at the first
-    ``of_task`` and kept from then on."""
+    ``of_task`` and kept from then on; changes go through ``[]=``, ``del`` and
+    ``pop`` (the others that would pass it by are refused)."""
 
     __slots__ = ("_by_task",)
 
-    def __init__(self) -> None:
+    def __init__(self, ops: Mapping[str, TaskOp] | None = None) -> None:
         super().__init__()
-        self._by_task: dict[int, set[str]] | None = None
+        self._by_task: dict[int, dict[str, None]] | None = None
+        for op_id, op in (ops or {}).items():
+            self[op_id] = op
 
     def __setitem__(self, op_id: str, op: TaskOp) -> None:
         by = self._by_task
@@ -314,7 +318,7 @@ class Acked(dict[str, TaskOp]):
             old = dict.get(self, op_id)
             if old is not None:
                 self._unindex(by, op_id, old)
-            by.setdefault(op.task.index, set()).add(op_id)
+            by.setdefault(op.task.index, {})[op_id] = None
         dict.__setitem__(self, op_id, op)
 
     def __delitem__(self, op_id: str) -> None:
@@ -331,25 +335,37 @@ class Acked(dict[str, TaskOp]):
         return op
 
     @staticmethod
-    def _unindex(by: dict[int, set[str]], op_id: str, op: TaskOp) -> None:
+    def _unindex(by: dict[int, dict[str, None]], op_id: str, op: TaskOp) -> None:
         ids = by.get(op.task.index)
         if ids is not None:
-            ids.discard(op_id)
+            ids.pop(op_id, None)
             if not ids:
                 del by[op.task.index]
 
     def of_task(self, index: int) -> list[str]:
-        """The ids of the task's acked operations."""
+        """The ids of the task's acked operations, in the order they were acked."""
         by = self._by_task
         if by is None:
             by = self._by_task = {}
             for op_id, op in self.items():
-                by.setdefault(op.task.index, set()).add(op_id)
-        return sorted(by.get(index, ()))
+                by.setdefault(op.task.index, {})[op_id] = None
+        return list(by.get(index, ()))
 
     def clear(self) -> None:
         dict.clear(self)
         self._by_task = None
+
+    def copy(self) -> Acked:
+        return Acked(self)
+
+    def __copy__(self) -> Acked:
+        return Acked(self)
+
+    def __reduce__(self) -> tuple[type[Acked], tuple[dict[str, TaskOp]]]:
+        return Acked, (dict(self),)
+
+    def __ior__(self, other: object) -> NoReturn:  # type: ignore[misc]
+        raise TypeError("Acked: set operations one at a time")
 
     def update(self, *args: object, **kwargs: object) -> None:
         raise TypeError("Acked: set operations one at a time")

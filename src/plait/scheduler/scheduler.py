@@ -565,8 +565,11 @@ class Scheduler(SchedulerState):
             if ent.host_profile == profile.name:
                 self.touched.update(int(m) for m in self.region.machines_of(name))
         # their machines are pending now, not at the next pass: an agent that asks for
-        # its tasks before it must not start one on the profile it carries
-        profileroll.notice_changes(self)
+        # its tasks before it must not start one on the profile it carries (once a
+        # pass has looked: the profiles defined as a control plane starts, one by
+        # one, are its first look's, and no roll)
+        if self.rolls_found:
+            profileroll.notice_changes(self)
 
     def report_profile(self, machine: str, applied: Applied, now: float) -> None:
         """An agent's report of the profile it applied (or why its switch fails). A
@@ -717,7 +720,8 @@ class Scheduler(SchedulerState):
                 or (ctl and (job.dirty or job.completed))):
             self._room.pop(name, None)
             return None
-        pending_state, live, goal = TaskState.PENDING, LIVE, job.target_of
+        pending_state, goal = TaskState.PENDING, job.target_of
+        running, finished = TaskState.RUNNING, FINISHED
         offers = job.offers
         acked = {op.task.index for op in job.acked.values()} if job.acked else offers
         pending = 0
@@ -725,9 +729,12 @@ class Scheduler(SchedulerState):
             state = r.state
             if state is pending_state:
                 pending += 1
-            elif state not in live or r.op is not None or r.restart or (
-                    r.spec_version != goal(r.index) and r.index not in offers
-                    and r.index not in acked):
+            # (every other task serves, or finished: one starting, failing its probe or
+            # within its grace changes by time alone, its ready timeout, its grace)
+            elif not ((state is running and r.serving and r.healthy) or state in finished) or (
+                    r.op is not None or r.restart or (
+                        r.spec_version != goal(r.index) and r.index not in offers
+                        and r.index not in acked)):
                 self._room.pop(name, None)
                 return None
         tasks = job.tasks
