@@ -10,8 +10,9 @@ A task its machine was stopping and no longer reports is stopped.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
-from plait.model.task import TaskRef, TaskState
+from plait.model.task import TaskState
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.machinesets import NOTHING_PLACED
 from plait.scheduler.records import JobRecord, Phase, TaskRecord, TaskStatus
@@ -29,17 +30,28 @@ def _may_end(job: JobRecord, rec: TaskRecord, code: int | None) -> bool:
 
 def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now: float) -> None:
     """Record the statuses an agent reported for machine index ``machine``."""
-    seen: set[TaskRef] = set()
+    # (the tasks reported, as (job, index): hashed in C, a heartbeat of a machine
+    # packed with thousands of small tasks reads each once)
+    seen: set[tuple[str, int]] = set()
     jobs = s.jobs
+    running, starting = Phase.RUNNING, Phase.STARTING
+    is_running, is_starting = TaskState.RUNNING, TaskState.STARTING
     for st in statuses:
         job = jobs.get(st.job)
         rec = job.tasks.get(st.index) if job is not None else None
         if job is None or rec is None or rec.machine != machine:
             continue  # a stale copy; the agent stops it (not in its desired set)
-        seen.add(TaskRef(st.job, st.index))
+        seen.add((st.job, st.index))
         phase = st.phase
-        if not ((phase is Phase.STARTING and rec.state is TaskState.STARTING)
-                or (phase is Phase.RUNNING and rec.state is TaskState.RUNNING
+        if (phase is running and rec.state is is_running and st.healthy and rec.healthy
+                and rec.serving and rec.op is None and rec.apart is None):
+            # the common heartbeat: a task serving as it was, nothing under way (no
+            # field below would change; the rollout may be done, if one is active)
+            if job.rollout_active and st.revision == job.revision(rec.spec_version):
+                s.rollout_done(job, now)
+            continue
+        if not ((phase is starting and rec.state is is_starting)
+                or (phase is running and rec.state is is_running
                     and st.healthy == rec.healthy and rec.serving and rec.op is None)):
             s.mark(st.job)  # a heartbeat that changes nothing leaves the job idle
         if phase is Phase.STOPPING:
@@ -48,9 +60,9 @@ def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now:
             s.stopped(job, rec, now)
         elif st.revision != job.revision(rec.spec_version):
             continue  # the old version still winding down
-        elif phase is Phase.STARTING:
+        elif phase is starting:
             s.transition(rec, Event.STARTING)
-        elif phase is Phase.RUNNING:
+        elif phase is running:
             s.transition(rec, Event.RUNNING)
             if st.healthy and not rec.healthy:
                 rec.healthy_since = now
@@ -67,11 +79,14 @@ def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now:
         elif phase is Phase.EXITED:
             s.exited(job, rec, now, st.killed, st.exit_code)
     # a task this machine was stopping and no longer has is stopped
-    for ref in s.placed.get(machine, NOTHING_PLACED).refs():
-        if ref in seen:
+    placed = s.placed.get(machine, NOTHING_PLACED)
+    raw = tuple.__iter__(placed)  # (the set as it is now: a stop below makes a new one)
+    for named in raw:
+        name, index = cast(str, named), cast(int, next(raw))
+        if (name, index) in seen:
             continue
-        job = jobs.get(ref.job)
-        rec = job.tasks.get(ref.index) if job is not None else None
+        job = jobs.get(name)
+        rec = job.tasks.get(index) if job is not None else None
         if job is not None and rec is not None and rec.state is TaskState.STOPPING:
             s.mark(job.name)
             s.stopped(job, rec, now)
