@@ -86,6 +86,15 @@ def test_a_crash_between_a_binding_and_the_placements_is_mended_on_load(tmp_path
     store.close()
 
 
+def _flush(store, allocator):
+    """What a control plane's pass does with a deferring allocator: its changed
+    placements written in one transaction."""
+    txn = Transaction()
+    done = allocator.flush_into(txn)
+    store.commit(txn)
+    done()
+
+
 @pytest.mark.parametrize("deferred", [False, True])
 def test_a_job_whose_placements_pass_the_record_limit_is_stored_in_parts(
         tmp_path, monkeypatch, deferred):
@@ -103,10 +112,7 @@ def test_a_job_whose_placements_pass_the_record_limit_is_stored_in_parts(
 
     def write():
         if deferred:
-            txn = Transaction()
-            done = c.allocator.flush_into(txn)
-            store.commit(txn)
-            done()
+            _flush(store, c.allocator)
 
     small = Resources(cpu=0.5, memory_gb=0.5)
     c.allocator.define(Entitlement(name="web", owner="o", quota=Quota(machines=8)))
@@ -151,16 +157,10 @@ def test_a_change_to_one_task_of_a_big_job_rewrites_the_part_that_holds_it(
     store, c = start(path)
     c.allocator.defer()
 
-    def write():
-        txn = Transaction()
-        done = c.allocator.flush_into(txn)
-        store.commit(txn)
-        done()
-
     small = Resources(cpu=0.5, memory_gb=0.5)
     c.allocator.define(Entitlement(name="web", owner="o", quota=Quota(machines=8)))
     c.allocator.allocate(AllocationRequest.of("big", "web", small, allocate=range(60)))
-    write()
+    _flush(store, c.allocator)
     keys = ["/allocator/jobs/big", *(f"/allocator{k}" for k in c.allocator.part_keys("big"))]
     assert len(keys) == 4  # a header and three parts of 20 tasks
 
@@ -169,7 +169,7 @@ def test_a_change_to_one_task_of_a_big_job_rewrites_the_part_that_holds_it(
 
     before = versions()
     c.allocator.allocate(AllocationRequest.of("big", "web", small, free=[25]))
-    write()
+    _flush(store, c.allocator)
     after = versions()
     assert [a != b for a, b in zip(before, after, strict=True)] == [False, False, True, False]
     placed = c.allocator.placement("big")

@@ -388,6 +388,18 @@ def test_an_update_never_trims_the_version_a_pass_just_took_as_target(tmp_path):
     assert 2 in jobs.get("web").kept
 
 
+def _plane(path, fleet, now, config):
+    """A control plane's persistent core over SQLite at ``path``, read back from it,
+    with a simulation of its agents: (store, scheduler, persist, simulation)."""
+    store = SqliteStore(path)
+    region = PersistentRegion.load(fleet, store, now)
+    allocator = PersistentAllocator.load(MachineIndex(fleet, region), store)
+    allocator.defer()  # placements written with the pass's state, as a control plane does
+    scheduler = Scheduler(allocator, config, now=now)
+    persist = PersistentScheduler.load(scheduler, store, now)
+    return store, scheduler, persist, Simulation(fleet, scheduler=scheduler, now=now)
+
+
 def test_a_job_too_large_for_one_record_is_stored_in_parts(tmp_path):
     """A job of 9,000 tasks: its state passes the store's limit per record, so its
     tasks are kept in parts; it comes back whole after a restart, and the parts go
@@ -399,14 +411,8 @@ def test_a_job_too_large_for_one_record_is_stored_in_parts(tmp_path):
     path = str(tmp_path / "plait.db")
 
     def plane(now=0.0):
-        store = SqliteStore(path)
-        region = PersistentRegion.load(big, store, now)
-        allocator = PersistentAllocator.load(MachineIndex(big, region), store)
-        allocator.defer()  # placements written with the pass's state, as a control plane does
         # (a rate limit that lets the 9,000 stops of the shrink go in a few passes)
-        scheduler = Scheduler(allocator, SchedulerConfig(rate=1e6, burst=1e6), now=now)
-        persist = PersistentScheduler.load(scheduler, store, now)
-        return store, scheduler, persist, Simulation(big, scheduler=scheduler, now=now)
+        return _plane(path, big, now, SchedulerConfig(rate=1e6, burst=1e6))
 
     store, sched, persist, sim = plane()
     sched.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=600)))
@@ -454,13 +460,7 @@ def test_a_pass_that_changes_one_task_of_a_big_job_rewrites_its_part_only(tmp_pa
     path = str(tmp_path / "plait.db")
 
     def plane(now=0.0):
-        store = SqliteStore(path)
-        region = PersistentRegion.load(big, store, now)
-        allocator = PersistentAllocator.load(MachineIndex(big, region), store)
-        allocator.defer()
-        scheduler = Scheduler(allocator, now=now)
-        persist = PersistentScheduler.load(scheduler, store, now)
-        return store, scheduler, persist, Simulation(big, scheduler=scheduler, now=now)
+        return _plane(path, big, now, SchedulerConfig())
 
     n = 2 * PART_TASKS + 100
     store, sched, persist, sim = plane()

@@ -18,6 +18,7 @@ control plane's metrics (``sink``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -193,15 +194,7 @@ class PersistentAllocator(Allocator):
         if state is None:
             return []
         names = self.region.entitlements.names
-        fleet_name = self.index.fleet.name
-        machines: dict[int, str] = {}  # (a name made once per machine)
-
-        def machine(m: int) -> str:
-            got = machines.get(m)
-            if got is None:
-                got = machines[m] = fleet_name(m)
-            return got
-
+        machine = functools.cache(self.index.fleet.name)  # (a name made once per machine)
         units, ents = state.units, state.ents
         tasks = {str(t): [machine(m), *units[t], names[ents[t]]]
                  for t, m in state.placement.items()}

@@ -827,15 +827,7 @@ class PersistentScheduler:
     def _rows(self, job: JobRecord) -> dict[str, list[Any]]:
         """Each task's row, by its index (as a string)."""
         sched = self.scheduler
-        fleet_name = sched.fleet.name
-        names: dict[int, str] = {}  # (a name made once per machine)
-
-        def name(m: int) -> str:
-            got = names.get(m)
-            if got is None:
-                got = names[m] = fleet_name(m)
-            return got
-
+        name = functools.cache(sched.fleet.name)  # (a name made once per machine)
         tasks = {}
         # a job of many tasks: per machine, its tasks in the machine's desired set,
         # read once (a machine can hold hundreds of them); a job of a few: a look-up
