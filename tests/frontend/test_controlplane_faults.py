@@ -145,3 +145,21 @@ def test_a_save_that_finds_the_store_ahead_of_memory_reads_the_store_again(tmp_p
     assert passes_until(lambda: len(cp.scheduler.job("web").tasks) == 3
                         and cp.views.job_view("web")["settled"])
     cp.store.close()
+
+
+def test_an_entitlements_new_profile_makes_its_machines_pending_before_the_next_pass(
+        tmp_path):
+    """An entitlement given another host profile: its machines take no task that has
+    not started from the moment the change is stored, not from the next pass (an
+    agent that asks for its tasks in between would start them on the old profile)."""
+    from plait.model.hostprofile import HostProfileSpec
+
+    cp = plane(tmp_path)
+    cp.loop.prepare()
+    cp.commands.create_job(SPEC)
+    wait_for(lambda: (cp.loop.step(), len(cp.views.discovery("web")) == 2)[1], 60)
+    machines = {r.machine for r in cp.scheduler.jobs["web"].tasks.values()}
+    cp.profiles.put(HostProfileSpec(name="big", hugepages_2m=512))
+    cp.commands.define_entitlement(Entitlement(name="web", owner="alice", host_profile="big",
+                                               quota=Quota(machines=6)))
+    assert machines <= cp.scheduler.profiles.pending  # (no pass since)

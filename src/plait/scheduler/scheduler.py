@@ -564,10 +564,14 @@ class Scheduler(SchedulerState):
         for name, ent in self.allocator.entitlements.items():
             if ent.host_profile == profile.name:
                 self.touched.update(int(m) for m in self.region.machines_of(name))
-        # their machines are pending now, not at the next pass: an agent that asks for
-        # its tasks before it must not start one on the profile it carries (once a
-        # pass has looked: the profiles defined as a control plane starts, one by
-        # one, are its first look's, and no roll)
+        self.notice_rolls()
+
+    def notice_rolls(self) -> None:
+        """A profile or an entitlement was defined: the machines whose target moved are
+        pending now, not at the next pass (an agent that asks for its tasks before it
+        must not start one on the profile it carries). Only once a pass has looked:
+        what a control plane defines as it starts, one by one, is its first look's,
+        and no roll."""
         if self.rolls_found:
             profileroll.notice_changes(self)
 

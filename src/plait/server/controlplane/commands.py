@@ -50,6 +50,7 @@ class JobCommands:
                                f"owner {ent.owner} (owners do not change)")
             self.cp.allocator.define(ent)
             self.cp.scheduler.room_changed(ent.name)  # (its quota may have grown)
+            self.cp.scheduler.notice_rolls()  # (its host profile may have changed)
         if old is None:
             said = f"{ent.name}: quota {ent.quota}, owner {ent.owner}"
         else:  # what changed, each setting as it was and as it is
