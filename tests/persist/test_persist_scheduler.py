@@ -576,3 +576,46 @@ def test_a_job_waiting_for_room_is_not_stored_again_while_nothing_changes(tmp_pa
     before = len(a.running("big"))
     a.run(3)
     assert len([r for r in job.tasks.values() if r.machine is not None]) > before
+
+
+def test_a_save_reads_each_large_desired_set_once_whatever_the_jobs_it_writes(
+        tmp_path, monkeypatch):
+    """Jobs spread one task per machine over machines that each hold many other jobs'
+    tasks: whether each task is in its machine's desired set is read from each large
+    set once per save, for every job written (a search per task, or a read of each
+    set per job, made 300 jobs of 40 tasks over 40 full machines cost a pass 1 s)."""
+    from plait.scheduler import machinesets
+
+    fleet = generate(RegionSpec(dcs=1, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2,
+                                machines_per_rack=6))  # 24 machines
+    store, sched, persist, sim = _plane(str(tmp_path / "plait.db"), fleet, 0.0,
+                                        SchedulerConfig())
+    sched.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=24)))
+    jobs = JobStore(store)
+    for k in range(30):
+        jobs.create(job_spec(f"j{k}", 20, cpu=0.01, memory_gb=0.001, policy={
+            "requirements": {"max_tasks_per_machine": 1}}), now=0)
+    for _ in range(20):
+        persist.sync(sim.now)
+        sim.step()
+        persist.save(allocator=sched.allocator)
+    assert all(len(sched.job(f"j{k}").tasks) == 20 for k in range(30))
+    large = [m for m, d in sched.desired.items() if len(d) > 16]
+    assert len(large) >= 12
+    reads, searches = [], []
+    real_by_job, real_find = machinesets.DesiredSet.by_job, machinesets.DesiredSet._find
+    monkeypatch.setattr(machinesets.DesiredSet, "by_job",
+                        lambda self: (reads.append(1), real_by_job(self))[1])
+    monkeypatch.setattr(machinesets.DesiredSet, "_find",
+                        lambda self, job, index: (searches.append(1),
+                                                  real_find(self, job, index))[1])
+    before = persist.state("j3")
+    sched.changed_jobs = None  # (every job written again)
+    persist.save()
+    # each large set read once; a task on a short set searched for in it
+    on_short = sum(1 for k in range(30) for r in sched.job(f"j{k}").tasks.values()
+                   if r.machine is not None and len(sched.desired.get(r.machine, ())) <= 16)
+    assert len(reads) == len(large), (len(reads), len(large))
+    assert len(searches) == on_short, (len(searches), on_short)
+    assert persist.state("j3") == before  # (the same record: every task still desired)
+    store.close()

@@ -142,7 +142,7 @@ def test_a_task_is_found_among_hundreds_of_one_jobs(big, others, job, index):
     if found is not None:
         assert (found.job, found.index) == (job, index)
     assert (ref in PlacedSet(tuple(placed))) == there
-    assert got.indices_of(job) == {i for name, i in tasks if name == job}
+    assert got.by_job().get(job, set()) == {i for name, i in tasks if name == job}
 
 
 

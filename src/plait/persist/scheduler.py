@@ -63,8 +63,8 @@ SPLIT_SCHEMA = 2
 PART_BYTES = 800_000
 #: tasks of a job past which its state record is split, and tasks per part
 PART_TASKS = 2048
-#: tasks of a job past which its state record reads each machine's desired set once
-#: (a look-up per task costs a scan in C of the set; a read, one in Python)
+#: tasks in a machine's desired set past which a save reads it whole, once, by job
+#: (a look-up per task searches the set in C; a read goes over it once in Python)
 _READ_SET_AFTER = 16
 #: the job record's schema (2: kept versions by number, each with its revision)
 JOB_SCHEMA = 2
@@ -801,7 +801,8 @@ class PersistentScheduler:
         """The job's state as one record (see ``records``)."""
         return self._whole(job)
 
-    def records(self, job: JobRecord) -> list[bytes]:
+    def records(self, job: JobRecord, read: dict[int, dict[str, set[int]]] | None = None
+                ) -> list[bytes]:
         """The job's state as the records that store it: one, or for a job of more
         than ``PART_TASKS`` tasks or whose record would pass ``PART_BYTES``, a header
         (every field but the tasks, the number of parts and the versions its tasks
@@ -810,7 +811,7 @@ class PersistentScheduler:
         rewrites their parts only, and nothing is made twice: a job of 100,000 tasks
         is saved at every pass that changes it, for as long as it is deleted."""
         fields = self._fields(job)
-        rows = self._rows(job)
+        rows = self._rows(job, read)
         if len(rows) <= PART_TASKS:
             whole = fastjson.dumps({**fields, "tasks": rows}, sort_keys=True)
             if len(whole) <= PART_BYTES:
@@ -824,29 +825,33 @@ class PersistentScheduler:
         return fastjson.dumps({**self._fields(job), "tasks": self._rows(job)},
                               sort_keys=True)
 
-    def _rows(self, job: JobRecord) -> dict[str, list[Any]]:
-        """Each task's row, by its index (as a string)."""
+    def _rows(self, job: JobRecord, read: dict[int, dict[str, set[int]]] | None = None
+              ) -> dict[str, list[Any]]:
+        """Each task's row, by its index (as a string). ``read``: machines' desired
+        sets read whole, by job, kept by the caller for the other jobs it writes."""
         sched = self.scheduler
         name = functools.cache(sched.fleet.name)  # (a name made once per machine)
         tasks = {}
-        # a job of many tasks: per machine, its tasks in the machine's desired set,
-        # read once (a machine can hold hundreds of them); a job of a few: a look-up
-        # each (searched in C), not a pass in Python over a set of hundreds of tasks
-        # of other jobs
-        own: dict[int, set[int]] | None = {} if len(job.tasks) > _READ_SET_AFTER else None
+        # whether each task is in its machine's desired set: a search in C of a short
+        # set; a large one (hundreds of small tasks, of this job or of many) is read
+        # whole once, by job, for every job the save writes (a job of 40 tasks over
+        # 40 machines of thousands of other jobs' tasks: a search per task made the
+        # job's list of each set, and reading each set for each job cost as much)
         sets, nothing = sched.desired, DesiredSet()
+        if read is None:
+            read = {}
         for index, rec in job.tasks.items():
             m = rec.machine
             desired = False
-            if m is None:
-                pass
-            elif own is None:
-                desired = job.ref(index) in sets.get(m, nothing)
-            else:
-                mine = own.get(m)
-                if mine is None:
-                    mine = own[m] = sets.get(m, nothing).indices_of(job.name)
-                desired = index in mine
+            if m is not None:
+                have = sets.get(m, nothing)
+                if len(have) <= _READ_SET_AFTER:
+                    desired = job.ref(index) in have
+                else:
+                    jobs = read.get(m)
+                    if jobs is None:
+                        jobs = read[m] = have.by_job()
+                    desired = index in jobs.get(job.name, ())
             tasks[str(index)] = _task_state(job, rec, desired, name)
         return tasks
 
@@ -888,11 +893,12 @@ class PersistentScheduler:
         pending: dict[str, bytes | None] = {}
         parts: dict[str, int] = {}
         written = 0
+        read: dict[int, dict[str, set[int]]] = {}  # (large desired sets, read once)
         for name in sorted(names):
             job = sched.jobs.get(name)
             if job is None:
                 continue
-            records = self.records(job)
+            records = self.records(job, read)
             keys = [name] + [f"{name}~{j}" for j in range(1, len(records))]
             touched = False
             for key, data in zip(keys, records, strict=True):

@@ -100,12 +100,18 @@ class DesiredSet(tuple[object, ...]):
         C, and only a pair with the task's index has its job compared.)"""
         return _find(self, job, index, _assigned_jobs)
 
-    def indices_of(self, job: str) -> set[int]:
-        """The indices of ``job``'s tasks in the set (one pass over it, for a caller
-        that asks about many of the job's tasks on the machine)."""
-        get = tuple.__getitem__
-        return {cast(int, i) for a, i in zip(get(self, _EVEN), get(self, _ODD), strict=True)
-                if cast(Assigned, a).job == job}
+    def by_job(self) -> dict[str, set[int]]:
+        """The indices of each job's tasks in the set (one pass over it, for a caller
+        that asks about the tasks of many jobs on the machine)."""
+        out: dict[str, set[int]] = {}
+        raw = tuple.__iter__(self)
+        for a in raw:
+            name = cast(Assigned, a).job
+            got = out.get(name)
+            if got is None:
+                got = out[name] = set()
+            got.add(cast(int, next(raw)))
+        return out
 
     def get(self, ref: TaskRef, default: Assignment | None = None) -> Assignment | None:
         k = self._find(ref.job, ref.index)
