@@ -163,3 +163,30 @@ def test_an_entitlements_new_profile_makes_its_machines_pending_before_the_next_
     cp.commands.define_entitlement(Entitlement(name="web", owner="alice", host_profile="big",
                                                quota=Quota(machines=6)))
     assert machines <= cp.scheduler.profiles.pending  # (no pass since)
+
+
+def test_an_autoscale_policy_reads_its_job_once_an_interval_not_every_pass(tmp_path):
+    """The autoscaler, after each pass, read and parsed the record of every job with a
+    policy before it looked whether the policy's interval had passed: 2,000 policies
+    cost every pass 74 ms. Now a job is looked at once an interval."""
+    from plait.server.controlplane.autoscaling import JobAutoscale
+
+    cp = plane(tmp_path)
+    cp.loop.prepare()
+    cp.commands.create_job(SPEC)
+    cp.autoscaling.put("web", JobAutoscale.model_validate(
+        {"policy": {"metric": "cpu"}, "interval_seconds": 60}))
+    reads: list[str] = []
+    real = cp.jobs.get
+
+    def counted(name: str, *args: object, **kwargs: object) -> object:
+        reads.append(name)
+        return real(name, *args, **kwargs)
+
+    cp.jobs.get = counted  # type: ignore[method-assign]
+    now = cp.clock()
+    for k in range(20):  # 20 passes' decisions within 10 s
+        cp.autoscaling.decide(now + k * 0.5)
+    assert reads.count("web") == 1, reads
+    cp.autoscaling.decide(now + 61)  # the next interval
+    assert reads.count("web") == 2, reads
