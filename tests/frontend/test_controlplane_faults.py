@@ -190,3 +190,35 @@ def test_an_autoscale_policy_reads_its_job_once_an_interval_not_every_pass(tmp_p
     assert reads.count("web") == 1, reads
     cp.autoscaling.decide(now + 61)  # the next interval
     assert reads.count("web") == 2, reads
+
+
+def test_a_push_whose_spec_cannot_be_kept_ends_with_why_and_is_not_tried_again(tmp_path):
+    """A push of a spec the job's record cannot hold beside the version it runs (two
+    of 500 kB, over the store's 1 MB a record) was tried, and failed, every second for
+    ever (200 such pushes cost every pass a second). Now it ends, aborted, saying why."""
+    from plait.jcp.intents import PushIntent
+
+    cp = plane(tmp_path)
+    cp.loop.prepare()
+    big = SPEC.model_copy(update={"args": ("x" * 500,) * 1000})
+    cp.commands.create_job(big)
+    cp.jcp.put_push("web", PushIntent.model_validate({
+        "spec": big.model_copy(update={"args": (*big.args, "v2")}).model_dump(mode="json"),
+        "stages": [50, 100], "soak_seconds": 86_400}))
+    kept: list[str] = []
+    real = cp.jobs.keep
+
+    def counted(spec: JobSpec, *args: object, **kwargs: object) -> object:
+        kept.append(spec.name)
+        return real(spec, *args, **kwargs)
+
+    cp.jobs.keep = counted  # type: ignore[method-assign]
+    now = cp.clock()
+    for k in range(5):
+        cp.jcp.reconcile(now + 2 * k)
+    assert kept == ["web"]  # (tried once)
+    push = cp.jcp.push_view("web")
+    assert push["status"]["phase"] == "aborted"
+    assert "could not be kept" in push["status"]["message"]
+    assert "over the store's limit" in push["status"]["message"]
+    assert cp.jobs.get("web").version == 1  # nothing half-written

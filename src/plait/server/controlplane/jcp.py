@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from plait import logconfig, requestid
-from plait.errors import Conflict, NotFound, PlaitError, ValidationError
+from plait.errors import Conflict, NotFound, PlaitError, TooLarge, ValidationError
 from plait.jcp import Canary, Push, Unified, unify
 from plait.jcp.intents import (
     ACTIVE,
@@ -512,9 +512,17 @@ class JobControlPlane:
         # 1. the specs of the push and the canaries, kept as versions
         push = rec.push
         if push is not None and push.status.phase in ACTIVE and push.status.version is None:
-            doc, version = self.cp.jobs.keep(push.intent.spec, now)
-            push = push.model_copy(update={"status": push.status.model_copy(
-                update={"version": version})})
+            try:
+                doc, version = self.cp.jobs.keep(push.intent.spec, now)
+            except TooLarge as exc:
+                # (it never will fit: the push ends, said why, not tried every second)
+                push = push.model_copy(update={"status": push.status.model_copy(update={
+                    "phase": "aborted", "since": now, "healthy_since": None,
+                    "message": f"its spec could not be kept: {exc}"})})
+                self._event(job, "push_aborted", push.status.message, push.actor)
+            else:
+                push = push.model_copy(update={"status": push.status.model_copy(
+                    update={"version": version})})
         canaries = dict(rec.canaries)
         for name, canary in sorted(canaries.items()):
             if canary.until <= now:
