@@ -212,6 +212,10 @@ def undesire_all(desired: dict[int, DesiredSet], machine: int, job: str,
     have = desired.get(machine)
     if not have:
         return
+    if len(indices) <= _FEW:
+        for one in indices:
+            undesire(desired, machine, TaskRef(job, one))
+        return
     keep: list[object] = []
     raw = tuple.__iter__(have)
     for assigned in raw:

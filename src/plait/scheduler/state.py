@@ -561,20 +561,14 @@ class SchedulerState:
         if indices:
             self.allocator.allocate(AllocationRequest.of(
                 job.name, job.entitlement, spec.resources, free=indices, policy=spec.policy))
-        together = len(recs) > 2
-        if together:  # (each machine's sets rebuilt once)
-            self.unassign_all(job, recs)
-        if together and job.acked:
+        self.unassign_all(job, recs)  # (each machine's sets rebuilt once)
+        if job.acked:
             self.drop_acked_all(job, set(indices))
         for rec in recs:
             if rec.op is not None:
                 self.complete(job, rec)
             self.task_event(self.now, job, rec, "task_removed",
                             "deleted with its job" if job.deleting else "resized away")
-            if not together:
-                self.drop_acked(job, rec.index)
-            if rec.machine is not None and not together:
-                self.unassign(job.ref(rec.index), rec.machine)
             job.offers.pop(rec.index, None)
             job.serials.pop(rec.index, None)
             job.lost.discard(rec.index)
