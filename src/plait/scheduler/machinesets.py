@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from operator import attrgetter
-from typing import cast
+from typing import TypeVar, cast
 
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assigned, Assignment
@@ -36,6 +36,8 @@ _ALL = slice(None)
 _EVEN = slice(0, None, 2)
 _JOB = attrgetter("job")
 _ODD = slice(1, None, 2)
+#: a machine's set of either kind
+S = TypeVar("S", bound=tuple[object, ...])
 #: pairs (doubled) up to which ``_find`` scans in Python
 _SCAN = 2 * 6
 #: tasks up to which the ``*_all`` changes of a set make one change at a time (each
@@ -209,25 +211,36 @@ def undesire_all(desired: dict[int, DesiredSet], machine: int, job: str,
     """``undesire`` for several tasks of one job on one machine: the set is rebuilt
     once (a wave of an update stops the tasks of a machine together: 16 at a time
     on a machine of 16)."""
-    have = desired.get(machine)
+    _drop_all(desired, machine, job, indices, undesire, _assigned_jobs, DesiredSet)
+
+
+def _drop_all(sets: dict[int, S], machine: int, job: str, indices: Collection[int],
+              one: Callable[[dict[int, S], int, TaskRef], None],
+              jobs: Callable[[tuple[object, ...]], list[str]],
+              make: Callable[[list[object]], S]) -> None:
+    """Take several tasks of one job out of a machine's set (``one``: a task alone;
+    ``jobs``: the job of each of the set's firsts; ``make``: a set of pairs): one or
+    two searched for, more in one pass over the set."""
+    have = sets.get(machine)
     if not have:
         return
     if len(indices) <= _FEW:
-        for one in indices:
-            undesire(desired, machine, TaskRef(job, one))
+        for index in indices:
+            one(sets, machine, TaskRef(job, index))
         return
-    keep: list[object] = []
     raw = tuple.__iter__(have)
-    for assigned in raw:
-        index = next(raw)
-        if index not in indices or cast(Assigned, assigned).job != job:
-            keep += (assigned, index)
+    names = jobs(tuple.__getitem__(have, _EVEN))
+    keep: list[object] = []
+    for k, first in enumerate(raw):
+        i = next(raw)
+        if i not in indices or names[k] != job:
+            keep += (first, i)
     if len(keep) == tuple.__len__(have):
         return  # none of them was there
     if keep:
-        desired[machine] = DesiredSet(keep)
+        sets[machine] = make(keep)
     else:
-        del desired[machine]
+        del sets[machine]
 
 
 class PlacedSet(tuple[object, ...]):
@@ -301,25 +314,7 @@ def unplace_all(placed: dict[int, PlacedSet], machine: int, job: str,
                 indices: Collection[int]) -> None:
     """``unplace`` for several tasks of one job on one machine: the set is rebuilt
     once."""
-    have = placed.get(machine)
-    if not have:
-        return
-    if len(indices) <= _FEW:
-        for index in indices:
-            unplace(placed, machine, TaskRef(job, index))
-        return
-    keep: list[object] = []
-    raw = tuple.__iter__(have)
-    for name in raw:
-        i = next(raw)
-        if i not in indices or name != job:
-            keep += (name, i)
-    if len(keep) == tuple.__len__(have):
-        return
-    if keep:
-        placed[machine] = PlacedSet(keep)
-    else:
-        del placed[machine]
+    _drop_all(placed, machine, job, indices, unplace, _named_jobs, PlacedSet)
 
 
 def unplace(placed: dict[int, PlacedSet], machine: int, ref: TaskRef) -> None:
