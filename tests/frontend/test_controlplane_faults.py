@@ -222,3 +222,63 @@ def test_a_push_whose_spec_cannot_be_kept_ends_with_why_and_is_not_tried_again(t
     assert "could not be kept" in push["status"]["message"]
     assert "over the store's limit" in push["status"]["message"]
     assert cp.jobs.get("web").version == 1  # nothing half-written
+
+
+def test_the_intents_reconcile_looks_only_at_jobs_whose_intents_may_move_on(tmp_path):
+    """The Job Control Plane's reconcile looked at every job with intents each second:
+    2,000 pushes soaking for a day cost the loop 218 ms a second. Now a job is looked
+    at when its intents, its record or its tasks changed, or when what its intents
+    wait for (here, the soak's end) has come."""
+    import time
+
+    from plait.jcp.intents import PushIntent
+    from plait.server.controlplane.jcp import QUIET_EVERY
+
+    cp = plane(tmp_path)
+    cp.loop.prepare()
+    names = [f"w{k}" for k in range(8)]
+    for name in names:
+        cp.commands.create_job(SPEC.model_copy(update={"name": name, "task_count": 1}))
+        cp.jcp.put_push(name, PushIntent.model_validate({
+            "spec": SPEC.model_copy(update={"name": name, "task_count": 1,
+                                            "args": ("v2",)}).model_dump(mode="json"),
+            "stages": [100], "soak_seconds": 86_400}))
+
+    def phases() -> set[str]:
+        return {cp.jcp.push_view(n)["status"]["phase"] for n in names}
+
+    deadline = time.monotonic() + 60
+    while phases() != {"soaking"}:
+        assert time.monotonic() < deadline, phases()
+        cp.loop.step()
+        time.sleep(0.05)
+    for _ in range(5):  # (the last changes of the tasks, looked at)
+        cp.loop.step()
+    seen: list[str] = []
+    real = cp.jcp._reconcile
+
+    def counted(job: str, at: float) -> object:
+        seen.append(job)
+        return real(job, at)
+
+    cp.jcp._reconcile = counted  # type: ignore[method-assign]
+    now = cp.clock()
+    looked = 0
+    quiet = int(QUIET_EVERY) - 1
+    for k in range(1, quiet):  # reconciles for nearly 30 s, nothing changing: no look
+        cp.jcp.reconcile(now + k)
+    assert len(seen) == looked
+    cp.jcp.reconcile(now + quiet + 2)  # (each is looked at again after 30 s anyway)
+    assert len(seen) == looked + len(names)
+    looked = len(seen)
+    # a job whose record changes is looked at, the others are not
+    cp.commands.update_job(SPEC.model_copy(update={"name": "w0", "task_count": 1,
+                                                  "env": {"A": "1"}}))
+    cp.loop.step()
+    cp.jcp.reconcile(now + quiet + 4)
+    assert seen[looked:] == ["w0"]
+    # the soak's end: each is looked at, and its push is done
+    for k in range(3):
+        cp.jcp.reconcile(now + 86_400 + 1 + 2 * k)
+    assert phases() == {"completed"}
+    assert set(seen[looked + 1:]) == set(names)

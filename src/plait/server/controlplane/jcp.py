@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -68,8 +68,12 @@ log = logconfig.get("plait.controlplane.jcp")
 SCHEMA = 1
 #: the stored records are read again this often (another replica may have written)
 REFRESH = 5.0
-#: the reconciler looks at the jobs with intents this often (and after a write)
+#: the reconciler runs this often (and at once after a write); it looks at the jobs
+#: whose intents, records or tasks changed since it last did, and at those whose
+#: intents wait for a time (a soak, a stage's timeout, a canary's end) that has come
 EVERY = 1.0
+#: a job whose intents wait for nothing of the above is looked at this often anyway
+QUIET_EVERY = 30.0
 #: a gate URL: its deadline, and the most of its answer read
 GATE_TIMEOUT = 5.0
 GATE_BYTES = 64 * 1024
@@ -97,6 +101,15 @@ class JobControlPlane:
         self._done_at: float | None = None
         #: an intent was written here since the last reconcile
         self._poked = False
+        #: jobs to look at in the next reconcile (intents written, the job's record or
+        #: its tasks changed: ``touch``), and when each job held must be looked at
+        #: again by time (``_next``); a job with neither is not looked at
+        self._dirty: set[str] = set()
+        self._due: dict[str, float] = {}
+        #: the stored version of each record held (``_refresh`` parses changed ones)
+        self._versions: dict[str, int] = {}
+        #: jobs looked at (``_reconcile`` calls), read by the tests
+        self.looked = 0
         #: jobs left with no intent whose tasks may still be pinned
         self._unpin: set[str] = set()
 
@@ -108,12 +121,18 @@ class JobControlPlane:
             value, version = self.ns.get(f"/{job}")
         except NotFound:
             return JcpRecord(), "", None
+        rec, uid = self._parse(job, value)
+        return rec, uid, version
+
+    @staticmethod
+    def _parse(job: str, value: bytes) -> tuple[JcpRecord, str]:
+        """A stored record's intents and the uid of the job they were set on."""
         data = json.loads(value)
         if int(data.pop("schema", 1)) > SCHEMA:
             raise ValidationError("schema", f"the intents of job {job} have a schema newer "
                                             f"than this plait ({SCHEMA})")
         uid = str(data.pop("job_uid", ""))
-        return parse(JcpRecord, data), uid, version
+        return parse(JcpRecord, data), uid
 
     def _uid(self, job: str, deleting: bool = True) -> str | None:
         """The uid of the job now under the name (None: no job, or with ``deleting``
@@ -166,6 +185,7 @@ class JobControlPlane:
                     self._unpin.add(job)  # (its tasks go back to the job's spec)
                 else:
                     self.records[job] = new
+                self._dirty.add(job)
             self._poked = True
             self.cp.wake.set()
             return new
@@ -414,14 +434,39 @@ class JobControlPlane:
     def due(self, now: float) -> bool:
         return self._read_at is None or now - self._read_at >= REFRESH
 
+    def touch(self, jobs: Iterable[str] | None) -> None:
+        """These jobs' records or tasks changed (None: every job's): the next
+        reconcile looks at those that have intents."""
+        with self._lock:
+            if not self.records:
+                return
+            if jobs is None:
+                self._dirty.update(self.records)
+            else:
+                self._dirty.update(j for j in jobs if j in self.records)
+
     def _refresh(self, now: float) -> None:
         if self._read_at is not None and now - self._read_at < REFRESH:
             return
         self._read_at = now
         found: dict[str, JcpRecord] = {}
+        versions: dict[str, int] = {}
+        with self._lock:
+            held, known = dict(self.records), dict(self._versions)
         try:
-            for job in self.ns.children("/"):
-                found[job] = self._stored(job)[0]  # (a former job's too: reconciled away)
+            names = self.ns.children("/")
+            # (values and versions in one read; a record whose version is the one held
+            # is not parsed again)
+            stored = self.ns.get_many([f"/{job}" for job in names])
+            for job in names:
+                got = stored.get(f"/{job}")
+                if got is None:
+                    continue  # (deleted meanwhile)
+                if known.get(job) == got[1] and job in held:
+                    found[job] = held[job]
+                else:  # (a former job's too: reconciled away)
+                    found[job] = self._parse(job, got[0])[0]
+                versions[job] = got[1]
         except NotFound:
             pass
         except (OSError, PlaitError, ValueError) as exc:
@@ -430,18 +475,25 @@ class JobControlPlane:
         with self.cp.lock:  # (pins no intent explains: a record deleted before a crash)
             pinned = {n for n, j in self.cp.scheduler.jobs.items() if j.pins}
         with self._lock:
-            self.records = found
+            # (a record written elsewhere, or new here: looked at in this reconcile)
+            self._dirty.update(j for j, rec in found.items() if held.get(j) != rec)
+            self.records, self._versions = found, versions
             self._unpin |= pinned - found.keys()
+            for job in [j for j in self._due if j not in found]:
+                del self._due[job]
 
     def reconcile(self, now: float) -> None:
-        """Every job with intents, at most once a second (at once after a write)."""
+        """The jobs with intents that may have moved on (``touch``, ``_next``), at most
+        once a second (at once after a write)."""
         if not self._poked and self._done_at is not None and now - self._done_at < EVERY:
             return
         self._poked = False
         self._done_at = now
         self._refresh(now)
         with self._lock:
-            jobs = sorted(self.records)
+            due = self._due
+            jobs = sorted(j for j in self.records if j in self._dirty or due.get(j, 0.0) <= now)
+            self._dirty.clear()
             unpin, self._unpin = self._unpin - self.records.keys(), set()
         for job in sorted(unpin):
             try:
@@ -457,12 +509,16 @@ class JobControlPlane:
                 with self._lock:
                     self._unpin.add(job)
         for job in jobs:
+            self.looked += 1
+            after: JcpRecord | None = None
             try:
-                self._reconcile(job, now)
+                after = self._reconcile(job, now)
             except NotFound:
                 self._forget(job)
             except (PlaitError, OSError, ValueError) as exc:
                 log.warning("reconciling intents failed", job=job, error=str(exc))
+            with self._lock:  # (a failed look is tried again in a second)
+                self._due[job] = now + EVERY if after is None else self._next(job, after, now)
         with self._lock:
             pushing = {job for job, rec in self.records.items() if rec.push is not None
                        and rec.push.status.phase in PUSHING}
@@ -498,7 +554,30 @@ class JobControlPlane:
             if canary.entitlement is not None:
                 self._retire(canary.entitlement)
 
-    def _reconcile(self, job: str, now: float) -> None:
+    def _next(self, job: str, rec: JcpRecord, now: float) -> float:
+        """When ``rec``'s job must be looked at again if nothing it reads changes
+        (``touch`` brings it forward): the earliest time one of its intents waits for,
+        ``QUIET_EVERY`` at the latest."""
+        due = now + QUIET_EVERY
+        push = rec.push
+        if push is not None and push.status.phase in ACTIVE:
+            status, intent = push.status, push.intent
+            if status.version is None:
+                due = now + EVERY  # (its spec is kept at the next look)
+            elif status.phase == "rolling":
+                due = min(due, status.since + intent.stage_timeout_seconds)
+            elif status.phase == "soaking" and status.healthy_since is not None:
+                due = min(due, status.healthy_since + intent.soak_seconds)
+            elif status.phase == "gating" and intent.gate is not None and (
+                    intent.gate.url is not None and job not in self._gates):
+                due = now + EVERY  # (its gate is asked at the next look)
+        for canary in rec.canaries.values():
+            due = min(due, canary.until if canary.version is not None else now + EVERY)
+        return due
+
+    def _reconcile(self, job: str, now: float) -> JcpRecord:
+        """Look at the job's intents: move them on, pin its tasks; the record as it is
+        after."""
         doc = self.cp.jobs.get(job)
         if doc.deleting:
             raise NotFound("job", job)
@@ -508,7 +587,7 @@ class JobControlPlane:
         if rec.empty:
             with self._lock:
                 self.records.pop(job, None)
-            return
+            return rec
         # 1. the specs of the push and the canaries, kept as versions
         push = rec.push
         if push is not None and push.status.phase in ACTIVE and push.status.version is None:
@@ -586,7 +665,8 @@ class JobControlPlane:
                 # (written by the API since it was read: its change wins, and the next
                 # pass goes on from it)
                 return new if current == rec else current
-            self._change(job, edit)
+            return self._change(job, edit)
+        return new
 
     def _canary_spec(self, intent: CanaryIntent, entitlement: str | None = None) -> JobSpec:
         """A canary's spec; by hardware, bound to machines of that type; with a host
@@ -723,13 +803,22 @@ class JobControlPlane:
         if asked is None or asked[0] != key:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jcp-gate")
-            self._gates[job] = (key, self._pool.submit(self._ask, gate.url, job, status.stage))
+            asking = self._pool.submit(self._ask, gate.url, job, status.stage)
+            self._gates[job] = (key, asking)
+            asking.add_done_callback(lambda _: self._answered(job))
             return status
         if not asked[1].done():
             return status
         del self._gates[job]
         passed, message = asked[1].result()
         return verdict(push.intent, status, passed, message, now)
+
+    def _answered(self, job: str) -> None:
+        """A gate answered: its job is looked at in the next reconcile."""
+        with self._lock:
+            self._dirty.add(job)
+            self._poked = True
+        self.cp.wake.set()
 
     def _ask(self, url: str, job: str, stage: int) -> tuple[bool, str]:
         """A gate's answer: any 2xx passes (the body, at most ``GATE_BYTES``, is kept as

@@ -88,6 +88,7 @@ class Loop:
             self.cp.profiles.sync(now)
             phase("operations")
             names = self.take_inbox()
+            self.cp.jcp.touch(names)  # (a job's record changed: its intents may move on)
             try:
                 errors = self.cp.persist.sync(now, names, known=self.cp.creates.take_stored())
             finally:  # what could not be read or applied is tried again next pass
@@ -145,6 +146,7 @@ class Loop:
                                reason=ev.reason, decision=ev.decision, request=ev.request)
             changed = self.cp.scheduler.changed_jobs
             changed = None if changed is None else set(changed)
+            self.cp.jcp.touch(changed)  # (its tasks changed: so may its push's health)
             tracing.idle(not events and changed == set())
             # jobs whose deletion this save finishes: their output goes first, so a job
             # made under the name once the record is gone starts with none
