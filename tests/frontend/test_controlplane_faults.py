@@ -202,6 +202,9 @@ def test_a_push_whose_spec_cannot_be_kept_ends_with_why_and_is_not_tried_again(t
     cp.loop.prepare()
     big = SPEC.model_copy(update={"args": ("x" * 500,) * 1000})
     cp.commands.create_job(big)
+    # (a push is refused when set if it cannot be kept then: the next test; here the
+    # record is as if it grew between the push and the reconcile)
+    cp.jobs.check_keep = lambda *args: None  # type: ignore[method-assign]
     cp.jcp.put_push("web", PushIntent.model_validate({
         "spec": big.model_copy(update={"args": (*big.args, "v2")}).model_dump(mode="json"),
         "stages": [50, 100], "soak_seconds": 86_400}))
@@ -222,6 +225,36 @@ def test_a_push_whose_spec_cannot_be_kept_ends_with_why_and_is_not_tried_again(t
     assert "could not be kept" in push["status"]["message"]
     assert "over the store's limit" in push["status"]["message"]
     assert cp.jobs.get("web").version == 1  # nothing half-written
+
+
+def test_a_push_or_canary_whose_spec_cannot_be_kept_is_refused_when_set(tmp_path):
+    """A push whose spec the job's record could not hold was accepted, then aborted
+    within a second. Now it is refused when set (a 413 naming the limit), and nothing
+    of it is stored."""
+    import pytest
+
+    from plait.errors import TooLarge
+    from plait.jcp.intents import CanaryIntent, PushIntent
+
+    cp = plane(tmp_path)
+    big = SPEC.model_copy(update={"args": ("x" * 500,) * 1000})
+    cp.commands.create_job(big)
+    other = big.model_copy(update={"args": (*big.args, "v2")}).model_dump(mode="json")
+    with pytest.raises(TooLarge, match="over the store's limit"):
+        cp.jcp.put_push("web", PushIntent.model_validate({"spec": other, "stages": [50, 100]}))
+    with pytest.raises(TooLarge, match="over the store's limit"):
+        cp.jcp.put_canary("web", "c1", CanaryIntent.model_validate(
+            {"spec": other, "tasks": 1, "duration_seconds": 60}))
+    assert not cp.jcp.ns.exists("/web")  # no intent stored
+    assert cp.jobs.get("web").version == 1  # nor a version
+    assert not [e for e in cp.events.query(limit=1000)[0] if e.source == "jcp"]
+    # a spec that fits is taken as before
+    small = SPEC.model_copy(update={"name": "small"})
+    cp.commands.create_job(small)
+    cp.jcp.put_push("small", PushIntent.model_validate({
+        "spec": small.model_copy(update={"args": ("v2",)}).model_dump(mode="json"),
+        "stages": [50, 100]}))
+    assert cp.jcp.push_view("small")["status"]["phase"] == "rolling"
 
 
 def test_the_intents_reconcile_looks_only_at_jobs_whose_intents_may_move_on(tmp_path):

@@ -487,6 +487,16 @@ class JobStore:
                               version=made[0])
         return self.change(spec.name, now, edit), made[0]
 
+    def check_keep(self, name: str, spec: JobSpec) -> None:
+        """Refuse (``TooLarge``, a 413) a spec that ``keep`` could not store beside
+        the versions the job's record holds now; nothing is written. (A push or a
+        canary is refused when it is set, not accepted and then aborted.)"""
+        doc, _ = self._read(name)
+        before = doc.version
+        doc.keep(spec)
+        if doc.version != before:
+            _fits(doc, lambda: self.running(name))
+
     def set_pins(self, name: str, pins: dict[int, int], now: float,
                  message: str = "") -> JobDoc:
         """Which tasks run a kept version other than the target (the Job Control Plane's

@@ -220,6 +220,7 @@ class JobControlPlane:
     # -- push -----------------------------------------------------------------------------
     def put_push(self, job: str, intent: PushIntent) -> dict[str, Any]:
         self._job(job, intent.spec)
+        self.cp.jobs.check_keep(job, intent.spec)  # (a 413 now, not an abort later)
         if intent.gate is not None and intent.gate.url is not None:
             try:  # (the rules of TaskControllers' URLs: a tenant's URL either way)
                 self.cp.controllers.check_controller_url(intent.gate.url)
@@ -342,6 +343,9 @@ class JobControlPlane:
         if intent.host_profile is not None:
             self._check_profile_canary(doc.entitlement, intent,
                                        canary_entitlement(doc.entitlement, job, name))
+        # (a 413 now, not a reconcile failing later; a host-profile canary's spec names
+        # its canary entitlement, a few bytes more than checked here)
+        self.cp.jobs.check_keep(job, self._canary_spec(intent))
         now, actor = self.cp.clock(), _actor()
 
         def edit(rec: JcpRecord) -> JcpRecord:
