@@ -476,6 +476,34 @@ def test_a_join_token_does_not_take_over_a_machine_whose_agent_is_alive(tmp_path
 
 
 # -- events ---------------------------------------------------------------------------------
+def test_an_events_page_is_written_as_its_model_says_whatever_a_message_holds(tmp_path):
+    """The page is written straight from the events (no model check on the way): it
+    still has every field of ``EventView``, a tenant's text as it was given (a lone
+    surrogate in a TaskController's answer too), and the cursor fields."""
+    from pydantic import TypeAdapter
+
+    from plait.client.types import EventPage
+
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
+        region=REGION, tick_seconds=0.05, sim_agents=True))
+    token = cp.bootstrap_admin()
+    cp.record("scheduler", "task_failed", "exit 3: caf\u00e9 \ud800 \u2603", job="web",
+              entitlement="web", task=2, op="restart", reason="crash", decision="ack")
+    cp.flush_events()
+    with ApiServer(cp) as server:
+        admin = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {token}"})
+        r = admin.get("/v1/events", params={"kind": "task_failed"})
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+        page = json.loads(r.content)
+        TypeAdapter(EventPage).validate_python(page, strict=True)
+        [event] = page["events"]
+        assert event["message"] == "exit 3: caf\u00e9 \ud800 \u2603"
+        assert (event["job"], event["task"], event["op"], event["reason"],
+                event["decision"], event["machine"]) == ("web", 2, "restart", "crash", "ack",
+                                                         None)
+        assert page["next"] is None and page["last_seq"] >= event["seq"]
+
+
 def test_events_are_filtered_paged_and_kept_under_the_retention_limit(tmp_path):
     cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
         region=REGION, tick_seconds=0.05, sim_agents=True, sim_start_seconds=0.2,
