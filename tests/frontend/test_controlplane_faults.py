@@ -316,3 +316,44 @@ def test_the_intents_reconcile_looks_only_at_jobs_whose_intents_may_move_on(tmp_
         cp.jcp.reconcile(now + 86_400 + 1 + 2 * k)
     assert phases() == {"completed"}
     assert set(seen[looked + 1:]) == set(names)
+
+
+def test_a_record_made_again_elsewhere_under_the_same_version_is_read_again(tmp_path):
+    """A record deleted and made again starts at version 0 again: the 5-second re-read
+    compares what is stored, not versions, so another writer's new intents are seen
+    (and their job looked at) whatever the version says."""
+    import json
+
+    from plait.jcp.intents import SizingIntent
+
+    cp = plane(tmp_path)
+    cp.commands.create_job(SPEC.model_copy(update={"task_count": 1}))
+    cp.jcp.put_sizing("web", SizingIntent(task_count=1))
+    uid = cp.jobs.get("web").uid
+
+    def made_elsewhere(size: int) -> int:
+        _, version = cp.jcp.ns.get("/web")
+        cp.jcp.ns.delete("/web", version)
+        rec = cp.jcp.record("web").model_copy(update={"sizing": None})
+        value = {"schema": 1, "job_uid": uid, **rec.model_dump(mode="json"),
+                 "sizing": {"intent": {"task_count": size}, "actor": "owner:other",
+                            "time": 0.0}}
+        return cp.jcp.ns.create("/web", json.dumps(value).encode())
+
+    seen: list[str] = []
+    real = cp.jcp._reconcile
+
+    def counted(job: str, at: float) -> object:
+        seen.append(job)
+        return real(job, at)
+
+    cp.jcp._reconcile = counted  # type: ignore[method-assign]
+    now = cp.clock()
+    assert made_elsewhere(1) == 0
+    cp.jcp.reconcile(now + 6)
+    assert cp.jcp.records["web"].sizing.intent.task_count == 1  # type: ignore[union-attr]
+    looked = len(seen)
+    assert made_elsewhere(2) == 0  # (the version it had)
+    cp.jcp.reconcile(now + 12)
+    assert cp.jcp.records["web"].sizing.intent.task_count == 2  # type: ignore[union-attr]
+    assert seen[looked:] == ["web"]

@@ -106,8 +106,10 @@ class JobControlPlane:
         #: again by time (``_next``); a job with neither is not looked at
         self._dirty: set[str] = set()
         self._due: dict[str, float] = {}
-        #: the stored version of each record held (``_refresh`` parses changed ones)
-        self._versions: dict[str, int] = {}
+        #: the stored bytes of each record held (``_refresh`` parses the records whose
+        #: bytes changed: not by version, which starts again at 0 when a record is
+        #: deleted and made again)
+        self._raw: dict[str, bytes] = {}
         #: jobs looked at (``_reconcile`` calls), read by the tests
         self.looked = 0
         #: jobs left with no intent whose tasks may still be pinned
@@ -186,6 +188,7 @@ class JobControlPlane:
                 else:
                     self.records[job] = new
                 self._dirty.add(job)
+                self._raw.pop(job, None)  # (parsed again at the next refresh)
             self._poked = True
             self.cp.wake.set()
             return new
@@ -454,23 +457,23 @@ class JobControlPlane:
             return
         self._read_at = now
         found: dict[str, JcpRecord] = {}
-        versions: dict[str, int] = {}
+        raw: dict[str, bytes] = {}
         with self._lock:
-            held, known = dict(self.records), dict(self._versions)
+            held, known = dict(self.records), dict(self._raw)
         try:
             names = self.ns.children("/")
-            # (values and versions in one read; a record whose version is the one held
-            # is not parsed again)
+            # (every record in one read; one whose bytes are those held is not parsed
+            # again)
             stored = self.ns.get_many([f"/{job}" for job in names])
             for job in names:
                 got = stored.get(f"/{job}")
                 if got is None:
                     continue  # (deleted meanwhile)
-                if known.get(job) == got[1] and job in held:
+                if known.get(job) == got[0] and job in held:
                     found[job] = held[job]
                 else:  # (a former job's too: reconciled away)
                     found[job] = self._parse(job, got[0])[0]
-                versions[job] = got[1]
+                raw[job] = got[0]
         except NotFound:
             pass
         except (OSError, PlaitError, ValueError) as exc:
@@ -481,7 +484,7 @@ class JobControlPlane:
         with self._lock:
             # (a record written elsewhere, or new here: looked at in this reconcile)
             self._dirty.update(j for j, rec in found.items() if held.get(j) != rec)
-            self.records, self._versions = found, versions
+            self.records, self._raw = found, raw
             self._unpin |= pinned - found.keys()
             for job in [j for j in self._due if j not in found]:
                 del self._due[job]
