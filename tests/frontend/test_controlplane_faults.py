@@ -257,6 +257,19 @@ def test_a_push_or_canary_whose_spec_cannot_be_kept_is_refused_when_set(tmp_path
     assert cp.jcp.push_view("small")["status"]["phase"] == "rolling"
 
 
+def looks(cp: ControlPlane) -> list[str]:
+    """The jobs the intents reconcile looks at from now on, in order."""
+    seen: list[str] = []
+    real = cp.jcp._reconcile
+
+    def counted(job: str, at: float) -> object:
+        seen.append(job)
+        return real(job, at)
+
+    cp.jcp._reconcile = counted  # type: ignore[method-assign]
+    return seen
+
+
 def test_the_intents_reconcile_looks_only_at_jobs_whose_intents_may_move_on(tmp_path):
     """The Job Control Plane's reconcile looked at every job with intents each second:
     2,000 pushes soaking for a day cost the loop 218 ms a second. Now a job is looked
@@ -287,14 +300,7 @@ def test_the_intents_reconcile_looks_only_at_jobs_whose_intents_may_move_on(tmp_
         time.sleep(0.05)
     for _ in range(5):  # (the last changes of the tasks, looked at)
         cp.loop.step()
-    seen: list[str] = []
-    real = cp.jcp._reconcile
-
-    def counted(job: str, at: float) -> object:
-        seen.append(job)
-        return real(job, at)
-
-    cp.jcp._reconcile = counted  # type: ignore[method-assign]
+    seen = looks(cp)
     now = cp.clock()
     cp.jcp.reconcile(now + 1)  # (what the last passes changed, if anything: looked at)
     looked = len(seen)
@@ -340,14 +346,7 @@ def test_a_record_made_again_elsewhere_under_the_same_version_is_read_again(tmp_
                             "time": 0.0}}
         return cp.jcp.ns.create("/web", json.dumps(value).encode())
 
-    seen: list[str] = []
-    real = cp.jcp._reconcile
-
-    def counted(job: str, at: float) -> object:
-        seen.append(job)
-        return real(job, at)
-
-    cp.jcp._reconcile = counted  # type: ignore[method-assign]
+    seen = looks(cp)
     now = cp.clock()
     assert made_elsewhere(1) == 0
     cp.jcp.reconcile(now + 6)
