@@ -110,8 +110,6 @@ class JobControlPlane:
         #: bytes changed: not by version, which starts again at 0 when a record is
         #: deleted and made again)
         self._raw: dict[str, bytes] = {}
-        #: jobs looked at (``_reconcile`` calls), read by the tests
-        self.looked = 0
         #: jobs left with no intent whose tasks may still be pinned
         self._unpin: set[str] = set()
 
@@ -516,7 +514,6 @@ class JobControlPlane:
                 with self._lock:
                     self._unpin.add(job)
         for job in jobs:
-            self.looked += 1
             after: JcpRecord | None = None
             try:
                 after = self._reconcile(job, now)
