@@ -773,8 +773,10 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                 continue
             prepared.append(pending)
             futures.append(pending.answer)
-        cp.commands.submit_prepared(prepared)  # one transaction for the batch
-        await all_done([f for f in futures if f is not None])
+        # one transaction for the batch: here, when it would wait for nothing else
+        if not cp.creates.commit_here(prepared):
+            cp.commands.submit_prepared([p for p in prepared if not p.answer.done()])
+            await all_done([f for f in futures if f is not None])
         answers: list[tuple[int, bytes] | None] = []
         for f in futures:
             got = None if f is None else (f.exception() or f.result())

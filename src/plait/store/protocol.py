@@ -41,6 +41,11 @@ def check_value(key: str, value: bytes) -> bytes:
     return value
 
 
+class WouldBlock(Exception):
+    """A write asked not to wait (``SqliteStore.nowait``) would have waited: for another
+    thread's write, or another process's. Nothing was written."""
+
+
 class RecordTooLarge(ValidationError):
     """A record over the store's limit: nothing was written."""
 

@@ -21,7 +21,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from plait.errors import Conflict, NotFound
-from plait.store.protocol import Op, Transaction, WatchCallback, check_key, check_value
+from plait.store.protocol import (
+    Op,
+    Transaction,
+    WatchCallback,
+    WouldBlock,
+    check_key,
+    check_value,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -135,6 +142,9 @@ class SqliteStore:
         self._db = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None,
                                    check_same_thread=False)
         self._lock = threading.RLock()
+        self._busy_ms = int(busy_timeout * 1000)
+        #: this thread's writes do not wait (``nowait``)
+        self._nowait = threading.local()
         self._db.execute("PRAGMA journal_mode=WAL")
         if private:  # (SQLite gives the -wal and -shm files the database's mode)
             for suffix in ("", "-wal", "-shm"):
@@ -163,10 +173,38 @@ class SqliteStore:
 
     # -- plumbing ------------------------------------------------------------------------
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Cursor]:
-        with self._lock:
-            cur = self._db.cursor()
+    def nowait(self, within: float = 0.0) -> Iterator[None]:
+        """Writes of this thread within raise ``WouldBlock`` rather than wait more than
+        ``within`` seconds for another thread's write or another process's; besides,
+        they wait only for the fsync of their own commit (an event loop may write
+        itself when that is all it waits for)."""
+        before = getattr(self._nowait, "within", None)
+        self._nowait.within = max(0.0, within)
+        try:
+            yield
+        finally:
+            self._nowait.within = before
+
+    def _begin(self, cur: sqlite3.Cursor, within: float | None) -> None:
+        if within is None:
             cur.execute("BEGIN IMMEDIATE")
+            return
+        self._db.execute(f"PRAGMA busy_timeout = {int(within * 1000)}")
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:  # (SQLITE_BUSY: another process writes)
+            raise WouldBlock(f"the store's file is being written: {exc}") from None
+        finally:
+            self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Cursor]:
+        within: float | None = getattr(self._nowait, "within", None)
+        if not (self._lock.acquire() if within is None else self._lock.acquire(timeout=within)):
+            raise WouldBlock("the store is being written by another thread")
+        try:
+            cur = self._db.cursor()
+            self._begin(cur, within)
             self._new_parents = []
             self._changes: list[tuple[str]] = []
             try:
@@ -180,8 +218,10 @@ class SqliteStore:
             # keys known to exist, so later creates below them skip re-inserting them
             # (keys that hold children are never deleted by plait)
             self._parents.update(self._new_parents)
+        finally:
+            self._lock.release()
         if self._watches:  # nothing to tell otherwise (watches level-trigger on register)
-            self.poll()
+            self.poll(wait=within is None)
 
     def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with self._rlock:
@@ -405,11 +445,14 @@ class SqliteStore:
 
         return cancel
 
-    def poll(self) -> int:
+    def poll(self, wait: bool = True) -> int:
         """Fire the watches of every change since the last poll (by any process);
-        expired sessions count as changes of their ephemeral keys."""
+        expired sessions count as changes of their ephemeral keys. Not ``wait``: none
+        when another thread reads (its next poll fires them: watches level-trigger)."""
         now = self.clock()
-        with self._rlock:  # (on the reading connection: never behind a write's fsync)
+        if not self._rlock.acquire(blocking=wait):
+            return 0
+        try:  # (on the reading connection: never behind a write's fsync)
             # (sessions first, then their keys by the session index: SQLite's own plan
             # scanned every key of the store, at every poll)
             expired = self._rdb.execute(
@@ -420,6 +463,8 @@ class SqliteStore:
             if rows:
                 self._seen = int(rows[-1][0])
             watches = list(self._watches)
+        finally:
+            self._rlock.release()
         paths = [r[1] for r in rows] + [r[0] for r in expired]
         fired = 0
         for path in dict.fromkeys(paths):
