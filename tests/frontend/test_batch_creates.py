@@ -168,6 +168,51 @@ def test_creates_waiting_together_go_in_one_batch_and_each_gets_its_own_answer(
         if e["job"].startswith("a")} == {f"a{i}": f"c-a{i}" for i in range(6)})
 
 
+def test_a_second_batch_leaves_while_one_is_on_its_way_only_once_enough_creates_wait(
+        region: Live) -> None:
+    router = region.router
+    creates = router.creates
+    assert (creates.in_flight, creates.more_at) == (2, 4)
+    real = router.to_shard
+    release = threading.Event()
+    held: list[int] = []
+
+    async def holding(shard: int, scope: Any, body: bytes, *args: Any, **kw: Any) -> Any:
+        if scope["path"] == batch.PATH and not held:
+            held.append(len(batch.decode(body)))  # the first batch waits on its way
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+        return await real(shard, scope, body, *args, **kw)
+    router.to_shard = holding
+    alice = region.owner("alice")
+    answers: dict[str, int] = {}
+
+    def create(name: str) -> threading.Thread:
+        def run() -> None:
+            answers[name] = alice.post("/v1/jobs", json=spec(name)).status_code
+        t = threading.Thread(target=run)
+        t.start()
+        return t
+    with alice:
+        alice.get("/v1/jobs")  # (the token cached by the shard)
+        creates.batches = 0
+        threads = [create("held")]
+        wait_for(lambda: held == [1])
+        # three wait: a batch of them would cost the shard more than it saves them
+        threads += [create(f"w{i}") for i in range(3)]
+        wait_for(lambda: len(creates._queues.get(0, [])) == 3)
+        assert creates.batches == 1 and answers == {}
+        # a fourth: the four leave together while the first is still on its way
+        threads.append(create("w3"))
+        wait_for(lambda: len(answers) == 4)
+        assert creates.batches == 2 and "held" not in answers
+        assert answers == {f"w{i}": 201 for i in range(4)}
+        release.set()
+        for t in threads:
+            t.join(60)
+    assert answers["held"] == 201
+
+
 def test_a_batch_sent_to_the_shard_directly_is_checked_create_by_create(region: Live) -> None:
     url = f"{region.server.url}{batch.PATH}"
     alice_token = region.admin.post("/v1/tokens", json={"role": "owner", "name": "alice"}

@@ -296,20 +296,24 @@ def _unpack(cursor: int, shards: list[int]) -> dict[int, int]:
 class Creates:
     """Single-job creates carried to their shard in batches (``plait.frontend.batch``).
 
-    A create waits in its shard's queue; a batch leaves as soon as fewer than
-    ``in_flight`` of the shard's batches are on their way, with every create queued
-    then (so a quiet front end sends each create at once, and under load the batches
-    grow: no timer, no added wait). One on its way at a time by default: with 8
-    callers, batches of 4 against 2.4 with two, and less of the shard's CPU per
-    create (``plait bench throughput --frontend``). Each create is answered from its part of the
-    batch's answer; a create the batch path does not answer (a refusal, an error, a
-    token the shard has not cached) goes to the shard alone and gets the route's own
-    answer. A batch the shard could not be asked fails each of its creates as a create
-    sent alone would have (503 with a Retry-After)."""
+    A create waits in its shard's queue. A batch leaves with every create queued then:
+    at once when none of the shard's batches is on its way (so a quiet front end sends
+    each create at once, and under load the batches grow: no timer, no added wait);
+    while one is, only once ``more_at`` creates wait, and never more than ``in_flight``
+    on their way. A batch costs the shard about as much CPU as four of its creates (the
+    request, its commit: ``plait bench createcost``), so a second batch on its way is
+    worth its cost only once it is that large; with 8 callers, a second batch of any
+    size made batches of 2.4 and cost the shard more CPU per create than it saved in
+    waiting, and waiting for four of them raised ``plait bench throughput --frontend``
+    by about a tenth over one batch at a time. Each create is answered from its part
+    of the batch's answer; a create the batch path does not answer (a refusal, an
+    error, a token the shard has not cached) goes to the shard alone and gets the
+    route's own answer. A batch the shard could not be asked fails each of its creates
+    as a create sent alone would have (503 with a Retry-After)."""
 
-    def __init__(self, router: ShardRouter, in_flight: int = 1) -> None:
+    def __init__(self, router: ShardRouter, in_flight: int = 2, more_at: int = 4) -> None:
         self.router = router
-        self.in_flight = in_flight
+        self.in_flight, self.more_at = in_flight, more_at
         self._queues: dict[int, list[tuple[batch.Item, asyncio.Future[Any]]]] = {}
         self._sending: dict[int, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -335,7 +339,8 @@ class Creates:
 
     def _kick(self, shard: int) -> None:
         queue = self._queues.get(shard)
-        if not queue or self._sending.get(shard, 0) >= self.in_flight:
+        sending = self._sending.get(shard, 0)
+        if not queue or sending >= self.in_flight or (sending and len(queue) < self.more_at):
             return
         taken, size = 0, 0
         for item, _ in queue:
