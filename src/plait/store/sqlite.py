@@ -220,8 +220,10 @@ class SqliteStore:
             self._parents.update(self._new_parents)
         finally:
             self._lock.release()
-        if self._watches:  # nothing to tell otherwise (watches level-trigger on register)
-            self.poll(wait=within is None)
+        # nothing to tell otherwise (watches level-trigger on register); a write that
+        # must not wait leaves them to the next poll (they level-trigger)
+        if self._watches and within is None:
+            self.poll()
 
     def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with self._rlock:
@@ -445,14 +447,11 @@ class SqliteStore:
 
         return cancel
 
-    def poll(self, wait: bool = True) -> int:
+    def poll(self) -> int:
         """Fire the watches of every change since the last poll (by any process);
-        expired sessions count as changes of their ephemeral keys. Not ``wait``: none
-        when another thread reads (its next poll fires them: watches level-trigger)."""
+        expired sessions count as changes of their ephemeral keys."""
         now = self.clock()
-        if not self._rlock.acquire(blocking=wait):
-            return 0
-        try:  # (on the reading connection: never behind a write's fsync)
+        with self._rlock:  # (on the reading connection: never behind a write's fsync)
             # (sessions first, then their keys by the session index: SQLite's own plan
             # scanned every key of the store, at every poll)
             expired = self._rdb.execute(
@@ -463,8 +462,6 @@ class SqliteStore:
             if rows:
                 self._seen = int(rows[-1][0])
             watches = list(self._watches)
-        finally:
-            self._rlock.release()
         paths = [r[1] for r in rows] + [r[0] for r in expired]
         fired = 0
         for path in dict.fromkeys(paths):
