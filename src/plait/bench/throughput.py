@@ -19,7 +19,8 @@ request out at a time, no event loop between a request and its answer).
 Meanwhile this process watches the placements: it polls the serve's event log for
 ``task_placed`` events (``GET /v1/events?kind=task_placed&after=``, each poll only
 what is new) every ``poll_seconds`` once the clients are done (5 times less often
-while they send: the polls are requests the server answers too), until every job's
+while they send: the polls are requests the server answers too; the wait between two
+is cut short when the clients are done), until every job's
 task is placed (or ``place_timeout``). ``placed_per_s`` is ``jobs`` over the time
 from the first request sent to the poll that saw the last placement (so up to one
 poll interval late: a conservative figure); ``acks_per_s`` is 201s over the time
@@ -37,7 +38,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -144,18 +145,19 @@ def client(url: str, token: str, names: list[str], start_at: float,
 
 # -- the placements -----------------------------------------------------------------------------
 def watch_placements(url: str, token: str, jobs: int, deadline: float,
-                     poll_seconds: float, loaded: Callable[[], bool] = lambda: False
+                     poll_seconds: float, sent: Callable[[float], bool] = lambda _: True
                      ) -> tuple[int, float | None, float | None]:
     """Poll the event log for ``task_placed`` events of the bench's entitlement until
     ``jobs`` tasks are placed or ``deadline`` (monotonic); (tasks placed, wall time of
-    the poll that saw the last one, the last event's own time). While ``loaded()`` is
-    false (creates still being sent) it polls 5 times less often: the polls are
-    requests to the server measured too."""
+    the poll that saw the last one, the last event's own time). ``sent(t)`` waits at
+    most ``t`` seconds for the clients to be done, and says whether they are: while
+    they send, it polls 5 times less often (the polls are requests to the server
+    measured too), and once they are done, at once and then every ``poll_seconds``."""
     placed, after, seen_at, last_time = 0, 0, None, None
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=headers, timeout=10.0) as http:
         while placed < jobs and time.monotonic() < deadline:
-            pause = poll_seconds if loaded() else 5 * poll_seconds
+            sending = not sent(0)
             r = http.get("/v1/events", params={"kind": "task_placed", "after": after,
                                                "entitlement": "bench", "limit": 1000})
             now = time.time()
@@ -168,7 +170,10 @@ def watch_placements(url: str, token: str, jobs: int, deadline: float,
                     seen_at = now
                 if page["next"] is not None:
                     continue  # more already: read them now
-            time.sleep(pause)
+            if sending:
+                sent(5 * poll_seconds)  # (cut short when the clients are done)
+            else:
+                time.sleep(poll_seconds)
     return placed, seen_at, last_time
 
 
@@ -216,7 +221,7 @@ def run(machines: int = 1000, jobs: int = 2000, clients: int = 8, frontend: bool
                        for share in shares if share]
             placed, seen_at, last_event = watch_placements(
                 server.url, server.token, jobs, time.monotonic() + place_timeout,
-                poll_seconds, loaded=lambda: all(f.done() for f in futures))
+                poll_seconds, sent=lambda t: not wait(futures, timeout=t).not_done)
             raws = [f.result() for f in futures]
             cpu1 = server.cpu_seconds()
             fcpu1 = front.cpu_seconds() if front is not None else None
