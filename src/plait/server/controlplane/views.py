@@ -51,13 +51,17 @@ class JobState:
     busy: bool
 
     @classmethod
-    def of(cls, sched: Scheduler, job: JobRecord, fleet: Fleet,
-           applied: int) -> JobState:
+    def of(cls, sched: Scheduler, job: JobRecord, fleet: Fleet, applied: int,
+           names: dict[int, tuple[str, dict[str, str]]] | None = None) -> JobState:
+        """``names``: each machine's name and fault domain, kept by the caller for the
+        views of ``fleet`` it makes (filled here)."""
         counts: dict[str, int] = {}
         serving = updated = 0
 
-        # (once per machine: a job's tasks share machines, hundreds to one)
-        names: dict[int, tuple[str, dict[str, str]]] = {}
+        # (once per machine: a job's tasks share machines, hundreds to one, and jobs
+        # share them too; never changed: a reader copies the domain)
+        if names is None:
+            names = {}
 
         def named(m: int) -> tuple[str, dict[str, str]]:
             got = names.get(m)
@@ -120,6 +124,8 @@ class Views:
         self.cp = cp
         #: per job: what readers see of its tasks, as the last pass left them
         self._views: dict[str, JobState] = {}
+        #: each machine's name and fault domain, as the views show them, for one fleet
+        self._names: tuple[Fleet | None, dict[int, tuple[str, dict[str, str]]]] = (None, {})
         #: the stored half of every job's view, for lists (``plait...listing``)
         self.index = JobIndex(cp)
 
@@ -127,14 +133,17 @@ class Views:
     def publish(self, changed: set[str] | None) -> None:
         """Keep the read views of the jobs this pass changed (``None``: every job),
         so readers never take the lock (decision 45)."""
-        sched, views = self.cp.scheduler, self._views
+        sched, views, fleet = self.cp.scheduler, self._views, self.cp.fleet
+        if self._names[0] is not fleet:  # (a fleet of its own after a rebuild)
+            self._names = (fleet, {})
+        names = self._names[1]
         for name in list(sched.jobs) if changed is None else changed:
             job = sched.jobs.get(name)
             if job is None:
                 views.pop(name, None)
             else:
-                views[name] = JobState.of(sched, job, self.cp.fleet,
-                                          self.cp.persist.applied.get(name, 0))
+                views[name] = JobState.of(sched, job, fleet,
+                                          self.cp.persist.applied.get(name, 0), names)
         if changed is None:
             for name in [n for n in views if n not in sched.jobs]:
                 del views[name]
