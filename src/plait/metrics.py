@@ -154,11 +154,11 @@ class Metrics(HttpOnly):
         #: a few microseconds, three times per job in a pass); the kinds are plait's own
         self._event_counters: dict[str, Any] = {}
 
-    def event(self, kind: str) -> None:
+    def event(self, kind: str, n: int = 1) -> None:
         counter = self._event_counters.get(kind)
         if counter is None:
             counter = self._event_counters[kind] = self.events.labels(kind)
-        counter.inc()
+        counter.inc(n)
 
     def allocated(self, result: AllocationResult, seconds: float) -> None:
         """An allocation request answered in ``seconds``."""
@@ -299,7 +299,7 @@ class NullMetrics(Metrics):
         self.store_seconds = self.allocation_seconds = self.taskcontrol_seconds = _OFF
         self._timer = _NoPassTimer()
 
-    def event(self, kind: str) -> None:
+    def event(self, kind: str, n: int = 1) -> None:
         pass
 
     def allocated(self, result: AllocationResult, seconds: float) -> None:

@@ -356,3 +356,30 @@ def test_a_record_made_again_elsewhere_under_the_same_version_is_read_again(tmp_
     cp.jcp.reconcile(now + 12)
     assert cp.jcp.records["web"].sizing.intent.task_count == 2  # type: ignore[union-attr]
     assert seen[looked:] == ["web"]
+
+
+def test_a_passs_scheduler_events_are_logged_as_record_would_log_each(tmp_path):
+    cp = plane(tmp_path)
+    cp.commands.create_job(parse(JobSpec, {
+        "name": "api", "entitlement": "web", "task_count": 2,
+        "resources": {"cpu": 1, "memory_gb": 0.1}, "command": "serve"}))
+    events = cp.scheduler.events
+    expected = []
+    real = cp.record_scheduler_events
+
+    def alongside(drained):  # what ``record`` made of each before
+        for (at, job, kind, message, task, machine, op, reason, decision, actor,
+             request) in drained:
+            expected.append((job, kind, message, cp.scheduler.jobs[job].entitlement,
+                             machine, at, actor or "scheduler", task, op, reason,
+                             decision, request))
+        real(drained)
+    cp.record_scheduler_events = alongside
+    cp.loop.step()
+    assert len(events) == 0 and expected
+    logged, _ = cp.events.query(job="api", limit=100)
+    assert [(e.job, e.kind, e.message, e.entitlement, e.machine, e.time, e.actor, e.task,
+             e.op, e.reason, e.decision, e.request) for e in logged] == expected
+    assert {e.source for e in logged} == {"scheduler"}
+    placed = [e for e in logged if e.kind == "task_placed"]
+    assert len(placed) == 2 and all(e.machine and e.entitlement == "web" for e in placed)

@@ -56,3 +56,20 @@ def test_a_task_message_is_prefixed_with_its_task_when_read():
     assert [e.message for e in events] == ["task 3: serving version 1",
                                            "task 4: serving version 1"]
     assert all(type(e.message) is str for e in events)
+
+
+def test_taking_the_rows_gives_each_events_fields_and_empties_them():
+    from dataclasses import astuple
+
+    from plait.scheduler.eventrows import TaskMessage
+    events = rows()
+    events.add((4.0, "web", "task_ready", TaskMessage("serving version 2"), 0, 3, None,
+                None, None, None, None))
+    expected = [astuple(e) for e in list(rows()) + [SchedulerEvent(
+        4.0, "web", "task_ready", "task 0: serving version 2", 0, "m0000003")]]
+    held = events.rows  # (the pass appends to the list it holds)
+    assert events.take() == expected
+    assert len(events) == 0 and held is events.rows and held == []
+    events.add((5.0, "db", "created", "1 tasks, version 1", None, None, None, None, None,
+                None, None))
+    assert [e.job for e in events] == ["db"]

@@ -36,6 +36,10 @@ class TaskMessage(str):
 #: {task}: {message}"
 Row = tuple[float, str, str, str | None, int | None, int | None, str | None, str | None,
             str | None, str | None, str | None]
+#: a ``SchedulerEvent``'s fields as ``EventRows.take`` gives them: the machine by its
+#: name, the message made
+Fields = tuple[float, str, str, str, int | None, str | None, str | None, str | None,
+               str | None, str | None, str | None]
 
 
 class EventRows(MutableSequence[SchedulerEvent]):
@@ -51,6 +55,30 @@ class EventRows(MutableSequence[SchedulerEvent]):
 
     def add(self, row: Row) -> None:
         self.rows.append(row)
+
+    def take(self) -> list[Fields]:
+        """Every entry's fields, in order (a ``SchedulerEvent``'s, the machine by its
+        name, the message made), and the list emptied: what the shell drains after a
+        pass, without the events made (``_event``)."""
+        out: list[Fields] = []
+        name = self._name
+        for entry in self.rows:
+            if type(entry) is not tuple:
+                e: SchedulerEvent = entry  # type: ignore[assignment]
+                out.append((e.time, e.job, e.kind, e.message, e.task, e.machine, e.op,
+                            e.reason, e.decision, e.actor, e.request))
+                continue
+            (at, job, kind, message, task, machine, op, reason, decision, actor,
+             request) = entry
+            if message is None:
+                message = f"task {task}: {op} ({reason})"
+            elif type(message) is TaskMessage:
+                message = f"task {task}: {message}"
+            out.append((at, job, kind, message, task,
+                        None if machine is None else name(machine), op, reason, decision,
+                        actor, request))
+        self.rows.clear()
+        return out
 
     def _event(self, k: int) -> SchedulerEvent:
         """Entry ``k`` as an event, made from its row (once) if it still is one."""

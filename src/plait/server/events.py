@@ -83,6 +83,19 @@ def _decode(raw: bytes) -> list[Event]:
 _ORDER = tuple(f.name for f in fields(Event))
 
 
+def new_event(time: float, source: str, kind: str, message: str, job: str | None,
+              entitlement: str | None, machine: str | None, actor: str | None,
+              task: int | None, op: str | None, reason: str | None,
+              decision: str | None, request: str | None) -> NewEvent:
+    """``NewEvent(...)`` of every field, made as ``_numbered`` makes an ``Event``
+    (without the frozen dataclass's ``__init__``): a pass records three per new job."""
+    event = object.__new__(NewEvent)
+    event.__dict__.update(time=time, source=source, kind=kind, message=message, job=job,
+                          entitlement=entitlement, machine=machine, actor=actor, task=task,
+                          op=op, reason=reason, decision=decision, request=request)
+    return event
+
+
 def _numbered(new: NewEvent, seq: int) -> Event:
     """``new`` as the stored event number ``seq``: its fields copied as they are
     (what ``Event(**fields, seq=seq)`` makes, without a frozen dataclass's

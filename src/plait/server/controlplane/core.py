@@ -29,6 +29,7 @@ import contextlib
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,7 @@ from plait.persist.follow import SharedRecords
 from plait.persist.scheduler import JobStore, PersistentScheduler
 from plait.persist.warm import WarmRecords
 from plait.scheduler import Scheduler
+from plait.scheduler.eventrows import Fields
 from plait.scheduler.records import Assignment, Stops
 from plait.scheduler.wiring import wire
 from plait.server.auth import Role, TokenStore
@@ -59,7 +61,7 @@ from plait.server.controlplane.machine_ops import MachineOps
 from plait.server.controlplane.membership import Membership
 from plait.server.controlplane.profiles import HostProfiles
 from plait.server.controlplane.views import Views
-from plait.server.events import CHUNK, EventLog, NewEvent
+from plait.server.events import CHUNK, EventLog, NewEvent, new_event
 from plait.server.logs import TaskLogs
 from plait.sim import Behaviour, Simulation
 from plait.store.protocol import Namespace, Store
@@ -326,6 +328,27 @@ class ControlPlane:
         with self.pending_lock:
             self._pending.append(event)
         self.metrics.event(kind)
+
+    def record_scheduler_events(self, drained: list[Fields]) -> None:
+        """The scheduler's events of a pass (``EventRows.take``) for the region's log,
+        each of its job's entitlement, as ``record`` makes them (the scheduler the
+        actor of those no one asked for)."""
+        if not drained:
+            return
+        jobs, counts = self.scheduler.jobs, Counter[str]()
+        made = []
+        for (at, job, kind, message, task, machine, op, reason, decision, actor,
+             request) in drained:
+            held = jobs.get(job)
+            ent = held.entitlement if held is not None else self.entitlement_of(job)
+            made.append(new_event(at, "scheduler", kind, message, job, ent, machine,
+                                  actor or "scheduler", task, op, reason, decision,
+                                  request or requestid.current.get()))
+            counts[kind] += 1
+        with self.pending_lock:
+            self._pending.extend(made)
+        for kind, n in counts.items():
+            self.metrics.event(kind, n)
 
     def drop_pending_events(self) -> int:
         """Forget the events not stored yet (a replica that stopped leading: they tell

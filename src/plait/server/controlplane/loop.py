@@ -136,14 +136,8 @@ class Loop:
             calls = self.cp.scheduler.take_calls()
             phase("events")
             # events are attributed before the save drops the records of deleted jobs
-            events, self.cp.scheduler.events[:] = list(self.cp.scheduler.events), []
-            for ev in events:
-                job = self.cp.scheduler.jobs.get(ev.job)
-                ent = job.entitlement if job is not None else self.cp.entitlement_of(ev.job)
-                self.cp.record("scheduler", ev.kind, ev.message, job=ev.job, entitlement=ent,
-                               machine=ev.machine, at=ev.time,
-                               actor=ev.actor or "scheduler", task=ev.task, op=ev.op,
-                               reason=ev.reason, decision=ev.decision, request=ev.request)
+            events = self.cp.scheduler.events.take()
+            self.cp.record_scheduler_events(events)
             changed = self.cp.scheduler.changed_jobs
             changed = None if changed is None else set(changed)
             self.cp.jcp.touch(changed)  # (its tasks changed: so may its push's health)
