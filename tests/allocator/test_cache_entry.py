@@ -43,3 +43,28 @@ def test_any_other_request_misses():
     assert cache.misses == misses + 1
     hit = c.allocate("j", "e", TWO, allocate=range(4))
     assert hit.cached and len(hit.tasks) == 4
+
+
+def test_an_entry_holds_its_tasks_machines_generations_and_request_whatever_its_size():
+    import numpy as np
+
+    from plait.allocator.cache import _FEW
+
+    c = Cluster.generated(dcs=1, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2,
+                          machines_per_rack=6)
+    c.entitlement("e", machines=24)
+    gen = c.allocator.index.version
+    c.allocate("few", "e", ONE, allocate=[0, 2, 5])
+    for job, allocate, free in (("one", [0], []),                    # made from one list
+                                ("few", [0, 2], [5]),
+                                ("many", list(range(_FEW)), [])):    # made from arrays
+        result = c.allocate(job, "e", ONE, allocate=allocate, free=free)
+        entry = c.allocator.cache._entries[job]
+        n = entry.placed
+        assert entry.data.dtype == np.uint32 and n == len(allocate)
+        assert entry.data[:n].tolist() == list(result.tasks) == allocate
+        assert entry.data[n:2 * n].tolist() == list(result.machines)
+        assert entry.data[2 * n:3 * n].tolist() == [int(gen[m]) for m in result.machines]
+        asked = sorted([(t, 0) for t in allocate] + [(t, 1) for t in free])
+        assert entry.data[3 * n:].tolist() == [2 * t + f for t, f in asked]
+        assert c.allocate(job, "e", ONE, allocate=allocate, free=free).cached

@@ -33,6 +33,8 @@ from plait.model.resources import Resources
 from plait.model.topology import Fleet
 
 _is_free = TaskOp.FREE.__eq__
+#: an entry of at most this many tasks placed and asked is made from one list
+_FEW = 16
 
 
 def _asked(tasks: tuple[tuple[int, TaskOp], ...]) -> npt.NDArray[np.uint32]:
@@ -83,11 +85,17 @@ class AllocationCache:
     def store(self, request: AllocationRequest, result: AllocationResult,
               gen: npt.NDArray[np.uint32]) -> None:
         n = len(result.machines)
-        data = np.empty(3 * n + len(request.tasks), np.uint32)
-        data[:n] = np.fromiter(result.tasks, np.uint32, n)
-        data[n:2 * n] = np.fromiter(result.machines, np.uint32, n)
-        data[2 * n:3 * n] = gen[data[n:2 * n]]
-        data[3 * n:] = _asked(request.tasks)
+        if n + len(request.tasks) <= _FEW:  # (most jobs: one task; one list, one array)
+            data = np.array([*result.tasks, *result.machines,
+                             *[gen[m] for m in result.machines],
+                             *[2 * t + (op is TaskOp.FREE) for t, op in request.tasks]],
+                            np.uint32)
+        else:
+            data = np.empty(3 * n + len(request.tasks), np.uint32)
+            data[:n] = np.fromiter(result.tasks, np.uint32, n)
+            data[n:2 * n] = np.fromiter(result.machines, np.uint32, n)
+            data[2 * n:3 * n] = gen[data[n:2 * n]]
+            data[3 * n:] = _asked(request.tasks)
         self._entries[request.job] = _Entry(request.entitlement, request.resources,
                                             request.policy, result.fleet, n, data)
 
