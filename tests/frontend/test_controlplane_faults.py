@@ -3,6 +3,8 @@ it could not apply."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 from livecp import REGION, wait_for
 
@@ -383,3 +385,31 @@ def test_a_passs_scheduler_events_are_logged_as_record_would_log_each(tmp_path):
     assert {e.source for e in logged} == {"scheduler"}
     placed = [e for e in logged if e.kind == "task_placed"]
     assert len(placed) == 2 and all(e.machine and e.entitlement == "web" for e in placed)
+
+
+def test_a_burst_keeps_the_passes_apart_and_its_end_waits_for_no_more_of_it(
+        tmp_path, monkeypatch):
+    from plait.server.controlplane import loop as loop_module
+
+    monkeypatch.setattr(loop_module, "QUIET", 0.3)  # (room for a loaded box's stalls)
+    cp = ControlPlane(store_for(tmp_path), ControlPlaneConfig(
+        region=REGION, tick_seconds=60.0, min_pass_gap=10.0, sim_agents=True))
+    cp.loop.start()
+    try:
+        wait_for(lambda: cp.steps >= 1)
+        time.sleep(0.2)
+        steps = cp.steps
+        started = time.monotonic()
+        cp.notify_many(["nothing"])  # (a lone create: the gap's first half holds)
+        # creates keep coming: no pass for the first half of the gap, nor while they
+        # come after it
+        while time.monotonic() - started < 7.0:
+            cp.notify_many(["nothing"])
+            time.sleep(0.02)
+            assert cp.steps == steps
+        # they stop: the pass takes them QUIET later, not at the gap's end (10 s)
+        wait_for(lambda: cp.steps > steps, timeout=20)
+        assert time.monotonic() - started < 9.5
+    finally:
+        cp.loop.stop()
+        cp.store.close()

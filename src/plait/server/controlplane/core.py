@@ -83,6 +83,19 @@ def _controllers(spec: JobSpec) -> RemoteController | None:
     return RemoteController(spec.task_controller)
 
 
+class Wake(threading.Event):
+    """The loop's wake-up: an event that also keeps when it was last set (monotonic
+    seconds; ``Loop.run`` ends a burst's wait once none came for a moment)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at = float("-inf")
+
+    def set(self) -> None:
+        self.at = time.monotonic()
+        super().set()
+
+
 class ControlPlane:
     #: built from the store by ``build``
     fleet: Fleet
@@ -147,7 +160,7 @@ class ControlPlane:
         self.pending_lock = threading.Lock()
         self.inbox: set[str] = set()
         #: set to start the next pass now
-        self.wake = threading.Event()
+        self.wake = Wake()
         self.steps = 0
         self.failures = 0
         self.last_step: float | None = None

@@ -28,6 +28,8 @@ log = logconfig.get("plait.controlplane.loop")
 
 #: the interpreter's thread switch interval while a loop runs (seconds)
 SWITCH_INTERVAL = 0.001
+#: seconds without a wake-up after which a burst is over (``run``)
+QUIET = 0.005
 #: seconds a full collection takes per object until one is timed (0.63 us measured)
 FULL_SECONDS_PER_OBJECT = 1e-6
 
@@ -312,11 +314,22 @@ class Loop:
                     last_failure = what
                 with contextlib.suppress(Exception):  # the store is still down: the
                     self.cp.flush_events()                # events wait for the next flush
-            self.cp.wake.wait(self.cp.config.tick_seconds)
-            # a burst of requests is taken in batches, not one pass per request
-            rest = self.cp.config.min_pass_gap - (time.monotonic() - started)
-            if rest > 0:
-                self._stop.wait(rest)
+            woken = self.cp.wake.wait(self.cp.config.tick_seconds)
+            # a burst of requests (creates, reports) is taken in batches, passes
+            # ``min_pass_gap`` apart, not one pass per request; once the loop was
+            # woken and nothing woke it again for ``QUIET``, the burst is over, and
+            # its last requests wait for no more of it, though for half the gap at
+            # least (a trickle of wake-ups: twice as many passes at most, not one
+            # per wake-up)
+            gap = self.cp.config.min_pass_gap
+            while not self._stop.is_set():
+                now = time.monotonic()
+                ran, quiet = now - started, now - self.cp.wake.at
+                if ran >= gap or (woken and quiet >= QUIET and ran >= gap / 2):
+                    break
+                # (woken: until the burst may be over, and half the gap has passed)
+                self._stop.wait(min(gap - ran, max(QUIET - quiet, gap / 2 - ran))
+                                if woken else gap - ran)
 
     def start(self) -> None:
         if self._thread is None:
