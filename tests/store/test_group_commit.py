@@ -14,6 +14,7 @@ from plait.persist.scheduler import JobStore, new_job
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.controlplane.creates import Pending
 from plait.store import SqliteStore
+from plait.store.protocol import WouldBlock
 
 REGION = RegionSpec.sized(24, dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2)
 
@@ -261,3 +262,35 @@ def test_after_a_slow_commit_batches_go_to_the_committer_for_a_while(sqlite_cp, 
     assert cp.creates.commit_here(later) is False  # a slow disk: not on an event loop
     monkeypatch.setattr(cp.creates, "_inline_after", time.monotonic())  # the pause over
     assert cp.creates.commit_here(later) is True and answered(later) == [True]
+
+
+def test_a_nowait_scope_refuses_only_its_first_write_and_finishes_what_it_began(tmp_path):
+    store = SqliteStore(str(tmp_path / "plait.db"))
+    writing, done = threading.Event(), threading.Event()
+
+    def hold() -> None:  # another thread's write, held until let go
+        with store._write():
+            writing.set()
+            done.wait(60)
+    try:
+        other = threading.Thread(target=hold)
+        other.start()
+        assert writing.wait(60)
+        with store.nowait(0.01), pytest.raises(WouldBlock):
+            store.create("/a", b"1")  # nothing written: it would have waited
+        done.set()
+        other.join(60)
+        writing.clear()
+        done.clear()
+        with store.nowait(0.01):
+            store.create("/a", b"1")  # the first write: nothing in its way
+            other = threading.Thread(target=hold)
+            other.start()
+            assert writing.wait(60)
+            threading.Timer(0.2, done.set).start()
+            store.create("/b", b"2")  # begun: this one waits for the other write
+        other.join(60)
+        assert store.get("/a")[0] == b"1" and store.get("/b")[0] == b"2"
+    finally:
+        done.set()
+        store.close()

@@ -5,8 +5,9 @@ each with its ``op_started`` event); a frozen ``SchedulerEvent`` of eleven field
 costs more to make than the rest of starting its operation. The pass appends a
 tuple of the event's fields instead (the machine as its index, an operation's
 message left to be made), and each row becomes
-a ``SchedulerEvent`` the first time it is read: by the shell that drains them after
-the pass, a test, the simulator's summary. Reading is the list's (iteration,
+a ``SchedulerEvent`` the first time it is read: by a test, the simulator's summary;
+the shell that drains them after a pass takes their fields without making one
+(``take``). Reading is the list's (iteration,
 indexing, slicing, ``len``); so is emptying it (``events[:] = []``, ``del
 events[:n]``).
 """

@@ -174,10 +174,11 @@ class SqliteStore:
     # -- plumbing ------------------------------------------------------------------------
     @contextmanager
     def nowait(self, within: float = 0.0) -> Iterator[None]:
-        """Writes of this thread within raise ``WouldBlock`` rather than wait more than
-        ``within`` seconds for another thread's write or another process's; besides,
-        they wait only for the fsync of their own commit (an event loop may write
-        itself when that is all it waits for)."""
+        """The first write of this thread within raises ``WouldBlock`` rather than wait
+        more than ``within`` seconds for another thread's write or another process's;
+        besides, it waits only for the fsync of its own commit (an event loop may write
+        itself when that is all it waits for). Once it began, the scope's further
+        writes wait as any does: what a caller half wrote is finished, never left."""
         before = getattr(self._nowait, "within", None)
         self._nowait.within = max(0.0, within)
         try:
@@ -205,6 +206,7 @@ class SqliteStore:
         try:
             cur = self._db.cursor()
             self._begin(cur, within)
+            self._nowait.within = None  # (begun: the scope's next writes wait)
             self._new_parents = []
             self._changes: list[tuple[str]] = []
             try:
