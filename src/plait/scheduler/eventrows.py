@@ -61,40 +61,30 @@ class EventRows(MutableSequence[SchedulerEvent]):
         """Every entry's fields, in order (a ``SchedulerEvent``'s, the machine by its
         name, the message made), and the list emptied: what the shell drains after a
         pass, without the events made (``_event``)."""
-        out: list[Fields] = []
-        name = self._name
-        for entry in self.rows:
-            if type(entry) is not tuple:
-                e: SchedulerEvent = entry  # type: ignore[assignment]
-                out.append((e.time, e.job, e.kind, e.message, e.task, e.machine, e.op,
-                            e.reason, e.decision, e.actor, e.request))
-                continue
-            (at, job, kind, message, task, machine, op, reason, decision, actor,
-             request) = entry
-            if message is None:
-                message = f"task {task}: {op} ({reason})"
-            elif type(message) is TaskMessage:
-                message = f"task {task}: {message}"
-            out.append((at, job, kind, message, task,
-                        None if machine is None else name(machine), op, reason, decision,
-                        actor, request))
+        out = [self._fields(entry) for entry in self.rows]
         self.rows.clear()
         return out
 
-    def _event(self, k: int) -> SchedulerEvent:
-        """Entry ``k`` as an event, made from its row (once) if it still is one."""
-        entry = self.rows[k]
+    def _fields(self, entry: SchedulerEvent | Row) -> Fields:
         if type(entry) is not tuple:
-            return entry  # type: ignore[return-value]
+            e: SchedulerEvent = entry  # type: ignore[assignment]
+            return (e.time, e.job, e.kind, e.message, e.task, e.machine, e.op, e.reason,
+                    e.decision, e.actor, e.request)
         (at, job, kind, message, task, machine, op, reason, decision, actor,
          request) = entry
         if message is None:
             message = f"task {task}: {op} ({reason})"
         elif type(message) is TaskMessage:
             message = f"task {task}: {message}"
-        event = SchedulerEvent(at, job, kind, message, task,
-                               None if machine is None else self._name(machine), op,
-                               reason, decision, actor, request)
+        return (at, job, kind, message, task, None if machine is None else self._name(machine),
+                op, reason, decision, actor, request)
+
+    def _event(self, k: int) -> SchedulerEvent:
+        """Entry ``k`` as an event, made from its row (once) if it still is one."""
+        entry = self.rows[k]
+        if type(entry) is not tuple:
+            return entry  # type: ignore[return-value]
+        event = SchedulerEvent(*self._fields(entry))
         self.rows[k] = event
         return event
 
