@@ -65,8 +65,9 @@ def test_taking_the_rows_gives_each_events_fields_and_empties_them():
     events = rows()
     events.add((4.0, "web", "task_ready", TaskMessage("serving version 2"), 0, 3, None,
                 None, None, None, None))
-    expected = [astuple(e) for e in list(rows()) + [SchedulerEvent(
-        4.0, "web", "task_ready", "task 0: serving version 2", 0, "m0000003")]]
+    ready = SchedulerEvent(4.0, "web", "task_ready", "task 0: serving version 2", 0,
+                           "m0000003")
+    expected = [astuple(e) for e in [*rows(), ready]]
     held = events.rows  # (the pass appends to the list it holds)
     assert events.take() == expected
     assert len(events) == 0 and held is events.rows and held == []
