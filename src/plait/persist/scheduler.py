@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from plait import fastjson, requestid
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, ValidationError
-from plait.model import Fleet, JobSpec, parse
+from plait.model import JobSpec, parse
 from plait.model.entitlement import NAME_RE
 from plait.model.job import spans
 from plait.model.task import TaskState
@@ -625,8 +625,6 @@ class PersistentScheduler:
         self.applied: dict[str, int] = {}
         #: per job: (stored version, bytes) of its state record
         self._saved: dict[str, tuple[int, bytes]] = {}
-        #: machines' names by index, for one fleet (``_rows``)
-        self._names: tuple[Fleet | None, dict[int, str]] = (None, {})
         #: per job whose state record is split: how many parts it has
         self._parts: dict[str, int] = {}
         #: (key, version) every save checks: the election's fence of the replica that
@@ -842,15 +840,13 @@ class PersistentScheduler:
         """Each task's row, by its index (as a string). ``read``: machines' desired
         sets read whole, by job, kept by the caller for the other jobs it writes."""
         sched = self.scheduler
-        fleet = sched.fleet
-        if self._names[0] is not fleet:  # (a name made once per machine of a fleet)
-            self._names = (fleet, {})
-        names = self._names[1]
+        fleet_name = sched.fleet.name
+        names: dict[int, str] = {}
 
-        def name(m: int) -> str:
-            got = names.get(m)
+        def name(m: int) -> str:  # (made once per machine of the job; a closure and a
+            got = names.get(m)    # dict cost a job of one task less than a cache would)
             if got is None:
-                got = names[m] = fleet.name(m)
+                got = names[m] = fleet_name(m)
             return got
         tasks = {}
         # whether each task is in its machine's desired set: a search in C of a short
