@@ -4,18 +4,26 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench lint system
+.PHONY: demo test test-slow bench lint system lock
 
 # the Debian packages the tests run (ZooKeeper, bubblewrap): installed when missing
 system:
 	scripts/system-deps
 
-$(STAMP): pyproject.toml
+# every package from requirements/dev.lock: exact versions with their hashes, so a new
+# machine installs what CI last passed with, whatever the registry serves today; plait
+# itself is built with the locked setuptools (no build isolation: nothing unpinned)
+$(STAMP): pyproject.toml requirements/dev.lock
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --require-hashes -r requirements/dev.lock
+	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/python -m compileall -q src >/dev/null  # bytecode once: agents start faster
 	touch $(STAMP)
+
+# refresh the lock deliberately: the newest versions pyproject.toml's ranges allow
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml requirements/tools.in --extra dev \
+		--generate-hashes --universal --python-version 3.11 --upgrade -o requirements/dev.lock
 
 demo: $(STAMP)
 	$(BIN)/plait demo

@@ -63,7 +63,7 @@ class _Retry(Exception):
         super().__init__(cause)
 
 
-def _backoff(exc: Exception) -> bool | float:
+def _backoff(exc: BaseException) -> bool | float:
     """stamina's hook: retry rounds that failed, after Retry-After when given."""
     if isinstance(exc, _Retry):
         return True if exc.retry_after is None else max(0.0, min(exc.retry_after, 30.0))
