@@ -309,6 +309,14 @@ class ControlPlane:
         except NotFound:
             return None
 
+    def owner_of_job(self, job: str) -> str:
+        """The owner of a job's entitlement ("": unknown): whose calls a job's
+        TaskController and gates are, for the bounds per tenant."""
+        held = self.scheduler.jobs.get(job)  # (the pass's own record: no store read)
+        entitlement = held.entitlement if held is not None else self.entitlement_of(job)
+        found = self.allocator.entitlements.get(entitlement) if entitlement else None
+        return found.owner if found is not None else ""
+
     def notify(self, job: str) -> None:
         """A job's record changed: apply it on the next pass, which starts now (and
         read it again for the next list)."""
