@@ -80,3 +80,16 @@ def test_the_spec_field():
     # a change of the fence is a new runtime (the tasks restart with it): the agent
     # must know the fence a task runs under
     assert not same_runtime(spec, job_spec("zk", 3, fence={"seconds": 20}))
+
+
+def test_the_example_quorum_spec_asks_for_a_fence():
+    from pathlib import Path
+
+    from plait.cli.specfile import parse_yaml
+    from plait.model import JobSpec, parse
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "quorum.yaml"
+    [doc] = parse_yaml(path.read_text(), path)
+    spec = parse(JobSpec, doc)
+    assert spec.fence == Fence(seconds=10)
+    assert replace_at(spec.fence.seconds, 0.0) == 13.0  # (as its comment says)
