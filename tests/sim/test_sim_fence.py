@@ -47,6 +47,12 @@ def test_a_cut_off_machine_stops_its_task_and_it_moves_only_after_the_fence():
     seen = watch(sim, ref)
     cut = sim.now
     event = sim.cut_off([where])
+    sim.step()
+    # lost: out of its machine's desired set at once (an agent that hears the control
+    # plane again stops it), while it waits for the fence to move
+    m = sim.fleet.index_of(where)
+    assert ref.index in s.job("zk").lost
+    assert [a.index for a in s.desired_of(m)] == []
     assert sim.run_until(lambda: moved(sim, s, ref, where), 120)
     assert all(len(copies) <= 1 for _, copies in seen), seen  # never two at once
     # the copy on the cut machine ran until its lease ran out, then stopped by itself
