@@ -15,8 +15,8 @@ import pytest
 
 from plait.model import TaskRef
 from plait.server.serve import free_port
-from plait.shardmanager.client import ShardApp, ShardTask
 from plait.shardmanager import credentials
+from plait.shardmanager.client import ShardApp, ShardTask
 from plait.shardmanager.service import ShardManager, app_token
 from plait.taskcontrol.protocol import (
     AdvanceNotice,

@@ -734,11 +734,15 @@ class ShardManager:
         if app.layout is None or layout.replicas != app.layout.replicas:
             app.layout = layout
             self._changed(app)
-        endpoint = {t: i.endpoint for t, i in app.tasks.items() if now >= i.next_try}
+        # (a restored task is called once it confirms, and one that did not answer
+        # once its backoff is over)
+        endpoint = {t: i.endpoint for t, i in app.tasks.items()
+                    if now >= i.next_try and t not in app.restored}
         leaving = self._leaving(app)
-        # (a shard a restored task may hold waits for it: an add now would copy from
-        # fewer replicas than hold it)
-        unsure = {s for shards in app.restored.values() for s in shards}
+        # (a shard only restored tasks may hold waits for them: an add now would copy
+        # from no replica)
+        unsure = {s for shards in app.restored.values() for s in shards
+                  if not app.ready.get(s)}
         for shard in app.shards:
             if shard in unsure:
                 continue
