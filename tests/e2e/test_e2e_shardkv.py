@@ -45,6 +45,9 @@ def kv_job(sm_url: str, token: str, version: str) -> dict[str, Any]:
         text = text.replace(name, value)
     spec: dict[str, Any] = yaml.safe_load(text)
     spec["env"]["KV_VERSION"] = version
+    # (the tasks import this tree's plait, as this test does: an agent passes no
+    # PYTHONPATH of its own)
+    spec["env"]["PYTHONPATH"] = str(EXAMPLE.parents[1] / "src")
     return spec
 
 

@@ -322,7 +322,9 @@ def watch(manager: str, app: str, token: str, after: int = -1, wait: float = 20.
           client: httpx.Client | None = None) -> dict[str, Any]:
     """The application's shard map once its generation is past ``after`` (a long
     poll of ``GET /v1/apps/{app}/map``): ``{"generation", "replication", "shards":
-    {shard: [endpoints of its ready replicas]}}``."""
+    {shard: [endpoints of its ready replicas]}}``. ``token``: the application's read
+    token (``plait shardmanager token APP --reader``). A generation only grows, across
+    restarts of Shard Manager too."""
     own = client is None
     c = client or httpx.Client(timeout=wait + 10)
     try:

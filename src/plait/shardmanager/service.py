@@ -37,8 +37,9 @@ sequence number greater than the last one accepted (a replay is refused).
 
 Each application has a lock of its own (one application's layout never holds up
 another's map), and its map is serialized once a generation, off the event loop. An
-application holds at most ``MAX_REPLICAS`` replicas (shards x replication). Calls to
-tasks are made off the locks, each within ``CALL_TIMEOUT`` and ``CALL_BYTES``, and
+application holds at most ``MAX_REPLICAS`` replicas (shards x replication), and has
+at most ``CALLS_PER_APP`` calls under way or queued. Calls to tasks are made off the
+locks, each within ``CALL_TIMEOUT`` and ``CALL_BYTES``, and
 applied as each answers; a task that does not answer is called again after a
 backoff (doubling to ``BACKOFF_CAP``), and its failures are logged at most once per
 ``LOG_EVERY``.
@@ -109,6 +110,9 @@ REBALANCE_MOVES = 50
 #: a call to a task: its deadline, and the most of its answer read
 CALL_TIMEOUT = 10.0
 CALL_BYTES = 64 * 1024
+#: the most calls to its tasks one application has under way or queued (the callers'
+#: pool is shared: one application's volume waits behind its own calls, not others')
+CALLS_PER_APP = 64
 #: the largest TaskControl request read (1,000 tasks' operations are about 200 kB)
 MAX_TASKCONTROL = 8 * 1024 * 1024
 #: the largest registration read (100,000 shard names)
@@ -744,6 +748,8 @@ class ShardManager:
         unsure = {s for shards in app.restored.values() for s in shards
                   if not app.ready.get(s)}
         for shard in app.shards:
+            if len(app.busy) >= CALLS_PER_APP:
+                break  # (the rest next round)
             if shard in unsure:
                 continue
             want = layout.replicas.get(shard, ())
