@@ -275,7 +275,14 @@ class App:
         self.shard_set = frozenset(self.shards)
 
     def view(self) -> ShardView:
-        return ShardView({s: tuple(sorted(ts)) for s, ts in self.ready.items()},
+        """What the controller reads: the ready replicas, and those of restored tasks
+        not confirmed yet (a task that may hold a shard is never taken for an empty
+        one; a task that is down plait reports as unhealthy)."""
+        ready = {s: set(ts) for s, ts in self.ready.items()}
+        for t, shards in self.restored.items():
+            for s in shards:
+                ready.setdefault(s, set()).add(t)
+        return ShardView({s: tuple(sorted(ts)) for s, ts in ready.items()},
                          self.spec.replication)
 
 
@@ -481,8 +488,10 @@ class ShardManager:
             if literal is not None:
                 self.policy.check(url, [str(literal)])
         except ValidationError as exc:
-            raise ValidationError("endpoint", exc.message.replace("controller URL",
-                                                                  "task endpoint")) from None
+            raise ValidationError("endpoint", exc.message.replace(
+                "controller URL", "task endpoint").replace(
+                "plait serve --controller-networks",
+                "plait shardmanager serve --task-networks")) from None
         except ValueError as exc:  # (urlsplit's: a bracket not closed, say)
             raise ValidationError("endpoint", f"{url!r} is not a URL: {exc}") from None
 
