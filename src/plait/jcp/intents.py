@@ -73,7 +73,9 @@ class PushIntent(_NoIndexes):
 
     spec: JobSpec
     #: percentages of the job's tasks, increasing; a last stage below 100 holds there
-    stages: tuple[int, ...] = pydantic.Field(default=(100,), min_length=1, max_length=10)
+    #: (whole numbers only: ``"50"`` and ``true`` are refused, not read as 50 and 1)
+    stages: tuple[pydantic.StrictInt, ...] = pydantic.Field(default=(100,), min_length=1,
+                                                           max_length=10)
     #: how long a stage's tasks stay healthy before its gate is asked
     soak_seconds: float = pydantic.Field(default=60.0, ge=0, le=86_400)
     #: a stage whose tasks are not healthy by then fails (and the push rolls back)
