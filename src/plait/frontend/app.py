@@ -50,6 +50,7 @@ from plait.errors import (
 )
 from plait.frontend import batch, hostprofiles, jcp
 from plait.frontend.fastcreate import FastCreate, headers_once, is_json, plain_headers
+from plait.frontend.jsonbody import Utf8Route
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body, replaying
 from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -373,6 +374,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                               "maintenance, events and service discovery. Every call but "
                               "/healthz takes a bearer token (Authorize, above).",
                   docs_url=None, redoc_url=None, **NO_NATIVE_TELEMETRY)
+    app.router.route_class = Utf8Route  # (bodies are UTF-8 JSON: the others refused)
     # /docs from the Swagger UI files of the swagger-ui-bundle package: it works on a
     # machine without internet (FastAPI's default page loads them from a CDN)
     app.mount(DOCS_STATIC, StaticFiles(directory=swagger_ui_path), name="docs-static")
@@ -451,6 +453,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         first = errors[0] if errors else {}
         if first.get("type") == "json_invalid":
             reason = first.get("ctx", {}).get("error", "JSON decode error")
+            if "UTF-8" in reason:  # (fastjson.NotUtf8: the encoding named, no position)
+                return _error(422, "invalid", f"the request body is not UTF-8 JSON: {reason}")
             return _error(422, "invalid", f"the request body is not valid JSON: {reason} "
                                           f"(at character {first['loc'][-1]})")
         # every problem, not the first alone: a misspelt field is both a required one
