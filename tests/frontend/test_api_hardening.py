@@ -65,3 +65,89 @@ def test_bodies_that_are_not_utf8_are_refused_naming_the_encoding(
     r = alice.post("/v1/jobs", content=json.dumps(spec(name="other", command="caf\u00e9"),
                                                   ensure_ascii=False).encode(), headers=headers)
     assert r.status_code == 201, r.text
+
+
+SECRET_GATE = "http://gateuser:hunter2@127.0.0.1:{port}/gate?api_key=K3Y9&Token=T0K3N&stage_hint=1"
+SECRET_TC = "http://bob:s3cr3tpw@127.0.0.1:9/tc?access_token=AT0K&x=1"
+SECRETS = ("hunter2", "K3Y9", "T0K3N", "s3cr3tpw", "AT0K")
+
+
+def shows_no_secret(text: str) -> None:
+    for secret in SECRETS:
+        assert secret not in text, (secret, text)
+
+
+def test_credentials_in_urls_are_never_shown(live: Live, alice: httpx.Client) -> None:
+    import base64
+    import http.server
+    import threading
+
+    from plait.taskcontrol.urlpolicy import UrlPolicy, networks
+
+    asked: list[tuple[str, str]] = []
+
+    class Gate(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append((self.path, self.headers.get("Authorization", "")))
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"error rate 9%")
+
+        def log_message(self, *args: object) -> None:
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gate)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        live.cp.controllers.url_policy = UrlPolicy(allow=networks(("loopback", "any")))
+        url = SECRET_GATE.format(port=server.server_address[1])
+        r = alice.put("/v1/jobs/web/push", json={
+            "spec": spec(command="v2"), "stages": [50, 100], "soak_seconds": 0,
+            "gate": {"url": url}})
+        assert r.status_code == 200, r.text
+        shows_no_secret(r.text)
+        assert r.json()["intent"]["gate"]["url"] == (
+            f"http://gateuser:***@127.0.0.1:{server.server_address[1]}/gate"
+            "?api_key=***&Token=***&stage_hint=1")
+        wait_for(lambda: alice.get("/v1/jobs/web/push").json()["status"]["phase"]
+                 == "rolled_back")
+        # the gate was asked with the credentials (the stored intent keeps them)...
+        assert live.cp.jcp.record("web").push.intent.gate.url == url
+        assert asked[0][1] == "Basic " + base64.b64encode(b"gateuser:hunter2").decode()
+        # ... and no view shows them: the push, the intents, the events
+        push = alice.get("/v1/jobs/web/push")
+        assert "500: error rate 9%" in push.json()["status"]["message"], push.text
+        assert "***" in push.json()["status"]["message"]
+        shows_no_secret(push.text)
+        shows_no_secret(alice.get("/v1/jobs/web/intents").text)
+        wait_for(lambda: bool(live.admin.get("/v1/events", params={
+            "job": "web", "kind": "push_rolled_back"}).json()["events"]))
+        events = live.admin.get("/v1/events", params={"job": "web"})
+        assert "gateuser:***@" in events.text
+        shows_no_secret(events.text)
+    finally:
+        server.shutdown()
+    # a TaskController's URL: stored as given, shown redacted wherever a spec is
+    tc = spec(name="paced", task_controller=SECRET_TC)
+    r = alice.post("/v1/jobs", json=tc)
+    assert r.status_code == 201, r.text
+    assert live.cp.jobs.get("paced").spec.task_controller == SECRET_TC
+    shown = alice.get("/v1/jobs/paced").json()["spec"]["task_controller"]
+    assert shown == "http://bob:***@127.0.0.1:9/tc?access_token=***&x=1"
+    plan = alice.post("/v1/jobs", params={"dry_run": True}, json={
+        **tc, "task_controller": SECRET_TC.replace("s3cr3tpw", "n3wpw")})
+    assert plan.status_code == 200, plan.text
+    assert plan.json()["changes"]["task_controller"]["to"] == shown  # (a change, hidden)
+    assert "n3wpw" not in plan.text
+    for path in ("/v1/jobs/paced", "/v1/jobs", "/v1/jobs/paced/versions/1"):
+        text = alice.get(path).text
+        assert "bob:***@" in text, path
+        shows_no_secret(text)
+    # the controller cannot be reached: what the events say of it names no credential
+    wait_for(lambda: "127.0.0.1:9" in live.admin.get(
+        "/v1/events", params={"job": "paced"}).text)
+    shows_no_secret(live.admin.get("/v1/events").text)
+    # a URL refused by the rules is named without its credentials
+    live.cp.controllers.url_policy = UrlPolicy(allow=networks(()))
+    r = alice.put("/v1/jobs/paced", json={**tc, "command": "v3"})
+    assert r.status_code == 422 and "bob:***@" in r.text, r.text
+    shows_no_secret(r.text)

@@ -59,6 +59,7 @@ from plait.model import Entitlement, JobSpec, Resources
 from plait.model.base import Input
 from plait.model.job import MAX_TASKS
 from plait.model.machine import FaultDomain, Machine, MachineState
+from plait.model.redact import shown_spec
 from plait.model.task import TaskState
 from plait.paging import BadRequest
 from plait.scheduler.records import Phase, TaskStatus
@@ -971,7 +972,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         doc = cp.jobs.get(name)
         if version not in doc.kept:
             raise NotFound("version", f"{name} version {version}", doc.missing(version))
-        return doc.spec_of(version).model_dump(mode="json")
+        return shown_spec(doc.spec_of(version).model_dump(mode="json"))
 
     @app.get("/v1/jobs/{name}/controller-key", response_model=t.ControllerKey, tags=["jobs"])
     def controller_key(name: str, who: User, request: Request) -> dict[str, Any]:

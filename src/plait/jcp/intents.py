@@ -17,6 +17,7 @@ progress (``PushStatus``, advanced by ``plait.jcp.push``).
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any, Literal
 
 import pydantic
@@ -63,8 +64,8 @@ class Gate(Value):
     def _one(self) -> Gate:
         if (self.url is None) == (not self.external):
             raise ValueError("a gate is either a url or external, not both or neither")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError("url: an http:// or https:// URL")
+        if self.url is not None and not re.match(r"^https?://[^\s/]+(/\S*)?\Z", self.url):
+            raise ValueError("url: an http:// or https:// URL (without spaces)")
         return self
 
 

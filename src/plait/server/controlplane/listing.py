@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plait.client.status import JOB_STATES, job_status
+from plait.model.redact import shown_spec
 from plait.model.task import TaskState
 from plait.paging import BadRequest, Window, page
 
@@ -65,7 +66,8 @@ class JobEntry:
         spec = doc.spec
         return cls(doc.name, doc.entitlement, doc.target, doc.seq, doc.deleting,
                    spec.task_count, spec.restart.batch,
-                   json.dumps(spec.model_dump(mode="json"), separators=(",", ":")).encode())
+                   json.dumps(shown_spec(spec.model_dump(mode="json")),
+                              separators=(",", ":")).encode())
 
 
 def render(entry: JobEntry, job: JobState | None) -> dict[str, Any]:
