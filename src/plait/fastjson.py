@@ -54,8 +54,8 @@ def utf8(data: bytes | bytearray | memoryview) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise NotUtf8(f"the body is not UTF-8: byte {raw[exc.start]:#04x} at {exc.start} "
-                      "is not UTF-8 text", "", exc.start) from None
+        raise NotUtf8(f"the body is not UTF-8: byte {raw[exc.start]:#04x} at {exc.start}",
+                      "", exc.start) from None
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:

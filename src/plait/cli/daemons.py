@@ -106,6 +106,7 @@ def serve(
     from plait.server.events import Retention
     from plait.server.limits import uvicorn_options
     from plait.server.serve import prepare
+    from plait.store.backup import store_warnings
 
     try:
         region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc,
@@ -138,6 +139,8 @@ def serve(
     cp.controllers.serving_at(started.url, *([advertise] if advertise else []))
     leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
     log.info("control plane started", machines=len(cp.fleet), api=started.url, shard=shard)
+    for warning in store_warnings(cp.store):
+        log.warning(warning)
     if started.config_path is not None:
         log.info("client configuration written", path=str(started.config_path),
                  context=started.context)

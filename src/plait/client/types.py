@@ -22,6 +22,8 @@ class Health(TypedDict, total=False):
     role: str
     leader: str | None
     replica: str
+    #: what the operator should know (a ZooKeeper store without credentials)
+    warnings: list[str]
 
 
 class AutoscaleView(TypedDict, total=False):

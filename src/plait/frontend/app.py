@@ -70,6 +70,7 @@ from plait.server.controlplane.listing import JOB_STATES, parse_states
 from plait.server.events import Budget, Event
 from plait.server.leader import Leadership
 from plait.sidekick.book import Applied
+from plait.store.backup import store_warnings
 from plait.ui.app import Ui, WithUi
 
 #: the largest request body accepted (a job spec is a few KB)
@@ -455,7 +456,8 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         if first.get("type") == "json_invalid":
             reason = first.get("ctx", {}).get("error", "JSON decode error")
             if "UTF-8" in reason:  # (fastjson.NotUtf8: the encoding named, no position)
-                return _error(422, "invalid", f"the request body is not UTF-8 JSON: {reason}")
+                return _error(422, "invalid", f"the request body is not valid JSON (UTF-8): "
+                                              f"{reason}")
             return _error(422, "invalid", f"the request body is not valid JSON: {reason} "
                                           f"(at character {first['loc'][-1]})")
         # every problem, not the first alone: a misspelt field is both a required one
@@ -605,6 +607,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         with its own."""
         return Response(cp.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
+    # (how the store is secured does not change while the app runs)
+    warnings = store_warnings(cp.store)
+
     @app.get("/healthz", response_model=t.Health, tags=["health"])
     def healthz(response: Response) -> dict[str, Any]:
         """Health; needs no token. 503 when the control-plane loop has stopped passing
@@ -616,7 +621,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             "role": "leader" if leadership.leading else "follower",
             "leader": leadership.leader(), "replica": leadership.identity}
         return {"ok": ok, "status": why, "version": __version__, "steps": cp.steps,
-                "failed_passes": cp.failures, **role}
+                "failed_passes": cp.failures, **role, "warnings": warnings}
 
     # -- entitlements ----------------------------------------------------------------------
     @app.post("/v1/entitlements", response_model=t.EntitlementView, tags=["entitlements"],
