@@ -151,3 +151,47 @@ def test_credentials_in_urls_are_never_shown(live: Live, alice: httpx.Client) ->
     r = alice.put("/v1/jobs/paced", json={**tc, "command": "v3"})
     assert r.status_code == 422 and "bob:***@" in r.text, r.text
     shows_no_secret(r.text)
+
+
+def test_an_entitlement_is_deleted_once_no_job_uses_it(live: Live, alice: httpx.Client
+                                                        ) -> None:
+    def held() -> list[str]:
+        return [m["id"] for m in live.admin.get("/v1/machines", params={
+            "entitlement": "e"}).json()["machines"]]
+
+    assert held(), "the job's tasks hold machines of e"
+    # an owner may not delete it (as it may not create one); nobody can while it is used
+    r = alice.delete("/v1/entitlements/e")
+    assert r.status_code == 403, r.text
+    r = live.admin.delete("/v1/entitlements/e")
+    assert r.status_code == 409 and "job web" in r.json()["message"], r.text
+    assert live.admin.get("/v1/entitlements/e").status_code == 200  # nothing changed
+    assert live.admin.delete("/v1/entitlements/nope").status_code == 404
+    # its job deleted: the entitlement goes, and every machine still bound to it (one
+    # left bound with no task, as a crash between a claim and a placement leaves it)
+    # goes back to the free pool
+    assert alice.delete("/v1/jobs/web").status_code == 202
+    wait_for(lambda: alice.get("/v1/jobs/web").status_code == 404)
+    cp = live.cp
+    with cp.lock:
+        m = int(cp.region.free_machines()[0])
+        cp.region.claim(m, "e", cp.region.version(m))
+    leftover = cp.fleet.name(m)
+    assert held() == [leftover]
+    r = live.admin.delete("/v1/entitlements/e")
+    assert r.status_code == 200, r.text
+    assert r.json()["deleted"] is True and r.json()["released"] == [leftover], r.text
+    assert live.admin.get("/v1/entitlements/e").status_code == 404
+    assert held() == []
+    assert live.admin.get(f"/v1/machines/{leftover}").json()["entitlement"] is None
+    assert not cp.allocator.ns.exists("/entitlements/e")  # (a restart does not bring it back)
+    wait_for(lambda: any(e["kind"] == "entitlement_deleted" and "1 machine back" in
+                         e["message"] for e in live.admin.get(
+                             "/v1/events", params={"entitlement": "e"}).json()["events"]))
+    # a job naming it now is refused; an entitlement of that name can be made again
+    r = alice.post("/v1/jobs", json=JOB)
+    assert r.status_code in (403, 404, 422), r.text
+    assert live.admin.post("/v1/entitlements", json={
+        "name": "e", "owner": "alice", "quota": {"machines": 8}}).status_code == 201
+    assert alice.post("/v1/jobs", json=JOB).status_code == 201
+    wait_for(lambda: alice.get("/v1/jobs/web").json()["settled"])

@@ -154,3 +154,18 @@ def entitlement_list(output: Output = "table") -> None:
 def entitlement_show(name: str, output: Output = "table") -> None:
     data = api().get(f"/v1/entitlements/{q(name)}")
     emit(data, output, lambda d: kv_table(d, f"entitlement {name}"))
+
+
+@entitlement_app.command("delete")
+@guarded
+def entitlement_delete(name: str, output: Output = "table") -> None:
+    """Delete an entitlement that no job uses (admin): its machines go back to the
+    region's free pool. Refused while jobs use it (delete or move them first)."""
+    data = api().delete(f"/v1/entitlements/{q(name)}")
+    released = data.get("released") or []
+
+    def said(d: dict[str, Any]) -> None:
+        print(f"entitlement {d['name']} deleted" + (
+            f"; {len(released)} machine{'s' if len(released) != 1 else ''} back to the "
+            "free pool" if released else ""))
+    emit(data, output, said)

@@ -165,6 +165,10 @@ class EntitlementView(TypedDict, total=False):
     machines: int
     rru: float
     jobs: list[str]
+    #: a deleted entitlement's answer: true, and the machines that went back to the
+    #: free pool
+    deleted: bool
+    released: list[str]
 
 
 EntitlementList = TypedDict("EntitlementList", {"entitlements": list[EntitlementView],

@@ -658,6 +658,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         may_entitlement(request, who, name)
         return cp.views.entitlement_view(name)
 
+    @app.delete("/v1/entitlements/{name}", response_model=t.EntitlementView,
+                tags=["entitlements"])
+    def delete_entitlement(name: str, who: Admin) -> dict[str, Any]:
+        """Delete an entitlement that no job uses (a 409 names the jobs that do): the
+        machines it holds go back to the region's free pool, and its canary
+        entitlements go with it (admin, as its creation)."""
+        return cp.commands.delete_entitlement(name)
+
     hostprofiles.add_routes(app, cp, Admin, User)
 
     # -- jobs ------------------------------------------------------------------------------

@@ -171,6 +171,14 @@ class JobIndex:
             self._cancel()
             self._cancel = None
 
+    def jobs_of(self, entitlement: str) -> list[str]:
+        """The stored jobs of ``entitlement`` (those being deleted too), the store's
+        names compared now (a record written a moment ago included)."""
+        self._checked = float("-inf")
+        self.refresh()
+        with self._lock:
+            return sorted(n for n, e in self._entries.items() if e.entitlement == entitlement)
+
     def refresh(self) -> None:
         """Bring the index up to the store: re-read the records marked changed; at
         most every ``CHECK_EVERY`` seconds also fire the store's watches (SQLite
