@@ -195,3 +195,53 @@ def test_an_entitlement_is_deleted_once_no_job_uses_it(live: Live, alice: httpx.
         "name": "e", "owner": "alice", "quota": {"machines": 8}}).status_code == 201
     assert alice.post("/v1/jobs", json=JOB).status_code == 201
     wait_for(lambda: alice.get("/v1/jobs/web").json()["settled"])
+
+
+def test_a_maintenance_is_cancelled_before_its_start_or_ended_early(
+        live: Live, alice: httpx.Client) -> None:
+    import time
+
+    def machine(name: str) -> dict:
+        return live.admin.get(f"/v1/machines/{name}").json()
+
+    def tasks_on(name: str) -> list[int]:
+        return [t["index"] for t in alice.get("/v1/jobs/web/tasks").json()["tasks"]
+                if t["machine"] == name and t["state"] == "running"]
+
+    used = sorted({t["machine"] for t in alice.get("/v1/jobs/web/tasks").json()["tasks"]})
+    target = used[0]
+    # announced, not started: its machine is under notice (cordoned by the notice)
+    r = live.admin.post("/v1/maintenance", json={
+        "machines": [target], "start": time.time() + 3600, "duration_seconds": 600})
+    assert r.status_code == 201, r.text
+    event = r.json()["event"]
+    wait_for(lambda: machine(target)["cordoned"] and event in machine(target)["events"])
+    assert alice.delete(f"/v1/maintenance/{event}").status_code == 403  # (admin only)
+    r = live.admin.delete(f"/v1/maintenance/{event}")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"event": event, "state": "cancelled", "machines": [target]}
+    view = machine(target)
+    assert not view["cordoned"] and view["events"] == [] and view["state"] == "healthy"
+    assert event not in [e["id"] for e in live.admin.get("/v1/maintenance").json()["events"]]
+    assert live.admin.delete(f"/v1/maintenance/{event}").status_code == 404
+    wait_for(lambda: any("cancelled before its start" in e["message"] for e in live.admin.get(
+        "/v1/events", params={"kind": "maintenance_cancelled"}).json()["events"]))
+    # under way: its machine is in maintenance and its tasks stopped; ended early, the
+    # machine is back in service and the job's tasks run again
+    r = live.admin.post("/v1/maintenance", json={"machines": [target],
+                                                 "duration_seconds": 3600})
+    event = r.json()["event"]
+    wait_for(lambda: machine(target)["state"] == "maintenance" and not tasks_on(target))
+    r = live.admin.delete(f"/v1/maintenance/{event}")
+    assert r.status_code == 200 and r.json()["state"] == "ended", r.text
+    wait_for(lambda: machine(target)["state"] == "healthy" and not machine(target)["cordoned"])
+    wait_for(lambda: alice.get("/v1/jobs/web").json()["settled"] and len(
+        [t for t in alice.get("/v1/jobs/web/tasks").json()["tasks"]
+         if t["state"] == "running"]) == JOB["task_count"])
+    wait_for(lambda: any("ended early" in e["message"] for e in live.admin.get(
+        "/v1/events", params={"kind": "maintenance_cancelled"}).json()["events"]))
+    # a drain is not a maintenance to cancel: its own command ends it
+    drain = live.admin.post(f"/v1/machines/{used[-1]}/drain", json={
+        "deadline_seconds": 3600}).json()["event"]
+    r = live.admin.delete(f"/v1/maintenance/{drain}")
+    assert r.status_code == 409 and "uncordon" in r.json()["message"], r.text

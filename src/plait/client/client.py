@@ -537,6 +537,11 @@ class MaintenanceApi(_Resource):
     def list(self) -> builtins.list[dict[str, Any]]:
         return cast(builtins.list[dict[str, Any]], self.c.get("/v1/maintenance")["events"])
 
+    def cancel(self, event: str) -> t.MaintenanceCancelled:
+        """Cancel a maintenance not started yet (``state`` cancelled: its notices are
+        withdrawn, its machines' cordons lifted), or end one under way (ended)."""
+        return cast(t.MaintenanceCancelled, self.c.delete(f"/v1/maintenance/{event}"))
+
 
 class Tokens(_Resource):
     def create(self, role: str, name: str, description: str | None = None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ is never cut down to what its type lists, and a newer server may add fields."""
 
 from __future__ import annotations
 
-from typing import Any, NotRequired
+from typing import Any, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
@@ -297,6 +297,13 @@ class MachineRepair(TypedDict):
 
 class MaintenanceCreated(TypedDict):
     event: str
+
+
+class MaintenanceCancelled(TypedDict):
+    event: str
+    #: cancelled (it had not started: its notices withdrawn) or ended (early)
+    state: Literal["cancelled", "ended"]
+    machines: list[str]
 
 
 class MaintenanceView(TypedDict):

@@ -1106,6 +1106,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     def list_maintenance(who: Admin) -> dict[str, Any]:
         return {"events": cp.machine_ops.maintenance()}
 
+    @app.delete("/v1/maintenance/{event}", response_model=t.MaintenanceCancelled,
+                tags=["maintenance"])
+    def cancel_maintenance(event: str, who: Admin) -> dict[str, Any]:
+        """Cancel a planned maintenance: not started, it is withdrawn (its notices
+        stop, its machines' cordons are lifted; ``state`` cancelled); under way, it
+        ends now (its machines are back in service; ``state`` ended)."""
+        return cp.machine_ops.cancel_maintenance(event)
+
     # -- a scheduler shard's part in moving an entitlement (called by the front end) -------
     @app.post("/v1/shard/entitlements/{name}/handoff", response_model=t.ShardHandoff,
               tags=["shards"])
