@@ -162,6 +162,8 @@ class EntitlementView(TypedDict, total=False):
     surge_buffer: int
     #: a canary entitlement: the entitlement whose job's host-profile canary it holds
     canary_of: str | None
+    #: the host profiles its host-profile canaries may use (besides its own; admin-set)
+    canary_host_profiles: list[str]
     machines: int
     rru: float
     jobs: list[str]

@@ -697,6 +697,14 @@ class JobControlPlane:
             raise ValidationError("host_profile", f"host profile {intent.host_profile!r} "
                                   "does not exist") from None
         ent = self.cp.entitlement(entitlement)
+        if intent.host_profile is not None and not ent.may_canary(intent.host_profile):
+            allowed = ", ".join(ent.canary_host_profiles) or "none"
+            wanted = ",".join((*ent.canary_host_profiles, intent.host_profile))
+            raise ValidationError("host_profile", (
+                f"host profile {intent.host_profile!r} is not one entitlement "
+                f"{entitlement!r} may run canaries on (canary_host_profiles: {allowed}); "
+                f"an admin allows it: plait entitlement update {entitlement} "
+                f"--canary-host-profiles {wanted}"))
         why = None
         if ent.quota.machines is None:
             why = "its quota is in RRU: a canary's machines are counted in machines"
