@@ -92,6 +92,9 @@ def serve(
     at once. With --shard, it is one scheduler shard of the region: it manages the
     jobs of the entitlements the front end maps to it, and clients talk to the front
     end (plait frontend), which writes the client configuration."""
+    from plait.cli.signals import as_foreground
+
+    as_foreground()  # (first: a script's background job starts with SIGINT ignored)
     import threading
 
     import uvicorn
@@ -197,6 +200,9 @@ def frontend(
     (plait serve --shard S). It keeps no state (the entitlement-to-shard map is in the
     store), so several may run, each behind its own URL; clients and agents may use any
     of them."""
+    from plait.cli.signals import as_foreground
+
+    as_foreground()  # (first: a script's background job starts with SIGINT ignored)
     import uvicorn
 
     from plait import logconfig, tracing
@@ -298,6 +304,9 @@ def agent(
     """Run the agent of one machine: join, pull the desired task set, run the tasks as
     processes, report their statuses and output. Tasks keep running if the control
     plane is unreachable, and a restarted agent adopts them."""
+    from plait.cli.signals import as_foreground
+
+    as_foreground()  # (first: a script's background job starts with SIGINT ignored)
     import signal
     import threading
 
