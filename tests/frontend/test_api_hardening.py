@@ -245,3 +245,22 @@ def test_a_maintenance_is_cancelled_before_its_start_or_ended_early(
         "deadline_seconds": 3600}).json()["event"]
     r = live.admin.delete(f"/v1/maintenance/{drain}")
     assert r.status_code == 409 and "uncordon" in r.json()["message"], r.text
+
+
+def test_an_entitlement_is_deleted_through_the_front_end(tmp_path) -> None:
+    from livecp import start_behind_front_end, stop_live
+
+    live = start_behind_front_end(tmp_path)
+    try:
+        assert live.admin.post("/v1/entitlements", json={
+            "name": "e", "owner": "alice", "quota": {"machines": 2}}).status_code == 201
+        r = live.admin.delete("/v1/entitlements/e")
+        assert r.status_code == 200 and r.json()["deleted"] is True, r.text
+        assert live.admin.get("/v1/entitlements/e").status_code == 404
+        assert "e" not in [e["name"] for e in live.admin.get(
+            "/v1/entitlements").json()["entitlements"]]
+        # made again, on the shard the front end placed it on before
+        assert live.admin.post("/v1/entitlements", json={
+            "name": "e", "owner": "alice", "quota": {"machines": 2}}).status_code == 201
+    finally:
+        stop_live(live)
