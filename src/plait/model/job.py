@@ -13,6 +13,7 @@ import pydantic
 from plait.model.base import Value
 from plait.model.entitlement import check_name
 from plait.model.policy import AllocationPolicy
+from plait.model.redact import redact_url
 from plait.model.resources import Resources
 
 #: the most tasks a job may have
@@ -259,7 +260,7 @@ class JobSpec(Value):
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^https?://[^\s/]+(/\S*)?\Z", value):
-            raise ValueError(f"{value!r} is not an http(s) URL")
+            raise ValueError(f"{redact_url(value)!r} is not an http(s) URL")
         return value
 
     @pydantic.field_validator("env")

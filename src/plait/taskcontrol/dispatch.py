@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from plait.errors import ValidationError
+from plait.model.redact import redact_text
 from plait.taskcontrol import signing
 from plait.taskcontrol.protocol import (
     ControllerAnswer,
@@ -177,6 +178,7 @@ class Dispatcher:
                 self.stats.in_flight -= 1
             if error is not None:
                 self.stats.errors += 1
+                error = redact_text(error)  # (the URL's credentials: never shown)
         self.deliver(ControllerAnswer(call.job, call.request.sequence_number, response, error))
 
     async def _exchange(self, call: ControllerCall) -> Any:

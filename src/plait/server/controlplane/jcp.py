@@ -54,6 +54,7 @@ from plait.jcp.push import StageHealth, advance, percent, verdict
 from plait.model.base import parse
 from plait.model.entitlement import Entitlement, Quota, canary_entitlement, check_name
 from plait.model.job import JobSpec
+from plait.model.redact import shown_intent
 from plait.model.task import TaskState
 from plait.persist.scheduler import JobDoc
 from plait.server.controlplane.gates import GateAsker
@@ -243,7 +244,7 @@ class JobControlPlane:
         push = self.record(job).push
         if push is None:
             raise NotFound("push of job", job)
-        return {"job": job, **push.model_dump(mode="json"),
+        return {"job": job, **shown_intent(push.model_dump(mode="json")),
                 "percent": percent(push.intent, push.status)}
 
     def abort_push(self, job: str) -> dict[str, Any]:
@@ -377,7 +378,7 @@ class JobControlPlane:
         canary = self.record(job).canaries.get(name)
         if canary is None:
             raise NotFound("canary", f"{job}/{name}")
-        return {"job": job, "name": name, **canary.model_dump(mode="json")}
+        return {"job": job, "name": name, **shown_intent(canary.model_dump(mode="json"))}
 
     def delete_canary(self, job: str, name: str) -> dict[str, Any]:
         view = self.canary_view(job, name)
@@ -413,10 +414,12 @@ class JobControlPlane:
             "job": job,
             "job_intent": {"version": doc.target, "task_count": doc.spec.task_count},
             "push": None if push is None else {
-                **push.model_dump(mode="json"), "percent": percent(push.intent, push.status)},
+                **shown_intent(push.model_dump(mode="json")),
+                "percent": percent(push.intent, push.status)},
             "sizing": None if rec.sizing is None else {
                 **rec.sizing.model_dump(mode="json"), "size": rec.sizing.intent.size},
-            "canaries": {k: v.model_dump(mode="json") for k, v in rec.canaries.items()},
+            "canaries": {k: shown_intent(v.model_dump(mode="json"))
+                         for k, v in rec.canaries.items()},
             "unified": {"task_count": doc.spec.task_count, "roles": counts, "tasks": tasks},
             "conflicts": list(rec.conflicts),
         }
@@ -692,6 +695,14 @@ class JobControlPlane:
             raise ValidationError("host_profile", f"host profile {intent.host_profile!r} "
                                   "does not exist") from None
         ent = self.cp.entitlement(entitlement)
+        if intent.host_profile is not None and not ent.may_canary(intent.host_profile):
+            allowed = ", ".join(ent.canary_host_profiles) or "none"
+            wanted = ",".join((*ent.canary_host_profiles, intent.host_profile))
+            raise ValidationError("host_profile", (
+                f"host profile {intent.host_profile!r} is not one entitlement "
+                f"{entitlement!r} may run canaries on (canary_host_profiles: {allowed}); "
+                f"an admin allows it: plait entitlement update {entitlement} "
+                f"--canary-host-profiles {wanted}"))
         why = None
         if ent.quota.machines is None:
             why = "its quota is in RRU: a canary's machines are counted in machines"
