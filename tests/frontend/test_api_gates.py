@@ -104,3 +104,29 @@ def test_through_the_api_a_tarpit_gate_rolls_back_and_another_owners_push_comple
     assert "the gate failed" in message and "5s deadline" in message
     # the gate is asked as its owner's: the bound per owner holds nothing of alice's
     assert live.cp.jcp.gates.in_flight("alice") == 0
+
+
+def test_a_gate_url_keeps_its_own_query_and_gets_the_job_and_stage() -> None:
+    import http.server
+    import threading
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    asker = GateAsker(lambda: LOOPBACK)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/gate?api_key=K"
+        passed, _ = asker.ask("a", url, "web", 2).result(timeout=60)
+        assert passed and seen == ["/gate?api_key=K&job=web&stage=2"]
+    finally:
+        asker.close()
+        server.shutdown()
