@@ -35,6 +35,26 @@ def test_a_signature_verifies_only_for_its_key_body_and_time():
             signing.verify(*args)
 
 
+def test_a_task_credential_is_one_tasks_of_one_job_of_one_key():
+    import hashlib
+    import hmac
+
+    key = signing.job_key(b"s" * 32, signing.key_name("web", "u1"))
+    cred = signing.task_credential(key, "web", 3)
+    # as documented: a known derivation a controller without plait can repeat
+    assert cred == "ptc_" + hmac.new(bytes.fromhex(key), b"plait task credential v1\0web/3",
+                                     hashlib.sha256).hexdigest()
+    assert cred == signing.task_credential(key, "web", 3)  # (a function of its inputs)
+    others = {signing.task_credential(key, "web", 4), signing.task_credential(key, "web", 30),
+              signing.task_credential(key, "web3", 0), signing.task_credential(key, "db", 3),
+              signing.task_credential(signing.job_key(b"s" * 32, signing.key_name("web", "u2")),
+                                      "web", 3),
+              signing.task_credential(signing.job_key(b"t" * 32, "web#u1"), "web", 3)}
+    assert cred not in others and len(others) == 6
+    # never the job's key itself, nor a TaskControl signature's MAC
+    assert key not in cred and len(cred) == 4 + 64
+
+
 @pytest.mark.parametrize(("allow", "url", "address", "rule"), [
     (("any",), "http://h/", "169.254.169.254", "metadata"),
     (("any",), "http://metadata.google.internal/", "10.0.0.1", "metadata"),

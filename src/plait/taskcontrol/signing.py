@@ -27,6 +27,16 @@ installed, the same check is a few lines::
 The timestamp bounds a replay to the tolerance; the request's ``sequence_number``,
 which only grows, lets a controller refuse a replay within it.
 
+The same key gives each task of the job a credential of its own, which its agent
+sets in the task's environment as ``PLAIT_TASK_CREDENTIAL``::
+
+    credential = "ptc_" + hex(HMAC-SHA256(bytes.fromhex(key),
+                                          "plait task credential v1\\0" + job + "/" + index))
+
+A task holds its own credential only; the job's controller (which has the key)
+derives any task's, so a task can prove to it which task it is
+(``task_credential``; Shard Manager's registrations use it).
+
 This module is pure: the time is passed in.
 """
 
@@ -42,6 +52,9 @@ JOB_HEADER = "Plait-Job"
 #: how far a signature's timestamp may be from the verifier's clock
 DEFAULT_TOLERANCE = 300.0
 _KEY_CONTEXT = b"plait taskcontrol v1\0"
+_TASK_CONTEXT = b"plait task credential v1\0"
+#: what every task credential starts with (a secret scanner can tell one)
+CREDENTIAL_PREFIX = "ptc_"
 
 
 class SignatureError(ValidationError):
@@ -61,6 +74,14 @@ def key_name(job: str, uid: str) -> str:
 def job_key(secret: bytes, job: str) -> str:
     """The job's signing key (hex), derived from the region's secret."""
     return hmac.new(secret, _KEY_CONTEXT + job.encode(), hashlib.sha256).hexdigest()
+
+
+def task_credential(job_key: str, job: str, index: int) -> str:
+    """The credential of task ``index`` of ``job`` (its ``PLAIT_TASK_CREDENTIAL``),
+    from the job's key (``job_key``, hex). Another task's credential, or another
+    job's, cannot be derived from it."""
+    message = _TASK_CONTEXT + f"{job}/{int(index)}".encode()
+    return CREDENTIAL_PREFIX + hmac.digest(bytes.fromhex(job_key), message, "sha256").hex()
 
 
 def sign(key: str, body: bytes, now: float) -> str:
