@@ -362,6 +362,9 @@ class DesiredTask(TypedDict):
     spec: dict[str, Any]
     #: the id of the API request that caused the assignment (None: no request did)
     request_id: NotRequired[str | None]
+    #: the task's own credential (``signing.task_credential``), which its agent sets
+    #: as its ``PLAIT_TASK_CREDENTIAL``
+    credential: NotRequired[str]
 
 
 class StoppingTask(TypedDict):

@@ -1273,9 +1273,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         if tasks is None:  # not kept yet: read under the control plane's lock
             tasks = await run_in_threadpool(cp.gateway.desired, machine)
         profile = cp.gateway.profile_kept(machine)
+        # each task's own credential (its PLAIT_TASK_CREDENTIAL), made as it is served
+        credentials = (cp.gateway.credentials(tasks) if cp.controllers.secret_read()
+                       else await run_in_threadpool(cp.gateway.credentials, tasks))
         return {"machine": machine, "generation": generation, "tasks": [
             {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
-             "spec": spec_wire(a.spec), "request_id": a.cause} for a in tasks],
+             "spec": spec_wire(a.spec), "request_id": a.cause,
+             **({"credential": c} if c is not None else {})}
+            for a, c in zip(tasks, credentials, strict=True)],
             "stopping": [{"job": ref.job, "index": ref.index, "request_id": cause}
                          for ref, cause in cp.gateway.stops_kept(machine)],
             "profile": profile}

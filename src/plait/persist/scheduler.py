@@ -631,6 +631,10 @@ class PersistentScheduler:
         self.controller_for = controller_for
         #: per job: the last logged operation applied
         self.applied: dict[str, int] = {}
+        #: per job held: what its key is derived from (``signing.key_name``: its name
+        #: and id), set whenever its record is made or its controller changes; its
+        #: tasks' credentials come from that key (``AgentGateway.credentials``)
+        self.key_names: dict[str, str] = {}
         #: per job: (stored version, bytes) of its state record
         self._saved: dict[str, tuple[int, bytes]] = {}
         #: per job whose state record is split: how many parts it has
@@ -751,7 +755,9 @@ class PersistentScheduler:
         self.applied[doc.name] = doc.seq
 
     def _controller(self, doc: JobDoc, spec: JobSpec) -> TaskController | RemoteController | None:
-        """``controller_for(spec)``, a remote one signing with this job's key."""
+        """``controller_for(spec)``, a remote one signing with this job's key (and the
+        job's key name noted, for its tasks' credentials)."""
+        self.key_names[doc.name] = signing.key_name(doc.name, doc.uid)
         ctl = self.controller_for(spec)
         if isinstance(ctl, RemoteController) and doc.uid:
             ctl = dataclasses.replace(ctl, key_name=signing.key_name(doc.name, doc.uid))
@@ -997,6 +1003,7 @@ class PersistentScheduler:
             if count < 0:  # (deleted)
                 self._parts.pop(name, None)
                 self.applied.pop(name, None)
+                self.key_names.pop(name, None)
             elif count:
                 self._parts[name] = count
             else:

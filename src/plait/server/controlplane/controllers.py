@@ -149,3 +149,12 @@ class Controllers:
 
     def _key_of(self, key_name: str) -> str:
         return signing.job_key(self._secret(), key_name)
+
+    def key_of(self, key_name: str) -> str:
+        """The key of the job whose key name (``signing.key_name``) this is (reads the
+        region's secret from the store at its first use: ``secret_read``)."""
+        return self._key_of(key_name)
+
+    def secret_read(self) -> bool:
+        """Is the region's secret read already (``key_of`` reads nothing)?"""
+        return self._signing_secret is not None

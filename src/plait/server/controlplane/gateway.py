@@ -6,6 +6,7 @@ pass (decision 45)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import NotFound
@@ -13,9 +14,13 @@ from plait.model.task import TaskRef
 from plait.scheduler.records import Assignment, Stops, TaskStatus
 from plait.server.controlplane.waiters import Waiters
 from plait.sidekick.book import Applied
+from plait.taskcontrol.signing import task_credential
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
+
+#: the most jobs' keys kept for their tasks' credentials (past it, they are made again)
+JOB_KEYS_KEPT = 65_536
 
 #: (machine, its tasks' statuses, their endpoints, when it reported, the host profile
 #: it applied: None from an agent that does not say)
@@ -36,6 +41,9 @@ class AgentGateway:
                                     Applied | None]] = {}
         #: the long-polls of desired sets, woken when their machine's set changes
         self.waiters = Waiters()
+        #: job key name (``signing.key_name``) -> the job's key, for its tasks'
+        #: credentials (``credentials``)
+        self._job_keys: dict[str, str] = {}
 
     def take(self) -> tuple[list[Report], dict[str, float]]:
         """The reports and heartbeats taken since the last pass (the pass's input)."""
@@ -59,6 +67,28 @@ class AgentGateway:
                 self.desired_generation(machine), found, self.cp.scheduler.stops_for(machine),
                 self.cp.scheduler.profile_wire(self.cp.fleet.index_of(machine)))
             return found
+
+    def credentials(self, tasks: Sequence[Assignment]) -> list[str | None]:
+        """Each task's credential (its ``PLAIT_TASK_CREDENTIAL``: ``signing.
+        task_credential`` with its job's TaskControl key), None for a task of a job
+        this control plane holds no record of. Made when a machine's desired set is
+        served, never by a pass: one HMAC a task (the job's key is kept). Reads the
+        region's secret from the store at its first use (``Controllers.secret_read``)."""
+        names = self.cp.persist.key_names
+        keys = self._job_keys
+        found: list[str | None] = []
+        for a in tasks:
+            name = names.get(a.job)
+            if name is None:
+                found.append(None)
+                continue
+            key = keys.get(name)
+            if key is None:
+                if len(keys) >= JOB_KEYS_KEPT:
+                    keys.clear()  # (deleted jobs' keys go: the rest are made again)
+                key = keys[name] = self.cp.controllers.key_of(name)
+            found.append(task_credential(key, a.job, a.index))
+        return found
 
     def desired_kept(self, machine: str) -> list[Assignment] | None:
         """The machine's desired set as kept for its current generation, or None (a
