@@ -27,6 +27,7 @@ GOOD_TASK = {"job": "a", "index": 0, "revision": 1,
     {"tasks": [{**GOOD_TASK, "index": True}]},
     {"tasks": [GOOD_TASK, {**GOOD_TASK, "spec": {**GOOD_TASK["spec"], "env": ["X=1"]}}]},
     {"tasks": [], "stopping": [{"job": "a"}]},
+    {"tasks": [{**GOOD_TASK, "credential": 1}]},
 ])
 def test_a_malformed_desired_set_is_refused_whole(desired) -> None:
     with pytest.raises(BadDesired):
@@ -34,7 +35,9 @@ def test_a_malformed_desired_set_is_refused_whole(desired) -> None:
 
 
 def test_a_well_formed_desired_set_is_taken() -> None:
-    desired = {"generation": 3, "tasks": [GOOD_TASK], "stopping": [{"job": "b", "index": 1}]}
+    desired = {"generation": 3, "tasks": [GOOD_TASK, {**GOOD_TASK, "index": 1,
+                                                      "credential": "ptc_00"}],
+               "stopping": [{"job": "b", "index": 1}]}
     assert checked_desired(desired) is desired
 
 

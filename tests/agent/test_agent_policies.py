@@ -124,6 +124,28 @@ def test_a_task_gets_its_specs_environment_not_the_agents(box, monkeypatch):
     assert "secret=[] mine=[spec] lang=[C.UTF-8] path=[set] job=[envy]" in logs, logs
 
 
+def test_each_task_gets_its_own_credential_and_the_agent_keeps_it_nowhere(box):
+    from plait.taskcontrol import signing
+
+    # the spec names one too: a job's env is every task's, so it is not the credential
+    box.deploy("cred", 'printf %s "$PLAIT_TASK_CREDENTIAL" > "$PLAIT_DATA_DIR/cred.tmp" && '
+                       'mv "$PLAIT_DATA_DIR/cred.tmp" "$PLAIT_DATA_DIR/cred"; exec sleep 600',
+               env={"PLAIT_TASK_CREDENTIAL": "forged"})
+    key = box.api.get("/v1/jobs/cred/controller-key").json()["key"]
+    files = {i: [box.dirs[m] / "tasks" / f"cred.{i}" / "cred" for m in MACHINES]
+             for i in (0, 1)}
+
+    def written() -> bool:
+        return all(any(f.exists() for f in fs) for fs in files.values())
+    wait_for(written, what="both tasks start")
+    got = {i: next(f for f in fs if f.exists()).read_text() for i, fs in files.items()}
+    assert got == {i: signing.task_credential(key, "cred", i) for i in (0, 1)}
+    # the agents' saved state holds none (a restarted agent gets it again)
+    for m in MACHINES:
+        state = (box.dirs[m] / "agent.json").read_text()
+        assert not any(c in state for c in got.values())
+
+
 def test_a_task_data_dir_is_absolute_when_the_agent_was_given_a_relative_one(
         tmp_path, monkeypatch):
     # `plait up` gives its agents relative data dirs (.plait/agents/M): a task runs in

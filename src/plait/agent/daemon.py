@@ -18,6 +18,11 @@ It logs through ``plait.logconfig`` (logger ``plait.agent``): every line names t
 machine, and lines about a task its job, index and revision; a start names the id of
 the API request behind the assignment, a stop that of the request that last changed
 the task's job (``request_id``, both as the desired set gives them).
+
+Each task gets its own credential from its entry of the desired set, as
+``PLAIT_TASK_CREDENTIAL`` in its environment (``plait.taskcontrol.signing.
+task_credential``): kept in memory only, never logged nor saved (a task started
+again after the agent restarted gets it from the next desired set).
 """
 
 from __future__ import annotations
@@ -244,7 +249,8 @@ def checked_desired(desired: Any) -> dict[str, Any]:
                 and isinstance(spec.get("restart") or {}, dict)
                 and isinstance(spec.get("health") or {}, dict)
                 and isinstance(res, dict) and isinstance(res.get("cpu"), (int, float))
-                and isinstance(res.get("memory_gb", 0), (int, float))):
+                and isinstance(res.get("memory_gb", 0), (int, float))
+                and isinstance(a.get("credential", ""), str)):
             raise BadDesired(f"task {k} of the desired set is malformed")
     stopping = desired.get("stopping", [])
     if not isinstance(stopping, list) or not all(
@@ -318,6 +324,8 @@ class Agent:
         self.handles: dict[str, Handle] = {}
         #: the last spec seen per task (for its health probe)
         self.specs: dict[str, dict[str, Any]] = {}
+        #: per task, its own credential as its desired set gave it (memory only)
+        self.credentials: dict[str, str] = {}
         #: what the run loop sleeps on (woken by the long-poll, probes, stops, exits)
         self.wakeup = Wakeup()
         self.prober = Prober(on_change=self.wakeup.set)
@@ -665,6 +673,10 @@ class Agent:
                 self.log.info("task fence lifted", job=task.job, index=task.index)
                 task.fenced_at = task.rejoined_at = None
             self.specs[key] = a["spec"]
+            if a.get("credential"):
+                self.credentials[key] = a["credential"]
+            else:  # (a control plane that sends none: the task has none)
+                self.credentials.pop(key, None)
             if key not in self.handles and key not in self.stopping and (
                     now >= task.next_start and task.exit_code is None):
                 # (once a stop of its key has finished)
@@ -800,7 +812,13 @@ class Agent:
         # rest (its PLAIT_* settings, a cloud's keys, a proxy's password) is not the tasks'
         host = {k: v for k in TASK_HOST_ENV if (v := os.environ.get(k)) is not None}
         host.setdefault("PATH", os.defpath)
-        return {**host, **spec.get("env", {}), "PLAIT_PORT": str(task.port),
+        # (the task's own credential, never one its spec names: a job's env is every
+        # task's)
+        own = self.credentials.get(task.key)
+        return {**host, **{k: v for k, v in spec.get("env", {}).items()
+                           if k != "PLAIT_TASK_CREDENTIAL"},
+                **({"PLAIT_TASK_CREDENTIAL": own} if own else {}),
+                "PLAIT_PORT": str(task.port),
                 "PLAIT_JOB": task.job, "PLAIT_TASK_INDEX": str(task.index),
                 "PLAIT_MACHINE": self.machine,
                 **({"PLAIT_FAULT_DOMAIN": str(self.describe["fault_domain"])}
@@ -909,6 +927,7 @@ class Agent:
         self._stop(key, remove=not keep_files, reason=reason, cause=cause)
         self.tasks.pop(key, None)
         self.specs.pop(key, None)
+        self.credentials.pop(key, None)
         self.prober.forget(key)
         self._cpu.pop(key, None)
 
