@@ -20,11 +20,24 @@ from typing import Any
 
 import httpx
 import pytest
-from test_sm_service import KEY, TOKEN, api, control, full, ops, register, six_tasks, task, until
+from test_sm_service import (
+    KEY,
+    TOKEN,
+    Dict,
+    api,
+    control,
+    full,
+    ops,
+    register,
+    six_tasks,
+    task,
+    until,
+)
 
 from plait.model.job import MAX_TASKS
 from plait.server.serve import free_port
 from plait.shardmanager import credentials
+from plait.shardmanager.client import ShardTask
 from plait.shardmanager.credentials import read_token, task_secret
 from plait.shardmanager.service import (
     BACKOFF_CAP,
@@ -35,7 +48,7 @@ from plait.shardmanager.service import (
     ShardManager,
 )
 from plait.taskcontrol.protocol import TaskControlRequest, to_wire
-from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, sign
+from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, sign, task_credential
 
 
 @pytest.fixture
@@ -197,6 +210,71 @@ def test_registrations_need_the_tasks_own_signature(sm: ShardManager) -> None:
     assert r.status_code == 401
 
 
+def test_a_task_registers_as_itself_only_with_its_own_credential(sm: ShardManager) -> None:
+    """With its job's controller key, an application takes a registration signed from
+    the credential of the task it names only: not a sibling's, not another job's, not
+    the application's shared task secret."""
+    c = api(sm)
+    assert c.put("/v1/apps/kv", json={"job": "kv", "shards": 4, "replication": 1,
+                                      "tasks": 6, "controller_key": KEY}).status_code == 200
+
+    def signed(index: int, secret: str, job: str = "kv") -> httpx.Response:
+        return register(sm, reg(index, job=job), secret=secret)
+
+    mine = task_credential(KEY, "kv", 3)
+    # task 3's credential signs for task 3, not for its sibling 4 (nor 0)
+    for sibling in (4, 0):
+        r = signed(sibling, mine)
+        assert r.status_code == 401 and "PLAIT_TASK_CREDENTIAL" in r.text, r.text
+    # nor does the application's task secret, another job's key, or another job's task
+    for secret in (task_secret(TOKEN, "kv"), task_credential("cd" * 32, "kv", 4),
+                   task_credential(KEY, "web", 4), KEY):
+        assert signed(4, secret).status_code == 401
+    assert sm.apps["kv"].tasks == {}
+    assert signed(3, mine).status_code == 200
+    assert signed(4, task_credential(KEY, "kv", 4)).status_code == 200
+    assert set(sm.apps["kv"].tasks) == {3, 4}
+    # the job made again (a new controller key): the old credentials are refused
+    again = "cd" * 32
+    assert c.put("/v1/apps/kv", json={"job": "kv", "shards": 4, "replication": 1,
+                                      "tasks": 6, "controller_key": again}).status_code == 200
+    assert signed(3, mine).status_code == 401
+    assert signed(3, task_credential(again, "kv", 3)).status_code == 200
+
+
+def test_a_task_with_its_credential_is_loaded_and_one_posing_as_a_sibling_is_not(
+        sm: ShardManager) -> None:
+    """Through the client library: a task whose agent gave it its credential registers
+    and is called (Shard Manager signs with its key), one that claims a sibling's
+    index with it is refused and never in the map."""
+    c = api(sm)
+    assert c.put("/v1/apps/kv", json={"job": "kv", "shards": 2, "replication": 1,
+                                      "tasks": 3, "controller_key": KEY}).status_code == 200
+
+    def from_env(index: int, credential: str) -> ShardTask:
+        return ShardTask.from_env(Dict(), app="kv", env={
+            "PLAIT_JOB": "kv", "PLAIT_TASK_INDEX": str(index), "PLAIT_PORT": str(free_port()),
+            "PLAIT_SM_URL": sm.url, "PLAIT_TASK_CREDENTIAL": credential,
+            # (the application's task secret too: the credential is what it signs with)
+            "PLAIT_SM_TOKEN": task_secret(TOKEN, "kv")})
+
+    honest = from_env(0, task_credential(KEY, "kv", 0)).start()
+    hostile = from_env(1, task_credential(KEY, "kv", 0))  # (task 0's, as task 1)
+    try:
+        until(lambda: honest.shards == {"s00000", "s00001"})
+        assert hostile.register() is False
+        assert set(sm.apps["kv"].tasks) == {0}
+        assert hostile.endpoint not in json.dumps(c.get("/v1/apps/kv/map").json())
+    finally:
+        honest.stop()
+        hostile._server.server_close()
+        hostile.http.close()
+    with pytest.raises(SystemExit, match="PLAIT_TASK_CREDENTIAL"):
+        ShardTask.from_env(Dict(), app="kv", env={
+            "PLAIT_JOB": "kv", "PLAIT_TASK_INDEX": "0", "PLAIT_PORT": "1",
+            "PLAIT_SM_URL": sm.url})
+
+
 def test_the_read_token_reads_the_map_and_nothing_else(sm: ShardManager) -> None:
     c = api(sm)
     c.put("/v1/apps/kv", json={"job": "kv", "shards": 4, "replication": 1})
@@ -269,6 +347,18 @@ def test_calls_to_a_task_carry_no_secret_and_cannot_be_played_again(
         # signed with the key of that one process of task 0, over method, path, body
         key = credentials.task_key(task_secret(TOKEN, "kv"), "kv", "kv", 0, "i0")
         credentials.verify(key, headers[credentials.SIGNATURE_HEADER],
+                           credentials.call_message(method, path, body), time.time())
+        # with its job's controller key: signed with a key from task 0's own credential
+        c.put("/v1/apps/kv3", json={"job": "kv", "shards": 1, "replication": 1,
+                                    "controller_key": KEY})
+        rec.seen.clear()
+        assert register(sm, reg(0, rec.url), app="kv3").status_code == 200
+        until(lambda: bool(rec.seen))
+        method, path, headers, body = rec.seen[0]
+        assert task_credential(KEY, "kv", 0) not in json.dumps(headers) + body.decode()
+        credentials.verify(credentials.task_key(task_credential(KEY, "kv", 0), "kv3", "kv",
+                                                0, "i0"),
+                           headers[credentials.SIGNATURE_HEADER],
                            credentials.call_message(method, path, body), time.time())
     finally:
         rec.shutdown()

@@ -26,7 +26,7 @@ from plait.taskcontrol.protocol import (
     new_op,
     to_wire,
 )
-from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, sign
+from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, sign, task_credential
 
 TOKEN = "t" * 32
 KEY = "ab" * 32
@@ -58,9 +58,18 @@ def sm(tmp_path) -> Iterator[ShardManager]:
     manager.stop()
 
 
+def own(sm: ShardManager, index: int, app: str = "kv", job: str = "kv") -> dict[str, str]:
+    """What task ``index`` holds, as plait gives it: its own credential when the
+    application has its job's controller key, else the application's task secret."""
+    defined = sm.apps.get(app)
+    if defined is not None and defined.spec.controller_key is not None:
+        return {"credential": task_credential(defined.spec.controller_key, job, index)}
+    return {"token": app_token(TOKEN, app)}
+
+
 def task(sm: ShardManager, index: int, msb: int) -> ShardTask:
     return ShardTask(Dict(), app="kv", job="kv", index=index, port=free_port(),
-                     manager=sm.url, token=app_token(TOKEN, "kv"),
+                     manager=sm.url, **own(sm, index),
                      domains=(f"msb{msb}", f"rack{index}", f"m{index}")).start()
 
 
@@ -94,10 +103,12 @@ def control(c: httpx.Client, request: TaskControlRequest, key: str = KEY) -> htt
 
 def register(sm: ShardManager, reg: dict, secret: str | None = None,
              app: str = "kv", content: bytes | None = None) -> httpx.Response:
-    """A registration as a task's library sends it: signed with its process's key."""
+    """A registration as a task's library sends it: signed with its process's key
+    (from ``secret``, else from what the task holds: ``own``)."""
     body = json.dumps(reg).encode() if content is None else content
-    key = credentials.task_key(secret or app_token(TOKEN, app), app, reg["job"],
-                               reg["index"], reg["incarnation"])
+    held = own(sm, reg["index"], app, reg["job"])
+    key = credentials.task_key(secret or held.get("credential") or held["token"], app,
+                               reg["job"], reg["index"], reg["incarnation"])
     return httpx.post(f"{sm.url}/v1/apps/{app}/tasks", content=body, timeout=30, headers={
         "Content-Type": "application/json",
         credentials.SIGNATURE_HEADER: credentials.sign(key, body, time.time())})
@@ -290,7 +301,7 @@ def test_an_orphan_copy_of_a_task_is_refused_and_the_map_keeps_its_replacement(
     orphan = tasks[0]
     orphan.impl = Told()
     replacement = ShardTask(Dict(), app="kv", job="kv", index=0, port=free_port(),
-                            manager=sm.url, token=app_token(TOKEN, "kv"),
+                            manager=sm.url, **own(sm, 0),
                             domains=("msb0", "rack9", "m9"))
     try:
         assert replacement.started > orphan.started
@@ -312,7 +323,7 @@ def test_an_orphan_copy_of_a_task_is_refused_and_the_map_keeps_its_replacement(
         assert c.get("/v1/apps/kv").json()["tasks"]["0"]["endpoint"] == replacement.endpoint
         # a process that started before the one registered is refused at its first beat
         late = ShardTask(Dict(), app="kv", job="kv", index=0, port=free_port(),
-                         manager=sm.url, token=app_token(TOKEN, "kv"))
+                         manager=sm.url, **own(sm, 0))
         late.started = replacement.started - 60
         assert late.register() is False and late.gone is not None
         assert "started" in late.gone and replacement.incarnation in late.gone

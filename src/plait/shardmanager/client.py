@@ -18,16 +18,19 @@ there).
 
     ShardTask.from_env(Kv(), app="kv").serve_forever()
 
-The task holds the application's task secret (``plait shardmanager token APP``) and
-never sends it: its registrations are signed with a key of this process, derived from
-the secret, its job, index and incarnation (``plait.shardmanager.credentials``), and
-Shard Manager's calls (``POST /sm/add`` with ``{"shard", "peers", "nonce"}``, ``POST
+The task holds its own credential (``PLAIT_TASK_CREDENTIAL``, which plait's agent
+sets: good for this task of this job only), or, for an application defined without
+its job's controller key, the application's task secret (``plait shardmanager token
+APP``), and never sends it: its registrations are signed with a key of this process,
+derived from it, its job, index and incarnation (``plait.shardmanager.credentials``),
+and Shard Manager's calls (``POST /sm/add`` with ``{"shard", "peers", "nonce"}``, ``POST
 /sm/drop`` with ``{"shard", "nonce"}``, ``GET /sm/shards``) are signed with the same
 key, recently, each nonce once; every other request goes to the application's
 ``handle``. A task learns the region's settings from the environment its agent gives
 it: ``PLAIT_JOB``, ``PLAIT_TASK_INDEX``, ``PLAIT_PORT``, ``PLAIT_FAULT_DOMAIN``
-(region/dc/msb/row/rack) and ``PLAIT_MACHINE``; Shard Manager's URL and the task
-secret from ``PLAIT_SM_URL`` and ``PLAIT_SM_TOKEN`` (or ``PLAIT_SM_TOKEN_FILE``).
+(region/dc/msb/row/rack), ``PLAIT_MACHINE`` and ``PLAIT_TASK_CREDENTIAL``; Shard
+Manager's URL from ``PLAIT_SM_URL``, and an application's task secret, only where
+there is no credential, from ``PLAIT_SM_TOKEN`` (or ``PLAIT_SM_TOKEN_FILE``).
 Clients read the map (``watch``) with the application's read token (``plait
 shardmanager token APP --reader``), which can change nothing.
 """
@@ -107,9 +110,16 @@ def fault_domains(path: str, machine: str) -> tuple[str, ...]:
 
 class ShardTask:
     def __init__(self, app_impl: ShardApp, *, app: str, job: str, index: int, port: int,
-                 manager: str, token: str, host: str = "127.0.0.1",
-                 advertise: str | None = None, domains: Sequence[str] = ()) -> None:
-        """``token``: the application's task secret (never sent)."""
+                 manager: str, token: str | None = None, credential: str | None = None,
+                 host: str = "127.0.0.1", advertise: str | None = None,
+                 domains: Sequence[str] = ()) -> None:
+        """``credential``: this task's own (its ``PLAIT_TASK_CREDENTIAL``), for an
+        application defined with its job's controller key; else ``token``: the
+        application's task secret. Neither is ever sent."""
+        secret = credential or token
+        if not secret:
+            raise ValueError("a task's credential (PLAIT_TASK_CREDENTIAL) or the "
+                             "application's task secret (PLAIT_SM_TOKEN)")
         self.impl = app_impl
         self.app = app
         self.job = job
@@ -117,7 +127,7 @@ class ShardTask:
         self.manager = manager.rstrip("/")
         self.incarnation = uuid.uuid4().hex
         #: this process's key: signs its registrations and Shard Manager's calls to it
-        self.key = credentials.task_key(token, app, job, index, self.incarnation)
+        self.key = credentials.task_key(secret, app, job, index, self.incarnation)
         #: the nonces of Shard Manager's calls seen within the signatures' window
         self._nonces: dict[str, float] = {}
         self._nonce_lock = threading.Lock()
@@ -138,16 +148,21 @@ class ShardTask:
     @classmethod
     def from_env(cls, impl: ShardApp, *, app: str,
                  env: Mapping[str, str] | None = None) -> ShardTask:
+        """(Its own credential when its agent gave it one: an application whose tasks
+        plait runs is defined with its job's controller key, and takes nothing else.)"""
         env = os.environ if env is None else env
+        credential = env.get("PLAIT_TASK_CREDENTIAL") or None
         token = env.get("PLAIT_SM_TOKEN")
-        if token is None and env.get("PLAIT_SM_TOKEN_FILE"):
+        if credential is None and token is None and env.get("PLAIT_SM_TOKEN_FILE"):
             with open(env["PLAIT_SM_TOKEN_FILE"]) as f:
                 token = f.read().strip()
-        if not token:
-            raise SystemExit("PLAIT_SM_TOKEN or PLAIT_SM_TOKEN_FILE: Shard Manager's token")
+        if not credential and not token:
+            raise SystemExit("PLAIT_TASK_CREDENTIAL (set by plait's agent), or PLAIT_SM_TOKEN "
+                             "or PLAIT_SM_TOKEN_FILE (the application's task secret)")
         machine = env.get("PLAIT_MACHINE", "")
         return cls(impl, app=app, job=env["PLAIT_JOB"], index=int(env["PLAIT_TASK_INDEX"]),
-                   port=int(env["PLAIT_PORT"]), manager=env["PLAIT_SM_URL"], token=token,
+                   port=int(env["PLAIT_PORT"]), manager=env["PLAIT_SM_URL"],
+                   token=None if credential else token, credential=credential,
                    domains=fault_domains(env.get("PLAIT_FAULT_DOMAIN", ""), machine))
 
     # -- Shard Manager ---------------------------------------------------------------------

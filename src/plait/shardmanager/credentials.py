@@ -1,23 +1,37 @@
 """Who may do what at Shard Manager (pure: the time is passed in).
 
 Every credential is derived from the service's token (``plait shardmanager serve
---token-file``), so Shard Manager keeps no list of them::
+--token-file``) or from the job's TaskControl key, so Shard Manager keeps no list of
+them::
 
     task secret(A)  = "smt_" + hex HMAC(token, "plait shardmanager app\\0" + A)
     read token(A)   = "smr_" + hex HMAC(token, "plait shardmanager read\\0" + A)
+    credential(job, index)
+                    = plait.taskcontrol.signing.task_credential(controller key, job, index)
     task key(A, job, index, incarnation)
-                    = hex HMAC(task secret(A), "plait shardmanager task\\0" + A \\0 job
-                                               \\0 index \\0 incarnation)
+                    = hex HMAC(secret, "plait shardmanager task\\0" + A \\0 job
+                                      \\0 index \\0 incarnation)
+      where secret  = credential(job, index) when A has a controller key, else
+                      task secret(A)
 
 * The **service's token** defines applications and reads their state.
-* The **task secret** of an application is given to its tasks only (``PLAIT_SM_TOKEN``
-  or ``PLAIT_SM_TOKEN_FILE``; ``plait shardmanager token APP``). It is never sent: a
-  task derives its **task key** from it (one per process: the incarnation is a random
-  id the process picks) and signs each registration with it, over a timestamp and the
-  exact body (``Plait-Signature: t=<seconds>,v1=<hex HMAC(key, t + "." + body)>``).
-  Shard Manager derives the same key from the job, index and incarnation the body
-  names, so a signature binds the whole registration (endpoint, start time, shards)
-  to one process of one task index, for ``TOLERANCE`` seconds.
+* A task's **credential** is its own: plait's agent sets it in the task's environment
+  (``PLAIT_TASK_CREDENTIAL``), and Shard Manager derives the credential of any task of
+  the job from the job's controller key (``AppSpec.controller_key``, which makes it
+  the job's TaskController). An application with a controller key takes registrations
+  signed with these only: a task cannot sign for another index, nor for another
+  job's task (``registration_secret``).
+* The **task secret** of an application serves an application defined without a
+  controller key (tasks that plait does not run, or an application that is not its
+  job's TaskController): given to its tasks only (``PLAIT_SM_TOKEN`` or
+  ``PLAIT_SM_TOKEN_FILE``; ``plait shardmanager token APP``), shared by all of them.
+* Either secret is never sent: a task derives its **task key** from it (one per
+  process: the incarnation is a random id the process picks) and signs each
+  registration with it, over a timestamp and the exact body (``Plait-Signature:
+  t=<seconds>,v1=<hex HMAC(key, t + "." + body)>``). Shard Manager derives the same
+  key from the job, index and incarnation the body names, so a signature binds the
+  whole registration (endpoint, start time, shards) to one process of one task index,
+  for ``TOLERANCE`` seconds.
 * Shard Manager's calls to a task (``/sm/add``, ``/sm/drop``, ``/sm/shards``) are
   signed with that task's key, over the method, the path and the body (which carries
   a fresh nonce the task remembers for the window: a captured call cannot be played
@@ -25,10 +39,13 @@ Every credential is derived from the service's token (``plait shardmanager serve
 * The **read token** (``plait shardmanager token APP --reader``) reads the
   application's map, nothing else: clients get it, never the task secret.
 
-What this does not do: tasks of one application share its task secret (plait gives
-every task of a job the same environment), so a task can still sign for a sibling
-index; the service bounds what such a registration may say (an index under the job's
-task count, an endpoint the address policy allows, a start time not in the future).
+What this does not do: tasks of an application without a controller key share its
+task secret, so such a task can still sign for a sibling index (the service bounds
+what a registration may say: an index under the job's task count, an endpoint the
+address policy allows, a start time not in the future). A task's credential is as
+safe as its environment: under the process runtime, another process of the same
+user on its machine can read it (``/proc/PID/environ``); the sandbox runtime gives
+each task its own pid namespace.
 """
 
 from __future__ import annotations
@@ -37,6 +54,7 @@ import hashlib
 import hmac
 
 from plait.errors import ValidationError
+from plait.taskcontrol.signing import task_credential
 
 SIGNATURE_HEADER = "Plait-Signature"
 #: how far a signature's timestamp may be from the verifier's clock (both ways)
@@ -55,6 +73,16 @@ def task_secret(token: str, app: str) -> str:
 def read_token(token: str, app: str) -> str:
     """The bearer token of an application's clients: its map, read-only."""
     return "smr_" + _mac(token.encode(), b"plait shardmanager read\0" + app.encode())
+
+
+def registration_secret(token: str, app: str, controller_key: str | None, job: str,
+                        index: int) -> str:
+    """What task ``index`` of ``job`` derives its task keys from at application
+    ``app``: its own credential when the application has a controller key (the
+    job's), else the application's task secret."""
+    if controller_key is not None:
+        return task_credential(controller_key, job, index)
+    return task_secret(token, app)
 
 
 def task_key(secret: str, app: str, job: str, index: int, incarnation: str) -> bytes:

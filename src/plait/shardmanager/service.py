@@ -25,10 +25,12 @@ published map never flips between them (``register``).
 
 Who may do what (``credentials``): the service's token defines applications and
 reads their state; an application's tasks sign their registrations with a key of
-their own process, derived from the application's task secret (never sent), and
-Shard Manager signs its calls to them with the same key; its clients read the map
-with a read-only token. A registration names an index under the job's task count
-(``AppSpec.tasks``), an endpoint the address policy allows (``--task-networks``;
+their own process, derived from the task's own credential (``PLAIT_TASK_CREDENTIAL``,
+which Shard Manager derives from the job's controller key; an application without
+one: from the application's task secret), never sent, and Shard Manager signs its
+calls to them with the same key; its clients read the map with a read-only token.
+A registration names an index under the job's task count (``AppSpec.tasks``), an
+endpoint the address policy allows (``--task-networks``;
 never a cloud metadata address, nor this service), and a start time no later than
 ``START_SKEW`` past this clock. The TaskControl route needs plait's signature with
 the job's controller key (``plait job controller-key JOB``), given when the
@@ -88,7 +90,7 @@ from plait.model.job import MAX_TASKS
 from plait.model.policy import Name
 from plait.shardmanager import credentials
 from plait.shardmanager.controller import ShardController, ShardView
-from plait.shardmanager.credentials import read_token, task_key, task_secret
+from plait.shardmanager.credentials import read_token, registration_secret, task_key, task_secret
 from plait.shardmanager.layout import Layout, TaskPlace, assign, rebalance
 from plait.taskcontrol.protocol import (
     op_from_wire,
@@ -390,19 +392,30 @@ class ShardManager:
             raise RequestValidationError([
                 {"loc": ("body", *e.get("loc", ())), "msg": e.get("msg", "invalid"),
                  "type": e.get("type", "")} for e in exc.errors()[:20]]) from None
-        key = task_key(task_secret(self.token, name), name, reg.job, reg.index,
+        # (an application not defined: checked as one without a controller key, so
+        # that a caller without its secret cannot tell it from a bad signature)
+        app = self.apps.get(name)
+        controller_key = app.spec.controller_key if app is not None else None
+        key = task_key(registration_secret(self.token, name, controller_key, reg.job,
+                                           reg.index), name, reg.job, reg.index,
                        reg.incarnation)
         try:
             stamp = credentials.verify(key, signature, body, self.clock())
         except ValidationError as exc:
-            raise HTTPException(401, f"{exc}: a registration is signed with the task's "
-                                     "key, from the application's task secret "
-                                     "(plait shardmanager token APP)") from None
-        return self.register(name, reg, stamp)
+            how = (f"application {name} has its job's controller key: a task signs with "
+                   "its own PLAIT_TASK_CREDENTIAL (set by plait's agent), good for its "
+                   "own job and index only" if controller_key is not None else
+                   "a registration is signed with the task's key, from the "
+                   "application's task secret (plait shardmanager token APP)")
+            raise HTTPException(401, f"{exc}: {how}") from None
+        return self.register(name, reg, stamp, verified=True,
+                             controller_key=controller_key)
 
-    def register(self, name: str, reg: Registration, signed: int = 0) -> dict[str, Any]:
+    def register(self, name: str, reg: Registration, signed: int = 0, verified: bool = False,
+                 controller_key: str | None = None) -> dict[str, Any]:
         """(``signed``: the signature's timestamp; a registration signed before the
-        last one of the same process is a replay.)"""
+        last one of the same process is a replay. ``verified``: its signature was
+        checked with ``controller_key``, which the application must still have.)"""
         now = self.clock()
         if reg.started is not None and reg.started > now + START_SKEW:
             raise ValidationError("started", f"{reg.started:.0f} is "
@@ -411,6 +424,9 @@ class ShardManager:
                                   "registers)")
         self._check_endpoint(reg.endpoint)
         with self.hold(name) as app:
+            if verified and app.spec.controller_key != controller_key:
+                raise HTTPException(409, f"application {name} was defined again meanwhile "
+                                         "with another controller key: register again")
             if reg.job != app.spec.job:
                 raise ValidationError("job", f"application {name} is served by job "
                                              f"{app.spec.job}, not {reg.job}")
@@ -789,6 +805,7 @@ class ShardManager:
         with app.lock if app is not None else contextlib.nullcontext():
             info = app.tasks.get(task) if app is not None else None
             job = app.spec.job if app is not None else ""
+            controller_key = app.spec.controller_key if app is not None else None
         if info is None:
             return False, "", "no such task"
         if op == "probe":
@@ -798,7 +815,8 @@ class ShardManager:
             if op == "add":
                 data["peers"] = peers
             method, path, body = "POST", f"/sm/{op}", json.dumps(data).encode()
-        key = task_key(task_secret(self.token, name), name, job, task, info.incarnation)
+        key = task_key(registration_secret(self.token, name, controller_key, job, task),
+                       name, job, task, info.incarnation)
         deadline = time.monotonic() + CALL_TIMEOUT
         limit = MAX_REGISTRATION if op == "probe" else CALL_BYTES  # (a list of shards)
         try:
