@@ -21,7 +21,9 @@ held by any ready replica survives, and one acknowledged by every ready replica
 while the copy runs is held by the new replica too.
 
 Run by plait (``kv.yaml``): ``python3 examples/shardkv/server.py``; the task's
-environment names Shard Manager (``PLAIT_SM_URL``, ``PLAIT_SM_TOKEN``) and its port.
+environment names Shard Manager (``PLAIT_SM_URL``) and its port, and holds the task's
+own credential (``PLAIT_TASK_CREDENTIAL``, from its agent), which it signs its
+registrations with.
 """
 
 from __future__ import annotations

@@ -36,12 +36,12 @@ def example_client() -> ModuleType:
     return module
 
 
-def kv_job(sm_url: str, token: str, version: str) -> dict[str, Any]:
+def kv_job(sm_url: str, version: str) -> dict[str, Any]:
     """examples/shardkv/kv.yaml with its placeholders filled in (this Python, this
     repository, this Shard Manager) and KV_VERSION set."""
     text = (EXAMPLE / "kv.yaml").read_text()
     for name, value in {"@PYTHON@": sys.executable, "@REPO@": str(EXAMPLE.parents[1]),
-                        "@SM_URL@": sm_url, "@SM_TOKEN@": token}.items():
+                        "@SM_URL@": sm_url}.items():
         text = text.replace(name, value)
     spec: dict[str, Any] = yaml.safe_load(text)
     spec["env"]["KV_VERSION"] = version
@@ -75,8 +75,10 @@ def test_a_rolling_update_of_shardkv_loses_no_acknowledged_write() -> None:
         assert sm_api.put("/v1/apps/kv", json=app).status_code == 200
         region.send("POST", "/v1/entitlements", {"name": "kv", "owner": "o",
                                                  "quota": {"machines": TASKS}})
-        region.send("PUT", "/v1/jobs/kv", kv_job(sm.url, app_token(token, "kv"), "1"))
-        # Shard Manager becomes the job's controller once it has the job's key
+        region.send("PUT", "/v1/jobs/kv", kv_job(sm.url, "1"))
+        # Shard Manager becomes the job's controller once it has the job's key, and
+        # takes each task's registration signed with its own credential only (the
+        # tasks are refused until then, and register at their next beat)
         key = region.get("/v1/jobs/kv/controller-key")["key"]
         r = sm_api.put("/v1/apps/kv", json={**app, "controller_key": key})
         assert r.status_code == 200, r.text
@@ -102,7 +104,7 @@ def test_a_rolling_update_of_shardkv_loses_no_acknowledged_write() -> None:
         # roll the job to version 2
         before_update = load.writes_acked
         phase("load")
-        region.send("PUT", "/v1/jobs/kv", kv_job(sm.url, app_token(token, "kv"), "2"))
+        region.send("PUT", "/v1/jobs/kv", kv_job(sm.url, "2"))
 
         def rolled() -> bool:
             job = region.get("/v1/jobs/kv")
