@@ -65,7 +65,7 @@ def watch_starts(sim, forced=lambda op: False):
             if (not forced(op) and rec.state.value == "running" and rec.healthy and rec.serving
                     and rec.index < count and not job.deleting):
                 cap = job.spec.update.resolve(count)
-                assert cap is None or s.unavailable(job) < cap, f"{job.name}: at its cap"
+                assert cap is None or s.disrupted(job) < cap, f"{job.name}: at its cap"
             original(job, [(op, costly)], now)
     s.start_ops = start
 

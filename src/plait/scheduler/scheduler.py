@@ -20,7 +20,8 @@ returns a plan (``plans``), which ``apply`` commits:
 2. ``acks`` / ``controller``: which offered operations may proceed. The job's
    TaskController decides (called when something it should hear about happened, or
    every ``recheck_interval``); without one, the built-in policy acks while the job's
-   unavailable tasks, for any reason, stay below ``max_unavailable``;
+   unavailable tasks, for any reason but a want of room (tasks waiting for room are
+   down already and not counted), stay below ``max_unavailable``;
 3. ``execution``: each acked destructive operation takes a token from the shard's
    bucket; with ``max_unavailable`` set, it is a safety cap even under a controller.
    The task is disabled in service discovery first, then stopped;
@@ -68,7 +69,14 @@ from plait.scheduler import (
     surge,
 )
 from plait.scheduler.lifecycle import FINISHED
-from plait.scheduler.plans import LIVE, down_tasks, to_target, unavailable
+from plait.scheduler.plans import (
+    LIVE,
+    disrupted,
+    down_tasks,
+    to_target,
+    unavailable,
+    waiting_for_room,
+)
 from plait.scheduler.records import (
     SEQUENCE_BLOCK,
     Assigned,
@@ -637,6 +645,15 @@ class Scheduler(SchedulerState):
     def unavailable(self, job: JobRecord) -> int:
         """The job's tasks within its count that are down, for any reason."""
         return unavailable(job)
+
+    def disrupted(self, job: JobRecord) -> int:
+        """What max_unavailable bounds: the job's down tasks within its count, less
+        those waiting for room (``plans.waiting_for_room``)."""
+        return disrupted(job)
+
+    def waiting_for_room(self, job: JobRecord) -> set[int]:
+        """The job's tasks that wait for room (``plans.waiting_for_room``)."""
+        return waiting_for_room(job)
 
     def _job(self, name: str) -> JobRecord:
         job = self.jobs.get(name)

@@ -1,0 +1,40 @@
+"""Jobs larger than their room, through the API on a live control plane (simulated
+agents): a push goes on over the tasks that run while others wait for room."""
+
+from __future__ import annotations
+
+import httpx
+from livecp import Live, wait_for
+
+JOB = {"name": "web", "entitlement": "e", "task_count": 4, "command": "serve",
+       "resources": {"cpu": 16, "memory_gb": 1}, "update": {"max_unavailable": 1}}
+
+
+def serving(client: httpx.Client) -> int:
+    return int(client.get("/v1/jobs/web").json()["serving"])
+
+
+def test_a_push_goes_on_while_a_task_waits_for_room(live: Live) -> None:
+    """Three machines of quota, four whole-machine tasks: one waits for room, and a
+    push of the other three completes (before, the waiting task spent the job's
+    max_unavailable and the push froze at "3 of 4 tasks ready")."""
+    assert live.admin.post("/v1/entitlements", json={
+        "name": "e", "owner": "alice", "quota": {"machines": 3}}).status_code == 201
+    alice = live.owner("alice")
+    assert alice.post("/v1/jobs", json=JOB).status_code == 201
+    wait_for(lambda: serving(alice) == 3)
+    wait_for(lambda: alice.get("/v1/jobs/web").json()["unplaced_reason"] is not None)
+    r = alice.put("/v1/jobs/web/push", json={
+        "spec": {**JOB, "command": "serve-v2"}, "stages": [100], "soak_seconds": 0})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: alice.get("/v1/jobs/web/push").json()["status"]["phase"] == "completed")
+    wait_for(lambda: alice.get("/v1/jobs/web").json()["spec"]["command"] == "serve-v2")
+    cp = live.cp
+
+    def on_v2() -> int:
+        with cp.lock:
+            job = cp.scheduler.jobs["web"]
+            return sum(1 for r in job.tasks.values() if r.serving and r.op is None
+                       and job.versions[r.spec_version - 1].command == "serve-v2")
+    wait_for(lambda: on_v2() == 3)
+    assert serving(alice) == 3
