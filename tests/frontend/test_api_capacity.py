@@ -38,3 +38,31 @@ def test_a_push_goes_on_while_a_task_waits_for_room(live: Live) -> None:
                        and job.versions[r.spec_version - 1].command == "serve-v2")
     wait_for(lambda: on_v2() == 3)
     assert serving(alice) == 3
+
+
+def whole(name: str, ent: str, tasks: int) -> dict:
+    return {"name": name, "entitlement": ent, "task_count": tasks, "command": "serve",
+            "resources": {"cpu": 16, "memory_gb": 1}}
+
+
+def test_a_lender_short_of_machines_revokes_its_loans_when_quotas_exceed_the_region(
+        live: Live) -> None:
+    """24 machines: another entitlement holds 20, the borrower the other 4 (on the
+    lender's unused quota of 10). The lender's 6 tasks wait for machines: every loan
+    is revoked, on the borrower's terms, and the lender runs 4 tasks on them."""
+    admin = live.admin
+    for ent in ({"name": "plain", "owner": "carol", "quota": {"machines": 24}},
+                {"name": "web", "owner": "alice", "quota": {"machines": 10}, "lends": True},
+                {"name": "batch", "owner": "bob", "quota": {"machines": 24},
+                 "elastic": {"min_notice_seconds": 1, "max_reclaim_fraction_per_minute": 1.0}}):
+        assert admin.post("/v1/entitlements", json=ent).status_code == 201
+    assert admin.post("/v1/jobs", json=whole("p", "plain", 20)).status_code == 201
+    wait_for(lambda: admin.get("/v1/jobs/p").json()["serving"] == 20)
+    assert admin.post("/v1/jobs", json=whole("b", "batch", 8)).status_code == 201
+    wait_for(lambda: admin.get("/v1/jobs/b").json()["serving"] == 4)
+    assert admin.post("/v1/jobs", json=whole("w", "web", 6)).status_code == 201
+    wait_for(lambda: admin.get("/v1/jobs/w").json()["serving"] == 4)
+    assert admin.get("/v1/jobs/b").json()["serving"] == 0
+    revoked = admin.get("/v1/events", params={"kind": "loan_revoked"}).json()["events"]
+    assert revoked
+

@@ -210,14 +210,15 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
     tasks = job.tasks
     for index in plan.retarget:
         tasks[index].spec_version = job.target_of(index)
+    unplaced = 0
+    reason: str | None = None
+    short = 0  # (milli-cores its tasks waiting for a machine ask for, over its versions)
     for _version, request in plan.requests:
         result = s.allocator.allocate(request)
         if result.unplaced and result.unplaced[0][1].startswith(NO_MACHINE):
             # waiting for a machine: a lender's such tasks take loans back (``loans``)
-            s.short[job.name] = (job.entitlement, min(1 << 62, len(result.unplaced) * round(
+            short = min(1 << 62, short + len(result.unplaced) * max(1, round(
                 min(request.resources.cpu, 1e15) * 1000)))
-        elif s.short:
-            s.short.pop(job.name, None)
         placed = []
         for index, machine in zip(result.tasks, result.machines, strict=True):
             rec = tasks[index]
@@ -230,9 +231,17 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
                              f"placed, version {rec.spec_version}", op="start",
                              reason="new task")
         if result.unplaced:
-            reason = result.unplaced[0][1]
-            if reason != job.unplaced_reason:
-                job.unplaced_reason = reason
-                s.event(now, job.name, "unplaced", f"{len(result.unplaced)} tasks: {reason}")
-        else:
-            job.unplaced_reason = None
+            unplaced += len(result.unplaced)
+            if reason is None:
+                reason = result.unplaced[0][1]
+    # (a version whose tasks were all placed does not clear another's reason)
+    if reason is not None:
+        if reason != job.unplaced_reason:
+            job.unplaced_reason = reason
+            s.event(now, job.name, "unplaced", f"{unplaced} tasks: {reason}")
+    elif plan.requests:
+        job.unplaced_reason = None
+    if short:
+        s.short[job.name] = (job.entitlement, short)
+    elif s.short and plan.requests:
+        s.short.pop(job.name, None)
