@@ -66,3 +66,32 @@ def test_a_lender_short_of_machines_revokes_its_loans_when_quotas_exceed_the_reg
     revoked = admin.get("/v1/events", params={"kind": "loan_revoked"}).json()["events"]
     assert revoked
 
+
+
+def test_the_autoscaler_sizes_within_the_quota_and_says_so(live: Live) -> None:
+    """A load that asks for 8 whole-machine tasks on a quota of 3 machines: the job
+    is sized to 3, with an event that says what was wanted and what capped it."""
+    assert live.admin.post("/v1/entitlements", json={
+        "name": "e", "owner": "alice", "quota": {"machines": 3}}).status_code == 201
+    alice = live.owner("alice")
+    assert alice.post("/v1/jobs", json={**JOB, "task_count": 1}).status_code == 201
+    assert alice.put("/v1/jobs/web/autoscale", json={"interval_seconds": 1, "policy": {
+        "metric": "external", "target_utilization": 0.5, "min_tasks": 1,
+        "max_tasks": 20, "history_weight": 0}}).status_code == 200
+    assert alice.post("/v1/jobs/web/load", json={"value": 4}).status_code == 200
+
+    def events(kind: str) -> list[dict]:
+        return live.admin.get("/v1/events", params={"job": "web", "kind": kind}
+                              ).json()["events"]
+    wait_for(lambda: bool(events("autoscale_capped")))
+    capped = events("autoscale_capped")[0]
+    assert capped["actor"] == "autoscaler"
+    assert capped["message"].startswith("wanted 8 tasks, capped at 3: entitlement quota")
+    wait_for(lambda: alice.get("/v1/jobs/web").json()["spec"]["task_count"] == 3)
+    assert "1 -> 3 tasks" in events("autoscaled")[0]["message"]
+    assert "wanted 8, capped: entitlement quota" in events("autoscaled")[0]["message"]
+    wait_for(lambda: serving(alice) == 3)
+    passes = live.cp.steps
+    wait_for(lambda: live.cp.steps >= passes + 20)
+    assert alice.get("/v1/jobs/web").json()["spec"]["task_count"] == 3  # (never past)
+    assert len(events("autoscale_capped")) == 1  # (said once while it holds)

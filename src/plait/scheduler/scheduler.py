@@ -384,6 +384,25 @@ class Scheduler(SchedulerState):
                                f"({plan.unplaced[0][1]})")
         return moved
 
+    def placeable(self, name: str, task_count: int) -> tuple[int, str | None]:
+        """How many of ``task_count`` tasks of the job could be placed now, and why
+        not all (the allocator's first reason): its tasks that hold a machine (or
+        finished), and as many more as the allocator finds room for in the job's
+        entitlement (its quota, its machines and the free pool) in a placement it
+        proposes and does not commit. Changes nothing (the autoscaler's cap)."""
+        job = self._job(name)
+        spec = job.spec
+        tasks = job.tasks
+        need = [i for i in range(task_count) if (rec := tasks.get(i)) is None or (
+            rec.machine is None and rec.state not in FINISHED)]
+        if not need:
+            return task_count, None
+        plan = self.allocator.propose(AllocationRequest.of(
+            name, job.entitlement, spec.resources, allocate=need, policy=spec.policy))
+        if not plan.unplaced:
+            return task_count, None
+        return task_count - len(plan.unplaced), plan.unplaced[0][1]
+
     def resize(self, name: str, task_count: int, now: float) -> int:
         job = self._job(name)
         if task_count < 0:
