@@ -95,3 +95,60 @@ def test_the_autoscaler_sizes_within_the_quota_and_says_so(live: Live) -> None:
     wait_for(lambda: live.cp.steps >= passes + 20)
     assert alice.get("/v1/jobs/web").json()["spec"]["task_count"] == 3  # (never past)
     assert len(events("autoscale_capped")) == 1  # (said once while it holds)
+
+
+def test_a_quota_the_region_cannot_give_is_accepted_with_a_warning(live: Live) -> None:
+    """The live region has 24 machines: a quota of 30 is stored (capacity can grow),
+    and the answer and the event say so; two quotas that add up to more than the
+    region are said too; a quota within it says nothing."""
+    admin = live.admin
+    r = admin.post("/v1/entitlements", json={"name": "big", "owner": "alice",
+                                              "quota": {"machines": 30}})
+    assert r.status_code == 201, r.text
+    assert r.json()["quota"]["machines"] == 30
+    warnings = r.json()["warnings"]
+    assert "its quota of 30 machines is above the region's 24 machines" in warnings[0]
+    assert any("add up to" in w for w in warnings)
+
+    def said() -> bool:
+        events = admin.get("/v1/events", params={"kind": "entitlement_created"}).json()[
+            "events"]
+        return any("(warning: its quota of 30 machines is above the region's 24 machines"
+                   in e["message"] for e in events)
+    wait_for(said)
+    r = admin.post("/v1/entitlements", json={"name": "big", "owner": "alice",
+                                              "quota": {"machines": 20}})
+    assert r.status_code == 200 and "warnings" not in r.json()
+    r = admin.post("/v1/entitlements", json={"name": "more", "owner": "bob",
+                                              "quota": {"machines": 10}})
+    assert r.status_code == 201
+    (warning,) = r.json()["warnings"]
+    assert "add up to" in warning and "30 machines' worth" in warning
+    assert "more than its 384 RRU (24 machines)" in warning
+    # an elastic entitlement's quota caps its borrowing: not a promise, not counted
+    r = admin.post("/v1/entitlements", json={
+        "name": "loans", "owner": "bob", "quota": {"machines": 24},
+        "elastic": {"min_notice_seconds": 1}})
+    assert r.status_code == 201 and "warnings" not in r.json()
+    # (an owner reads its entitlement without the warnings of a create)
+    assert "warnings" not in live.owner("alice").get("/v1/entitlements/big").json()
+
+
+def test_the_example_entitlements_fit_the_demo_region(tmp_path) -> None:
+    """``make demo`` creates examples/entitlements.yaml on ``plait up``'s region of 6
+    machines: no warning."""
+    from pathlib import Path
+
+    import yaml
+
+    from plait.model import Entitlement, RegionSpec, parse
+    from plait.server.controlplane import ControlPlane, ControlPlaneConfig
+    from plait.server.serve import store_for
+
+    region = RegionSpec.sized(6, dcs=2, msbs_per_dc=3, rows_per_msb=1, racks_per_row=1)
+    cp = ControlPlane(store_for(tmp_path / "data"), ControlPlaneConfig(region=region))
+    path = Path(__file__).resolve().parents[2] / "examples" / "entitlements.yaml"
+    for doc in yaml.safe_load(path.read_text())["entitlements"]:
+        ent = parse(Entitlement, doc)
+        assert cp.commands.quota_warnings(ent) == [], ent.name
+        cp.commands.define_entitlement(ent)
