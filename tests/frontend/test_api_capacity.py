@@ -152,3 +152,47 @@ def test_the_example_entitlements_fit_the_demo_region(tmp_path) -> None:
         ent = parse(Entitlement, doc)
         assert cp.commands.quota_warnings(ent) == [], ent.name
         cp.commands.define_entitlement(ent)
+
+
+def test_a_profile_roll_on_a_full_region_says_why_a_moved_task_waits(tmp_path) -> None:
+    """Every machine busy (22 of another entitlement's, 2 of front's, two tasks of a
+    job of max_unavailable 1 on each): a new version of front's profile drains one
+    machine; the task moved off it has nowhere to go until that machine switches, and
+    the job's events say so (and when the drain's deadline moves the other); the roll
+    completes machine by machine."""
+    from livecp import start_live, stop_live
+
+    from plait.scheduler import SchedulerConfig
+
+    live = start_live(tmp_path / "data", scheduler=SchedulerConfig(profile_roll_deadline=2))
+    try:
+        admin = live.admin
+        assert admin.put("/v1/hostprofiles/web", json={
+            "name": "web", "sysctls": {"net.core.somaxconn": "4096"}}).status_code in (200, 201)
+        for ent in ({"name": "plain", "owner": "carol", "quota": {"machines": 22}},
+                    {"name": "front", "owner": "alice", "quota": {"machines": 2},
+                     "host_profile": "web"}):
+            assert admin.post("/v1/entitlements", json=ent).status_code == 201
+        assert admin.post("/v1/jobs", json=whole("p", "plain", 22)).status_code == 201
+        wait_for(lambda: admin.get("/v1/jobs/p").json()["serving"] == 22)
+        front = {"name": "front", "entitlement": "front", "task_count": 4,
+                 "command": "serve", "resources": {"cpu": 8, "memory_gb": 1},
+                 "update": {"max_unavailable": 1}}
+        assert admin.post("/v1/jobs", json=front).status_code == 201
+        wait_for(lambda: admin.get("/v1/jobs/front").json()["serving"] == 4)
+        assert admin.put("/v1/hostprofiles/web", json={
+            "name": "web", "sysctls": {"net.core.somaxconn": "8192"}}).status_code in (200, 201)
+
+        def waits() -> list[dict]:
+            return admin.get("/v1/events", params={
+                "job": "front", "kind": "profile_roll_waiting"}).json()["events"]
+        wait_for(lambda: bool(waits()))
+        assert "waits for room" in waits()[0]["message"]
+        wait_for(lambda: len(admin.get("/v1/events", params={
+            "kind": "profile_roll_drained"}).json()["events"]) == 2, 120)
+        wait_for(lambda: admin.get("/v1/jobs/front").json()["serving"] == 4, 120)
+        cp = live.cp
+        with cp.lock:
+            assert not cp.scheduler.rolling and not cp.scheduler.stale
+    finally:
+        stop_live(live)

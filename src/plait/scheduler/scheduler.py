@@ -52,7 +52,7 @@ from plait.errors import Conflict, NotFound, ValidationError
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.model.hostprofile import HostProfile
 from plait.model.job import JobSpec
-from plait.model.task import TaskState
+from plait.model.task import TaskRef, TaskState
 from plait.scheduler import (
     acks,
     apply,
@@ -172,6 +172,12 @@ class Scheduler(SchedulerState):
         self.stale: dict[str, set[int]] = {}
         self.rolling: dict[int, tuple[str, str]] = {}
         self.roll_cordoned: set[int] = set()
+        #: per entitlement, the tasks moved off its draining machines that wait for
+        #: room (the machine each left, and when it was seen waiting): its next drain
+        #: waits for them to be placed (``profileroll``); and per entitlement, how many
+        #: it last said wait
+        self.roll_moved: dict[str, dict[TaskRef, tuple[int, float]]] = {}
+        self.roll_landing: dict[str, int] = {}
         self.roll_seq = 0
         #: the drains of rolls begun before this scheduler took over were looked for
         self.rolls_found = False
