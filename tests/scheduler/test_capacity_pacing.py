@@ -79,3 +79,20 @@ def test_a_task_an_operation_took_down_counts_while_it_waits_for_room():
         assert len(s.discovery("web")) == 11
         assert s.waiting_for_room(job) == set()  # (taken down by the update: counted)
         assert s.disrupted(job) == 1
+
+
+def test_a_canary_ends_while_tasks_wait_for_room():
+    """A canary (task 0 pinned to another version) of a job grown past its region:
+    unpinned, it goes back to the job's version (before, the four tasks waiting for
+    room spent the job's max_unavailable and the canary's task kept its version)."""
+    sim, spec = grown_past_the_region()
+    s = sim.scheduler
+    job = s.job("web")
+    canary = s.add_version(spec.model_copy(update={"args": ("canary",)}), sim.now)
+    s.pin("web", {0: canary}, sim.now)
+    assert sim.run_until(lambda: job.tasks[0].spec_version == canary
+                         and job.tasks[0].serving, 600)
+    s.pin("web", {}, sim.now)  # the canary ends
+    assert sim.run_until(lambda: job.tasks[0].spec_version == job.target
+                         and job.tasks[0].serving and not job.in_progress, 600)
+    assert len(s.discovery("web")) == 12 and len(s.waiting_for_room(job)) == 4
