@@ -96,3 +96,31 @@ def test_a_canary_ends_while_tasks_wait_for_room():
     assert sim.run_until(lambda: job.tasks[0].spec_version == job.target
                          and job.tasks[0].serving and not job.in_progress, 600)
     assert len(s.discovery("web")) == 12 and len(s.waiting_for_room(job)) == 4
+
+
+def test_a_task_that_took_the_room_of_one_an_update_took_down_frees_the_cap():
+    """A full region loses a machine: its two tasks wait for room. An update of the
+    tasks' memory (placed again, not restarted in place) stops a serving task; a
+    waiting task (of the older version, placed first) takes its room, and the stopped
+    one waits for room instead. The job serves as many tasks as before the update's
+    operation, so that operation no longer holds max_unavailable: the update goes on
+    (before, it froze with the stopped task counted for good)."""
+    sim = world(machines=6)
+    s = sim.scheduler
+    spec = job_spec("web", 12, cpu=8, update=UpdatePolicy(max_unavailable=1))
+    s.create_job(spec, 0)
+    assert sim.run_until(lambda: len(s.discovery("web")) == 12, 600)
+    job = s.job("web")
+    lost = {r.index for r in job.tasks.values() if r.machine == 5}
+    sim.fail([sim.fleet.name(5)])
+    assert sim.run_until(lambda: s.waiting_for_room(job) == lost, 600)
+    low = []
+    sim.observers.append(lambda sm: low.append(len(s.discovery("web"))))
+    target = s.update_job(job_spec("web", 12, cpu=8, memory_gb=3,
+                                   update=UpdatePolicy(max_unavailable=1)), sim.now)
+    assert sim.run_until(lambda: len(s.discovery("web")) == 10 and all(
+        r.spec_version == target for r in job.tasks.values()
+        if r.state is TaskState.RUNNING) and not any(
+        r.op is not None and r.op_costly for r in job.tasks.values()), 1800)
+    assert min(low) >= 9  # one serving task down at a time
+    assert len(s.waiting_for_room(job)) == 2
