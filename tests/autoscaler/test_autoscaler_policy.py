@@ -41,3 +41,18 @@ def test_yesterday_and_last_week_lead_a_ramp_and_never_drag_below_live():
 def test_a_policy_with_min_above_max_is_refused():
     with pytest.raises(ValidationError, match="min_tasks"):
         parse(AutoscalePolicy, {"min_tasks": 10, "max_tasks": 5})
+
+
+def test_a_decision_is_cut_to_the_room_there_is_and_says_why():
+    from plait.autoscaler import Room, within_room
+    quota = "entitlement quota reached and its machines have no room left (...)"
+    region = "no machine satisfies the hard requirements with room for the task"
+    c = within_room(POLICY, 16, Room(12, quota))
+    assert (c.tasks, c.wanted) == (12, 16) and c.why == f"entitlement quota ({quota})"
+    c = within_room(POLICY, 16, Room(12, region))
+    assert c.tasks == 12 and c.why is not None and c.why.startswith("region capacity")
+    assert within_room(POLICY, 8, Room(12)) == within_room(POLICY, 8, Room(8))
+    assert within_room(POLICY, 8, Room(12)).why is None
+    # never below the owner's floor, whatever the room
+    c = within_room(POLICY, 16, Room(0, region))
+    assert c.tasks == POLICY.min_tasks and c.why is not None

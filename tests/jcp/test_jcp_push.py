@@ -74,3 +74,16 @@ def test_the_stage_only_moves_forward_and_every_end_is_final(steps):
         if before.phase in ("completed", "rolled_back", "aborted", "holding"):
             assert s.phase == before.phase and s.stage == before.stage
         assert 0 <= percent(p, s) <= 100
+
+
+def test_tasks_waiting_for_room_do_not_hold_a_stage_once_one_runs():
+    """A stage of 4 tasks, 1 of which waits for room (the job outgrew the region):
+    the 3 that run ready pass it, and the message says why one is missing; none
+    ready is not a pass."""
+    p = intent(stages=(50, 100), soak_seconds=0)
+    s = PushStatus(version=2)
+    s = advance(p, s, StageHealth(4, 2, waiting=1), 10)
+    assert s.phase == "rolling" and "2 of 4 tasks ready (1 wait for room)" in s.message
+    assert advance(p, s, StageHealth(4, 0, waiting=4), 20).phase == "rolling"
+    s = advance(p, s, StageHealth(4, 3, waiting=1), 30)
+    assert s.phase == "rolling" and s.stage == 1  # (no gate: the next stage)

@@ -224,3 +224,33 @@ def test_random_joins_leaves_loans_and_revokes(actions, notice, fraction):
                          or not len(sim.region.free_machines()), 3600)
     no_mismatched_start(sim)
 
+
+
+def test_a_lender_short_of_machines_takes_its_loans_back_when_quotas_exceed_the_region():
+    """Quotas are promises, not machines: another entitlement holds six of the eight
+    machines, so the lender's unused quota (6) stands for machines it cannot have,
+    and the pooled count (lendable 6 - short, on loan 2) owed nothing back while the
+    lender's tasks waited with its machines lent out. Its waiting tasks revoke every
+    loan, on the borrower's terms (the notice), and it runs on what comes back."""
+    sim = build(8, ElasticTerms(min_notice_seconds=30, max_reclaim_fraction_per_minute=1.0),
+                web_quota=6)
+    s = sim.scheduler
+    sim.allocator.define(Entitlement(name="plain", owner="o", quota=Quota(machines=8)))
+    s.create_job(job_spec("p", 6, "plain", cpu=16), 0)
+    assert sim.run_until(lambda: serving(sim, "p") == 6, 600)
+    s.create_job(job_spec("b", 40, "batch", cpu=8), 0)
+    assert sim.run_until(lambda: held(sim, "batch") == 2, 600)
+    sim.observers += [no_task_twice, no_mismatched_start]
+    s.loan_events.clear()
+    s.create_job(job_spec("w", 10, "web", cpu=8), sim.now)
+    assert sim.run_until(lambda: serving(sim, "w") == 4 and held(sim, "batch") == 0, 900), (
+        serving(sim, "w"), held(sim, "batch"), sim.allocator.loans.short)
+    revoked = [e for e in s.loan_events if e.kind == "loan_revoked"]
+    returned = [e for e in s.loan_events if e.kind == "loan_returned"]
+    assert len(revoked) + sum(1 for e in returned if e.reason == "idle") == 2
+    assert all(e.deadline == e.at + 30 for e in revoked)
+    assert s.counters["loan_revokes_late"] == 0
+    # the rest waits for room, said once; nothing more is owed
+    assert s.job("w").unplaced_reason is not None
+    sim.run(300)
+    assert held(sim, "batch") == 0 and serving(sim, "w") == 4

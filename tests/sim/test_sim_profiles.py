@@ -65,7 +65,7 @@ def watch_starts(sim, forced=lambda op: False):
             if (not forced(op) and rec.state.value == "running" and rec.healthy and rec.serving
                     and rec.index < count and not job.deleting):
                 cap = job.spec.update.resolve(count)
-                assert cap is None or s.unavailable(job) < cap, f"{job.name}: at its cap"
+                assert cap is None or s.disrupted(job) < cap, f"{job.name}: at its cap"
             original(job, [(op, costly)], now)
     s.start_ops = start
 
@@ -333,3 +333,43 @@ def test_a_new_profile_version_makes_its_machines_pending_at_once_but_no_roll_at
     s.define_profile(HostProfile(spec=PROFILES["web"].model_copy(
         update={"description": "v2"}), version=2))
     assert machines <= s.profiles.pending  # before any pass
+
+
+def test_a_roll_on_a_full_region_says_why_a_moved_task_waits_and_goes_machine_by_machine():
+    """Three machines, all the entitlement's, two tasks of a job of max_unavailable 1 on
+    each: a task moved off the draining machine has nowhere to go but that machine,
+    once it switched. Its job's event says it waits for room and when the drain's
+    deadline moves the other; the next machine is drained only once the moved tasks
+    are placed again (one machine at a time), and the roll completes."""
+    sim = world(machines=3, entitlements=(), config=SchedulerConfig(
+        rate=20, burst=40, profile_roll_deadline=300))
+    s = sim.scheduler
+    s.define_profile(HostProfile(spec=PROFILES["web"], version=1))
+    sim.allocator.define(Entitlement(name="front", owner="o", quota=Quota(machines=3),
+                                     host_profile="web"))
+    for m in range(3):
+        sim.agent(m).guard = False
+    s.create_job(job_spec("front", 6, entitlement="front", cpu=8,
+                          update=UpdatePolicy(max_unavailable=1)), 0)
+    assert sim.run_until(lambda: len(s.discovery("front")) == 6, 600)
+    s.define_profile(HostProfile(spec=PROFILES["web"].model_copy(update={"turbo": False}),
+                                 version=2))
+    def observe(sm):
+        job = s.job("front")
+        assert len(s.rolling) <= 1
+        # the tasks down (pending, stopping, starting) came off one machine at a time:
+        # its two, the second moved at the deadline
+        down = {r.index for r in job.tasks.values() if not r.serving}
+        assert len(down) <= 2, down
+        assert len({m for moved in s.roll_moved.values() for m, _ in moved.values()}) <= 1
+    sim.observers += [observe, check]
+    assert sim.run_until(lambda: not s.stale and not s.rolling and len(
+        s.discovery("front")) == 6, 3600)
+    assert all(sim.agents[m].profile == ("web", 2) for m in range(3))
+    waits = [e for e in s.events if e.kind == "profile_roll_waiting"]
+    assert waits and all(e.job == "front" and "waits for room" in e.message for e in waits)
+    assert any("moved at the drain's deadline, in" in e.message for e in waits)
+    assert any(t.kind == "profile_roll_waiting_room" and "the next machine waits" in (
+        t.reason or "")
+               for t in s.profile_transitions)
+    assert not s.roll_moved and not s.roll_landing

@@ -11,10 +11,13 @@ entitlements one allocator manages:
 * ``on_loan`` = the machines elastic entitlements hold, less those being revoked
   (``revoking``: already promised back);
 * an elastic entitlement may claim while ``on_loan < lendable`` (and its own quota
-  allows): the allocator gives it a quota of what it holds plus that room.
+  allows), and only free machines beyond those the lenders wait for (``short``): the
+  allocator gives it a quota of what it holds plus that room.
 
 When ``on_loan`` exceeds ``lendable`` (a lender grew, or waits for machines the pool
-does not have) the scheduler revokes loans (``plait.scheduler.loans``). Pure: reads
+does not have), or a lender's waiting tasks need more machines than the free pool
+has while machines are on loan (``owed``: quotas may add up to more than the
+region), the scheduler revokes loans (``plait.scheduler.loans``). Pure: reads
 the index and the entitlements, writes nothing but its two tables, which the
 scheduler keeps.
 """
@@ -77,13 +80,35 @@ def count(index: MachineIndex, entitlements: Mapping[str, Entitlement],
     return LoanCount(lendable, on_loan - revoking, revoking)
 
 
+def owed(index: MachineIndex, entitlements: Mapping[str, Entitlement],
+         ledger: LoanLedger) -> int:
+    """How many loans to revoke now: those beyond what the lenders can spare
+    (``-count(...).room``), and at least the machines the lenders' waiting tasks need
+    (``short``) beyond the free pool's available machines and the revokes under way,
+    as long as any machine is on loan. Quotas are promises, not machines: a lender's
+    unused quota may stand for machines another entitlement holds (quotas add up to
+    more than the region), and then the pooled count owes nothing while the lender
+    waits with its own machines lent out."""
+    c = count(index, entitlements, ledger)
+    due = -c.room
+    need = sum(ledger.short.values())
+    if need and c.on_loan:
+        free = int(index.free_count["dc"].sum())
+        due = max(due, min(c.on_loan, need - c.revoking - free))
+    return max(0, due)
+
+
 def borrowing_quota(index: MachineIndex, entitlements: Mapping[str, Entitlement],
                     ledger: LoanLedger, ent: Entitlement) -> Quota:
     """The quota an elastic entitlement may claim up to now: what it holds, less what
     is being revoked from it (a plan that empties such a machine may not claim
     another in its place), plus the pool's room, within its own quota."""
     assert ent.quota.machines is not None
-    room = max(0, count(index, entitlements, ledger).room)
+    room = count(index, entitlements, ledger).room
+    need = sum(ledger.short.values())
+    if need:  # the free pool's machines the lenders wait for are theirs, not lent
+        room = min(room, int(index.free_count["dc"].sum()) - need)
+    room = max(0, room)
     have = held(index, ent.name)
     if ledger.revoking:
         code = index.region.entitlements.find(ent.name)

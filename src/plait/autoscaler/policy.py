@@ -11,7 +11,11 @@ utilization ``u`` carries ``n * u``. A decision
    the live load (the prediction may lead, never lag);
 3. sizes for ``target_utilization``: ``ceil(load / target)``, within [min, max];
 4. grows at once, but shrinks at most ``scale_down_fraction`` of the tasks per
-   decision (at least one), so a dip does not drop capacity it needs back soon.
+   decision (at least one), so a dip does not drop capacity it needs back soon;
+5. never sizes past the room there is (``within_room``): the tasks the job's
+   entitlement (its quota, its machines) and the region's free pool can place now,
+   which the caller asks the allocator for without committing. Tasks no machine
+   could take would wait for room and serve nothing.
 """
 
 from __future__ import annotations
@@ -97,3 +101,39 @@ def recommend(policy: AutoscalePolicy, history: History, now: float, tasks: int,
         floor = tasks - max(1, math.floor(tasks * policy.scale_down_fraction))
         want = max(want, floor)
     return want
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """How many of a job's tasks could be placed now (those holding a machine, and as
+    many more as the allocator finds room for without committing), and why no more
+    (the allocator's reason) when that is fewer than asked."""
+
+    tasks: int
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capped:
+    """A decision within the room: the task count, and what was wanted and why it
+    was cut (None: not cut)."""
+
+    tasks: int
+    wanted: int
+    why: str | None = None
+
+
+def within_room(policy: AutoscalePolicy, want: int, room: Room) -> Capped:
+    """``want`` no larger than ``room.tasks``, never below the policy's ``min_tasks``
+    (a floor its owner set); ``why`` names what capped it: the entitlement's quota, or
+    the region's capacity (no machine with room, in the entitlement or the free
+    pool)."""
+    if want <= room.tasks:
+        return Capped(want, want)
+    tasks = max(policy.min_tasks, room.tasks)
+    if tasks >= want:
+        return Capped(want, want)
+    reason = room.reason or "no room"
+    what = "entitlement quota" if reason.startswith("entitlement quota") else (
+        "region capacity")
+    return Capped(tasks, want, f"{what} ({reason})")

@@ -104,6 +104,16 @@ def entitlement_create(
                                f"{'was' if i == 1 else 'were'} created or changed)")
             raise
     emit(made, output, _ent_rows)
+    _warn(made, output)
+
+
+def _warn(answers: list[dict[str, Any]], output: str) -> None:
+    """What the region cannot give each entitlement (accepted all the same)."""
+    if output == "json":
+        return  # (in the answer: ``warnings``)
+    for answer in answers:
+        for warning in answer.get("warnings") or ():
+            say(f"warning: entitlement {answer['name']}: {warning}")
 
 
 @entitlement_app.command("update")
@@ -149,6 +159,7 @@ def entitlement_update(
         raise CliError(f"entitlement {name}: {exc}", EXIT_INVALID) from None
     answer = a.post("/v1/entitlements", parsed.model_dump(mode="json"))
     emit([answer], output, _ent_rows)
+    _warn([answer], output)
     quota = answer.get("quota") or {}
     if output != "json" and quota.get("machines") is not None and (
             answer.get("machines", 0) > quota["machines"]):

@@ -171,6 +171,9 @@ class EntitlementView(TypedDict, total=False):
     #: free pool
     deleted: bool
     released: list[str]
+    #: (the answer to a create or change only) what the region cannot give it: a
+    #: quota above the region, quotas adding up to more than the region
+    warnings: list[str]
 
 
 EntitlementList = TypedDict("EntitlementList", {"entitlements": list[EntitlementView],

@@ -630,10 +630,16 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                                    "description": "An existing entitlement, changed or the "
                                                   "same"}})
     def create_entitlement(ent: Entitlement, who: Admin, response: Response) -> dict[str, Any]:
-        """Create an entitlement, or change its quota and settings (admin)."""
+        """Create an entitlement, or change its quota and settings (admin). A quota the
+        region cannot give is accepted (capacity grows) and said in ``warnings`` and in
+        the event."""
         if not cp.commands.define_entitlement(ent):
             response.status_code = 200
-        return cp.views.entitlement_view(ent.name)
+        view = cp.views.entitlement_view(ent.name)
+        warnings = cp.commands.quota_warnings(ent)
+        if warnings:
+            view["warnings"] = warnings
+        return view
 
     @app.get("/v1/entitlements", response_model=t.EntitlementList, tags=["entitlements"])
     def list_entitlements(who: User, limit: Limit = None, cont: Continue = None

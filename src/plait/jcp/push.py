@@ -2,7 +2,8 @@
 
 A push moves through its stages (percentages of the job): in each, ``rolling`` until
 every task the unified spec gives the push runs its version healthy and serving with
-no operation under way; ``soaking`` while they stay so for ``soak_seconds``;
+no operation under way (tasks waiting for room aside, once one runs: they start at
+the push's version when room comes); ``soaking`` while they stay so for ``soak_seconds``;
 ``gating`` while its gate is asked (no gate: it passes at once); then the next stage,
 or at the last one ``completed`` (a last stage of 100 %: the push becomes the job's
 spec) or ``holding`` (a last stage below 100 %: it stays there until replaced or
@@ -28,6 +29,18 @@ class StageHealth:
     ready: int
     #: the job's rollout halted by the scheduler (why), if it is
     halted: str | None = None
+    #: of those not ready, the tasks that wait for room (pending, unplaced for want of
+    #: a machine, and not taken down by the push: ``plans.waiting_for_room``): they
+    #: start at the push's version when room comes, and do not hold the stage
+    waiting: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        """Every task the push holds is ready, but those waiting for room (at least
+        one ready: a stage none of whose tasks runs has shown nothing)."""
+        if self.ready >= self.want:
+            return True
+        return self.ready > 0 and self.ready + self.waiting >= self.want
 
 
 def percent(intent: PushIntent, status: PushStatus) -> int:
@@ -53,7 +66,9 @@ def advance(intent: PushIntent, status: PushStatus, health: StageHealth,
         return _to(status, now, phase="rolled_back",
                    message=f"stage {status.stage + 1} ({stage}%): the rollout halted: "
                            f"{health.halted}")
-    healthy = health.ready >= health.want
+    healthy = health.healthy
+    room = (f" ({health.waiting} wait for room)"
+            if health.waiting and health.ready < health.want else "")
     if status.phase == "rolling":
         if healthy:
             if intent.soak_seconds == 0:
@@ -61,7 +76,7 @@ def advance(intent: PushIntent, status: PushStatus, health: StageHealth,
             return status.model_copy(update={
                 "phase": "soaking", "since": now, "healthy_since": now,
                 "message": f"stage {status.stage + 1} ({stage}%): {health.ready} tasks "
-                           f"healthy, soaking {intent.soak_seconds:g}s"})
+                           f"healthy{room}, soaking {intent.soak_seconds:g}s"})
         if now - status.since >= intent.stage_timeout_seconds:
             return _to(status, now, phase="rolled_back",
                        message=f"stage {status.stage + 1} ({stage}%): {health.ready} of "
@@ -69,7 +84,7 @@ def advance(intent: PushIntent, status: PushStatus, health: StageHealth,
                                f"{intent.stage_timeout_seconds:g}s")
         return status.model_copy(update={
             "message": f"stage {status.stage + 1} ({stage}%): {health.ready} of "
-                       f"{health.want} tasks ready"})
+                       f"{health.want} tasks ready{room}"})
     if status.phase == "soaking":
         if not healthy:
             return status.model_copy(update={

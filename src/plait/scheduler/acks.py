@@ -4,8 +4,9 @@ Three sources of acks, each a function of a job's records that returns what to a
 and changes nothing (``apply`` acks them):
 
 * without a TaskController, the built-in policy: keep the job's unavailable tasks,
-  for any reason, below ``max_unavailable``; stops of tasks beyond the count and
-  moves of tasks already down cost nothing;
+  for any reason but a want of room, below ``max_unavailable`` (tasks waiting for
+  room, ``plans.waiting_for_room``, are down already and not counted); stops of tasks
+  beyond the count and moves of tasks already down cost nothing;
 * a controller's answer: the acks it gave for operations still offered as they were
   sent (``controller`` plans the request);
 * the failure deadline: a task down on a failed machine for ``failure_deadline`` is
@@ -18,7 +19,7 @@ import bisect
 
 from plait.model.topology import Fleet
 from plait.scheduler import surge
-from plait.scheduler.plans import FAILURE, down_tasks, lapsed, offered_ops
+from plait.scheduler.plans import FAILURE, down_tasks, lapsed, offered_ops, waiting_for_room
 from plait.scheduler.records import JobRecord
 from plait.taskcontrol.protocol import OpKind, TaskControlRequest, TaskControlResponse, TaskOp
 
@@ -28,7 +29,8 @@ def builtin_acks(job: JobRecord, now: float, down: set[int] | None = None) -> li
     task order. Taking down a task that serves costs one of max_unavailable; so does
     one that was serving and has failed its probe for less than
     ``serving_grace_seconds`` (it is down already, so only while the job is within
-    its cap); tasks long unhealthy, exited, lost or beyond the count are free.
+    its cap); tasks long unhealthy, exited, lost, waiting for room or beyond the count
+    are free, and those waiting for room do not count against the others.
     ``down``: ``plans.down_tasks(job)``, when the caller has it."""
     if not job.offers:
         return []
@@ -40,6 +42,8 @@ def builtin_acks(job: JobRecord, now: float, down: set[int] | None = None) -> li
         down = down_tasks(job)
     budget = (1 if cap is None else cap) - sum(1 for i in down if i < count) - sum(
         1 for op in job.acked.values() if op.task.index not in down)
+    if job.unplaced_reason is not None:  # (tasks waiting for room are not counted)
+        budget += sum(1 for i in waiting_for_room(job) if i < count)
     free_all = job.deleting
     acked: list[int] = []
     offered = sorted(job.offers)

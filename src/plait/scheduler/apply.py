@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 
 from plait.allocator.placement import NO_MACHINE
+from plait.model.task import TaskState
 from plait.scheduler import acks as acking
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.plans import (
@@ -210,14 +211,15 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
     tasks = job.tasks
     for index in plan.retarget:
         tasks[index].spec_version = job.target_of(index)
+    unplaced = took = 0
+    reason: str | None = None
+    short = 0  # (milli-cores its tasks waiting for a machine ask for, over its versions)
     for _version, request in plan.requests:
         result = s.allocator.allocate(request)
         if result.unplaced and result.unplaced[0][1].startswith(NO_MACHINE):
             # waiting for a machine: a lender's such tasks take loans back (``loans``)
-            s.short[job.name] = (job.entitlement, min(1 << 62, len(result.unplaced) * round(
+            short = min(1 << 62, short + len(result.unplaced) * max(1, round(
                 min(request.resources.cpu, 1e15) * 1000)))
-        elif s.short:
-            s.short.pop(job.name, None)
         placed = []
         for index, machine in zip(result.tasks, result.machines, strict=True):
             rec = tasks[index]
@@ -229,10 +231,37 @@ def placement(s: SchedulerState, job: JobRecord, plan: PlacementPlan, now: float
                 s.task_event(now, job, rec, "task_placed",
                              f"placed, version {rec.spec_version}", op="start",
                              reason="new task")
+            if rec.op is None or not rec.op_costly:
+                took += 1  # (a task that waited for room, placed)
         if result.unplaced:
-            reason = result.unplaced[0][1]
-            if reason != job.unplaced_reason:
-                job.unplaced_reason = reason
-                s.event(now, job.name, "unplaced", f"{len(result.unplaced)} tasks: {reason}")
-        else:
-            job.unplaced_reason = None
+            unplaced += len(result.unplaced)
+            if reason is None:
+                reason = result.unplaced[0][1]
+    if took and reason is not None:
+        _waiting_now(job, took)
+    # (a version whose tasks were all placed does not clear another's reason)
+    if reason is not None:
+        if reason != job.unplaced_reason:
+            job.unplaced_reason = reason
+            s.event(now, job.name, "unplaced", f"{unplaced} tasks: {reason}")
+    elif plan.requests:
+        job.unplaced_reason = None
+    if short:
+        s.short[job.name] = (job.entitlement, short)
+    elif s.short and plan.requests:
+        s.short.pop(job.name, None)
+
+
+def _waiting_now(job: JobRecord, took: int) -> None:
+    """Tasks that waited for room took the room of tasks a planned operation took down,
+    which wait for room now (the job serves as many tasks as before that operation):
+    as many of those as were placed count as waiting for room from now on
+    (``plans.waiting_for_room``), so max_unavailable still bounds the serving tasks
+    planned operations keep down, not which of the job's tasks got the room."""
+    pending = TaskState.PENDING
+    for rec in job.tasks.values():
+        if took <= 0:
+            return
+        if rec.state is pending and rec.op is not None and rec.op_costly:
+            rec.op_costly = False
+            took -= 1

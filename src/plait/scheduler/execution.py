@@ -3,8 +3,9 @@
 Each acked operation is checked again first: it may no longer apply (the task
 recovered, moved or was updated meanwhile). Whether it takes an available task down
 is decided now, against ``max_unavailable`` (a safety cap under a controller, the
-pacing itself without one); one that would waits, acked, until the job is back
-under its cap. Each start takes a token of the shard's rate limit: ``tokens`` is how
+pacing itself without one), which counts the job's down tasks less those waiting for
+room (``plans.waiting_for_room``); one that would go past it waits, acked, until the
+job is back under its cap. Each start takes a token of the shard's rate limit: ``tokens`` is how
 many are left. ``apply`` starts them (the task leaves discovery first, then its
 machine's desired set).
 """
@@ -24,6 +25,7 @@ from plait.scheduler.plans import (
     ExecutionPlan,
     lapsed,
     to_target,
+    waiting_for_room,
 )
 from plait.scheduler.records import JobRecord, TaskRecord
 from plait.taskcontrol.protocol import OpKind, TaskOp
@@ -89,6 +91,8 @@ def plan_execution(job: JobRecord, tokens: int, now: float,
             if r.index < count and state not in finished and (
                     state is not running or not r.healthy or not r.serving):
                 down += 1
+    if cap is not None and job.unplaced_reason is not None:
+        down -= sum(1 for i in waiting_for_room(job) if i < count)  # (not counted)
     # (``still_applies`` and ``is_down`` inlined for an update, the common case: a
     # wave of a 15,000-task update checks 1,500 operations)
     tasks, deleting, target, halted = job.tasks, job.deleting, job.target, job.halted

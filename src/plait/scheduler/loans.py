@@ -7,7 +7,9 @@ Elastic entitlements borrow whole machines against the lenders' unused quota
    (``short``: tasks the allocator could not place for want of a machine), so
    lenders that wait for machines the free pool does not have take their unused
    quota back;
-2. revokes loans while more are out than the lenders can spare: an idle loaned
+2. revokes loans while more are out than the lenders can spare, or while a lender's
+   waiting tasks need machines the free pool does not have (``allocator.loans.owed``:
+   the lenders' quotas may add up to more than the region): an idle loaned
    machine goes back to the free pool at once; a busy one gets a planned
    maintenance event (``loan-revoke-...``) whose start is the revoke's deadline,
    ``min_notice_seconds`` of the borrower's terms ahead. Its tasks are cordoned off,
@@ -33,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from plait.allocator.loans import count, held
+from plait.allocator.loans import held, owed
 from plait.errors import NotFound
 from plait.model.events import LOAN_REVOKE_PREFIX, EventKind, UnavailabilityEvent
 from plait.model.task import TaskState
@@ -100,9 +102,9 @@ def step(s: Scheduler, now: float) -> None:
         alloc.loans.short.clear()
         return
     _demand(s)
-    owed = -count(alloc.index, alloc.entitlements, alloc.loans).room
-    if owed > 0:
-        _revoke(s, owed, now)
+    due = owed(alloc.index, alloc.entitlements, alloc.loans)
+    if due > 0:
+        _revoke(s, due, now)
 
 
 def _demand(s: Scheduler) -> None:

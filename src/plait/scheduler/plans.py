@@ -71,6 +71,32 @@ def unavailable(job: JobRecord) -> int:
     return sum(1 for r in job.tasks.values() if r.index < count and is_down(r))
 
 
+def waiting_for_room(job: JobRecord) -> set[int]:
+    """The indices of the job's tasks that wait for room: pending while the job's last
+    placement left tasks unplaced (``unplaced_reason``), and not taken down by an
+    operation under way (none on them, or one that found them down: a move off a
+    failed machine). Down already, like a lost task, and for want of a machine, not by
+    a planned operation: max_unavailable does not count them against the job's other
+    operations (a task that a planned operation took down and that waits for room
+    counts until it serves again)."""
+    if job.unplaced_reason is None:
+        return set()
+    pending = TaskState.PENDING
+    return {r.index for r in job.tasks.values()
+            if r.state is pending and (r.op is None or not r.op_costly)}
+
+
+def disrupted(job: JobRecord, down: set[int] | None = None) -> int:
+    """What max_unavailable bounds: the job's tasks within its count that are down,
+    less those waiting for room (``waiting_for_room``). ``down``:
+    ``down_tasks(job)``, when the caller has it."""
+    count = job.spec.task_count
+    if down is None:
+        down = down_tasks(job)
+    waiting = waiting_for_room(job)
+    return sum(1 for i in down if i < count and i not in waiting)
+
+
 def placed_in(spec: JobSpec, entitlement: str) -> JobSpec:
     """``spec`` as if it were bound to ``entitlement``."""
     if spec.entitlement == entitlement:

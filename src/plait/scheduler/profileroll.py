@@ -4,15 +4,21 @@ A machine switches profile only while nothing runs on it (decision 91). When an
 entitlement's profile changes (it names another one, or its profile gets a new
 version), its idle machines switch at once (they are pending: no task is given to
 their agents until they carry the new profile) and its busy ones are *stale*:
-cordoned (no new task goes there) and drained ``profile_roll_at_once`` at a time
+cordoned (no new task goes there: it could not start before the machine switches,
+and a machine switches only empty) and drained ``profile_roll_at_once`` at a time
 per entitlement, through the same advance notices and TaskControl-acked moves as
 planned maintenance (so every job's max_unavailable holds), with the maintenance
 starting ``profile_roll_deadline`` seconds later at the latest. A drained machine
 is empty: the allocator gives it back to the free pool, its drain ends and the roll
 uncordons it; the entitlement claims machines again as its tasks need room, and each
-joins with the new profile. A machine is also found stale when its agent reports a
-profile other than its entitlement's while tasks run there (a control plane that
-took over in the middle of a roll).
+joins with the new profile. A task moved off a draining machine that finds no room
+(a full region: the drained machine itself, switched, is its room) waits for it, said
+by its job's event ``profile_roll_waiting``; and the entitlement's next machine waits
+until the tasks moved off the previous ones are placed again (a transition
+``profile_roll_waiting_room`` says how many; for ``profile_roll_deadline`` at
+most), so a roll has one machine's tasks down at a time. A machine is also found
+stale when its agent reports a profile other than its entitlement's while tasks run
+there (a control plane that took over in the middle of a roll).
 
 An infrastructure rollout never cuts into a push (the 2023 post's Figure 7, decision
 104): a stale machine that runs a task of a job whose push is under way
@@ -30,6 +36,7 @@ from typing import TYPE_CHECKING
 from plait.errors import NotFound
 from plait.model.events import PROFILE_ROLL_PREFIX, EventKind, UnavailabilityEvent
 from plait.model.hostprofile import DEFAULT_PROFILE, HostProfile
+from plait.model.task import TaskState
 from plait.scheduler import drain
 from plait.sidekick.book import Transition
 
@@ -89,12 +96,13 @@ def roll(s: Scheduler, now: float) -> None:
     if not s.rolls_found:
         s.rolls_found = True
         _rediscover(s, now)
-    if not s.stale and not s.rolling:
+    if not s.stale and not s.rolling and not s.roll_moved:
         return
     index, region, names = s.allocator.index, s.region, s.fleet.name
     for m, (event_id, ent) in list(s.rolling.items()):
         drain.unpark_all(s, event_id)
         drain.unstarted(s, m, event_id, now)
+        _moved_off(s, m, event_id, ent, now)
         if drain.occupied(s, m):
             due = s.roll_deadlines.get(m)
             if due is None:  # (rolled before a takeover: its event says when)
@@ -138,6 +146,8 @@ def roll(s: Scheduler, now: float) -> None:
         draining = sum(1 for _, ent in s.rolling.values() if ent == name)
         if held is None:
             held = _pushing(s)
+        if _landing(s, name, target, now):
+            draining = at_once  # (one machine at a time: its tasks placed again first)
         ready = [m for m in sorted(stale) if m not in held]
         waiting = len(stale) - len(ready)
         if waiting and s.roll_waiting.get(name) != waiting:
@@ -159,6 +169,66 @@ def roll(s: Scheduler, now: float) -> None:
         if not stale:
             del s.stale[name]
             s.roll_waiting.pop(name, None)
+    for name in [n for n in s.roll_moved if n not in s.stale]:  # (its roll is over)
+        _landing(s, name, None, now)
+
+
+def _moved_off(s: Scheduler, m: int, event_id: str, ent: str, now: float) -> None:
+    """Tasks moved off draining machine ``m`` that wait for room (pending: no machine
+    of the entitlement outside the roll, nor of the free pool, has room for them) are
+    kept as the roll's (``roll_moved``), each said once: its job's event
+    ``profile_roll_waiting`` tells why it waits and when the drain's deadline moves
+    what still runs on ``m``."""
+    placed = s.placed.get(m)
+    if not placed:
+        return
+    pending, jobs = TaskState.PENDING, s.jobs
+    moved = s.roll_moved.setdefault(ent, {})
+    for ref in placed.refs():
+        job = jobs.get(ref.job)
+        rec = job.tasks.get(ref.index) if job else None
+        if job is None or rec is None or rec.state is not pending or ref in moved or (
+                job.unplaced_reason is None):
+            continue  # (a pending task not tried yet may find room: looked at again)
+        moved[ref] = (m, now)
+        due = s.roll_deadlines.get(m, float("inf"))
+        when = ("" if due == float("inf") else
+                f"; what still runs on {s.fleet.name(m)} is moved at the drain's deadline, "
+                f"in {max(0.0, due - now):.0f}s")
+        s.event(now, job.name, "profile_roll_waiting",
+                f"task {ref.index}, moved off {s.fleet.name(m)} for the host-profile roll "
+                f"of entitlement {ent}, waits for room; the roll's next machine waits for "
+                f"it{when} ({job.unplaced_reason})", task=ref.index, machine=m, op="maintenance",
+                reason=f"drain {event_id}")
+
+
+def _landing(s: Scheduler, name: str, target: HostProfile | None, now: float) -> bool:
+    """Whether tasks moved off the entitlement's drained machines still wait for room
+    (then its next machine waits: one machine at a time, its tasks placed again
+    before the next drain begins), for ``profile_roll_deadline`` at most each (room
+    that never comes does not hold a roll for good); said when the count changes."""
+    moved = s.roll_moved.get(name)
+    if moved:
+        pending, jobs = TaskState.PENDING, s.jobs
+        since = now - s.config.profile_roll_deadline
+        for ref in [r for r, (_, at) in moved.items() if at <= since or (
+                job := jobs.get(r.job)) is None or (rec := job.tasks.get(r.index)) is None
+                or rec.state is not pending]:
+            del moved[ref]
+    waiting = len(moved) if moved else 0
+    if not waiting:
+        s.roll_moved.pop(name, None)
+    if waiting != s.roll_landing.get(name, 0):
+        if waiting and target is not None:
+            s.profile_transitions.append(Transition(
+                -1, "profile_roll_waiting_room", target.name, target.version,
+                entitlement=name, reason=f"{waiting} task{'s' if waiting != 1 else ''} "
+                "moved off its drained machines wait for room: the next machine waits"))
+        if waiting:
+            s.roll_landing[name] = waiting
+        else:
+            s.roll_landing.pop(name, None)
+    return waiting > 0
 
 
 def _rediscover(s: Scheduler, now: float) -> None:

@@ -20,7 +20,8 @@ returns a plan (``plans``), which ``apply`` commits:
 2. ``acks`` / ``controller``: which offered operations may proceed. The job's
    TaskController decides (called when something it should hear about happened, or
    every ``recheck_interval``); without one, the built-in policy acks while the job's
-   unavailable tasks, for any reason, stay below ``max_unavailable``;
+   unavailable tasks, for any reason but a want of room (tasks waiting for room are
+   down already and not counted), stay below ``max_unavailable``;
 3. ``execution``: each acked destructive operation takes a token from the shard's
    bucket; with ``max_unavailable`` set, it is a safety cap even under a controller.
    The task is disabled in service discovery first, then stopped;
@@ -51,7 +52,7 @@ from plait.errors import Conflict, NotFound, ValidationError
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.model.hostprofile import HostProfile
 from plait.model.job import JobSpec
-from plait.model.task import TaskState
+from plait.model.task import TaskRef, TaskState
 from plait.scheduler import (
     acks,
     apply,
@@ -68,7 +69,14 @@ from plait.scheduler import (
     surge,
 )
 from plait.scheduler.lifecycle import FINISHED
-from plait.scheduler.plans import LIVE, down_tasks, to_target, unavailable
+from plait.scheduler.plans import (
+    LIVE,
+    disrupted,
+    down_tasks,
+    to_target,
+    unavailable,
+    waiting_for_room,
+)
 from plait.scheduler.records import (
     SEQUENCE_BLOCK,
     Assigned,
@@ -164,6 +172,12 @@ class Scheduler(SchedulerState):
         self.stale: dict[str, set[int]] = {}
         self.rolling: dict[int, tuple[str, str]] = {}
         self.roll_cordoned: set[int] = set()
+        #: per entitlement, the tasks moved off its draining machines that wait for
+        #: room (the machine each left, and when it was seen waiting): its next drain
+        #: waits for them to be placed (``profileroll``); and per entitlement, how many
+        #: it last said wait
+        self.roll_moved: dict[str, dict[TaskRef, tuple[int, float]]] = {}
+        self.roll_landing: dict[str, int] = {}
         self.roll_seq = 0
         #: the drains of rolls begun before this scheduler took over were looked for
         self.rolls_found = False
@@ -375,6 +389,25 @@ class Scheduler(SchedulerState):
                                f"room for {len(need) - len(plan.unplaced)} "
                                f"({plan.unplaced[0][1]})")
         return moved
+
+    def placeable(self, name: str, task_count: int) -> tuple[int, str | None]:
+        """How many of ``task_count`` tasks of the job could be placed now, and why
+        not all (the allocator's first reason): its tasks that hold a machine (or
+        finished), and as many more as the allocator finds room for in the job's
+        entitlement (its quota, its machines and the free pool) in a placement it
+        proposes and does not commit. Changes nothing (the autoscaler's cap)."""
+        job = self._job(name)
+        spec = job.spec
+        tasks = job.tasks
+        need = [i for i in range(task_count) if (rec := tasks.get(i)) is None or (
+            rec.machine is None and rec.state not in FINISHED)]
+        if not need:
+            return task_count, None
+        plan = self.allocator.propose(AllocationRequest.of(
+            name, job.entitlement, spec.resources, allocate=need, policy=spec.policy))
+        if not plan.unplaced:
+            return task_count, None
+        return task_count - len(plan.unplaced), plan.unplaced[0][1]
 
     def resize(self, name: str, task_count: int, now: float) -> int:
         job = self._job(name)
@@ -637,6 +670,15 @@ class Scheduler(SchedulerState):
     def unavailable(self, job: JobRecord) -> int:
         """The job's tasks within its count that are down, for any reason."""
         return unavailable(job)
+
+    def disrupted(self, job: JobRecord) -> int:
+        """What max_unavailable bounds: the job's down tasks within its count, less
+        those waiting for room (``plans.waiting_for_room``)."""
+        return disrupted(job)
+
+    def waiting_for_room(self, job: JobRecord) -> set[int]:
+        """The job's tasks that wait for room (``plans.waiting_for_room``)."""
+        return waiting_for_room(job)
 
     def _job(self, name: str) -> JobRecord:
         job = self.jobs.get(name)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 import pydantic
 
-from plait.autoscaler import AutoscalePolicy, History, recommend
+from plait.autoscaler import AutoscalePolicy, History, Room, recommend, within_room
 from plait.model import Entitlement, Quota
 from plait.model.base import Value
 from plait.model.topology import RegionSpec, generate
@@ -95,6 +95,8 @@ def run(scn: AutoscaleWeek, progress: Callable[[float], None] | None = None) -> 
             history.add(now, load)
             tasks = s.job("web").spec.task_count
             want = recommend(policy, history, now, tasks, load)
+            if want >= tasks:  # (as the control plane: within the room there is)
+                want = within_room(policy, want, Room(*s.placeable("web", want))).tasks
             if want != tasks:
                 s.resize("web", want, now)
         if now >= next_sample:

@@ -8,8 +8,10 @@ metric: cores used over the cores a task asks for, in tasks' worth of work), or 
 series pushed through the API (``POST /v1/jobs/{job}/load``: the ``external``
 metric). After each pass, off the
 lock, the leader decides for every job whose interval has passed and whose load is
-fresh (``plait.autoscaler.recommend``), and writes the job's sizing intent (decision
-101), which the Job Control Plane's reconciler turns into a resize right after.
+fresh (``plait.autoscaler.recommend``), never past the tasks its entitlement and the
+region can place now (``plait.autoscaler.within_room``: event ``autoscale_capped``),
+and writes the job's sizing intent (decision 101), which the Job Control Plane's
+reconciler turns into a resize right after.
 The load history is kept in memory (two weeks): a new leader predicts from what it has
 measured since it took over.
 
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 
 from plait import logconfig, requestid
-from plait.autoscaler import AutoscalePolicy, History, recommend
+from plait.autoscaler import AutoscalePolicy, Capped, History, Room, recommend, within_room
 from plait.errors import Conflict, NotFound, PlaitError
 from plait.jcp.intents import SizingIntent
 from plait.model.base import Value, parse
@@ -76,6 +78,8 @@ class Autoscaling:
         #: per job with a ``cpu`` policy: per task, the cores it used as its agent last
         #: reported, and when
         self.cpu: dict[str, dict[int, tuple[float, float]]] = {}
+        #: per job, the last decision cut to the room there was (wanted, capped at)
+        self.capped: dict[str, tuple[int, int] | None] = {}
 
     # -- the API --------------------------------------------------------------------------
     def put(self, job: str, body: JobAutoscale) -> dict[str, Any]:
@@ -121,7 +125,7 @@ class Autoscaling:
         """Forget what is kept in memory for ``job`` (the caller holds ``_lock``)."""
         for kept in (self.policies, self.owners, self.history, self.live, self.decided,
                      self.looked,
-                     self.cpu):
+                     self.cpu, self.capped):
             kept.pop(job, None)
 
     def _forget_stale(self, job: str, uid: str) -> None:
@@ -261,6 +265,8 @@ class Autoscaling:
             history = self.history.setdefault(job, History())
         want = recommend(body.policy, history, now, tasks, live[1])
         self.decisions += 1
+        capped = self._within_room(job, body, want, tasks, doc.entitlement)
+        want = capped.tasks
         if want == tasks:
             return
         token = requestid.actor.set("autoscaler")
@@ -273,8 +279,33 @@ class Autoscaling:
             return
         finally:
             requestid.actor.reset(token)
+        cut = "" if capped.why is None else f"; wanted {capped.wanted}, capped: {capped.why}"
         self.cp.record("autoscaler", "autoscaled",
                        f"{tasks} -> {want} tasks for a load of {live[1]:g} tasks' worth "
-                       f"(target utilization {body.policy.target_utilization:g})",
+                       f"(target utilization {body.policy.target_utilization:g}){cut}",
                        job=job, entitlement=doc.entitlement, actor="autoscaler")
+
+    def _within_room(self, job: str, body: JobAutoscale, want: int, tasks: int,
+                     entitlement: str) -> Capped:
+        """``want`` within the room there is (``plait.autoscaler.within_room``): the
+        tasks the job's entitlement and the region can place now, as the scheduler's
+        allocator proposes without committing. Asked when the decision keeps or grows
+        the job; a cut is an event (``autoscale_capped``) when it begins or changes."""
+        if want < tasks:
+            return Capped(want, want)
+        with self.cp.lock:
+            try:
+                room = Room(*self.cp.scheduler.placeable(job, want))
+            except NotFound:  # (not in this scheduler yet: nothing to cap against)
+                return Capped(want, want)
+        capped = within_room(body.policy, want, room)
+        with self._lock:
+            said = self.capped.get(job)
+            self.capped[job] = None if capped.why is None else (capped.wanted, capped.tasks)
+        if capped.why is not None and said != (capped.wanted, capped.tasks):
+            self.cp.record("autoscaler", "autoscale_capped",
+                           f"wanted {capped.wanted} tasks, capped at {capped.tasks}: "
+                           f"{capped.why}", job=job, entitlement=entitlement,
+                           actor="autoscaler")
+        return capped
 

@@ -61,6 +61,8 @@ class JobCommands:
         over = self.over_quota(ent)
         if over:
             said += f" ({over})"
+        for warning in self.quota_warnings(ent):
+            said += f" (warning: {warning})"
         self.cp.record("api", "entitlement_created" if old is None else "entitlement_changed",
                        said, entitlement=ent.name)
         return old is None
@@ -104,6 +106,39 @@ class JobCommands:
                         f"{', '.join(jobs[:5])}" + (f" and {len(jobs) - 5} more"
                                                     if len(jobs) > 5 else "")
                         + ": delete or move them first")
+
+    def quota_warnings(self, ent: Entitlement) -> list[str]:
+        """What the region cannot give the entitlement, said (accepted all the same:
+        capacity grows as machines join and come back, and quotas are promises, as a
+        Kubernetes ResourceQuota is never checked against the nodes): a quota above the
+        whole region, and the quotas of the entitlements this control plane manages
+        adding up to more than the region (loans and revokes count on quotas). An
+        elastic entitlement's quota caps what it borrows and a canary's shares its
+        parent's: neither is counted."""
+        fleet = self.cp.fleet
+        machines = len(fleet)
+        milli = int(fleet.cpu.sum())
+        rru = milli / 1000
+        each = rru / max(1, machines)  # (a machine quota in RRU: the region's mean)
+        out = []
+        quota = ent.quota
+        if quota.machines is not None and quota.machines > machines:
+            out.append(f"its quota of {quota.machines} machines is above the region's "
+                       f"{machines} machines: its jobs can hold {machines} at most")
+        elif quota.rru is not None and quota.rru > rru + 1e-9:
+            out.append(f"its quota of {quota.rru:g} RRU is above the region's {rru:g} RRU "
+                       f"({machines} machines)")
+        if ent.elastic is None and ent.canary_of is None:
+            ents = dict(self.cp.allocator.entitlements)
+            ents[ent.name] = ent
+            total = sum(e.quota.machines * each if e.quota.machines is not None
+                        else (e.quota.rru or 0.0) for e in ents.values()
+                        if e.elastic is None and e.canary_of is None)
+            if total > rru * (1 + 1e-9):
+                out.append(f"the quotas of the region's entitlements add up to {total:g} "
+                           f"RRU ({total / each:.4g} machines' worth), more than its "
+                           f"{rru:g} RRU ({machines} machines): not all can be met at once")
+        return out
 
     def over_quota(self, ent: Entitlement) -> str | None:
         """What an entitlement uses above its quota, said (None: nothing): a quota

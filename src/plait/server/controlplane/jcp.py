@@ -803,7 +803,9 @@ class JobControlPlane:
                 if r is not None and r.spec_version == version and r.state is running and (
                         r.healthy and r.serving and r.op is None):
                     ready += 1
-            return StageHealth(len(mine), ready, sched.halted)
+            room = self.cp.scheduler.waiting_for_room(sched)
+            waiting = sum(1 for i in mine if i in room) if room else 0
+            return StageHealth(len(mine), ready, sched.halted, waiting)
 
     def _gate(self, job: str, push: StoredPush, status: PushStatus, now: float) -> PushStatus:
         """A URL gate: asked off the reconcile, as its owner's (``GateAsker``); its

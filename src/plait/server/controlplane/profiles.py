@@ -171,6 +171,12 @@ class HostProfiles:
                                "their tasks to machines with the new profile)",
                                entitlement=t.entitlement)
                 continue
+            if t.machine < 0 and t.kind == "profile_roll_waiting_room":
+                self.cp.record("sidekick", t.kind, f"entitlement {t.entitlement}: host "
+                               f"profile {t.profile} v{t.version}: {t.reason} (each "
+                               "job's event profile_roll_waiting says why)",
+                               entitlement=t.entitlement)
+                continue
             if t.machine < 0:  # a roll over an entitlement
                 self.cp.record("sidekick", t.kind, f"entitlement {t.entitlement}: host profile "
                                f"{t.profile} v{t.version} rolls over its {t.reason} (busy ones "
