@@ -48,7 +48,13 @@ def serve(
         min=0.0, max=10.0, help="seconds at least between two passes' starts: a burst of "
                                 "requests is taken in passes this far apart (longer: "
                                 "fewer, larger passes, and later placements)")] = 0.05,
-    event_retention: Annotated[int, typer.Option(min=1, help="events kept")] = 10_000,
+    event_retention: Annotated[int, typer.Option(min=1, help="events kept in all")] = 10_000,
+    event_retention_per_owner: Annotated[int, typer.Option(
+        min=1, help="events kept of each owner (an entitlement's, or an owner's own "
+                    "requests'): one owner's volume drops only its own")] = 2_000,
+    event_retention_system: Annotated[int, typer.Option(
+        min=1, help="events kept of the region's own (admins', plait's components')")]
+    = 5_000,
     event_max_age: Annotated[float, typer.Option(min=1, help="seconds events are kept")]
     = 7 * 86400.0,
     heartbeat_timeout: Annotated[float, typer.Option(
@@ -117,7 +123,9 @@ def serve(
                 raise ValidationError("tls", f"{f} is not a file")
         config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
                                     min_pass_gap=min_pass_gap,
-                                    retention=Retention(event_retention, event_max_age),
+                                    retention=Retention(event_retention, event_max_age,
+                                                        event_retention_per_owner,
+                                                        event_retention_system),
                                     heartbeat_timeout=heartbeat_timeout,
                                     startup_grace=startup_grace, ca_file=ca_file, shard=shard,
                                     controller_networks=tuple(controller_networks.split(",")),
