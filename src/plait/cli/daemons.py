@@ -90,6 +90,10 @@ def serve(
     metrics: Annotated[bool, typer.Option(
         help="count and time what the control plane does (Prometheus, GET /metrics); "
              "off, /metrics is empty")] = True,
+    metrics_jobs: Annotated[int, typer.Option(
+        min=0, max=100_000, help="jobs with per-job series of their own in /metrics: those "
+                                 "with the most tasks; the others' are summed (job "
+                                 "\"_other\")")] = 100,
 ) -> None:
     """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
     on one store campaigns: the leader runs the control plane, the others keep warm,
@@ -130,7 +134,7 @@ def serve(
                                     startup_grace=startup_grace, ca_file=ca_file, shard=shard,
                                     controller_networks=tuple(controller_networks.split(",")),
                                     controller_deadline=controller_deadline,
-                                    metrics=metrics)
+                                    metrics=metrics, metrics_jobs=metrics_jobs)
         scheme = "https" if tls_cert else "http"
         tracing.configure(otlp_endpoint, trace_file, "plait-serve" if shard is None else
                           f"plait-shard-{shard}", advertise or f"{scheme}://{host}:{port}")

@@ -70,3 +70,6 @@ class ControlPlaneConfig:
     #: count and time what the control plane does (``plait.metrics``); off, it holds a
     #: ``NullMetrics`` and /metrics is empty (``plait bench observability`` compares)
     metrics: bool = True
+    #: the jobs whose per-job series /metrics shows on their own at most: those with
+    #: the most tasks; the others' are summed (job ``_other``, ``plait.metrics``)
+    metrics_jobs: int = 100
