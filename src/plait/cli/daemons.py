@@ -90,6 +90,12 @@ def serve(
     metrics: Annotated[bool, typer.Option(
         help="count and time what the control plane does (Prometheus, GET /metrics); "
              "off, /metrics is empty")] = True,
+    owner_max_jobs: Annotated[int, typer.Option(
+        min=0, help="jobs one owner may hold, unless an admin set its own (plait owner "
+                    "limits set)")] = 1_000,
+    owner_max_tasks: Annotated[int, typer.Option(
+        min=0, help="tasks in all one owner may hold, unless an admin set its own")]
+    = 50_000,
     metrics_jobs: Annotated[int, typer.Option(
         min=0, max=100_000, help="jobs with per-job series of their own in /metrics: those "
                                  "with the most tasks; the others' are summed (job "
@@ -134,7 +140,9 @@ def serve(
                                     startup_grace=startup_grace, ca_file=ca_file, shard=shard,
                                     controller_networks=tuple(controller_networks.split(",")),
                                     controller_deadline=controller_deadline,
-                                    metrics=metrics, metrics_jobs=metrics_jobs)
+                                    metrics=metrics, metrics_jobs=metrics_jobs,
+                                    owner_max_jobs=owner_max_jobs,
+                                    owner_max_tasks=owner_max_tasks)
         scheme = "https" if tls_cert else "http"
         tracing.configure(otlp_endpoint, trace_file, "plait-serve" if shard is None else
                           f"plait-shard-{shard}", advertise or f"{scheme}://{host}:{port}")

@@ -57,7 +57,7 @@ from plait.model.base import parse
 from plait.model.entitlement import Entitlement, Quota, canary_entitlement, check_name
 from plait.model.job import JobSpec
 from plait.model.task import TaskState
-from plait.persist.scheduler import JobDoc
+from plait.persist.scheduler import JobDoc, usage_of
 from plait.store.protocol import Namespace
 
 if TYPE_CHECKING:
@@ -300,7 +300,8 @@ class JobControlPlane:
     # -- sizing ---------------------------------------------------------------------------
     def put_sizing(self, job: str, intent: SizingIntent,
                    actor: str | None = None) -> dict[str, Any]:
-        self._job(job)
+        doc = self._job(job)
+        self.check_size(doc, intent.size)
         now, actor = self.cp.clock(), actor or _actor()
         before = self.record(job).sizing
         self._change(job, lambda rec: rec.model_copy(update={
@@ -309,6 +310,13 @@ class JobControlPlane:
             self._event(job, "sizing_set", f"{intent.size} tasks (asked {intent.task_count}, "
                         f"within {intent.min}..{intent.max})", actor)
         return self.sizing_view(job)
+
+    def check_size(self, doc: JobDoc, size: int) -> None:
+        """Refuse (422, naming the limit or the quota) a size the resize it makes would
+        be refused for (``Owners.admit``): the intent is not stored."""
+        if size > doc.spec.task_count:
+            self.cp.owners.admit(doc.name, (doc.entitlement, size, doc.spec.resources),
+                                 usage_of(doc))
 
     def sizing_view(self, job: str) -> dict[str, Any]:
         self._job(job)
