@@ -270,7 +270,7 @@ def test_per_job_series_are_the_largest_jobs_and_the_rest_summed(tmp_path: Path)
         api = live.admin
         for ent in ("e", "f"):
             assert api.post("/v1/entitlements", json={
-                "name": ent, "owner": "alice", "quota": {"machines": 1}}).status_code == 201
+                "name": ent, "owner": "alice", "quota": {"machines": 8}}).status_code == 201
         for name, ent, n in (("big", "e", 40), ("mid", "f", 30), ("small", "e", 20),
                              ("tiny", "f", 1)):
             assert api.post("/v1/jobs", json={**JOB, "name": name, "entitlement": ent,

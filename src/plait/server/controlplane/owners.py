@@ -17,8 +17,9 @@ quota) a job whose tasks its entitlement's quota could never hold at once:
 
 * an RRU quota: the tasks' CPU in all (``task_count`` x ``resources.cpu``) above it;
 * a machines quota: the tasks' CPU, memory or disk in all above that of the quota's
-  count of the region's largest machines (tasks stack on a machine; with no machine
-  known yet, nothing is refused).
+  count of the region's largest machines (tasks stack on a machine). With no machine
+  known yet, or a task larger than every machine (the job is stored and waits for
+  such machines to join, as the allocator says), nothing is refused.
 
 A job over its quota only for now (machines busy, a quota lowered since) is taken,
 and its tasks wait, as before.
@@ -71,6 +72,8 @@ def never_fits(quota_machines: int | None, quota_rru: float | None, tasks: int,
     if quota_machines is None or largest is None:
         return None
     cpu, memory, disk = need.to_units()
+    if cpu > largest[0] or memory > largest[1] or disk > largest[2]:
+        return None  # no machine holds one yet: it waits for one (the allocator says so)
     for what, each, most, unit in (("CPU", cpu, largest[0], CPU_UNITS_PER_RRU),
                                    ("memory", memory, largest[1], 1024),
                                    ("disk", disk, largest[2], 1024)):
