@@ -59,3 +59,16 @@ def test_json_nested_too_deeply_is_a_value_error(data):
     a ValueError, as for any JSON that cannot be read."""
     with pytest.raises(ValueError):
         fastjson.loads(data)
+
+
+def test_bytes_that_are_not_utf8_are_refused_naming_their_encoding() -> None:
+    import pytest
+
+    for encoding, named in (("utf-16", "UTF-16"), ("utf-32-le", "UTF-32-LE"),
+                            ("utf-8-sig", "byte order mark")):
+        with pytest.raises(fastjson.NotUtf8, match=named):
+            fastjson.loads('{"a": "\\ud800", "b": 1}'.encode(encoding))
+    with pytest.raises(ValueError, match="0xe9 at 7"):
+        fastjson.loads('{"a": "\u00e9"}'.encode("latin-1"))
+    assert fastjson.loads('{"a": "\u00e9"}'.encode()) == {"a": "\u00e9"}
+    assert fastjson.loads(b'{"a": "\\ud800"}') == {"a": "\ud800"}  # (the fallback)

@@ -56,6 +56,9 @@ class Unavailable(Exception):
 
 
 class KvClient:
+    """``token``: the application's read token (``plait shardmanager token APP
+    --reader``): the client reads the map, and changes nothing at Shard Manager."""
+
     def __init__(self, manager: str, token: str, app: str = "kv", *,
                  deadline: float = DEADLINE_SECONDS, request_timeout: float = 3.0) -> None:
         self.manager, self.token, self.app = manager.rstrip("/"), token, app
@@ -353,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="shardkv's routing client")
     p.add_argument("--manager", default=os.environ.get("PLAIT_SM_URL",
                                                        "http://127.0.0.1:7090"))
-    p.add_argument("--token-file", help="Shard Manager's token (or PLAIT_SM_TOKEN)")
+    p.add_argument("--token-file", help="the application's read-only token (plait "
+                   "shardmanager token APP --reader; or PLAIT_SM_READ_TOKEN)")
     p.add_argument("--app", default="kv")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("map", help="the shard map")
@@ -372,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.token_file) as f:
             token = f.read().strip()
     else:
-        token = os.environ.get("PLAIT_SM_TOKEN", "")
+        token = os.environ.get("PLAIT_SM_READ_TOKEN", "")
     if not token:
-        p.error("--token-file or PLAIT_SM_TOKEN: Shard Manager's token")
+        p.error("--token-file or PLAIT_SM_READ_TOKEN: the application's read token")
     with KvClient(args.manager, token, args.app) as client:
         if not client.wait_for_map(lambda m: bool(m["shards"]), 30):
             print(json.dumps({"error": f"no shard map of {args.app} within 30 s"}))

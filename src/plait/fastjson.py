@@ -34,12 +34,37 @@ def dumps(obj: Any, *, sort_keys: bool = False) -> bytes:
         return json.dumps(obj, sort_keys=sort_keys, separators=(",", ":")).encode()
 
 
+class NotUtf8(json.JSONDecodeError):
+    """JSON bytes that are not UTF-8 (UTF-16 or UTF-32, a byte order mark, or bytes
+    no UTF-8 text holds): its message names what they are."""
+
+
+def utf8(data: bytes | bytearray | memoryview) -> str:
+    """``data`` as text, if it is UTF-8 without a byte order mark, as JSON between
+    systems is (RFC 8259, section 8.1); else ``NotUtf8`` naming its encoding. (The
+    standard library reads UTF-16 and UTF-32 JSON too, and a UTF-8 byte order mark:
+    a request body in any of them was taken though the API says UTF-8.)"""
+    raw = bytes(data)
+    found = json.detect_encoding(raw)
+    if found == "utf-8-sig":
+        raise NotUtf8("the body starts with a byte order mark: JSON is UTF-8 without one",
+                      "", 0)
+    if found != "utf-8":
+        raise NotUtf8(f"the body is {found.upper()}, not UTF-8: JSON is UTF-8", "", 0)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise NotUtf8(f"the body is not UTF-8: byte {raw[exc.start]:#04x} at {exc.start}",
+                      "", exc.start) from None
+
+
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
-    """Parse JSON; a ``ValueError`` naming the problem when it is not."""
+    """Parse JSON; a ``ValueError`` naming the problem when it is not (``NotUtf8`` for
+    bytes that are not UTF-8)."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:  # (what only the standard library reads, or garbage)
         try:
-            return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+            return json.loads(data if isinstance(data, str) else utf8(data))
         except RecursionError:  # (nested deeper than either parser goes)
             raise ValueError("JSON nested too deeply to read") from None

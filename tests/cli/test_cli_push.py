@@ -107,6 +107,15 @@ def test_a_code_config_and_host_profile_canary(plane, tmp_path: Path):
     plait("job", "deploy", str(write(tmp_path, "api.yaml", JOB.format(command="serve"))),
           "--wait")
     canary = write(tmp_path, "canary.yaml", JOB.format(command="serve-canary"))
+    # a host profile the entitlement does not allow canaries on: refused until allowed
+    refused = plait("canary", "start", "api", "pc", "--spec", str(canary), "--tasks", "1",
+                    "--host-profile", "tuned", ok=False)
+    said = " ".join(refused.output.split())
+    assert refused.exit_code != 0 and "may run canaries on" in said, said
+    assert "--canary-host-profiles tuned" in said
+    allowed = plait("entitlement", "update", "e", "--canary-host-profiles", "tuned",
+                    "-o", "json").stdout
+    assert json.loads(allowed)[0]["canary_host_profiles"] == ["tuned"]
     shown = plait("canary", "start", "api", "pc", "--spec", str(canary), "--tasks", "1",
                   "--host-profile", "tuned").stdout
     assert "tuned" in shown

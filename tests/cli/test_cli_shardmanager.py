@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from test_cli_client import plait, write
 
 from plait.server.serve import free_port
@@ -48,6 +49,16 @@ def test_serve_define_and_show(plane, tmp_path: Path) -> None:
                                  "--token-file", str(token_file)).stdout)
         assert shown["shards"] == 8 and shown["controller"] is True
         assert shown["spec"]["job"] == "kv" and "controller_key" not in shown["spec"]
+        assert shown["spec"]["tasks"] == 2  # (the job's task count, read from plait)
+        secret = plait("shardmanager", "token", "kv", "--token-file", str(token_file)
+                       ).stdout.strip()
+        reader = plait("shardmanager", "token", "kv", "--reader", "--token-file",
+                       str(token_file)).stdout.strip()
+        assert secret.startswith("smt_") and reader.startswith("smr_")
+        assert httpx.get(f"{url}/v1/apps/kv/map", headers={
+            "Authorization": f"Bearer {reader}"}).status_code == 200
+        assert httpx.get(f"{url}/v1/apps/kv/map", headers={
+            "Authorization": f"Bearer {secret}"}).status_code == 401
         bad = plait("shardmanager", "define", "kv2", "--job", "kv", "--shards", "8",
                     "--controller-key", "nope", "--url", url, "--token-file",
                     str(token_file), ok=False)
@@ -71,3 +82,42 @@ def test_serve_define_and_show(plane, tmp_path: Path) -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def serve_in_background(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:
+    """``plait shardmanager serve`` as a script's background job starts it: SIGINT
+    ignored (a non-interactive shell's ``&``)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plait.cli.main", "shardmanager", "serve", "--port", str(port),
+         "--token-file", str(tmp_path / "sm-token"), "--data-dir", str(tmp_path / "sm")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.monotonic() + 60
+    while True:  # (a liveness bound)
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_serve_stops_cleanly_on_sigint_and_sigterm(tmp_path: Path, sig: int) -> None:
+    port = free_port()
+    proc = serve_in_background(tmp_path, port)
+    try:
+        token = (tmp_path / "sm-token").read_text().strip()
+        r = httpx.put(f"http://127.0.0.1:{port}/v1/apps/kv", json={"job": "kv", "shards": 3},
+                      headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == 0
+        # the clean stop saved the maps
+        saved = json.loads((tmp_path / "sm" / "shardmanager.json").read_text())
+        assert "kv" in saved["apps"]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)

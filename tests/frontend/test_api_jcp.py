@@ -264,8 +264,19 @@ def test_a_code_config_and_host_profile_canary_runs_on_machines_of_its_own(
     r = alice.put("/v1/jobs/web/canaries/pc", json={"spec": spec(command="serve-canary"),
                                                    "tasks": 2, "host_profile": "nope"})
     assert r.status_code == 422 and "host profile 'nope' does not exist" in r.text
-    r = alice.put("/v1/jobs/web/canaries/pc", json={
-        "spec": spec(command="serve-canary"), "tasks": 2, "host_profile": "tuned"})
+    # a host profile its entitlement does not allow canaries on is refused, by name,
+    # until an admin allows it (owners cannot: entitlements are an admin's)
+    canary = {"spec": spec(command="serve-canary"), "tasks": 2, "host_profile": "tuned"}
+    r = alice.put("/v1/jobs/web/canaries/pc", json=canary)
+    assert r.status_code == 422 and r.json()["field"] == "host_profile", r.text
+    assert "'tuned' is not one entitlement 'e' may run canaries on" in r.text
+    assert "canary_host_profiles: none" in r.text
+    assert alice.get("/v1/jobs/web/canaries/pc").status_code == 404  # (nothing written)
+    allowed = {"name": "e", "owner": "alice", "quota": {"machines": 24},
+               "canary_host_profiles": ["tuned"]}
+    assert alice.post("/v1/entitlements", json=allowed).status_code == 403
+    assert live.admin.post("/v1/entitlements", json=allowed).status_code == 200
+    r = alice.put("/v1/jobs/web/canaries/pc", json=canary)
     assert r.status_code == 200, r.text
     wait_for(lambda: commands(live) == {"serve": 2, "serve-canary": 2})
     child = alice.get("/v1/jobs/web/canaries/pc").json()["entitlement"]
@@ -289,6 +300,9 @@ def test_a_code_config_and_host_profile_canary_runs_on_machines_of_its_own(
     assert all(ent == "e" and profile in (None, "default") for ent, profile in seen["serve"])
     view = alice.get(f"/v1/entitlements/{child}").json()
     assert view["canary_of"] == "e" and view["host_profile"] == "tuned"
+    # a canary entitlement goes with its canary, or with its entitlement: not alone
+    r = live.admin.delete(f"/v1/entitlements/{child}")
+    assert r.status_code == 409 and "canary entitlement of e" in r.text, r.text
     assert 1 <= view["machines"] <= 2
     # the two share e's machine quota
     with cp.lock:
@@ -315,7 +329,8 @@ def test_a_host_profile_canary_is_refused_where_it_could_not_get_machines(
     canary = {"spec": spec(command="serve-canary"), "tasks": 1, "host_profile": "tuned"}
     # e holds 4 of 4 machines (whole-machine tasks): no room for a canary's machine
     assert live.admin.post("/v1/entitlements", json={
-        "name": "e", "owner": "alice", "quota": {"machines": 4}}).status_code == 200
+        "name": "e", "owner": "alice", "quota": {"machines": 4},
+        "canary_host_profiles": ["tuned"]}).status_code == 200
     alice.put("/v1/jobs/web", json=spec(resources={"cpu": 16, "memory_gb": 1}))
     wait_for(lambda: alice.get("/v1/entitlements/e").json()["machines"] == 4)
     r = alice.put("/v1/jobs/web/canaries/pc", json={
@@ -324,14 +339,16 @@ def test_a_host_profile_canary_is_refused_where_it_could_not_get_machines(
     assert r.status_code == 422 and "unused machine" in r.text, r.text
     # a lender
     live.admin.post("/v1/entitlements", json={"name": "e", "owner": "alice", "lends": True,
-                                              "quota": {"machines": 24}})
+                                              "quota": {"machines": 24},
+                                              "canary_host_profiles": ["tuned"]})
     r = alice.put("/v1/jobs/web/canaries/pc", json={
         **canary, "spec": spec(command="serve-canary", resources={"cpu": 16,
                                                                    "memory_gb": 1})})
     assert r.status_code == 422 and "lends or borrows" in r.text, r.text
     # a job straight into a canary entitlement
     live.admin.post("/v1/entitlements", json={"name": "e", "owner": "alice",
-                                              "quota": {"machines": 24}})
+                                              "quota": {"machines": 24},
+                                              "canary_host_profiles": ["tuned"]})
     r = alice.put("/v1/jobs/web/canaries/pc", json={
         **canary, "spec": spec(command="serve-canary", resources={"cpu": 16,
                                                                    "memory_gb": 1})})

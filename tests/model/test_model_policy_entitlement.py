@@ -225,3 +225,22 @@ def test_max_tasks_per_machine_at_least_one() -> None:
     with pytest.raises(ValidationError) as exc:
         parse(Requirements, {"max_tasks_per_machine": 0})
     assert exc.value.field == "max_tasks_per_machine"
+
+
+def test_canary_host_profiles_are_names_listed_once_and_not_a_canary_entitlements():
+    import pytest
+
+    from plait.errors import ValidationError
+    from plait.model import Entitlement, parse
+
+    base = {"name": "e", "owner": "o", "quota": {"machines": 2}}
+    ent = parse(Entitlement, {**base, "canary_host_profiles": ["tuned", "big"]})
+    assert ent.may_canary("tuned") and ent.may_canary("default")  # (its own profile)
+    assert not ent.may_canary("other")
+    assert not parse(Entitlement, base).may_canary("tuned")  # none unless listed
+    for bad, said in ((["tuned", "tuned"], "listed twice"), (["Bad Name"], "valid name"),
+                      (["x"] * 65, "at most 64")):
+        with pytest.raises(ValidationError, match=said):
+            parse(Entitlement, {**base, "canary_host_profiles": bad})
+    with pytest.raises(ValidationError, match="runs no canary of its own"):
+        parse(Entitlement, {**base, "canary_of": "p", "canary_host_profiles": ["tuned"]})

@@ -8,6 +8,11 @@ Everything the agent needs to keep its tasks running is on its own disk
 restarting them, and while the control plane is unreachable nothing is stopped.
 When it reaches the control plane again, whatever is no longer assigned to its
 machine is stopped (the agent fences itself: never two serving copies of a task).
+A job with a fence (``JobSpec.fence``) asks for more: its tasks stop once the agent
+has not reached the control plane for ``fence.seconds``, whether or not the agent
+runs (``_fence`` while it does; its fence keeper process, ``plait.agent.fencekeeper``,
+whatever becomes of it), and start again only from a desired set pulled after the
+agent reached the control plane again (``plait.model.fence``).
 
 It logs through ``plait.logconfig`` (logger ``plait.agent``): every line names the
 machine, and lines about a task its job, index and revision; a start names the id of
@@ -25,6 +30,8 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -36,12 +43,14 @@ from typing import Any
 import httpx
 
 from plait import logconfig
+from plait.agent import fencekeeper
 from plait.agent.probe import Prober
 from plait.agent.profile import ProfileSwitcher
-from plait.agent.runtime import Handle, ProcessRuntime
+from plait.agent.runtime import Handle, ProcessRuntime, proc_start_time
 from plait.agent.wakeup import Wakeup
 from plait.localprocs import listen_error
 from plait.metrics import AgentMetrics
+from plait.model import fence
 from plait.model.converge import converge
 from plait.model.job import restart_after
 from plait.sidekick.appliers import Applier
@@ -78,6 +87,14 @@ class Task:
     killed: bool = False
     #: the request that assigned it, while its start waits (for the start's log line)
     cause: str | None = None
+    #: stopped by its job's fence at this time (the fence keeper's clock): not started
+    #: again before a desired set pulled after the agent reached the control plane
+    #: again lists it
+    fenced_at: float | None = None
+    #: and the first report the control plane took after that (its answer's time)
+    rejoined_at: float | None = None
+    #: its job's ``fence.seconds`` (None: no fence)
+    fence: float | None = None
 
     @property
     def key(self) -> str:
@@ -148,10 +165,13 @@ class Stopping:
     #: forget its cgroups, logs and files once stopped (it left this machine)
     remove: bool
     future: Future[None] | None = None
+    #: its job's ``fence.seconds``: the fence keeper guards it until it is gone
+    fence: float | None = None
 
     def record(self) -> dict[str, Any]:
         return {"job": self.job, "index": self.index, "revision": self.revision,
-                "handle": self.handle, "grace": self.grace, "remove": self.remove}
+                "handle": self.handle, "grace": self.grace, "remove": self.remove,
+                "fence": self.fence}
 
 
 def _free_port(host: str) -> int:
@@ -232,6 +252,15 @@ def checked_desired(desired: Any) -> dict[str, Any]:
             for x in stopping):
         raise BadDesired("a malformed list of tasks stopping")
     return desired
+
+
+def _fence_seconds(spec: dict[str, Any]) -> float | None:
+    """The ``fence.seconds`` of a task's spec, or None (no fence)."""
+    policy = spec.get("fence")
+    seconds = policy.get("seconds") if isinstance(policy, dict) else None
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        return float(seconds)
+    return None
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -320,6 +349,19 @@ class Agent:
         self.profile = ProfileSwitcher(
             applier or make_applier("record", self.data_dir / "sidekick"), self.wakeup.set,
             machine)
+        #: the fence's clock (seconds since boot, suspend included), and when the last
+        #: report the control plane took was sent on it (None: none yet, and no lease
+        #: left on disk by the agent before): the lease of the jobs with a fence
+        self.fence_clock = fencekeeper.boottime
+        self.contact: float | None = None
+        #: when the last report's answer came (a desired set pulled after it may start
+        #: again what the fence stopped)
+        self._renewed = float("-inf")
+        #: the lease file as written last, and when the keeper was last looked for
+        self._lease: dict[str, Any] | None = None
+        self._keeper_checked = float("-inf")
+        self._keeper_proc: subprocess.Popen[bytes] | None = None
+        self._me = {"pid": os.getpid(), "start_time": proc_start_time(os.getpid()) or -1}
         self._load()
 
     # -- local state -----------------------------------------------------------------------
@@ -329,13 +371,18 @@ class Agent:
         data = json.loads(self.state_path.read_text())
         if data.get("machine") != self.machine:
             raise ValueError(f"{self.state_path} belongs to machine {data.get('machine')}")
+        lease = fencekeeper.read_lease(self.data_dir) or {}
+        contact = lease.get("contact")
+        if isinstance(contact, int | float) and contact <= self.fence_clock():
+            self.contact = float(contact)  # (the lease of the agent before: it holds on)
         self.token = data.get("token")
         self.profile.load(data.get("profile"))
         for key, raw in data.get("stopping", {}).items():  # (stops the last run left)
             handle = self.runtime.adopt(raw["handle"])
             self._stop_later(key, Stopping(raw["job"], raw["index"], raw["revision"],
                                            raw["handle"], float(raw["grace"]),
-                                           bool(raw["remove"])), handle)
+                                           bool(raw["remove"]), fence=raw.get("fence")),
+                             handle)
         for key, raw in data.get("tasks", {}).items():
             task = Task(**raw)
             handle = self.runtime.adopt(task.handle) if task.handle else None
@@ -478,6 +525,7 @@ class Agent:
         has one already: it returns as soon as the set changes), converge, report."""
         self.join()
         self._stopped()
+        self._fence()
         desired: dict[str, Any] | None = None
         try:
             desired = self._pull(wait, self.generation)
@@ -500,10 +548,13 @@ class Agent:
         """The machine's desired set: a long-poll of up to ``wait`` seconds when
         ``since`` (the generation the agent has) is known."""
         params = {"wait": wait, "since": since} if wait and since is not None else None
+        sent = self.fence_clock()
         desired: dict[str, Any] = self._call(
             "GET", f"/v1/machines/{self.machine}/desired", self.token, params=params,
             wait=wait if params else 0.0)
-        return checked_desired(desired)
+        checked = checked_desired(desired)
+        checked["_pulled_at"] = sent  # (asked for then: what the fence reads)
+        return checked
 
     def _pulled(self, desired: dict[str, Any] | Exception) -> None:
         """What a pull of the desired set brought: the set, or the error that it could
@@ -606,6 +657,13 @@ class Agent:
             restart = a["spec"].get("restart") or {}
             task.policy = restart.get("policy", "always")
             task.max_retries = int(restart.get("max_retries", 3))
+            task.fence = _fence_seconds(a["spec"])
+            if task.fenced_at is not None and task.rejoined_at is not None and (
+                    desired.get("_pulled_at", float("-inf")) >= task.rejoined_at):
+                # still assigned here in a set asked for after the agent reached the
+                # control plane again: the fence is lifted (``plait.model.fence``)
+                self.log.info("task fence lifted", job=task.job, index=task.index)
+                task.fenced_at = task.rejoined_at = None
             self.specs[key] = a["spec"]
             if key not in self.handles and key not in self.stopping and (
                     now >= task.next_start and task.exit_code is None):
@@ -616,8 +674,9 @@ class Agent:
         """Start the task's process; ``cause``: the id of the request that assigned
         it (for the log). Nothing starts before the machine carries the host profile
         its desired set names (started by a later turn, once it does)."""
-        if not self.profile.may_start():
-            task.cause = cause or task.cause  # (started once the machine carries it)
+        if not self.profile.may_start() or not self._may_start(task):
+            # (started once the machine carries it, or once its fence allows)
+            task.cause = cause or task.cause
             return
         cause, task.cause = cause or task.cause, None
         home = self.data_dir / "tasks" / task.key
@@ -646,6 +705,8 @@ class Agent:
                       restarts=task.restarts)
         self.handles[task.key] = handle
         task.handle = handle.to_dict()
+        if task.fence is not None:
+            self._guard()  # (in the lease before anything may freeze the agent)
         # saved at once, before anything that may block or fail (a report to the
         # control plane): an agent killed after this start adopts the process when it
         # comes back, and never starts a second copy of the task
@@ -663,6 +724,76 @@ class Agent:
         self.metrics.starts.inc()
         self.prober.forget(task.key)  # unhealthy until its probe passes
         task.healthy = False
+
+    # -- the fence (jobs that ask for at most one copy: ``plait.model.fence``) -----------
+    def _may_start(self, task: Task) -> bool:
+        """A task of a job with a fence starts only under a lease that holds, and not
+        after its fence stopped it before a desired set pulled since the agent reached
+        the control plane again lists it."""
+        if task.fence is None:
+            return True
+        return task.fenced_at is None and fence.may_start(task.fence, self.contact,
+                                                          self.fence_clock())
+
+    def _fence(self) -> None:
+        """Stop the tasks whose fence ran out: the agent has not reached the control
+        plane for their job's ``fence.seconds`` (their machine may be failed, and
+        the tasks placed elsewhere from ``fence.replace_at`` on)."""
+        now = self.fence_clock()
+        for key in list(self.handles):
+            task = self.tasks[key]
+            if task.fence is None or fence.verdict(task.fence, self.contact, now) is (
+                    fence.Verdict.RUN):
+                continue
+            self._stop(key, reason=f"fenced: the control plane not reached for "
+                       f"{task.fence:g}s", grace=fence.FENCE_KILL_GRACE)
+            task.fenced_at, task.rejoined_at = now, None
+            self._dirty = True
+        self._guard()
+
+    def _guard(self) -> None:
+        """Write the lease file for the fence keeper (when the agent's lease or its
+        fenced processes changed), and make sure a keeper runs while there are any."""
+        tasks = {k: {"seconds": t.fence, "handle": t.handle} for k, t in self.tasks.items()
+                 if t.fence is not None and t.handle is not None}
+        for k, st in self.stopping.items():
+            if st.fence is not None:
+                tasks[f"{k}@stopping"] = {"seconds": st.fence, "handle": st.handle}
+        lease = {"agent": self._me, "contact": self.contact, "tasks": tasks}
+        if lease != self._lease and (tasks or (self._lease or {}).get("tasks")):
+            try:
+                fencekeeper.write_lease(self.data_dir, lease)
+                self._lease = lease
+            except OSError as exc:
+                self.log.error("fence lease not written", error=str(exc))
+        if tasks:
+            self._keeper()
+
+    def _keeper(self) -> None:
+        """Start a fence keeper unless one holds the data dir's lock (looked at once a
+        second at most)."""
+        now = time.monotonic()
+        if now - self._keeper_checked < 1.0:
+            return
+        self._keeper_checked = now
+        if self._keeper_proc is not None and self._keeper_proc.poll() is None:
+            return
+        fd = os.open(self.data_dir / fencekeeper.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # (one runs: left by the agent before, say)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+        (self.data_dir / "logs").mkdir(exist_ok=True)
+        with open(self.data_dir / "logs" / "fencekeeper.log", "ab") as out:
+            self._keeper_proc = subprocess.Popen(
+                [sys.executable, "-m", "plait.agent.fencekeeper", str(self.data_dir)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True)
+        self.log.info("fence keeper started", pid=self._keeper_proc.pid)
 
     def _env(self, task: Task, spec: dict[str, Any]) -> dict[str, str]:
         # of the agent's own environment only what locates and localizes a program: the
@@ -724,7 +855,7 @@ class Agent:
         task.next_start = now + wait
 
     def _stop(self, key: str, remove: bool = False, reason: str = "",
-              cause: str | None = None) -> None:
+              cause: str | None = None, grace: float | None = None) -> None:
         """Stop the task in the background (its heartbeats report it ``stopping`` until
         its process is gone); ``remove``: then forget its cgroups, logs and files.
         ``reason`` and ``cause`` (the id of the request behind it) are logged."""
@@ -737,12 +868,13 @@ class Agent:
                 self._clean(key)
             return
         spec = self.specs.get(key) or {}
-        grace = float(spec.get("kill_timeout_seconds", DEFAULT_KILL_TIMEOUT))
+        if grace is None:
+            grace = float(spec.get("kill_timeout_seconds", DEFAULT_KILL_TIMEOUT))
         assert task is not None
         self.log.info("task stopping", job=task.job, index=task.index, revision=task.revision,
                       reason=reason, request_id=cause, pid=handle.pid, grace_s=grace)
         self._stop_later(key, Stopping(task.job, task.index, task.revision, handle.to_dict(),
-                                       grace, remove), handle)
+                                       grace, remove, fence=task.fence), handle)
 
     def _stop_later(self, key: str, stopping: Stopping, handle: Handle | None) -> None:
         def stop() -> None:
@@ -855,6 +987,12 @@ class Agent:
                     chunks.append({"job": task.job, "index": task.index,
                                    "data": data.decode(errors="replace")})
                     task.log_offset = offset
+            elif task.fenced_at is not None and task.exit_code is None:
+                # stopped by its fence, not started again yet: down, to start again
+                statuses.append({"job": task.job, "index": task.index,
+                                 "revision": task.revision, "phase": "exited",
+                                 "healthy": False, "exit_code": -signal.SIGTERM,
+                                 "final": False, "killed": False})
             elif task.exit_code is not None:
                 statuses.append({"job": task.job, "index": task.index,
                                  "revision": task.revision, "phase": "exited",
@@ -874,6 +1012,7 @@ class Agent:
                 except httpx.HTTPStatusError as exc:  # refused: dropped, never a retry loop
                     self.log.warning("output refused", chunks=len(batch), error=str(exc))
             body: dict[str, Any] = {"tasks": statuses}
+            sent = self.fence_clock()  # (the lease counts from the send: see model.fence)
             profile = self.profile.report()
             if profile is not None:
                 body["profile"] = profile
@@ -882,11 +1021,19 @@ class Agent:
             # (a set newer than the long-poll brought: pulled at once by the run loop)
             self._newer = generation is not None and generation != self.generation
             self.metrics.reports.labels("sent").inc()
+            self.contact = sent
+            self._renewed = self.fence_clock()
+            for task in self.tasks.values():
+                if task.fenced_at is not None and task.rejoined_at is None:
+                    task.rejoined_at = self._renewed
+                    # (a desired set pulled from now on may start it again: pulled now)
+                    self._newer = True
             # the control plane took the finished tasks off this machine as it took the
             # report: forget them now, so a rerun it asks for is started, not reported
             # as finished again
             for key in [k for k, t in self.tasks.items() if t.final]:
                 self._remove(key, "finished")
+            self._guard()  # (the keeper reads the renewed lease)
         except (ConnectionError, httpx.HTTPStatusError):
             self.reachable = False
             self.metrics.reports.labels("failed").inc()
@@ -948,6 +1095,7 @@ class Agent:
         one, notice exits, restart what is due, start the probes that are due;
         report if the heartbeat is due or anything changed. True if it reported."""
         self._stopped()
+        self._fence()
         with self._inbox_lock:
             pulled, self._inbox = self._inbox, None
         if pulled is not None:
@@ -1055,4 +1203,5 @@ class Agent:
             if stopping.future is not None:
                 stopping.future.result()
         self._stopped()
+        self._guard()
         self._save()

@@ -91,6 +91,51 @@ class Allocator:
         self._by_id = {k: v for k, v in self._by_id.items() if k[1] != entitlement.name}
         self.cache.clear()  # a cached placement may no longer meet the new definition
 
+    def in_use(self, name: str) -> list[str]:
+        """What keeps entitlement ``name`` (and its canary entitlements, which go with
+        it) from being removed, said: jobs placed in it, machines of it running tasks,
+        machines an elastic entitlement holds on loan from it (a lender's)."""
+        ent = self._entitlement(name)
+        names = {name, *self._canaries(name)}
+        find = self.region.entitlements.find
+        codes = {c for c in (find(n) for n in names) if c is not None}
+        said = [f"job {j}" for j, s in sorted(self.jobs.items()) if s.entitlement in codes]
+        busy = sum(int(self.index.tasks[m]) > 0 for c in codes
+                   for m in self.index.machines_of(c).tolist())
+        if busy:
+            said.append(f"{busy} machine{'s' if busy != 1 else ''} running its tasks")
+        if ent.lends:
+            said += [f"machines on loan to {e.name}" for e in self.entitlements.values()
+                     if e.elastic is not None and e.name != name
+                     and held(self.index, e.name) > 0]
+        return said
+
+    def undefine(self, name: str) -> list[int]:
+        """Remove entitlement ``name`` and its canary entitlements (decision 103),
+        which nothing may use (``in_use``: ``Conflict`` otherwise): the machines they
+        hold go back to the free pool. Returns those machines."""
+        used = self.in_use(name)
+        if used:
+            raise Conflict(f"entitlement {name}", "unused", ", ".join(used[:5]) + (
+                f" and {len(used) - 5} more" if len(used) > 5 else ""))
+        released: list[int] = []
+        for n in [*sorted(self._canaries(name)), name]:
+            code = self.region.entitlements.find(n)
+            if code is not None:
+                for m in sorted(self.index.machines_of(code).tolist()):
+                    self.region.release(m, n, int(self.index.version[m]))
+                    released.append(m)
+            gone = self.entitlements.pop(n)
+            if gone.canary_of is not None:
+                self.canaries.get(gone.canary_of, set()).discard(n)
+            self.canaries.pop(n, None)
+            self._compiled = {k: v for k, v in self._compiled.items() if k[1] != n}
+            self._by_id = {k: v for k, v in self._by_id.items() if k[1] != n}
+        self.defined += 1
+        self.index.changes += 1
+        self.cache.clear()
+        return released
+
     def quota_of(self, ent: Entitlement) -> Quota:
         """The quota a claim is checked against: the entitlement's own, or for an
         elastic one what it holds plus the loans the lenders' unused quota allows. A

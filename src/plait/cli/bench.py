@@ -196,6 +196,34 @@ def bench_taskcontrol(
                                      seconds=seconds, update_rate=update_rate)))
 
 
+@bench_app.command("gates")
+def bench_gates(
+    jobs: Annotated[int, typer.Option(min=2, help="one-task jobs, each pushing behind an "
+                                                  "HTTP gate")] = 1000,
+    owners: Annotated[int, typer.Option(min=2, help="owners sharing the jobs")] = 5,
+    tarpits: Annotated[int, typer.Option(min=0, help="of the first owner's jobs, those "
+                                                     "whose gate is a tarpit")] = 10,
+    rate: Annotated[float, typer.Option(min=0.1, help="pushes started per second")] = 12.0,
+    machines: Annotated[int, typer.Option(min=1, help="simulated machines")] = 250,
+) -> None:
+    """Gates per owner: other owners' push stage times with one owner's tarpit gates
+    and, in the same run, without them (one JSON object on stdout)."""
+    from plait.bench import gates
+
+    if tarpits * owners >= jobs:
+        raise refuse(ValidationError("tarpits", "must be fewer than the first owner's jobs"))
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err.console, transient=True) as progress:
+        bar = progress.add_task("pushes completed", total=1)
+
+        def show(done: int, total: int) -> None:
+            progress.update(bar, completed=done, total=total)
+
+        result = gates.run(jobs=jobs, owners=owners, tarpits=tarpits, rate=rate,
+                           machines=machines, progress=show)
+    print(json.dumps(result))
+
+
 @bench_app.command("recovery")
 def bench_recovery(
     machines: Annotated[int, typer.Option(min=2, max=200, help="agents of `plait up` (one "

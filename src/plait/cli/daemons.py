@@ -108,6 +108,9 @@ def serve(
     at once. With --shard, it is one scheduler shard of the region: it manages the
     jobs of the entitlements the front end maps to it, and clients talk to the front
     end (plait frontend), which writes the client configuration."""
+    from plait.cli.signals import as_foreground
+
+    as_foreground()  # (first: a script's background job starts with SIGINT ignored)
     import threading
 
     import uvicorn
@@ -122,6 +125,7 @@ def serve(
     from plait.server.events import Retention
     from plait.server.limits import uvicorn_options
     from plait.server.serve import prepare
+    from plait.store.backup import store_warnings
 
     try:
         region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc,
@@ -158,6 +162,8 @@ def serve(
     cp.controllers.serving_at(started.url, *([advertise] if advertise else []))
     leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
     log.info("control plane started", machines=len(cp.fleet), api=started.url, shard=shard)
+    for warning in store_warnings(cp.store):
+        log.warning(warning)
     if started.config_path is not None:
         log.info("client configuration written", path=str(started.config_path),
                  context=started.context)
@@ -214,6 +220,9 @@ def frontend(
     (plait serve --shard S). It keeps no state (the entitlement-to-shard map is in the
     store), so several may run, each behind its own URL; clients and agents may use any
     of them."""
+    from plait.cli.signals import as_foreground
+
+    as_foreground()  # (first: a script's background job starts with SIGINT ignored)
     import uvicorn
 
     from plait import logconfig, tracing
@@ -315,6 +324,9 @@ def agent(
     """Run the agent of one machine: join, pull the desired task set, run the tasks as
     processes, report their statuses and output. Tasks keep running if the control
     plane is unreachable, and a restarted agent adopts them."""
+    from plait.cli.signals import as_foreground
+
+    as_foreground()  # (first: a script's background job starts with SIGINT ignored)
     import signal
     import threading
 

@@ -27,6 +27,11 @@ def _loans(e: dict[str, Any]) -> str:
     return "; ".join(x for x in (said, buffer) if x)
 
 
+def _profiles(text: str) -> list[str]:
+    """``--canary-host-profiles``: names separated by commas ('' for none)."""
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
 def _ent_rows(items: list[dict[str, Any]]) -> None:
     rows(["name", "owner", "quota", "machines", "rru", "host profile", "jobs", "terms"], [
         [e["name"], e["owner"],
@@ -47,6 +52,9 @@ def entitlement_create(
     host_profile: Annotated[str, typer.Option()] = "default",
     surge_buffer: Annotated[int, typer.Option(
         min=0, help="surge tasks its jobs with update.surge may run at once")] = 0,
+    canary_host_profiles: Annotated[str, typer.Option(
+        help="comma-separated host profiles its owner's canaries may switch machines "
+             "to (besides its own)")] = "",
     output: Output = "table",
 ) -> None:
     """Create entitlements from a file (each one created, or replaced as the file
@@ -60,7 +68,8 @@ def entitlement_create(
             raise CliError("give one of --machines or --rru, not both", EXIT_INVALID)
         quota: dict[str, Any] = {"machines": machines} if rru is None else {"rru": rru}
         docs = [{"name": name, "owner": owner, "quota": quota, "host_profile": host_profile,
-                 "surge_buffer": surge_buffer}]
+                 "surge_buffer": surge_buffer,
+                 "canary_host_profiles": _profiles(canary_host_profiles)}]
         try:
             a.get(f"/v1/entitlements/{q(name)}")
         except CliError as exc:
@@ -106,15 +115,19 @@ def entitlement_update(
     host_profile: Annotated[str | None, typer.Option()] = None,
     surge_buffer: Annotated[int | None, typer.Option(
         min=0, help="surge tasks its jobs with update.surge may run at once")] = None,
+    canary_host_profiles: Annotated[str | None, typer.Option(
+        help="comma-separated host profiles its owner's canaries may switch machines "
+             "to (besides its own; '' for none)")] = None,
     output: Output = "table",
 ) -> None:
     """Change an entitlement's quota or settings (admin): what is given changes, the
     rest of its spec (lending, elastic terms, pins, preferences) keeps its value."""
     if machines is not None and rru is not None:
         raise CliError("give one of --machines or --rru, not both", EXIT_INVALID)
-    if machines is None and rru is None and host_profile is None and surge_buffer is None:
-        raise CliError("nothing to change: give --machines, --rru, --host-profile or "
-                       "--surge-buffer", EXIT_INVALID)
+    if machines is None and rru is None and host_profile is None and surge_buffer is None \
+            and canary_host_profiles is None:
+        raise CliError("nothing to change: give --machines, --rru, --host-profile, "
+                       "--surge-buffer or --canary-host-profiles", EXIT_INVALID)
     from plait.model import Entitlement, parse
 
     a = api()
@@ -128,6 +141,8 @@ def entitlement_update(
         spec["host_profile"] = host_profile
     if surge_buffer is not None:
         spec["surge_buffer"] = surge_buffer
+    if canary_host_profiles is not None:
+        spec["canary_host_profiles"] = _profiles(canary_host_profiles)
     try:
         parsed = parse(Entitlement, spec)
     except PlaitError as exc:
@@ -154,3 +169,18 @@ def entitlement_list(output: Output = "table") -> None:
 def entitlement_show(name: str, output: Output = "table") -> None:
     data = api().get(f"/v1/entitlements/{q(name)}")
     emit(data, output, lambda d: kv_table(d, f"entitlement {name}"))
+
+
+@entitlement_app.command("delete")
+@guarded
+def entitlement_delete(name: str, output: Output = "table") -> None:
+    """Delete an entitlement that no job uses (admin): its machines go back to the
+    region's free pool. Refused while jobs use it (delete or move them first)."""
+    data = api().delete(f"/v1/entitlements/{q(name)}")
+    released = data.get("released") or []
+
+    def said(d: dict[str, Any]) -> None:
+        print(f"entitlement {d['name']} deleted" + (
+            f"; {len(released)} machine{'s' if len(released) != 1 else ''} back to the "
+            "free pool" if released else ""))
+    emit(data, output, said)

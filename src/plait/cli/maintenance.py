@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from plait.cli.client import q
 from plait.cli.common import (
     Output,
     _when,
@@ -47,3 +48,18 @@ def maintenance_list(output: Output = "table") -> None:
         [e["id"], e["kind"], ", ".join(e["machines"][:5]) + (" ..." if len(e["machines"]) > 5
                                                               else ""),
          _when(e["start"]), _when(e["end"]), e["reason"]] for e in d["events"]]))
+
+
+@maintenance_app.command("cancel")
+@guarded
+def maintenance_cancel(
+    event: Annotated[str, typer.Argument(help="the maintenance's id (plait maintenance list)")],
+    output: Output = "table",
+) -> None:
+    """Cancel a maintenance: one that has not started is withdrawn (its advance notices
+    stop, its machines are uncordoned); one under way ends now (its machines are back
+    in service, and the tasks parked for it start again)."""
+    data = api().delete(f"/v1/maintenance/{q(event)}")
+    emit(data, output, lambda d: err.print(
+        f"maintenance {d['event']} {'cancelled' if d['state'] == 'cancelled' else 'ended early'}"
+        f" ({len(d['machines'])} machine{'s' if len(d['machines']) != 1 else ''})"))

@@ -26,11 +26,13 @@ GATE_OUTPUT = 2000
 
 
 def _stages(text: str) -> list[int]:
-    try:
-        stages = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
+    """The percentages of ``--stages``: ASCII digits only (``int`` would take ``+50``,
+    ``5_0`` or other scripts' digits, which the API's strict integers do not)."""
+    parts = [s.strip() for s in text.split(",") if s.strip()]
+    if not all(p.isascii() and p.isdigit() for p in parts):
         raise CliError(f"--stages: percentages separated by commas, e.g. 10,50,100; not "
-                       f"{text!r}", EXIT_INVALID) from None
+                       f"{text!r}", EXIT_INVALID)
+    stages = [int(p) for p in parts]
     if not stages:
         raise CliError("--stages: at least one percentage", EXIT_INVALID)
     return stages

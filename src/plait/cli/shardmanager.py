@@ -68,13 +68,25 @@ def serve(
     host: Annotated[str, typer.Option(help="the address to listen on")] = "127.0.0.1",
     data_dir: Annotated[Path | None, typer.Option(
         help="where the shard maps are saved (none: kept in memory only)")] = None,
+    task_networks: Annotated[str | None, typer.Option(
+        help="the networks task endpoints may be in, comma-separated CIDRs ('any', "
+             "'loopback'); default any, and loopback when --host is loopback. Cloud "
+             "metadata addresses and this service are refused whatever this says")] = None,
 ) -> None:
-    """Run Shard Manager until interrupted."""
+    """Run Shard Manager until SIGINT or SIGTERM (then it saves its maps and stops)."""
     from plait import logconfig
+    from plait.errors import ValidationError
     from plait.shardmanager.service import serve as run
+    from plait.taskcontrol.urlpolicy import networks
 
     logconfig.configure("shardmanager")
-    run(_token(token_file, make=True), host, port, None if data_dir is None else str(data_dir))
+    allow = None if task_networks is None else task_networks.split(",")
+    try:
+        networks(allow or ())
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.message, param_hint="--task-networks") from None
+    run(_token(token_file, make=True), host, port, None if data_dir is None else str(data_dir),
+        allow)
 
 
 @shardmanager_app.command("show")
@@ -102,6 +114,10 @@ def define(
     controller_key: Annotated[str | None, typer.Option(
         help="the job's TaskControl key (default: read from plait with the CLI's "
              "context, as plait job controller-key JOB does)")] = None,
+    tasks: Annotated[int | None, typer.Option(
+        min=1, max=100_000, help="the job's task count: tasks register indices under it "
+        "(default: read from plait with the controller key; define again after a "
+        "resize)")] = None,
     url: Annotated[str, typer.Option(help="Shard Manager's URL")] = "http://127.0.0.1:7090",
     token_file: Annotated[Path, typer.Option(help="the service's token")] = Path("sm-token"),
 ) -> None:
@@ -111,9 +127,11 @@ def define(
     if controller_key is None:
         from plait.cli.common import api
         controller_key = str(api().get(f"/v1/jobs/{job}/controller-key")["key"])
+        if tasks is None:
+            tasks = int(api().get(f"/v1/jobs/{job}")["task_count"]) or None
     _call("PUT", f"{url.rstrip('/')}/v1/apps/{app}", token_file, 30, {
         "job": job, "shards": shards, "replication": replication, "max_down": max_down,
-        "controller_key": controller_key})
+        "controller_key": controller_key, "tasks": tasks})
     typer.echo(f"application {app}: {shards} shards x {replication} on job {job}; its "
                f"TaskController: {url.rstrip('/')}/v1/apps/{app}/taskcontrol")
 
@@ -122,9 +140,13 @@ def define(
 def token(
     app: str,
     token_file: Annotated[Path, typer.Option(help="the service's token")] = Path("sm-token"),
+    reader: Annotated[bool, typer.Option(
+        "--reader", help="the clients' read-only token instead: it reads the map, "
+                         "nothing else")] = False,
 ) -> None:
-    """The token of an application's tasks and clients (``PLAIT_SM_TOKEN``): they may
-    register and read its map, nothing else."""
-    from plait.shardmanager.service import app_token
+    """The secret of an application's tasks (their ``PLAIT_SM_TOKEN``: they sign their
+    registrations with keys derived from it, and never send it), or with --reader the
+    token its clients read the map with."""
+    from plait.shardmanager.credentials import read_token, task_secret
 
-    typer.echo(app_token(_token(token_file), app))
+    typer.echo((read_token if reader else task_secret)(_token(token_file), app))

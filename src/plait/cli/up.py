@@ -80,6 +80,9 @@ def up(
     adopted, with their tasks, instead of started again. Logs: DATA/up.log (this
     process: the API and the control plane), DATA/replicas/*.log and
     DATA/agents/*/agent.log; warnings and errors of this process also on stderr."""
+    from plait.cli.signals import as_foreground
+
+    as_foreground()  # (first: a script's background job starts with SIGINT ignored)
     import threading
 
     import httpx

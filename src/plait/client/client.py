@@ -477,6 +477,11 @@ class Entitlements(_Resource):
     def get(self, name: str) -> t.EntitlementView:
         return cast(t.EntitlementView, self.c.get(f"/v1/entitlements/{name}"))
 
+    def delete(self, name: str) -> t.EntitlementView:
+        """Delete an entitlement no job uses (admin): its machines go back to the free
+        pool (``released``); an ``ApiError`` (409) names the jobs that use it."""
+        return cast(t.EntitlementView, self.c.delete(f"/v1/entitlements/{name}"))
+
     def list(self) -> builtins.list[t.EntitlementView]:
         return [e for found in self.c.pages("/v1/entitlements", "entitlements")
                 for e in cast(builtins.list[t.EntitlementView], found)]
@@ -531,6 +536,11 @@ class MaintenanceApi(_Resource):
 
     def list(self) -> builtins.list[dict[str, Any]]:
         return cast(builtins.list[dict[str, Any]], self.c.get("/v1/maintenance")["events"])
+
+    def cancel(self, event: str) -> t.MaintenanceCancelled:
+        """Cancel a maintenance not started yet (``state`` cancelled: its notices are
+        withdrawn, its machines' cordons lifted), or end one under way (ended)."""
+        return cast(t.MaintenanceCancelled, self.c.delete(f"/v1/maintenance/{event}"))
 
 
 class Tokens(_Resource):

@@ -7,7 +7,7 @@ is never cut down to what its type lists, and a newer server may add fields."""
 
 from __future__ import annotations
 
-from typing import Any, NotRequired
+from typing import Any, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
@@ -22,6 +22,8 @@ class Health(TypedDict, total=False):
     role: str
     leader: str | None
     replica: str
+    #: what the operator should know (a ZooKeeper store without credentials)
+    warnings: list[str]
 
 
 class AutoscaleView(TypedDict, total=False):
@@ -178,9 +180,15 @@ class EntitlementView(TypedDict, total=False):
     surge_buffer: int
     #: a canary entitlement: the entitlement whose job's host-profile canary it holds
     canary_of: str | None
+    #: the host profiles its host-profile canaries may use (besides its own; admin-set)
+    canary_host_profiles: list[str]
     machines: int
     rru: float
     jobs: list[str]
+    #: a deleted entitlement's answer: true, and the machines that went back to the
+    #: free pool
+    deleted: bool
+    released: list[str]
 
 
 EntitlementList = TypedDict("EntitlementList", {"entitlements": list[EntitlementView],
@@ -309,6 +317,13 @@ class MachineRepair(TypedDict):
 
 class MaintenanceCreated(TypedDict):
     event: str
+
+
+class MaintenanceCancelled(TypedDict):
+    event: str
+    #: cancelled (it had not started: its notices withdrawn) or ended (early)
+    state: Literal["cancelled", "ended"]
+    machines: list[str]
 
 
 class MaintenanceView(TypedDict):

@@ -50,6 +50,7 @@ from plait.errors import (
 )
 from plait.frontend import batch, hostprofiles, jcp
 from plait.frontend.fastcreate import FastCreate, headers_once, is_json, plain_headers
+from plait.frontend.jsonbody import Utf8Route
 from plait.frontend.proxy import MAX_BODY, FollowerProxy, read_body, replaying
 from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -58,6 +59,7 @@ from plait.model import Entitlement, JobSpec, Resources
 from plait.model.base import Input
 from plait.model.job import MAX_TASKS
 from plait.model.machine import FaultDomain, Machine, MachineState
+from plait.model.redact import shown_spec
 from plait.model.task import TaskState
 from plait.paging import BadRequest
 from plait.scheduler.records import Phase, TaskStatus
@@ -69,6 +71,7 @@ from plait.server.controlplane.owners import LimitsBody
 from plait.server.events import Budget, Event
 from plait.server.leader import Leadership
 from plait.sidekick.book import Applied
+from plait.store.backup import store_warnings
 from plait.ui.app import Ui, WithUi
 
 #: the largest request body accepted (a job spec is a few KB)
@@ -374,6 +377,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
                               "maintenance, events and service discovery. Every call but "
                               "/healthz takes a bearer token (Authorize, above).",
                   docs_url=None, redoc_url=None, **NO_NATIVE_TELEMETRY)
+    app.router.route_class = Utf8Route  # (bodies are UTF-8 JSON: the others refused)
     # /docs from the Swagger UI files of the swagger-ui-bundle package: it works on a
     # machine without internet (FastAPI's default page loads them from a CDN)
     app.mount(DOCS_STATIC, StaticFiles(directory=swagger_ui_path), name="docs-static")
@@ -452,6 +456,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         first = errors[0] if errors else {}
         if first.get("type") == "json_invalid":
             reason = first.get("ctx", {}).get("error", "JSON decode error")
+            if "UTF-8" in reason:  # (fastjson.NotUtf8: the encoding named, no position)
+                return _error(422, "invalid", f"the request body is not valid JSON (UTF-8): "
+                                              f"{reason}")
             return _error(422, "invalid", f"the request body is not valid JSON: {reason} "
                                           f"(at character {first['loc'][-1]})")
         # every problem, not the first alone: a misspelt field is both a required one
@@ -601,6 +608,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         with its own."""
         return Response(cp.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
+    # (how the store is secured does not change while the app runs)
+    warnings = store_warnings(cp.store)
+
     @app.get("/healthz", response_model=t.Health, tags=["health"])
     def healthz(response: Response) -> dict[str, Any]:
         """Health; needs no token. 503 when the control-plane loop has stopped passing
@@ -612,7 +622,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
             "role": "leader" if leadership.leading else "follower",
             "leader": leadership.leader(), "replica": leadership.identity}
         return {"ok": ok, "status": why, "version": __version__, "steps": cp.steps,
-                "failed_passes": cp.failures, **role}
+                "failed_passes": cp.failures, **role, "warnings": warnings}
 
     # -- entitlements ----------------------------------------------------------------------
     @app.post("/v1/entitlements", response_model=t.EntitlementView, tags=["entitlements"],
@@ -648,6 +658,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         cp.entitlement(name)
         may_entitlement(request, who, name)
         return cp.views.entitlement_view(name)
+
+    @app.delete("/v1/entitlements/{name}", response_model=t.EntitlementView,
+                tags=["entitlements"])
+    def delete_entitlement(name: str, who: Admin) -> dict[str, Any]:
+        """Delete an entitlement that no job uses (a 409 names the jobs that do): the
+        machines it holds go back to the region's free pool, and its canary
+        entitlements go with it (admin, as its creation)."""
+        return cp.commands.delete_entitlement(name)
 
     hostprofiles.add_routes(app, cp, Admin, User)
 
@@ -968,7 +986,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         doc = cp.jobs.get(name)
         if version not in doc.kept:
             raise NotFound("version", f"{name} version {version}", doc.missing(version))
-        return doc.spec_of(version).model_dump(mode="json")
+        return shown_spec(doc.spec_of(version).model_dump(mode="json"))
 
     @app.get("/v1/jobs/{name}/controller-key", response_model=t.ControllerKey, tags=["jobs"])
     def controller_key(name: str, who: User, request: Request) -> dict[str, Any]:
@@ -1088,6 +1106,14 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     @app.get("/v1/maintenance", response_model=t.MaintenanceList, tags=["maintenance"])
     def list_maintenance(who: Admin) -> dict[str, Any]:
         return {"events": cp.machine_ops.maintenance()}
+
+    @app.delete("/v1/maintenance/{event}", response_model=t.MaintenanceCancelled,
+                tags=["maintenance"])
+    def cancel_maintenance(event: str, who: Admin) -> dict[str, Any]:
+        """Cancel a planned maintenance: not started, it is withdrawn (its notices
+        stop, its machines' cordons are lifted; ``state`` cancelled); under way, it
+        ends now (its machines are back in service; ``state`` ended)."""
+        return cp.machine_ops.cancel_maintenance(event)
 
     # -- a scheduler shard's part in moving an entitlement (called by the front end) -------
     @app.post("/v1/shard/entitlements/{name}/handoff", response_model=t.ShardHandoff,

@@ -17,6 +17,7 @@ progress (``PushStatus``, advanced by ``plait.jcp.push``).
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any, Literal
 
 import pydantic
@@ -63,8 +64,8 @@ class Gate(Value):
     def _one(self) -> Gate:
         if (self.url is None) == (not self.external):
             raise ValueError("a gate is either a url or external, not both or neither")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError("url: an http:// or https:// URL")
+        if self.url is not None and not re.match(r"^https?://[^\s/]+(/\S*)?\Z", self.url):
+            raise ValueError("url: an http:// or https:// URL (without spaces)")
         return self
 
 
@@ -73,7 +74,9 @@ class PushIntent(_NoIndexes):
 
     spec: JobSpec
     #: percentages of the job's tasks, increasing; a last stage below 100 holds there
-    stages: tuple[int, ...] = pydantic.Field(default=(100,), min_length=1, max_length=10)
+    #: (whole numbers only: ``"50"`` and ``true`` are refused, not read as 50 and 1)
+    stages: tuple[pydantic.StrictInt, ...] = pydantic.Field(default=(100,), min_length=1,
+                                                           max_length=10)
     #: how long a stage's tasks stay healthy before its gate is asked
     soak_seconds: float = pydantic.Field(default=60.0, ge=0, le=86_400)
     #: a stage whose tasks are not healthy by then fails (and the push rolls back)

@@ -8,7 +8,7 @@ region has a million machines.
 from plait.model.base import Value, build, parse
 from plait.model.entitlement import ElasticTerms, Entitlement, Quota
 from plait.model.events import EventKind, UnavailabilityEvent
-from plait.model.job import HealthProbe, JobSpec, RestartPolicy, UpdatePolicy
+from plait.model.job import Fence, HealthProbe, JobSpec, RestartPolicy, UpdatePolicy
 from plait.model.machine import FaultDomain, Machine, MachineState
 from plait.model.policy import (
     DEFAULT_POLICY,
@@ -40,6 +40,7 @@ __all__ = [
     "Entitlement",
     "EventKind",
     "FaultDomain",
+    "Fence",
     "Fleet",
     "HealthProbe",
     "JobSpec",

@@ -116,6 +116,10 @@ class Entitlement(Value):
     #: machines carry the canary's host profile and count against that entitlement's
     #: machine quota too
     canary_of: str | None = None
+    #: the host profiles its owner's host-profile canaries may switch machines to
+    #: (set by an admin; none by default: a canary that changes the host needs one
+    #: listed here, or the entitlement's own ``host_profile``)
+    canary_host_profiles: tuple[str, ...] = pydantic.Field(default=(), max_length=64)
 
     _name = pydantic.field_validator("name", "owner")(check_name)
 
@@ -123,6 +127,19 @@ class Entitlement(Value):
     @classmethod
     def _parent(cls, value: str | None) -> str | None:
         return None if value is None else check_name(value)
+
+    @pydantic.field_validator("canary_host_profiles")
+    @classmethod
+    def _profiles(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            check_name(name)  # (a host profile's name has an entitlement's rules)
+        if len(set(value)) != len(value):
+            raise ValueError("a host profile is listed twice")
+        return value
+
+    def may_canary(self, host_profile: str) -> bool:
+        """May this entitlement's owner run a canary on machines of ``host_profile``?"""
+        return host_profile == self.host_profile or host_profile in self.canary_host_profiles
 
     @pydantic.model_validator(mode="after")
     def _loans(self) -> Entitlement:
@@ -136,6 +153,9 @@ class Entitlement(Value):
                                            or self.quota.machines is None):
             raise ValueError("a canary entitlement neither lends nor borrows, and its "
                              "quota is in machines")
+        if self.canary_of is not None and self.canary_host_profiles:
+            raise ValueError("canary_host_profiles: a canary entitlement runs no canary of "
+                             "its own")
         return self
 
     @pydantic.field_validator("default_preferences")

@@ -13,6 +13,7 @@ import pydantic
 from plait.model.base import Value
 from plait.model.entitlement import check_name
 from plait.model.policy import AllocationPolicy
+from plait.model.redact import redact_url
 from plait.model.resources import Resources
 
 #: the most tasks a job may have
@@ -174,6 +175,29 @@ class HealthProbe(Value):
         return self
 
 
+class Fence(Value):
+    """At most one copy of each task, even while its machine's agent is cut off from
+    the control plane or frozen (for a replicated store's member, a shard's owner:
+    anything reached at an address of its own). The task's machine stops it by
+    itself (SIGTERM, then SIGKILL 1 s later) once its agent has not reached the
+    control plane for ``seconds``, even if the agent process itself is stopped (a
+    fence keeper process of the agent's does it); it starts again only once the
+    agent has heard the control plane and the task is still assigned there. The
+    control plane takes a task off a failed machine's desired set at once and
+    places it elsewhere only ``seconds`` + 3 s after the machine's last heartbeat,
+    so the two copies never overlap. A TaskController still decides when the move
+    may happen (it happens no sooner). A machine failed by an operator while its
+    agent still heartbeats has it stop such a task, which is placed elsewhere only
+    once that agent goes silent: drain the machine to move it instead. Changing the
+    fence restarts the tasks, as a rollout."""
+
+    #: seconds without reaching the control plane after which the task's machine
+    #: stops it; a task moves off a failed machine this long plus 3 s after the
+    #: machine's last heartbeat. Give its agent a few heartbeats (one a second by
+    #: default) of room: a lease shorter than the time between two stops the task
+    seconds: float = pydantic.Field(ge=3, le=3600)
+
+
 class JobSpec(Value):
     """A job: a named group of identical tasks, bound to an entitlement (its quota and
     pseudo-cluster), not to a physical cluster. Every change is a new version, rolled
@@ -218,6 +242,10 @@ class JobSpec(Value):
     #: tasks still run are kept too, and fewer are kept when they would not fit in
     #: one stored record
     keep_versions: int = pydantic.Field(default=10, ge=1, le=100)
+    #: at most one copy of each task at any time, even while its machine is cut off
+    #: (none: a task on a failed machine is replaced at once, and its copy there runs
+    #: on until its agent hears the control plane again)
+    fence: Fence | None = None
 
     _names = pydantic.field_validator("name", "entitlement")(check_name)
 
@@ -232,7 +260,7 @@ class JobSpec(Value):
     @classmethod
     def _url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^https?://[^\s/]+(/\S*)?\Z", value):
-            raise ValueError(f"{value!r} is not an http(s) URL")
+            raise ValueError(f"{redact_url(value)!r} is not an http(s) URL")
         return value
 
     @pydantic.field_validator("env")
@@ -246,7 +274,7 @@ class JobSpec(Value):
     def __hash__(self) -> int:
         return hash((self.name, self.entitlement, self.task_count, self.resources, self.command,
                      self.args, tuple(sorted(self.env.items())), self.policy, self.update,
-                     self.task_controller, self.restart, self.health))
+                     self.task_controller, self.restart, self.health, self.fence))
 
 
 def spans(numbers: list[int]) -> str:

@@ -107,6 +107,12 @@ class PersistentAllocator(Allocator):
                       entitlement.model_dump_json().encode())
         super().define(entitlement)
 
+    def undefine(self, name: str) -> list[int]:
+        if hasattr(self, "ns") and not self.in_use(name):  # (removed from the store first)
+            for n in [*sorted(self._canaries(name)), name]:
+                self._drop(f"/entitlements/{n}")
+        return super().undefine(name)
+
     def allocate(self, request: AllocationRequest) -> AllocationResult:
         started = perf_counter()
         result = super().allocate(request)

@@ -88,6 +88,9 @@ def runtime_key(spec: JobSpec, dumped: dict[str, Any] | None = None) -> str:
 def _runtime_of(dumped: dict[str, Any]) -> str:
     """``runtime_key`` of a spec's JSON form."""
     runs = dict(dumped)
+    for key, default in ADDED_FIELDS.items():
+        if runs.get(key, default) == default:
+            runs.pop(key, None)  # (as versions stored before the field existed say)
     for key, value in _fixed_not_runtime().items():
         if value is _ABSENT_FIELD:
             runs.pop(key, None)
@@ -98,6 +101,11 @@ def _runtime_of(dumped: dict[str, Any]) -> str:
 
 
 _ABSENT_FIELD = object()
+
+#: spec fields added after versions were stored, with their JSON default: a version
+#: that leaves one at its default runs as the stored versions without it did (its
+#: ``runtime_key`` is theirs: an upgrade of plait restarts no task)
+ADDED_FIELDS: dict[str, Any] = {"fence": None}
 
 
 @functools.cache

@@ -11,8 +11,10 @@ machine's desired set).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from operator import attrgetter
 
+from plait.model import fence
 from plait.model.task import TaskState
 from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import (
@@ -43,16 +45,35 @@ def still_applies(job: JobRecord, rec: TaskRecord, op: TaskOp) -> bool:
     return True
 
 
+def fenced(job: JobRecord, rec: TaskRecord, op: TaskOp, now: float,
+           heard: Mapping[int, float], started: float | None) -> bool:
+    """Does an acked move of a task off its failed machine wait for the fence of its
+    job (``plait.model.fence``): its copy there may still run?"""
+    if op.kind is not OpKind.MOVE or op.reason != FAILURE or rec.state is not TaskState.LOST:
+        return False
+    policy = job.versions[rec.spec_version - 1].fence
+    if policy is None:
+        return False
+    lost_since = rec.lost_since if rec.lost_since is not None else now
+    machine = rec.machine
+    return not fence.may_replace(policy.seconds, None if machine is None else heard.get(machine),
+                                 lost_since, started, now)
+
+
 def plan_execution(job: JobRecord, tokens: int, now: float,
-                   down_now: set[int] | None = None) -> ExecutionPlan:
+                   down_now: set[int] | None = None, heard: Mapping[int, float] | None = None,
+                   started: float | None = None) -> ExecutionPlan:
     """The job's acked operations to start with at most ``tokens`` starts, in task
     order, and those that no longer apply. An operation on a task that serves waits
     while the job is at its cap; one on a task that was serving and fails its probe
-    (``plans.lapsed``) waits while the job is past it. ``down_now``:
-    ``plans.down_tasks(job)``, when the caller has it."""
+    (``plans.lapsed``) waits while the job is past it; a move off a failed machine of
+    a job with a fence waits until its copy there is surely gone (``fenced``:
+    ``heard``, each machine's last heartbeat, and ``started``, when the scheduler
+    started). ``down_now``: ``plans.down_tasks(job)``, when the caller has it."""
     plan = ExecutionPlan()
     if not job.acked:
         return plan
+    guard = job.lost and any(v.fence is not None for v in job.versions)
     count = job.spec.task_count
     cap = job.spec.update.resolve(count)
     grace = job.spec.update.serving_grace_seconds
@@ -88,6 +109,9 @@ def plan_execution(job: JobRecord, tokens: int, now: float,
         if not applies:
             obsolete(op)
             continue
+        if guard and fenced(job, rec, op, now, heard or {}, started):
+            plan.fenced.append(op.task.index)
+            continue  # waits, acked, until its copy on the failed machine is gone
         counted = rec.index < count and not deleting
         available = counted and ((state is running and rec.healthy and rec.serving)
                                  or state in finished)  # (not down)

@@ -12,10 +12,11 @@ tasks parked for it start again where they were.
 from __future__ import annotations
 
 from plait.broker import ChangeKind
+from plait.model import fence
 from plait.model.events import DRAIN_PREFIXES, MACHINE_DRAIN_PREFIX, EventKind
 from plait.model.machine import MachineState
 from plait.model.task import TaskRef, TaskState
-from plait.scheduler import drain
+from plait.scheduler import drain, machinesets
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.machinesets import NOTHING_PLACED
 from plait.scheduler.plans import DELETE, RESIZE
@@ -92,8 +93,19 @@ def lose(s: SchedulerState, ref: TaskRef, now: float) -> None:
         job.dirty = True
         s.counters["tasks_lost"] += 1
         s.cancel_pending(job, rec.index)
+        policy = job.versions[rec.spec_version - 1].fence
+        if policy is not None and rec.machine is not None:
+            # at most one copy: out of its machine's desired set now, so an agent that
+            # hears the control plane again stops it, and never starts it again from a
+            # set read before its move (``plait.model.fence``); back in if the machine
+            # comes back first (``on_changes``)
+            s.touched.add(rec.machine)
+            machinesets.undesire(s.desired, rec.machine, ref)
         where = s.fleet.name(rec.machine) if rec.machine is not None else "?"
-        s.event(now, job.name, "task_lost", f"task {rec.index}: machine {where} is down",
+        s.event(now, job.name, "task_lost", f"task {rec.index}: machine {where} is down" + (
+                "" if policy is None else f" (fenced: it moves {policy.seconds:g}s + "
+                f"{fence.FENCE_KILL_GRACE + fence.FENCE_MARGIN:g}s after the machine's "
+                "last heartbeat, once its copy there is surely gone)"),
                 task=rec.index, machine=rec.machine, op="failure", reason="machine down")
 
 

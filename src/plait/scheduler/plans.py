@@ -152,6 +152,8 @@ class ExecutionPlan:
     obsolete: list[TaskOp] = field(default_factory=list)
     #: the rate limit ran out before every acked operation under the cap could start
     throttled: bool = False
+    #: tasks whose acked move off a failed machine waits for their job's fence
+    fenced: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

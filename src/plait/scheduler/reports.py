@@ -30,6 +30,7 @@ def _may_end(job: JobRecord, rec: TaskRecord, code: int | None) -> bool:
 
 def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now: float) -> None:
     """Record the statuses an agent reported for machine index ``machine``."""
+    s.heard[machine] = now  # (a fenced task counts its move from the last one)
     # (the tasks reported, as (job, index): hashed in C, a heartbeat of a machine
     # packed with thousands of small tasks reads each once)
     seen: set[tuple[str, int]] = set()

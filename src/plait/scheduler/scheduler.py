@@ -999,7 +999,8 @@ class Scheduler(SchedulerState):
         apply.failure_deadline(self, job, acks.failure_deadline_acks(job, now, deadline),
                                deadline, now)
         self.stage("execution")
-        plan = execution.plan_execution(job, int(self.bucket.tokens), now, down)
+        plan = execution.plan_execution(job, int(self.bucket.tokens), now, down, self.heard,
+                                        self.started)
         apply.execution(self, job, plan, now)
         self.stage("placement")
         apply.placement(self, job, placement.plan_placement(

@@ -123,6 +123,11 @@ class SchedulerState:
         self._answers: dict[str, ControllerAnswer] = {}
         #: the distinct messages of task events, each once (``task_event``)
         self._task_messages: dict[str, TaskMessage] = {}
+        #: per machine: when this scheduler last took its agent's heartbeat, and when
+        #: it started (heard nothing before): what a fenced job's task waits out before
+        #: it moves off a failed machine (``plait.model.fence``)
+        self.heard: dict[int, float] = {}
+        self.started = now
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def mark(self, job: str) -> None:

@@ -112,6 +112,7 @@ class ApiServer(AsgiServer):
     def stop(self) -> None:
         self.cp.gateway.waiters.close()  # (agents' long-polls answered: none held up)
         super().stop()
+        self.cp.jcp.gates.close()
 
 
 def prepare(data_dir: str | Path, store_url: str | None = None,

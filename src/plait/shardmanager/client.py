@@ -18,20 +18,23 @@ there).
 
     ShardTask.from_env(Kv(), app="kv").serve_forever()
 
-Shard Manager's calls (``POST /sm/add`` with ``{"shard", "peers"}``, ``POST
-/sm/drop`` with ``{"shard"}``) carry the application's token (``plait shardmanager
-token APP``, the one the task registers with); every other request goes to the
-application's ``handle``. A task learns the region's settings
-from the environment its agent gives it: ``PLAIT_JOB``, ``PLAIT_TASK_INDEX``,
-``PLAIT_PORT``, ``PLAIT_FAULT_DOMAIN`` (region/dc/msb/row/rack) and
-``PLAIT_MACHINE``; Shard Manager's URL and the application's token from
-``PLAIT_SM_URL`` and ``PLAIT_SM_TOKEN`` (or ``PLAIT_SM_TOKEN_FILE``).
+The task holds the application's task secret (``plait shardmanager token APP``) and
+never sends it: its registrations are signed with a key of this process, derived from
+the secret, its job, index and incarnation (``plait.shardmanager.credentials``), and
+Shard Manager's calls (``POST /sm/add`` with ``{"shard", "peers", "nonce"}``, ``POST
+/sm/drop`` with ``{"shard", "nonce"}``, ``GET /sm/shards``) are signed with the same
+key, recently, each nonce once; every other request goes to the application's
+``handle``. A task learns the region's settings from the environment its agent gives
+it: ``PLAIT_JOB``, ``PLAIT_TASK_INDEX``, ``PLAIT_PORT``, ``PLAIT_FAULT_DOMAIN``
+(region/dc/msb/row/rack) and ``PLAIT_MACHINE``; Shard Manager's URL and the task
+secret from ``PLAIT_SM_URL`` and ``PLAIT_SM_TOKEN`` (or ``PLAIT_SM_TOKEN_FILE``).
+Clients read the map (``watch``) with the application's read token (``plait
+shardmanager token APP --reader``), which can change nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import os
 import sys
@@ -46,6 +49,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+
+from plait.errors import ValidationError
+from plait.shardmanager import credentials
 
 #: the largest body the library reads from a request
 MAX_BODY = 16 * 1024 * 1024
@@ -103,13 +109,18 @@ class ShardTask:
     def __init__(self, app_impl: ShardApp, *, app: str, job: str, index: int, port: int,
                  manager: str, token: str, host: str = "127.0.0.1",
                  advertise: str | None = None, domains: Sequence[str] = ()) -> None:
+        """``token``: the application's task secret (never sent)."""
         self.impl = app_impl
         self.app = app
         self.job = job
         self.index = index
         self.manager = manager.rstrip("/")
-        self.token = token
         self.incarnation = uuid.uuid4().hex
+        #: this process's key: signs its registrations and Shard Manager's calls to it
+        self.key = credentials.task_key(token, app, job, index, self.incarnation)
+        #: the nonces of Shard Manager's calls seen within the signatures' window
+        self._nonces: dict[str, float] = {}
+        self._nonce_lock = threading.Lock()
         #: when this process started (Shard Manager keeps the later of two processes)
         self.started = time.time()
         #: Shard Manager's words when it refused this process as superseded
@@ -122,8 +133,7 @@ class ShardTask:
         self._lock = threading.Lock()  # (one add or drop at a time)
         #: the shards this task serves
         self.shards: set[str] = set()
-        self.http = httpx.Client(timeout=5.0,
-                                 headers={"Authorization": f"Bearer {token}"})
+        self.http = httpx.Client(timeout=5.0, trust_env=False)
 
     @classmethod
     def from_env(cls, impl: ShardApp, *, app: str,
@@ -145,11 +155,16 @@ class ShardTask:
         """Tell Shard Manager this task is here (again); False if it did not answer."""
         if self.gone is not None:
             return False
+        shards = sorted(self.shards)  # (a copy in one step: no lock held through an add)
+        body = json.dumps({
+            "index": self.index, "endpoint": self.endpoint, "job": self.job,
+            "incarnation": self.incarnation, "domains": list(self.domains),
+            "shards": shards, "started": self.started}).encode()
         try:
-            r = self.http.post(f"{self.manager}/v1/apps/{self.app}/tasks", json={
-                "index": self.index, "endpoint": self.endpoint, "job": self.job,
-                "incarnation": self.incarnation, "domains": list(self.domains),
-                "shards": sorted(self.shards), "started": self.started})
+            r = self.http.post(f"{self.manager}/v1/apps/{self.app}/tasks", content=body,
+                               headers={"Content-Type": "application/json",
+                                        credentials.SIGNATURE_HEADER: credentials.sign(
+                                            self.key, body, time.time())})
         except httpx.HTTPError:
             return False
         if r.status_code == 409:
@@ -224,7 +239,7 @@ class ShardTask:
                     return
                 if url.path.startswith("/sm/"):
                     self._send(task._sm(self.command, url.path, body,
-                                        self.headers.get("Authorization", "")))
+                                        self.headers.get(credentials.SIGNATURE_HEADER)))
                     return
                 request = Request(self.command, url.path, parse_qs(url.query), body,
                                   {k.lower(): v for k, v in self.headers.items()})
@@ -256,9 +271,14 @@ class ShardTask:
 
         return Handler
 
-    def _sm(self, method: str, path: str, body: bytes, auth: str) -> Response:
-        if not hmac.compare_digest(auth.encode(), f"Bearer {self.token}".encode()):
-            return Response(401, {"error": "Shard Manager's token required"})
+    def _sm(self, method: str, path: str, body: bytes, signature: str | None) -> Response:
+        now = time.time()
+        try:
+            credentials.verify(self.key, signature,
+                               credentials.call_message(method, path, body), now)
+        except ValidationError as exc:
+            return Response(401, {"error": f"{exc} (Shard Manager signs its calls with "
+                                           "this process's key)"})
         if method == "GET" and path == "/sm/shards":
             return Response(200, {"task": self.index, "incarnation": self.incarnation,
                                   "shards": sorted(self.shards)})
@@ -271,6 +291,19 @@ class ShardTask:
             return Response(422, {"error": "the body is not JSON"})
         if not isinstance(data, dict):
             return Response(422, {"error": "the body is a JSON object"})
+        nonce = data.get("nonce")
+        if not isinstance(nonce, str) or not 16 <= len(nonce) <= 64:
+            return Response(422, {"error": "nonce: a string of 16-64 characters"})
+        with self._nonce_lock:
+            while self._nonces:  # (oldest first: forget those past the window)
+                oldest = next(iter(self._nonces))
+                if now - self._nonces[oldest] <= 2 * credentials.TOLERANCE:
+                    break
+                del self._nonces[oldest]
+            if nonce in self._nonces:
+                return Response(401, {"error": "nonce: this call was made already (a "
+                                               "replay)"})
+            self._nonces[nonce] = now
         try:
             return self._call(op, data)
         except Exception as exc:  # the application could not load or drop it
@@ -289,7 +322,9 @@ def watch(manager: str, app: str, token: str, after: int = -1, wait: float = 20.
           client: httpx.Client | None = None) -> dict[str, Any]:
     """The application's shard map once its generation is past ``after`` (a long
     poll of ``GET /v1/apps/{app}/map``): ``{"generation", "replication", "shards":
-    {shard: [endpoints of its ready replicas]}}``."""
+    {shard: [endpoints of its ready replicas]}}``. ``token``: the application's read
+    token (``plait shardmanager token APP --reader``). A generation only grows, across
+    restarts of Shard Manager too."""
     own = client is None
     c = client or httpx.Client(timeout=wait + 10)
     try:

@@ -3,7 +3,9 @@ with start/stop latencies and crashes, on the simulated clock.
 
 The same contract as a real agent (DESIGN.md "Agents and the control plane"): start
 what is missing, stop what is no longer assigned (fencing), restart what crashed,
-report statuses. A machine that fails takes its processes with it.
+report statuses. A machine that fails takes its processes with it; one cut off from
+the control plane (``cut``) keeps them, and stops those of jobs with a fence by
+itself, by the real agent's rule (``fence``, ``plait.model.fence``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from plait.model import fence as fencing
 from plait.model.converge import converge
 from plait.model.hostprofile import DEFAULT_PROFILE, HostProfile, HostProfileSpec, kinds_changed
 from plait.model.task import TaskRef
@@ -105,6 +108,10 @@ class SimAgent:
         #: how long a switch from one profile's settings to another's takes
         self.switch_time: Callable[[HostProfileSpec | None, HostProfileSpec], float] = (
             switch_seconds)
+        #: cut off from the control plane (its processes run on, unreported), and when
+        #: its last report was taken: the lease of its fenced tasks
+        self.cut = False
+        self.contact: float | None = None
 
     def _say(self, ref: TaskRef, now: float, line: str) -> None:
         if self.output is not None:
@@ -144,6 +151,25 @@ class SimAgent:
 
     def repair(self) -> None:
         self.up = True
+
+    def fence(self, now: float) -> None:
+        """The fence of a machine cut off (the real agent's, and its keeper's): a task
+        of a job with a fence gets SIGTERM once the lease is ``fence.seconds`` old and
+        is gone at the latest ``FENCE_KILL_GRACE`` later (its stop time, if shorter)."""
+        for ref, p in list(self.processes.items()):
+            policy = p.assignment.spec.fence
+            if policy is None or p.final is not None:
+                continue
+            said = fencing.verdict(policy.seconds, self.contact, now)
+            if said is fencing.Verdict.RUN:
+                continue
+            if not p.stopping:
+                b = p.behaviour if p.behaviour is not None else self.behaviour(p.assignment)
+                p.behaviour, p.stopping = b, True
+                p.until = now + min(b.stop_seconds, fencing.FENCE_KILL_GRACE)
+            if said is fencing.Verdict.KILL or now >= p.until:
+                del self.processes[ref]
+                self._say(ref, now, "stopped by its fence")
 
     def applied(self) -> Applied:
         """The profile report: what is applied, and why the last switch failed."""
@@ -185,6 +211,7 @@ class SimAgent:
         """Converge to ``desired`` and return the statuses to report. ``target``: the
         host profile the machine must carry; no task starts until it does (``hold``:
         nor does a switch begin: a roll drains the machine)."""
+        self.contact = now  # (this step's report is taken now: the lease renews)
         want = {TaskRef(a.job, a.index): a for a in desired}
         revisions = {ref: a.revision for ref, a in want.items()}
         # fence: stop whatever is not assigned here (or an older version of it)

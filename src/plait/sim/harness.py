@@ -57,6 +57,8 @@ class Simulation:
         #: control plane's dispatcher does for real ones
         self.remotes: dict[str, tuple[TaskController, float]] = {}
         self._calls: list[tuple[float, int, ControllerCall]] = []
+        #: machines whose agents are cut off from the control plane (``cut``)
+        self.cut: set[int] = set()
         #: False when another shell carries the calls (a control plane running
         #: simulated agents sends its jobs' calls to their real controllers)
         self.carry_calls = True
@@ -83,9 +85,11 @@ class Simulation:
             if due.get(m) == at:
                 del due[m]
                 active.add(m)
+        for m in self.cut:
+            self.agents[m].fence(now)  # (its fence keeper: no report, no desired set)
         for m in sorted(active):
             agent = self.agent(m)
-            if not agent.up:
+            if not agent.up or agent.cut:
                 continue
             desired = sched.desired_of(m)
             statuses = agent.step(now, desired, sched.profile_target(m), sched.profile_hold(m))
@@ -162,11 +166,33 @@ class Simulation:
                                                   start=self.now), self.now)
         return event_id
 
+    def cut_off(self, machines: list[str]) -> str:
+        """Machines' agents lose the control plane now, after one last heartbeat (a
+        partition, a frozen agent): their processes run on unreported, the health
+        check raises a failure event; a job's fence stops its tasks there by itself.
+        ``repair`` ends it."""
+        sched = self.scheduler
+        for name in machines:
+            m = self.fleet.index_of(name)
+            agent = self.agent(m)
+            if agent.up and not agent.cut:
+                sched.report(agent.machine, agent.step(
+                    self.now, sched.desired_of(m), sched.profile_target(m),
+                    sched.profile_hold(m)), self.now)
+            agent.cut = True
+            self.cut.add(m)
+        event_id = self._next_id("failure")
+        self.region.add_event(UnavailabilityEvent(event_id, EventKind.FAILURE, tuple(machines),
+                                                  start=self.now), self.now)
+        return event_id
+
     def repair(self, event_id: str) -> None:
         event = next(e for e in self.region.events() if e.id == event_id)
         for name in event.machines:
             m = self.fleet.index_of(name)
             self.agent(m).repair()
+            self.agent(m).cut = False
+            self.cut.discard(m)
             self.wake(m)
         self.region.end_event(event_id, self.now)
 

@@ -43,6 +43,13 @@ def open_store(url: str) -> Any:
     return SqliteStore(url)
 
 
+def store_warnings(store: Store) -> list[str]:
+    """What the operator should know of how ``store`` is secured (a ZooKeeper store
+    without credentials): logged at start, and in ``/healthz``'s ``warnings``."""
+    said = getattr(store, "warnings", None)  # (a traced store passes it through)
+    return list(said()) if callable(said) else []
+
+
 def _walk(store: Store, key: str, out: list[tuple[str, bytes]]) -> None:
     for child in store.children(key):
         path = f"{key.rstrip('/')}/{child}"

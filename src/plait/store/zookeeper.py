@@ -191,6 +191,14 @@ class ZkStore:
         self.hosts, self.timeout, self.auth = hosts, timeout, auth
         self.client = _client(hosts, timeout, auth)
 
+    def warnings(self) -> list[str]:
+        """What its operator should know of how this store is secured."""
+        if self.auth is not None:
+            return []
+        return [f"the ZooKeeper store zk://{self.hosts} has no credentials (no "
+                "?auth_file=PATH): its znodes carry no ACL, so anyone who reaches ZooKeeper "
+                "can read the tokens' hashes and rewrite jobs, entitlements and tokens"]
+
     @_reading
     def get(self, key: str) -> tuple[bytes, int]:
         try:

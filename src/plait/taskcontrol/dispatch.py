@@ -3,7 +3,8 @@
 The scheduler's pass leaves each job's request for its remote controller in
 ``Scheduler.outbox``; the control plane hands them to ``Dispatcher.send`` after the
 pass and goes on. The dispatcher runs its own event loop in one thread and sends
-the calls concurrently (at most ``max_in_flight`` at once), each with:
+the calls concurrently (at most ``max_in_flight`` at once, and at most ``per_tenant``
+of one tenant's: ``plait.taskcontrol.tenantcalls``), each with:
 
 * a hard total deadline (``deadline`` seconds from connect to the last byte of the
   reply, whatever the controller does: a tarpit that sends one byte every two
@@ -15,8 +16,8 @@ the calls concurrently (at most ``max_in_flight`` at once), each with:
 
 Every call ends in exactly one ``ControllerAnswer`` passed to ``deliver`` (from the
 dispatcher's thread): the response, or why there is none. The scheduler applies it
-at its next pass. A slow or broken controller costs one slot of ``max_in_flight``
-for at most ``deadline`` seconds and delays its own job only.
+at its next pass. A slow or broken controller costs one of its tenant's slots for at
+most ``deadline`` seconds and delays its own tenant's calls only.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from plait.errors import ValidationError
+from plait.model.redact import redact_text
 from plait.taskcontrol import signing
 from plait.taskcontrol.protocol import (
     ControllerAnswer,
@@ -42,11 +43,20 @@ from plait.taskcontrol.protocol import (
     response_from_wire,
     to_wire,
 )
+from plait.taskcontrol.tenantcalls import (
+    Oversized,
+    Refused,
+    TenantSlots,
+    read_capped,
+    resolve_checked,
+)
 from plait.taskcontrol.urlpolicy import UrlPolicy
 
 #: the default hard deadline of one call, and the default reply cap
 DEFAULT_DEADLINE = 5.0
 DEFAULT_MAX_REPLY = 1 << 20
+#: the default bound on one tenant's calls in flight at once
+DEFAULT_PER_TENANT = 16
 
 
 @dataclass
@@ -65,6 +75,7 @@ class Dispatcher:
                  deadline: float = DEFAULT_DEADLINE,
                  max_reply_bytes: int = DEFAULT_MAX_REPLY,
                  max_in_flight: int = 64,
+                 per_tenant: int = DEFAULT_PER_TENANT,
                  policy: UrlPolicy | None = None,
                  verify: Callable[[str], Any] = lambda url: True,
                  key_for: Callable[[str], str | None] = lambda job: None,
@@ -75,6 +86,7 @@ class Dispatcher:
         self.deadline = deadline
         self.max_reply_bytes = max_reply_bytes
         self.max_in_flight = max_in_flight
+        self.per_tenant = min(per_tenant, max_in_flight)
         self.policy = policy or UrlPolicy()
         self.verify = verify
         self.key_for = key_for
@@ -91,7 +103,7 @@ class Dispatcher:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._sem = asyncio.Semaphore(self.max_in_flight)
+        self._slots = TenantSlots(self.per_tenant, self.max_in_flight)
         self._ready.set()
         self._loop.run_forever()
 
@@ -140,7 +152,7 @@ class Dispatcher:
         return client, verify
 
     async def _call(self, call: ControllerCall) -> None:
-        async with self._sem:
+        async with self._slots.slot(call.tenant or call.job):
             self.stats.in_flight += 1
             response = None
             error: str | None = None
@@ -152,10 +164,10 @@ class Dispatcher:
                 self.stats.timeouts += 1
                 error = (f"controller {call.url}: no whole reply within the "
                          f"{self.deadline:g}s deadline")
-            except _Refused as exc:
+            except Refused as exc:
                 self.stats.refused += 1
                 error = str(exc)
-            except _Oversized as exc:
+            except Oversized as exc:
                 self.stats.oversized += 1
                 error = str(exc)
             except _Unusable as exc:
@@ -166,23 +178,12 @@ class Dispatcher:
                 self.stats.in_flight -= 1
             if error is not None:
                 self.stats.errors += 1
+                error = redact_text(error)  # (the URL's credentials: never shown)
         self.deliver(ControllerAnswer(call.job, call.request.sequence_number, response, error))
 
     async def _exchange(self, call: ControllerCall) -> Any:
         url = call.url
-        try:
-            host, port = self.policy.host(url)
-            literal = self.policy.literal(host)
-            if literal is not None:
-                addresses = [str(literal)]
-            else:
-                infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-                addresses = sorted({str(info[4][0]) for info in infos})
-            self.policy.check(url, addresses)
-        except ValidationError as exc:
-            raise _Refused(str(exc)) from None
-        except OSError as exc:
-            raise _Refused(f"controller {url}: cannot resolve {exc}") from None
+        await resolve_checked(self.policy, url, "controller")
         body = json.dumps(to_wire(call.request), separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
                    signing.JOB_HEADER: call.job}
@@ -194,16 +195,7 @@ class Dispatcher:
                                allow_redirects=False) as reply:
             if not 200 <= reply.status < 300:
                 raise _Unusable(f"HTTP {reply.status}")
-            declared = reply.content_length
-            if declared is not None and declared > self.max_reply_bytes:
-                raise _Oversized(f"controller {url}: reply of {declared} bytes is over the "
-                                 f"{self.max_reply_bytes} byte cap")
-            data = bytearray()
-            async for chunk in reply.content.iter_any():
-                data += chunk
-                if len(data) > self.max_reply_bytes:
-                    raise _Oversized(f"controller {url}: reply over the "
-                                     f"{self.max_reply_bytes} byte cap")
+            data = await read_capped(reply, self.max_reply_bytes, f"controller {url}")
         try:
             parsed = json.loads(data)
         except ValueError:
@@ -212,14 +204,6 @@ class Dispatcher:
             return response_from_wire(parsed)
         except ValidationError as exc:
             raise _Unusable(f"malformed reply: {exc}") from None
-
-
-class _Refused(Exception):
-    pass
-
-
-class _Oversized(Exception):
-    pass
 
 
 class _Unusable(Exception):

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from plait.errors import PlaitError, ValidationError
+from plait.model.redact import redact_url
 from plait.taskcontrol.protocol import (
     TaskControlRequest,
     TaskControlResponse,
@@ -33,6 +34,7 @@ class HttpController:
         """``verify``: what an https controller's certificate is checked against (an
         ``ssl.SSLContext`` of the control plane's CA file, or the system's)."""
         self.url = url
+        self.shown = redact_url(url)  # (in errors: no credential of the URL's)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = client or httpx.Client(timeout=timeout, headers=headers, verify=verify)
 
@@ -40,17 +42,17 @@ class HttpController:
         try:
             reply = self._client.post(self.url, json=to_wire(request))
         except httpx.HTTPError as exc:
-            raise TaskControlError(f"controller {self.url}: {type(exc).__name__}: {exc}") from exc
+            raise TaskControlError(f"controller {self.shown}: {type(exc).__name__}: {exc}") from exc
         if not reply.is_success:
-            raise TaskControlError(f"controller {self.url}: HTTP {reply.status_code}")
+            raise TaskControlError(f"controller {self.shown}: HTTP {reply.status_code}")
         try:
             body: Any = reply.json()
         except ValueError:
-            raise TaskControlError(f"controller {self.url}: reply is not JSON") from None
+            raise TaskControlError(f"controller {self.shown}: reply is not JSON") from None
         try:
             return response_from_wire(body)
         except ValidationError as exc:
-            raise TaskControlError(f"controller {self.url}: malformed reply: {exc}") from None
+            raise TaskControlError(f"controller {self.shown}: malformed reply: {exc}") from None
 
     def close(self) -> None:
         self._client.close()

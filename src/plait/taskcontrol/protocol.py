@@ -154,6 +154,9 @@ class ControllerCall:
     request: TaskControlRequest
     #: what the call's signing key is derived from (``signing.key_name``; "": ``job``)
     key_name: str = ""
+    #: whose call it is (the job's owner): the calls of one tenant in flight at once
+    #: are bounded apart from every other tenant's (``plait.taskcontrol.tenantcalls``)
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from plait.errors import ValidationError
+from plait.model.redact import redact_url
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -67,11 +68,12 @@ def networks(specs: Iterable[str]) -> tuple[Network, ...]:
 def _endpoint(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValidationError("task_controller", f"{url!r} is not an http(s) URL")
+        raise ValidationError("task_controller", f"{redact_url(url)!r} is not an http(s) URL")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
-        raise ValidationError("task_controller", f"{url!r} has an invalid port") from None
+        raise ValidationError("task_controller",
+                              f"{redact_url(url)!r} has an invalid port") from None
     return parts.hostname.lower().rstrip("."), port
 
 
@@ -127,7 +129,7 @@ class UrlPolicy:
 
 
 def refused(url: str, rule: str, why: str) -> ValidationError:
-    return ValidationError("task_controller", f"controller URL {url!r} refused "
+    return ValidationError("task_controller", f"controller URL {redact_url(url)!r} refused "
                                               f"(rule {rule}): {why}")
 
 

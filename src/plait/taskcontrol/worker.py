@@ -30,6 +30,7 @@ from plait.taskcontrol import signing
 from plait.taskcontrol.dispatch import (
     DEFAULT_DEADLINE,
     DEFAULT_MAX_REPLY,
+    DEFAULT_PER_TENANT,
     Dispatcher,
     DispatchStats,
 )
@@ -44,6 +45,7 @@ class Settings:
     deadline: float = DEFAULT_DEADLINE
     max_reply_bytes: int = DEFAULT_MAX_REPLY
     max_in_flight: int = 64
+    per_tenant: int = DEFAULT_PER_TENANT
     policy: UrlPolicy = field(default_factory=UrlPolicy)
     #: the CA file https controllers are checked against (None: the system's)
     ca_file: str | None = None
@@ -197,7 +199,8 @@ def main() -> None:
 
     dispatcher = Dispatcher(
         deliver, deadline=settings.deadline, max_reply_bytes=settings.max_reply_bytes,
-        max_in_flight=settings.max_in_flight, policy=settings.policy,
+        max_in_flight=settings.max_in_flight, per_tenant=settings.per_tenant,
+        policy=settings.policy,
         verify=lambda url: tls_verify(settings.ca_file, url), key_for=key_for)
     write_lock = threading.Lock()
 

@@ -65,6 +65,46 @@ class JobCommands:
                        said, entitlement=ent.name)
         return old is None
 
+    def delete_entitlement(self, name: str) -> dict[str, Any]:
+        """Remove an entitlement no job uses (``Conflict`` naming what does): its
+        machines, and its canary entitlements', go back to the free pool. Its view as
+        it was, with ``deleted`` and the machines ``released``."""
+        view = self.cp.views.entitlement_view(name)  # (NotFound for an unknown one)
+        ent = self.cp.entitlement(name)
+        if ent.canary_of is not None:
+            raise Taken(f"entitlement {name}", f"entitlement {name} is a canary entitlement of "
+                        f"{ent.canary_of}: it "
+                        f"goes when its canary ends, or with {ent.canary_of}")
+        self._unused(name, self.cp.views.index.jobs_of(name))
+        with self.cp.lock:
+            self._unused(name, sorted(j for j, s in self.cp.scheduler.jobs.items()
+                                      if s.entitlement == name))
+            kept = [self.cp.allocator.entitlements[n]
+                    for n in sorted(self.cp.allocator.canaries.get(name, ()))]
+            released = self.cp.allocator.undefine(name)
+        # a job stored while it went (a create that found it before): it stays
+        late = self.cp.views.index.jobs_of(name)
+        if late:
+            with self.cp.lock:
+                for e in [*kept, ent]:
+                    self.cp.allocator.define(e)
+            self._unused(name, late)
+        machines = self.cp.fleet.names(released)
+        self.cp.record("api", "entitlement_deleted", f"{name}: deleted; " + (
+            f"{len(machines)} machine{'s' if len(machines) != 1 else ''} back to the free "
+            "pool" if machines else "it held no machine"), entitlement=name)
+        return {**view, "machines": 0, "rru": 0.0, "jobs": [], "deleted": True,
+                "released": machines}
+
+    @staticmethod
+    def _unused(name: str, jobs: list[str]) -> None:
+        if jobs:
+            raise Taken(f"entitlement {name}",
+                        f"entitlement {name} is used by job{'s' if len(jobs) > 1 else ''} "
+                        f"{', '.join(jobs[:5])}" + (f" and {len(jobs) - 5} more"
+                                                    if len(jobs) > 5 else "")
+                        + ": delete or move them first")
+
     def over_quota(self, ent: Entitlement) -> str | None:
         """What an entitlement uses above its quota, said (None: nothing): a quota
         lowered below its use takes nothing back, as Kubernetes' ResourceQuota."""

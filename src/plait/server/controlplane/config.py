@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from plait.model import RegionSpec
 from plait.scheduler import SchedulerConfig
 from plait.server.events import Retention
-from plait.taskcontrol.dispatch import DEFAULT_DEADLINE, DEFAULT_MAX_REPLY
+from plait.taskcontrol.dispatch import DEFAULT_DEADLINE, DEFAULT_MAX_REPLY, DEFAULT_PER_TENANT
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,9 @@ class ControlPlaneConfig:
     controller_deadline: float = DEFAULT_DEADLINE
     controller_reply_bytes: int = DEFAULT_MAX_REPLY
     controller_concurrency: int = 64
+    #: of which one owner's calls may hold at most this many at once (a tenant's slow
+    #: controllers wait behind each other, not behind another tenant's)
+    controller_concurrency_per_owner: int = DEFAULT_PER_TENANT
     #: the networks controller URLs may point into (``plait.taskcontrol.urlpolicy``;
     #: ``loopback`` and ``any`` are shorthands); loopback and link-local only when
     #: named explicitly

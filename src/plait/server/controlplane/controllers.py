@@ -5,6 +5,7 @@ calls are signed with. Nothing here runs under the control plane's lock."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import secrets
 import socket
 import threading
@@ -39,6 +40,8 @@ class Controllers:
     def send(self, calls: list[ControllerCall]) -> None:
         """Hand a pass's requests to the dispatcher (after the pass, off the lock)."""
         now = time.monotonic()
+        calls = [dataclasses.replace(call, tenant=self.cp.owner_of_job(call.job))
+                 for call in calls]
         with self.cp.pending_lock:
             if len(self._sent) > 100_000:  # (calls a stopped dispatcher never answered)
                 self._sent = {k: t for k, t in self._sent.items() if now - t < 600}
@@ -65,13 +68,15 @@ class Controllers:
                 self.dispatcher = DispatcherProcess(self._deliver, Settings(
                     deadline=config.controller_deadline,
                     max_reply_bytes=config.controller_reply_bytes,
-                    max_in_flight=config.controller_concurrency, policy=self.url_policy,
+                    max_in_flight=config.controller_concurrency,
+                    per_tenant=config.controller_concurrency_per_owner, policy=self.url_policy,
                     ca_file=config.ca_file, secret=self._secret()))
             else:
                 self.dispatcher = Dispatcher(
                     self._deliver, deadline=config.controller_deadline,
                     max_reply_bytes=config.controller_reply_bytes,
-                    max_in_flight=config.controller_concurrency, policy=self.url_policy,
+                    max_in_flight=config.controller_concurrency,
+                    per_tenant=config.controller_concurrency_per_owner, policy=self.url_policy,
                     verify=lambda url: tls_verify(config.ca_file, url),
                     key_for=self._key_of, clock=self.cp.clock)
         return self.dispatcher

@@ -40,6 +40,7 @@ from plait.health import HealthCheck
 from plait.metrics import ControlPlaneCollector, metrics_for
 from plait.model import Entitlement, Fleet, JobSpec, RegionSpec, Resources, generate, parse
 from plait.model.machine import FaultDomain, Machine
+from plait.model.redact import redact_text
 from plait.persist import PersistentAllocator, PersistentRegion
 from plait.persist.follow import SharedRecords
 from plait.persist.scheduler import JobStore, PersistentScheduler
@@ -312,6 +313,14 @@ class ControlPlane:
         except NotFound:
             return None
 
+    def owner_of_job(self, job: str) -> str:
+        """The owner of a job's entitlement ("": unknown): whose calls a job's
+        TaskController and gates are, for the bounds per tenant."""
+        held = self.scheduler.jobs.get(job)  # (the pass's own record: no store read)
+        entitlement = held.entitlement if held is not None else self.entitlement_of(job)
+        found = self.allocator.entitlements.get(entitlement) if entitlement else None
+        return found.owner if found is not None else ""
+
     def notify(self, job: str) -> None:
         """A job's record changed: apply it on the next pass, which starts now (and
         read it again for the next list)."""
@@ -337,7 +346,9 @@ class ControlPlane:
                decision: str | None = None, request: str | None = None) -> None:
         """An event for the region's log. Within an API request, its caller is the
         actor and its id the request, unless given; else the source is the actor."""
-        event = NewEvent(self.clock() if at is None else at, source, kind, message, job,
+        # (a URL in a message shows no credential: a gate's, a TaskController's)
+        event = NewEvent(self.clock() if at is None else at, source, kind,
+                         redact_text(message), job,
                          entitlement, machine,
                          actor or requestid.actor.get() or source, task, op, reason,
                          decision, request or requestid.current.get())
@@ -357,7 +368,8 @@ class ControlPlane:
              request) in drained:
             held = jobs.get(job)
             ent = held.entitlement if held is not None else self.entitlement_of(job)
-            made.append(new_event(at, "scheduler", kind, message, job, ent, machine,
+            made.append(new_event(at, "scheduler", kind, redact_text(message), job, ent,
+                                  machine,
                                   actor or "scheduler", task, op, reason, decision,
                                   request or requestid.current.get()))
             counts[kind] += 1

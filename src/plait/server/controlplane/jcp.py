@@ -9,9 +9,9 @@ intents (decision 101):
 1. the pushed and canary specs are kept as versions of the job (``JobStore.keep``);
 2. a sizing intent resizes the job's spec to its count, clamped into [min, max];
 3. canaries past their end are dropped; the push's progress is advanced from what
-   the scheduler reports of its tasks (``plait.jcp.push``), its gate asked in a worker
-   thread (a URL, with a 5 s deadline and a 64 KiB bound) or waited for (an external
-   verdict);
+   the scheduler reports of its tasks (``plait.jcp.push``), its gate asked off the
+   reconcile (a URL, with a hard total deadline of 5 s, a 64 KiB bound and a bound
+   per owner: ``plait.server.controlplane.gates``) or waited for (an external verdict);
 4. ``plait.jcp.unify`` computes which task runs which version, and the pins are
    written to the job's record (``JobStore.set_pins``), which the scheduler runs with
    its usual pacing and TaskControl;
@@ -32,11 +32,9 @@ import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
-
-import httpx
 
 from plait import logconfig, requestid
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, ValidationError
@@ -56,9 +54,12 @@ from plait.jcp.push import StageHealth, advance, percent, verdict
 from plait.model.base import parse
 from plait.model.entitlement import Entitlement, Quota, canary_entitlement, check_name
 from plait.model.job import JobSpec
+from plait.model.redact import shown_intent
 from plait.model.task import TaskState
 from plait.persist.scheduler import JobDoc, usage_of
+from plait.server.controlplane.gates import GateAsker
 from plait.store.protocol import Namespace
+from plait.tls import verify as tls_verify
 
 if TYPE_CHECKING:
     from plait.server.controlplane.core import ControlPlane
@@ -74,9 +75,6 @@ REFRESH = 5.0
 EVERY = 1.0
 #: a job whose intents wait for nothing of the above is looked at this often anyway
 QUIET_EVERY = 30.0
-#: a gate URL: its deadline, and the most of its answer read
-GATE_TIMEOUT = 5.0
-GATE_BYTES = 64 * 1024
 _ATTEMPTS = 20
 #: the phases of a push under way (a push holding its last stage is not)
 PUSHING = frozenset({"rolling", "soaking", "gating"})
@@ -96,7 +94,8 @@ class JobControlPlane:
         self._read_at: float | None = None
         #: gates being asked: job -> ((version, stage), the answer to come)
         self._gates: dict[str, tuple[tuple[int, int], Future[tuple[bool, str]]]] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self.gates = GateAsker(lambda: cp.controllers.url_policy,
+                               verify=lambda url: tls_verify(cp.config.ca_file, url))
         self.reconciles = 0
         self._done_at: float | None = None
         #: an intent was written here since the last reconcile
@@ -245,7 +244,7 @@ class JobControlPlane:
         push = self.record(job).push
         if push is None:
             raise NotFound("push of job", job)
-        return {"job": job, **push.model_dump(mode="json"),
+        return {"job": job, **shown_intent(push.model_dump(mode="json")),
                 "percent": percent(push.intent, push.status)}
 
     def abort_push(self, job: str) -> dict[str, Any]:
@@ -387,7 +386,7 @@ class JobControlPlane:
         canary = self.record(job).canaries.get(name)
         if canary is None:
             raise NotFound("canary", f"{job}/{name}")
-        return {"job": job, "name": name, **canary.model_dump(mode="json")}
+        return {"job": job, "name": name, **shown_intent(canary.model_dump(mode="json"))}
 
     def delete_canary(self, job: str, name: str) -> dict[str, Any]:
         view = self.canary_view(job, name)
@@ -423,10 +422,12 @@ class JobControlPlane:
             "job": job,
             "job_intent": {"version": doc.target, "task_count": doc.spec.task_count},
             "push": None if push is None else {
-                **push.model_dump(mode="json"), "percent": percent(push.intent, push.status)},
+                **shown_intent(push.model_dump(mode="json")),
+                "percent": percent(push.intent, push.status)},
             "sizing": None if rec.sizing is None else {
                 **rec.sizing.model_dump(mode="json"), "size": rec.sizing.intent.size},
-            "canaries": {k: v.model_dump(mode="json") for k, v in rec.canaries.items()},
+            "canaries": {k: shown_intent(v.model_dump(mode="json"))
+                         for k, v in rec.canaries.items()},
             "unified": {"task_count": doc.spec.task_count, "roles": counts, "tasks": tasks},
             "conflicts": list(rec.conflicts),
         }
@@ -702,6 +703,14 @@ class JobControlPlane:
             raise ValidationError("host_profile", f"host profile {intent.host_profile!r} "
                                   "does not exist") from None
         ent = self.cp.entitlement(entitlement)
+        if intent.host_profile is not None and not ent.may_canary(intent.host_profile):
+            allowed = ", ".join(ent.canary_host_profiles) or "none"
+            wanted = ",".join((*ent.canary_host_profiles, intent.host_profile))
+            raise ValidationError("host_profile", (
+                f"host profile {intent.host_profile!r} is not one entitlement "
+                f"{entitlement!r} may run canaries on (canary_host_profiles: {allowed}); "
+                f"an admin allows it: plait entitlement update {entitlement} "
+                f"--canary-host-profiles {wanted}"))
         why = None
         if ent.quota.machines is None:
             why = "its quota is in RRU: a canary's machines are counted in machines"
@@ -805,7 +814,8 @@ class JobControlPlane:
             return StageHealth(len(mine), ready, sched.halted)
 
     def _gate(self, job: str, push: StoredPush, status: PushStatus, now: float) -> PushStatus:
-        """A URL gate: asked in a worker thread; its answer taken when it came."""
+        """A URL gate: asked off the reconcile, as its owner's (``GateAsker``); its
+        answer taken when it came."""
         gate = push.intent.gate
         if status.phase != "gating" or gate is None or gate.url is None:
             self._gates.pop(job, None)
@@ -813,9 +823,7 @@ class JobControlPlane:
         key = (status.version or 0, status.stage)
         asked = self._gates.get(job)
         if asked is None or asked[0] != key:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="jcp-gate")
-            asking = self._pool.submit(self._ask, gate.url, job, status.stage)
+            asking = self.gates.ask(self.cp.owner_of_job(job), gate.url, job, status.stage + 1)
             self._gates[job] = (key, asking)
             asking.add_done_callback(lambda _: self._answered(job))
             return status
@@ -831,25 +839,6 @@ class JobControlPlane:
             self._dirty.add(job)
             self._poked = True
         self.cp.wake.set()
-
-    def _ask(self, url: str, job: str, stage: int) -> tuple[bool, str]:
-        """A gate's answer: any 2xx passes (the body, at most ``GATE_BYTES``, is kept as
-        its message); anything else fails. Never raises."""
-        try:
-            self.cp.controllers.check_controller_url(url)
-            with httpx.Client(timeout=GATE_TIMEOUT, follow_redirects=False) as client, \
-                    client.stream("GET", url, params={"job": job, "stage": stage + 1}) as r:
-                body = b""
-                for chunk in r.iter_bytes():
-                    body += chunk
-                    if len(body) > GATE_BYTES:
-                        return False, f"{url} answered more than {GATE_BYTES} bytes"
-                text = body.decode("utf-8", "replace").strip()[:200]
-                if 200 <= r.status_code < 300:
-                    return True, f"{url} answered {r.status_code}" + (f": {text}" if text else "")
-                return False, f"{url} answered {r.status_code}" + (f": {text}" if text else "")
-        except (httpx.HTTPError, PlaitError, OSError, ValueError) as exc:
-            return False, f"{url}: {type(exc).__name__}: {exc}"
 
     def _announce(self, job: str, push: StoredPush, status: PushStatus) -> None:
         kind = {"rolling": "push_stage", "soaking": "push_soaking", "gating": "push_gating",

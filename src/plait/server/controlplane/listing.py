@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plait.client.status import JOB_STATES, job_status
+from plait.model.redact import shown_spec
 from plait.model.task import TaskState
 from plait.paging import BadRequest, Window, page
 
@@ -65,7 +66,8 @@ class JobEntry:
         spec = doc.spec
         return cls(doc.name, doc.entitlement, doc.target, doc.seq, doc.deleting,
                    spec.task_count, spec.restart.batch,
-                   json.dumps(spec.model_dump(mode="json"), separators=(",", ":")).encode())
+                   json.dumps(shown_spec(spec.model_dump(mode="json")),
+                              separators=(",", ":")).encode())
 
 
 def render(entry: JobEntry, job: JobState | None) -> dict[str, Any]:
@@ -168,6 +170,14 @@ class JobIndex:
         if self._cancel is not None:
             self._cancel()
             self._cancel = None
+
+    def jobs_of(self, entitlement: str) -> list[str]:
+        """The stored jobs of ``entitlement`` (those being deleted too), the store's
+        names compared now (a record written a moment ago included)."""
+        self._checked = float("-inf")
+        self.refresh()
+        with self._lock:
+            return sorted(n for n, e in self._entries.items() if e.entitlement == entitlement)
 
     def refresh(self) -> None:
         """Bring the index up to the store: re-read the records marked changed; at

@@ -8,7 +8,7 @@ import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from plait.errors import Conflict, NotFound, ValidationError
+from plait.errors import Conflict, NotFound, Taken, ValidationError
 from plait.model.events import (
     LOAN_REVOKE_PREFIX,
     MACHINE_DRAIN_PREFIX,
@@ -238,6 +238,42 @@ class MachineOps:
                        f"({reason})")
         self.cp.wake.set()
         return event_id
+
+    def cancel_maintenance(self, event_id: str) -> dict[str, Any]:
+        """Cancel a planned maintenance: one announced that has not started is
+        withdrawn (its machines are no longer under notice: the advance notices and
+        the moves offered for it stop, and the cordon its announcement put on them is
+        lifted); one under way ends now (its machines are back in service, and the
+        tasks parked for it start again where they were). Drains, loan revokes and
+        host-profile rolls end their own way; a failure ends with a repair."""
+        with self.cp.lock:
+            now = self.cp.clock()
+            region = self.cp.region
+            found = [e for e in region.events() if e.id == event_id]
+            if not found:
+                raise NotFound("maintenance", event_id)
+            event = found[0]
+            if event.kind is not EventKind.MAINTENANCE:
+                raise Taken(f"event {event_id}", f"{event_id} is a machine's failure, not "
+                            "maintenance: plait machine repair ends it")
+            if event_id.startswith(MACHINE_DRAIN_PREFIX):
+                raise Taken(f"event {event_id}", f"{event_id} is a machine's drain: plait "
+                            "machine uncordon ends it")
+            if event_id.startswith((LOAN_REVOKE_PREFIX, PROFILE_ROLL_PREFIX)):
+                raise Taken(f"event {event_id}", f"{event_id} is held by the control plane "
+                            "(a loan's revoke, a host-profile roll) until its machine is "
+                            "empty: it cannot be cancelled")
+            started = any(e.id == event_id for b in region.brokers.values()
+                          for e in b.active_events())
+            machines = sorted(name for e in found for name in e.machines)
+            region.end_event(event_id, now)
+        n = f"{len(machines)} machine{'s' if len(machines) != 1 else ''}"
+        self.cp.record("broker", "maintenance_cancelled", f"{event_id}: " + (
+            f"ended early; {n} back in service" if started else
+            f"cancelled before its start; {n} no longer under notice") + f" ({event.reason})")
+        self.cp.wake.set()
+        return {"event": event_id, "state": "ended" if started else "cancelled",
+                "machines": machines}
 
     def maintenance(self) -> list[dict[str, Any]]:
         with self.cp.lock:

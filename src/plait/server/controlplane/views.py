@@ -12,6 +12,7 @@ from plait.allocator import AllocationRequest
 from plait.allocator.loans import count
 from plait.errors import NotFound
 from plait.model import Fleet, JobSpec
+from plait.model.redact import shown_spec
 from plait.model.task import TaskState
 from plait.paging import BadRequest
 from plait.scheduler import Scheduler
@@ -172,7 +173,7 @@ class Views:
         lock: a read never waits for a pass)."""
         doc = self.cp.jobs.get(name)
         return {**render(JobEntry.of(doc), self._views.get(name)),
-                "spec": doc.spec.model_dump(mode="json")}
+                "spec": shown_spec(doc.spec.model_dump(mode="json"))}
 
     def published(self) -> dict[str, JobState]:
         """Every job as the last pass published it (not a copy: read, never change)."""
@@ -210,7 +211,8 @@ class Views:
         changes = {}
         if current is not None:
             old, new = current.model_dump(mode="json"), spec.model_dump(mode="json")
-            changes = {k: {"from": old.get(k), "to": new.get(k)}
+            shown_old, shown_new = shown_spec(old), shown_spec(new)  # (no credential)
+            changes = {k: {"from": shown_old.get(k), "to": shown_new.get(k)}
                        for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
         with self.cp.lock:
             job = self.cp.scheduler.jobs.get(spec.name)
