@@ -16,6 +16,12 @@ of metric:
   state, unavailable tasks per job, rollouts active and halted, machines by state and
   entitlement, the allocator's placement cache, whether this replica leads.
 
+Series per job are bounded: the jobs with the most tasks (``largest_jobs``, at most
+``ControlPlaneConfig.metrics_jobs``, 100 by default: ``plait serve --metrics-jobs``) have
+series of their own (the unavailable tasks, the TaskControl calls), the others' are
+summed under the job ``_other`` (``OTHER_JOBS``; the unavailable tasks per
+entitlement). The jobs shown are chosen again at each scrape.
+
 Names follow Prometheus' conventions: ``plait_`` first, the unit last, ``_total`` on
 counters. ``docs/grafana-dashboard.json`` is a dashboard built on them.
 
@@ -28,9 +34,11 @@ cost on the hot paths by comparing the two.
 
 from __future__ import annotations
 
+import contextlib
+import heapq
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,6 +55,7 @@ if TYPE_CHECKING:
 
     from plait.allocator import AllocationResult
     from plait.server.controlplane import ControlPlane
+    from plait.server.controlplane.views import JobState
     from plait.store.protocol import Store
 
 #: the content type of the text exposition format
@@ -58,6 +67,31 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 #: an allocation, a stage of a pass)
 FINE_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
                 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+#: the job label of the series summing the jobs not shown on their own (no job has
+#: this name: a job's begins with a letter or a digit)
+OTHER_JOBS = "_other"
+#: the jobs with series of their own at most, by default (``ControlPlaneConfig``)
+SERIES_JOBS = 100
+#: the outcomes of a TaskControl call (``plait_taskcontrol_calls``)
+TASKCONTROL_OUTCOMES = ("answered", "timeout", "error")
+
+
+def largest_jobs(tasks: Mapping[str, int], n: int) -> frozenset[str]:
+    """The ``n`` jobs with the most tasks (``tasks``: each job's count; on a tie, the
+    first by name): those whose per-job series are their own."""
+    if len(tasks) <= n:
+        return frozenset(tasks)
+    return frozenset(heapq.nsmallest(n, tasks, key=lambda job: (-tasks[job], job)))
+
+
+def _remove(family: object, *labels: str) -> None:
+    """Remove a labelled series of a prometheus-client metric, if it has it."""
+    remove = getattr(family, "remove", None)
+    if remove is not None:
+        with contextlib.suppress(KeyError):
+            remove(*labels)
 
 
 class Increment(Protocol):
@@ -147,12 +181,42 @@ class Metrics(HttpOnly):
         self.taskcontrol_seconds: Observe = PromHistogram(
             "plait_taskcontrol_call_duration_seconds", "Time a TaskController took to "
             "answer, by job", ["job"], buckets=LATENCY_BUCKETS, registry=r)
+        #: the jobs whose series are their own (``show_jobs``); None until first set
+        self._shown: frozenset[str] | None = None
+        #: the jobs given TaskControl series of their own so far (removed once not shown)
+        self._labelled: set[str] = set()
+        #: the jobs to show, when the first series is counted before any scrape
+        self.pick_jobs: Callable[[], frozenset[str]] = frozenset
         # the children the hot paths use, looked up once
         self._placed = self.allocation_seconds.labels("placed")
         self._unplaced = self.allocation_seconds.labels("unplaced")
         #: each event kind's counter (``labels`` takes a lock and builds a key per call:
         #: a few microseconds, three times per job in a pass); the kinds are plait's own
         self._event_counters: dict[str, Any] = {}
+
+    def job_label(self, job: str) -> str:
+        """The job label of a series counted for ``job``: its name while it is one of
+        the jobs shown (``show_jobs``), else ``OTHER_JOBS``."""
+        shown = self._shown
+        if shown is None:
+            shown = self._shown = self.pick_jobs()
+        if job in shown:
+            self._labelled.add(job)
+            return job
+        return OTHER_JOBS
+
+    def show_jobs(self, jobs: frozenset[str]) -> None:
+        """The jobs whose series are their own from now on (``largest_jobs``); the
+        TaskControl series of those no longer shown are removed (a job's counts do
+        not move to ``OTHER_JOBS``: a counter series that goes is a reset)."""
+        gone = self._labelled - jobs
+        for job in gone:
+            for outcome in TASKCONTROL_OUTCOMES:
+                _remove(self.taskcontrol_calls, job, outcome)
+            _remove(self.taskcontrol_acks, job)
+            _remove(self.taskcontrol_seconds, job)
+        self._labelled -= gone
+        self._shown = jobs
 
     def event(self, kind: str, n: int = 1) -> None:
         counter = self._event_counters.get(kind)
@@ -299,6 +363,12 @@ class NullMetrics(Metrics):
         self.store_seconds = self.allocation_seconds = self.taskcontrol_seconds = _OFF
         self._timer = _NoPassTimer()
 
+    def job_label(self, job: str) -> str:
+        return job
+
+    def show_jobs(self, jobs: frozenset[str]) -> None:
+        pass
+
     def event(self, kind: str, n: int = 1) -> None:
         pass
 
@@ -330,6 +400,11 @@ class ControlPlaneCollector(Collector):
 
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
+        cp.metrics.pick_jobs = lambda: self._largest(list(cp.views.snapshot().items()))
+
+    def _largest(self, views: list[tuple[str, JobState]]) -> frozenset[str]:
+        return largest_jobs({name: view.records for name, view in views},
+                            self.cp.config.metrics_jobs)
 
     def describe(self) -> list[Metric]:
         return []  # (read at each scrape; nothing to check at registration)
@@ -342,16 +417,26 @@ class ControlPlaneCollector(Collector):
         lead.add_metric([], 1.0 if leads else 0.0)
         yield lead
         views = list(cp.views.snapshot().items())
+        shown = self._largest(views)
+        cp.metrics.show_jobs(shown)
         tasks: Counter[str] = Counter()
-        unavailable = GaugeMetricFamily("plait_job_unavailable_tasks", "Tasks of the job "
-                                        "not serving, by job and entitlement",
-                                        labels=["job", "entitlement"])
+        unavailable = GaugeMetricFamily(
+            "plait_job_unavailable_tasks", "Tasks of the job not serving, by job and "
+            f"entitlement: of the jobs with the most tasks (plait serve --metrics-jobs), "
+            f"those of the others summed per entitlement as job {OTHER_JOBS!r}",
+            labels=["job", "entitlement"])
+        others: Counter[str] = Counter()
         active = halted = 0
         for name, view in views:
             tasks.update(view.counts)
-            unavailable.add_metric([name, view.entitlement], float(view.unavailable))
+            if name in shown:
+                unavailable.add_metric([name, view.entitlement], float(view.unavailable))
+            else:
+                others[view.entitlement] += view.unavailable
             active += bool(view.rollout_active)
             halted += view.halted is not None
+        for ent, n in sorted(others.items()):
+            unavailable.add_metric([OTHER_JOBS, ent], float(n))
         by_state = GaugeMetricFamily("plait_tasks", "Tasks by state", labels=["state"])
         for state, n in sorted(tasks.items()):
             by_state.add_metric([state], float(n))

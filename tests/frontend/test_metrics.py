@@ -262,3 +262,49 @@ def test_machines_switching_host_profile_are_counted(live: Live) -> None:
     assert value(samples, "plait_host_profile_machines", state="rolling") == 0
     tasks = live.admin.get("/v1/jobs/web/tasks").json()["tasks"]
     assert [t["state"] for t in tasks] == ["allocated", "allocated"]
+
+
+def test_per_job_series_are_the_largest_jobs_and_the_rest_summed(tmp_path: Path) -> None:
+    live = start_live(tmp_path / "data", metrics_jobs=2)
+    try:
+        api = live.admin
+        for ent in ("e", "f"):
+            assert api.post("/v1/entitlements", json={
+                "name": ent, "owner": "alice", "quota": {"machines": 8}}).status_code == 201
+        for name, ent, n in (("big", "e", 40), ("mid", "f", 30), ("small", "e", 20),
+                             ("tiny", "f", 1)):
+            assert api.post("/v1/jobs", json={**JOB, "name": name, "entitlement": ent,
+                                              "task_count": n}).status_code == 201
+
+        def jobs_shown():
+            return {dict(labels)["job"]: v for (name, labels), v in scrape(api).items()
+                    if name == "plait_job_unavailable_tasks"}
+        wait_for(lambda: set(jobs_shown()) == {"big", "mid", "_other"})
+        s = scrape(api)
+        shown = {labels: v for (name, labels), v in s.items()
+                 if name == "plait_job_unavailable_tasks"}
+        others = {dict(labels)["entitlement"]: v for labels, v in shown.items()
+                  if dict(labels)["job"] == "_other"}
+        assert len(shown) == 4 and set(others) == {"e", "f"}
+    finally:
+        stop_live(live)
+
+
+def test_the_taskcontrol_series_of_a_job_no_longer_shown_go() -> None:
+    from plait.metrics import OTHER_JOBS, Metrics, largest_jobs
+
+    assert largest_jobs({"a": 3, "b": 5, "c": 5, "d": 1}, 2) == {"b", "c"}
+    assert largest_jobs({"a": 3, "b": 3}, 1) == {"a"}  # (a tie: by name)
+    assert largest_jobs({"a": 1}, 5) == {"a"}
+    m = Metrics()
+    m.pick_jobs = lambda: frozenset({"a"})
+    for job in ("a", "b", "c"):
+        m.taskcontrol_calls.labels(m.job_label(job), "answered").inc()
+        m.taskcontrol_acks.labels(m.job_label(job)).inc(2)
+    text = m.exposition().decode()
+    assert 'job="a"' in text and f'job="{OTHER_JOBS}"' in text and 'job="b"' not in text
+    assert f'plait_taskcontrol_calls_total{{job="{OTHER_JOBS}",outcome="answered"}} 2.0' in text
+    m.show_jobs(frozenset({"b"}))
+    m.taskcontrol_calls.labels(m.job_label("b"), "timeout").inc()
+    text = m.exposition().decode()
+    assert 'job="a"' not in text and 'job="b"' in text

@@ -335,3 +335,45 @@ def test_sessions_end_at_their_lifetime_and_the_oldest_goes_first() -> None:
     assert sessions.token(b) is None and len(sessions) == 2
     sessions.close(c)
     assert sessions.token(c) is None and sessions.token(d) == "tok-d"
+
+
+def test_sessions_are_bounded_per_owner_and_apart_for_admins() -> None:
+    from plait.ui.app import Sessions
+
+    now = [0.0]
+    sessions = Sessions(lifetime=60, most=4, clock=lambda: now[0], per_owner=3, admins=2)
+    admin = sessions.open("tok-admin", None)
+    alice = sessions.open("tok-alice", "alice")
+    bobs = [sessions.open(f"tok-bob{k}", "bob") for k in range(10)]
+    # bob's logins end only his own oldest sessions
+    assert [sessions.token(s) for s in bobs[:7]] == [None] * 7
+    assert all(sessions.token(s) is not None for s in bobs[7:])
+    assert sessions.token(alice) == "tok-alice" and sessions.token(admin) == "tok-admin"
+    # the owners' bound in all: the owner holding the most loses its oldest, never an
+    # admin's session, and never alice's one while another holds more
+    carol = sessions.open("tok-carol", "carol")
+    assert sessions.token(bobs[7]) is None and sessions.token(bobs[8]) is not None
+    assert sessions.token(alice) and sessions.token(carol) and sessions.token(admin)
+    # admins' sessions have their own bound
+    a2, a3 = sessions.open("tok-a2", None), sessions.open("tok-a3", None)
+    assert sessions.token(admin) is None and sessions.token(a2) and sessions.token(a3)
+    assert sessions.token(alice) == "tok-alice"
+
+
+def test_one_owners_logins_end_neither_anothers_nor_an_admins_session(tmp_path,
+                                                                      monkeypatch) -> None:
+    import plait.ui.app
+
+    monkeypatch.setattr(plait.ui.app, "MAX_SESSIONS", 4)
+    monkeypatch.setattr(plait.ui.app, "MAX_SESSIONS_PER_OWNER", 2)
+    live = start_live(tmp_path / "data")
+    try:
+        alice_token, bob_token = setup_two_owners(live.admin, live)
+        admin, alice = browser(live, live.admin_token), browser(live, alice_token)
+        bobs = [browser(live, bob_token) for _ in range(8)]
+        for client in (admin, alice, bobs[-1], bobs[-2]):
+            assert client.get("/ui/jobs").status_code == 200
+        r = bobs[0].get("/ui/jobs")  # bob's oldest session ended: log in again
+        assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+    finally:
+        stop_live(live)

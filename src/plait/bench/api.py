@@ -151,7 +151,9 @@ class Server:
         cmd = [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data),
                "--host", "127.0.0.1", "--port", str(port), "--machines", str(self.machines),
                *(["--sim-agents"] if self.sim_agents else []), "--tick", str(self.tick),
-               "--no-write-config", *self.extra]
+               "--no-write-config",
+               # (a benchmark's jobs are one owner's: no limit of a tenant's)
+               "--owner-max-jobs", "10000000", "--owner-max-tasks", "1000000000", *self.extra]
         with open(self.dir / "server.log", "wb") as log:
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)

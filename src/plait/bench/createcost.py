@@ -53,7 +53,7 @@ def _control_plane(work: Path, machines: int) -> tuple[Any, str]:
     cp = ControlPlane(store_for(work / "data"), ControlPlaneConfig(
         region=RegionSpec.sized(machines, dcs=1, msbs_per_dc=4, rows_per_msb=1,
                                 racks_per_row=2),
-        tick_seconds=0.5, sim_agents=True))
+        tick_seconds=0.5, sim_agents=True, owner_max_jobs=10**7, owner_max_tasks=10**9))
     token = cp.bootstrap_admin()
     assert token is not None
     cp.commands.define_entitlement(Entitlement.model_validate(

@@ -48,7 +48,13 @@ def serve(
         min=0.0, max=10.0, help="seconds at least between two passes' starts: a burst of "
                                 "requests is taken in passes this far apart (longer: "
                                 "fewer, larger passes, and later placements)")] = 0.05,
-    event_retention: Annotated[int, typer.Option(min=1, help="events kept")] = 10_000,
+    event_retention: Annotated[int, typer.Option(min=1, help="events kept in all")] = 10_000,
+    event_retention_per_owner: Annotated[int, typer.Option(
+        min=1, help="events kept of each owner (an entitlement's, or an owner's own "
+                    "requests'): one owner's volume drops only its own")] = 2_000,
+    event_retention_system: Annotated[int, typer.Option(
+        min=1, help="events kept of the region's own (admins', plait's components')")]
+    = 5_000,
     event_max_age: Annotated[float, typer.Option(min=1, help="seconds events are kept")]
     = 7 * 86400.0,
     heartbeat_timeout: Annotated[float, typer.Option(
@@ -84,6 +90,16 @@ def serve(
     metrics: Annotated[bool, typer.Option(
         help="count and time what the control plane does (Prometheus, GET /metrics); "
              "off, /metrics is empty")] = True,
+    owner_max_jobs: Annotated[int, typer.Option(
+        min=0, help="jobs one owner may hold, unless an admin set its own (plait owner "
+                    "limits set)")] = 1_000,
+    owner_max_tasks: Annotated[int, typer.Option(
+        min=0, help="tasks in all one owner may hold, unless an admin set its own")]
+    = 50_000,
+    metrics_jobs: Annotated[int, typer.Option(
+        min=0, max=100_000, help="jobs with per-job series of their own in /metrics: those "
+                                 "with the most tasks; the others' are summed (job "
+                                 "\"_other\")")] = 100,
 ) -> None:
     """Run a replica of the control plane and its API (Ctrl-C stops it). Every replica
     on one store campaigns: the leader runs the control plane, the others keep warm,
@@ -121,12 +137,16 @@ def serve(
                 raise ValidationError("tls", f"{f} is not a file")
         config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
                                     min_pass_gap=min_pass_gap,
-                                    retention=Retention(event_retention, event_max_age),
+                                    retention=Retention(event_retention, event_max_age,
+                                                        event_retention_per_owner,
+                                                        event_retention_system),
                                     heartbeat_timeout=heartbeat_timeout,
                                     startup_grace=startup_grace, ca_file=ca_file, shard=shard,
                                     controller_networks=tuple(controller_networks.split(",")),
                                     controller_deadline=controller_deadline,
-                                    metrics=metrics)
+                                    metrics=metrics, metrics_jobs=metrics_jobs,
+                                    owner_max_jobs=owner_max_jobs,
+                                    owner_max_tasks=owner_max_tasks)
         scheme = "https" if tls_cert else "http"
         tracing.configure(otlp_endpoint, trace_file, "plait-serve" if shard is None else
                           f"plait-shard-{shard}", advertise or f"{scheme}://{host}:{port}")

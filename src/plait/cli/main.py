@@ -50,6 +50,7 @@ LAZY: dict[str, tuple[str, str, str]] = {
     "maintenance": ("plait.cli.maintenance", "maintenance_app",
                     "Planned maintenance (admin)."),
     "token": ("plait.cli.tokens", "token_app", "API tokens (admin)."),
+    "owner": ("plait.cli.owners", "owner_app", "Owners: their limits on jobs and tasks."),
     "admin": ("plait.cli.admin", "admin_app", "Operations on the control plane's store."),
     "bench": ("plait.cli.bench", "bench_app",
               "Reproducible benchmarks; each prints one JSON object."),

@@ -63,6 +63,11 @@ def up(
              "(the agents' --profile-applier)")] = "record",
     profile_script: Annotated[str | None, typer.Option(
         help="the script applier's command (CMD apply PROFILE.json)")] = None,
+    owner_max_jobs: Annotated[int, typer.Option(
+        min=0, help="jobs one owner may hold, unless an admin set its own")] = 1_000,
+    owner_max_tasks: Annotated[int, typer.Option(
+        min=0, help="tasks in all one owner may hold, unless an admin set its own")]
+    = 50_000,
     otlp_endpoint: OtlpEndpoint = None,
     trace_file: TraceFile = None,
 ) -> None:
@@ -99,7 +104,9 @@ def up(
     config = ControlPlaneConfig(region=region, tick_seconds=0.2,
                                 heartbeat_timeout=heartbeat_timeout,
                                 startup_grace=startup_grace, shard=0 if sharded else None,
-                                controller_networks=("loopback", "any"))
+                                controller_networks=("loopback", "any"),
+                                owner_max_jobs=owner_max_jobs,
+                                owner_max_tasks=owner_max_tasks)
     # Ctrl-C from now on stops whatever has started, in order
     done = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -37,6 +37,24 @@ class AutoscaleView(TypedDict, total=False):
     decided_at: float | None
 
 
+class OwnerLimitsView(TypedDict):
+    """An owner's limits on jobs and tasks (the region's defaults unless set), those
+    an admin set, and what it holds."""
+
+    owner: str
+    jobs: int
+    tasks: int
+    set: dict[str, int]
+    used: dict[str, int]
+
+
+class OwnerLimitsList(TypedDict):
+    """The region's default limits per owner, and every owner's."""
+
+    defaults: dict[str, int]
+    owners: list[OwnerLimitsView]
+
+
 class LoadAck(TypedDict):
     job: str
     time: float

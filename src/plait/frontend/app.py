@@ -67,6 +67,7 @@ from plait.server.auth import AuthError, Principal, Role
 from plait.server.controlplane import ControlPlane
 from plait.server.controlplane.autoscaling import JobAutoscale
 from plait.server.controlplane.listing import JOB_STATES, parse_states
+from plait.server.controlplane.owners import LimitsBody
 from plait.server.events import Budget, Event
 from plait.server.leader import Leadership
 from plait.sidekick.book import Applied
@@ -1176,6 +1177,27 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         info, token = cp.tokens.create(body.role, body.name, cp.clock(), body.description)
         cp.record("auth", "token_created", f"{info.role.value} token {info.id} for {info.name}")
         return token_view(info, token)
+
+    # -- limits per owner ---------------------------------------------------------------
+    @app.get("/v1/owners/limits", response_model=t.OwnerLimitsList, tags=["owners"])
+    def list_owner_limits(who: Admin) -> dict[str, Any]:
+        """The default limits per owner and each owner's (with an entitlement or a
+        limit set): at most so many jobs and tasks in all its entitlements."""
+        return cp.owners.views()
+
+    @app.get("/v1/owners/{owner}/limits", response_model=t.OwnerLimitsView, tags=["owners"])
+    def get_owner_limits(owner: str, who: User) -> dict[str, Any]:
+        """An owner's limits and what it holds: an admin's view of any owner, an
+        owner's of its own (another's is a 404)."""
+        if who.role is not Role.ADMIN and who.name != owner:
+            raise NotFound("owner", owner)
+        return cp.owners.view(owner)
+
+    @app.put("/v1/owners/{owner}/limits", response_model=t.OwnerLimitsView, tags=["owners"])
+    def set_owner_limits(owner: str, body: LimitsBody, who: Admin) -> dict[str, Any]:
+        """Set an owner's limits (null: the region's default). A lower limit takes
+        nothing away: the owner's jobs stay, and it cannot grow until under it."""
+        return cp.owners.set(owner, body)
 
     @app.get("/v1/tokens", response_model=t.TokenList, tags=["tokens"])
     def list_tokens(who: Admin, limit: Limit = None, cont: Continue = None

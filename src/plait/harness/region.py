@@ -116,7 +116,9 @@ class LocalRegion:
             env.pop(name, None)
         cmd = [sys.executable, "-m", "plait.cli.main", "up", "--data-dir", str(self.data),
                "--machines", str(self.machines), "--host", "127.0.0.1", "--port", str(port),
-               "--heartbeat-timeout", f"{self.heartbeat_timeout:g}"]
+               "--heartbeat-timeout", f"{self.heartbeat_timeout:g}",
+               # (a benchmark's jobs are one owner's: no limit of a tenant's)
+               "--owner-max-jobs", "10000000", "--owner-max-tasks", "1000000000"]
         with open(self.dir / "up.log", "wb") as log:
             self.launched_at = time.time()
             self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,

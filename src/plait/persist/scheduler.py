@@ -30,6 +30,7 @@ import functools
 import hashlib
 import json
 import secrets
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -337,14 +338,85 @@ def _fits(doc: JobDoc, needed: Callable[[], set[int]] = set) -> bytes:
     return value
 
 
+#: what a job's record holds against its owner's limits: its entitlement, its task
+#: count and a task's resources (of its latest version)
+Usage = tuple[str, int, Any]
+
+
+def usage_of(doc: JobDoc) -> Usage:
+    spec = doc.spec
+    return doc.entitlement, spec.task_count, spec.resources
+
+
 class JobStore:
-    """Job operations as durable writes: each returns once the job record is stored."""
+    """Job operations as durable writes: each returns once the job record is stored.
+
+    It keeps what every stored job holds (``usage``: its entitlement, task count and
+    a task's resources), from the records read at a rebuild (``seed``) and each write
+    since; a write that changes it is checked first by ``admit`` (the owner's limits,
+    the quota: ``plait.server.controlplane.owners``), which raises to refuse it, and
+    counted at once (a reservation, given back if the write fails), so concurrent
+    writes cannot pass a limit together."""
 
     def __init__(self, store: Store) -> None:
         self.ns = Namespace(store, "/scheduler")
         #: the versions the scheduler in this process runs a job at now (its target
         #: and its tasks'), when it has the job; set by ``PersistentScheduler``
         self.live: Callable[[str], set[int]] = lambda name: set()
+        #: per stored job (and each create or change under way): what it holds
+        self.usage: dict[str, Usage] = {}
+        #: per entitlement: [jobs, tasks] of ``usage``
+        self.held: dict[str, list[int]] = {}
+        #: checks a change of a job's usage, (name, new, old or None for a new job):
+        #: raises to refuse it
+        self.admit: Callable[[str, Usage, Usage | None], None] = lambda name, new, old: None
+        self._usage_lock = threading.Lock()
+
+    def seed(self, docs: dict[str, JobDoc]) -> None:
+        """What the stored jobs hold (every record, read at a rebuild)."""
+        with self._usage_lock:
+            self.usage, self.held = {}, {}
+            for name, doc in docs.items():
+                self._count(name, usage_of(doc))
+
+    def _count(self, name: str, new: Usage | None) -> None:
+        old = self.usage.pop(name, None)
+        if old is not None:
+            held = self.held[old[0]]
+            held[0] -= 1
+            held[1] -= old[1]
+            if not held[0]:
+                del self.held[old[0]]
+        if new is not None:
+            self.usage[name] = new
+            held = self.held.setdefault(new[0], [0, 0])
+            held[0] += 1
+            held[1] += new[1]
+
+    def reserve(self, doc: JobDoc) -> Callable[[], None]:
+        """Check and count what ``doc`` (a record about to be written) holds; returns
+        what gives it back (the write failed, or stored nothing new)."""
+        new = usage_of(doc)
+        with self._usage_lock:
+            old = self.usage.get(doc.name)
+            if old == new:
+                return lambda: None
+            self.admit(doc.name, new, old)
+            self._count(doc.name, new)
+
+        def undo() -> None:
+            with self._usage_lock:
+                if self.usage.get(doc.name) == new:
+                    self._count(doc.name, old)
+        return undo
+
+    def forget(self, gone: dict[str, Usage | None]) -> None:
+        """Jobs whose records are gone (their deletion finished), each with what it
+        held when its record was deleted (a new job of the same name since is kept)."""
+        with self._usage_lock:
+            for name, held in gone.items():
+                if held is not None and self.usage.get(name) is held:
+                    self._count(name, None)
 
     def names(self) -> list[str]:
         return sorted(self.ns.children("/jobs"))
@@ -375,11 +447,16 @@ class JobStore:
         """Store a new job; ``(doc, False)`` when the same job already exists (creates
         are idempotent); a job of that name with another spec is a conflict."""
         doc, value = new_job(spec, now)
+        undo = self.reserve(doc)
         try:
             self.ns.create(f"/jobs/{spec.name}", value)
             return doc, True
         except Conflict:
+            undo()
             return self._existing(spec), False
+        except BaseException:
+            undo()
+            raise
 
     def _existing(self, spec: JobSpec, doc: JobDoc | None = None) -> JobDoc:
         """The stored job of ``spec``'s name, when a create finds it: the same spec
@@ -400,27 +477,55 @@ class JobStore:
         if the transaction fails because another writer stored one of the names
         meanwhile, each job is created by itself; any other failure is raised, with
         nothing of the batch stored."""
+        # each new job checked and counted first (``reserve``): one refused is
+        # answered so, and not written; one not created after all is given back
+        refused: dict[str, Exception] = {}
+        undos: dict[str, Callable[[], None]] = {}
+        for doc, _ in batch:
+            if doc.name not in refused and doc.name not in undos:
+                try:
+                    undos[doc.name] = self.reserve(doc)
+                except PlaitError as exc:
+                    refused[doc.name] = exc
         found: dict[str, JobDoc] = {}
-        for attempt in (0, 1):
-            results: list[tuple[JobDoc, bool] | Exception | None] = [None] * len(batch)
-            txn = Transaction()
-            fresh: dict[str, int] = {}
-            for i, (doc, value) in enumerate(batch):
-                if doc.name in found or doc.name in fresh:
-                    continue  # answered once the batch is stored (or refused)
-                fresh[doc.name] = i
-                txn.create(f"/jobs/{doc.name}", value)
-            if not txn.ops:
-                break
-            try:
-                self.ns.commit(txn)
-                break
-            except Conflict:
-                if attempt:  # stored meanwhile by another writer: one at a time
-                    return [self._one(doc, value) for doc, value in batch]
-                # some are stored already (a retried create, most likely): read which,
-                # and write the others
-                found = self.get_many(list(fresh))
+        try:
+            for attempt in (0, 1):
+                results: list[tuple[JobDoc, bool] | Exception | None] = [None] * len(batch)
+                txn = Transaction()
+                fresh: dict[str, int] = {}
+                for i, (doc, value) in enumerate(batch):
+                    if doc.name in refused:
+                        results[i] = refused[doc.name]
+                        continue
+                    if doc.name in found or doc.name in fresh:
+                        continue  # answered once the batch is stored (or refused)
+                    fresh[doc.name] = i
+                    txn.create(f"/jobs/{doc.name}", value)
+                if not txn.ops:
+                    break
+                try:
+                    self.ns.commit(txn)
+                    break
+                except Conflict:
+                    if attempt:  # stored meanwhile by another writer: one at a time
+                        one = [refused[doc.name] if doc.name in refused
+                               else self._one(doc, value) for doc, value in batch]
+                        made = {r[0].name for r in one
+                                if not isinstance(r, BaseException) and r[1]}
+                        for name, undo in undos.items():
+                            if name not in made:
+                                undo()
+                        return one
+                    # some are stored already (a retried create, most likely): read
+                    # which, and write the others
+                    found = self.get_many(list(fresh))
+        except BaseException:
+            for undo in undos.values():
+                undo()
+            raise
+        for name in found:
+            if name in undos:
+                undos[name]()
         for i in fresh.values():
             results[i] = (batch[i][0], True)
         for i, (doc, _) in enumerate(batch):
@@ -452,11 +557,17 @@ class JobStore:
                 raise Conflict(f"job {name}", "a live job", "being deleted")
             if edit(doc) is None:
                 return doc
+            value = _fits(doc, lambda: self.running(name))
+            undo = self.reserve(doc)
             try:
-                self.ns.set(f"/jobs/{name}", _fits(doc, lambda: self.running(name)), version)
+                self.ns.set(f"/jobs/{name}", value, version)
                 return doc
             except Conflict:
+                undo()
                 continue
+            except BaseException:
+                undo()
+                raise
         raise Conflict(f"job {name}", "a quiet record", "too many concurrent writers")
 
     def update(self, spec: JobSpec, now: float, pins: dict[int, int] | None = None) -> JobDoc:
@@ -987,7 +1098,10 @@ class PersistentScheduler:
             return 0
         if self.fence is not None:  # applied only while this replica still leads
             txn.check(*self.fence)
+        held = {name: self.jobs.usage.get(name) for name in gone}
         self.ns.store.commit(txn)
+        if held:
+            self.jobs.forget(held)
         for key, data in own.items():
             had = self._own.get(key)
             self._own[key] = (0 if had is None else had[0] + 1, data)
@@ -1044,6 +1158,7 @@ class PersistentScheduler:
             # trip per job)
             docs = self.jobs.get_many(self.jobs.names())
             states = self.ns.get_many([f"/state/{name}" for name in docs])
+        self.jobs.seed(docs)
         for name, doc in docs.items():
             try:
                 value, version = states[f"/state/{name}"]

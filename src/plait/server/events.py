@@ -4,10 +4,14 @@ Events are stored in the ``/events`` namespace in pages: each append (a pass's e
 a request's) writes its events as one record, a JSON array under the sequence number
 of its first event (``/log/000000000042``), split only past ``PAGE_BYTES``; a record
 written by an older plait holds one event (a JSON object) and reads as a page of one.
-They are kept under a retention limit (a count and an age, both configurable): older
-ones are dropped as new ones arrive, from memory at once and from the store a page
-at a time, once all of its events are dropped (the store holds at most one page more
-than the limit). Appends are batched, one transaction per batch. Readers page with
+They are kept under a retention limit (``Retention``: a count in all, an age, and a
+count per owner and for the region's own events, all configurable): one owner's
+events past its count, or the oldest of the owner holding the most once the count in
+all is reached, are dropped as new ones arrive, so one owner's volume never drops
+another's events. They go from memory at once and from the store a page at a time,
+once all of its events are dropped; a page left holding under a quarter of its
+events is written again with only those (the store holds at most about four times
+what is kept). Appends are batched, one transaction per batch. Readers page with
 ``after`` (the last sequence number they saw), so a client that follows the log
 misses nothing still retained.
 
@@ -20,7 +24,10 @@ The process that writes also keeps the retained events in memory for queries.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import heapq
+import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass, fields
@@ -143,17 +150,48 @@ PAGE_BYTES = 256 * 1024
 
 @dataclass(frozen=True)
 class Retention:
+    """What the log keeps: at most ``max_count`` events in all and none older than
+    ``max_age_seconds``; of each owner's events (``bucket_of``: an entitlement's, or
+    an owner's own requests') at most ``max_per_owner``, and of the region's own
+    (admins' and plait's components') at most ``max_system``. Past ``max_count``, the
+    oldest events of the bucket holding the most go first, so one owner's volume
+    drops its own events, never another's that hold fewer."""
+
     max_count: int = 10_000
     max_age_seconds: float = 7 * 86400.0
+    max_per_owner: int = 2_000
+    max_system: int = 5_000
 
+    def cap(self, bucket: str) -> int:
+        return self.max_system if bucket == SYSTEM else self.max_per_owner
+
+
+#: with more buckets than this, the retention drops to 5 % under its count in all
+SLACK_AT = 32
+
+#: the bucket of the events of no owner: admins', and plait's components'
+SYSTEM = ""
+
+
+def bucket_of(event: NewEvent) -> str:
+    """The retention's bucket of an event: its entitlement's (an entitlement is one
+    owner's, and only admins make them), else the owner's whose request raised it
+    (``owner:alice``), else the region's own (``SYSTEM``)."""
+    if event.entitlement is not None:
+        return "e:" + event.entitlement
+    actor = event.actor
+    if actor is not None and actor.startswith("owner:"):
+        return actor
+    return SYSTEM
 
 class Budget:
     """How many events of one kind may be recorded: a bucket of ``burst`` that fills
     at ``per_second``. The refusals of requests (anyone may send them, with no token)
     spend one each, so a flood of them can take only its share of the retained events
-    (``Retention.max_count`` is one pool for all): a burst is recorded whole, a flood
-    at ``per_second``, and what is left out is counted (``take`` gives the count of
-    those left out since the last recorded one, to be said with it)."""
+    (they fall in the retention's bucket of the region's own events, ``SYSTEM``): a
+    burst is recorded whole, a flood at ``per_second``, and what is left out is
+    counted (``take`` gives the count of those left out since the last recorded one,
+    to be said with it)."""
 
     def __init__(self, burst: float, per_second: float) -> None:
         self.burst, self.per_second = burst, per_second
@@ -183,9 +221,20 @@ class EventLog:
         #: while it flushed stores none of the events of passes the fence refused
         self.fence: tuple[str, int] | None = None
         self._lock = threading.Lock()
-        self._events: deque[Event] = deque()
-        #: the pages stored, oldest first: (the key's sequence number, the last event's)
-        self._pages: deque[tuple[int, int]] = deque()
+        #: the events held, by sequence number, oldest first (a dict: the retention
+        #: drops an owner's oldest from anywhere in the log)
+        self._events: dict[int, Event] = {}
+        #: the events held of each bucket (``bucket_of``), oldest first
+        self._buckets: dict[str, deque[Event]] = {}
+        #: the pages stored, by key (their first event's sequence number), oldest
+        #: first: [the last event's sequence number, events held, events stored]
+        self._pages: dict[int, list[int]] = {}
+        #: the keys of ``_pages``, sorted (which page holds an event: a bisection),
+        #: and some of pages gone (``_retire``)
+        self._keys: list[int] = []
+        #: the pages stored whose events are all dropped, not deleted yet (the next
+        #: append deletes them)
+        self._empty: set[int] = set()
         self._seq = 0
         self._seq_version: int | None = None
         self._load()
@@ -196,29 +245,145 @@ class EventLog:
             self._seq = int(value)
         except NotFound:
             self._seq_version = None
-        for key in sorted(self.ns.children("/log")):
-            value, _ = self.ns.get(f"/log/{key}")
-            self._add_page(int(key), _decode(value))
-        self._trim()
+        for key in sorted(int(k) for k in self.ns.children("/log")):
+            value, _ = self.ns.get(f"/log/{key:012d}")
+            self._add_page(key, _decode(value))
+        self._drop(self._plan([], None))
 
     def _add_page(self, key: int, events: list[Event]) -> None:
-        if events:
-            self._pages.append((key, events[-1].seq))
-            self._events.extend(events)
+        if not events:
+            return
+        self._pages[key] = [events[-1].seq, len(events), len(events)]
+        if not self._keys or key > self._keys[-1]:
+            self._keys.append(key)
+        else:
+            bisect.insort(self._keys, key)
+        held, buckets = self._events, self._buckets
+        for event in events:
+            held[event.seq] = event
+            bucket = buckets.get(bucket_of(event))
+            if bucket is None:
+                bucket = buckets[bucket_of(event)] = deque()
+            bucket.append(event)
 
-    def _trim(self) -> None:
-        """Hold no more events than the retention's count (a page partly dropped stays
-        stored until its last event is dropped: it may hold older ones)."""
-        extra = len(self._events) - self.retention.max_count
-        for _ in range(max(extra, 0)):
-            self._events.popleft()
+    def _plan(self, incoming: list[Event], now: float | None) -> dict[str, int]:
+        """How many of each bucket's oldest events the retention drops once
+        ``incoming`` (newer than every event held) is in: past its bucket's cap, older
+        than the age limit (``now``: None, none), then, while more than ``max_count``
+        are held, the oldest of the bucket holding the most (with more than
+        ``SLACK_AT`` buckets, down to 5 % under ``max_count``: a full log looks for
+        the largest of many buckets once per 5 % of it, not at each append)."""
+        retention, buckets = self.retention, self._buckets
+        added: dict[str, list[Event]] = {}
+        for event in incoming:
+            k = bucket_of(event)
+            got = added.get(k)
+            if got is None:
+                added[k] = [event]
+            else:
+                got.append(event)
+        # (only the buckets given events may be over their caps; a load's all may)
+        drop: dict[str, int] = {}
+        for k in (added if incoming else buckets):
+            n = len(buckets.get(k, ())) + len(added.get(k, ()))
+            if n > retention.cap(k):
+                drop[k] = n - retention.cap(k)
+        if now is not None:
+            oldest = now - retention.max_age_seconds
+            aged: dict[str, int] = {}
+            for event in self._events.values():
+                if event.time >= oldest:
+                    break
+                k = bucket_of(event)
+                aged[k] = aged.get(k, 0) + 1
+            for event in incoming:
+                if event.time >= oldest:
+                    break
+                k = bucket_of(event)
+                aged[k] = aged.get(k, 0) + 1
+            for k, n in aged.items():
+                drop[k] = max(drop.get(k, 0), n)
+        held = len(self._events) + len(incoming) - sum(drop.values())
+        if held > retention.max_count:
+            sizes = {k: len(q) for k, q in buckets.items()}
+            for k, new in added.items():
+                sizes[k] = sizes.get(k, 0) + len(new)
+            goal = retention.max_count - (retention.max_count // 20 if len(sizes) > SLACK_AT
+                                          else 0)
+
+            def front(k: str, i: int) -> int:  # the i-th oldest event of bucket k
+                q = buckets.get(k, ())
+                return q[i].seq if i < len(q) else added[k][i - len(q)].seq
+            heap = [(drop.get(k, 0) - n, front(k, drop.get(k, 0)), k)
+                    for k, n in sizes.items() if n > drop.get(k, 0)]
+            heapq.heapify(heap)
+            while held > goal and heap:
+                negative, _, k = heapq.heappop(heap)
+                gone = drop[k] = drop.get(k, 0) + 1
+                held -= 1
+                if negative + 1 < 0:
+                    heapq.heappush(heap, (negative + 1, front(k, gone), k))
+        return {k: n for k, n in drop.items() if n > 0}
+
+    def _dropped(self, plan: dict[str, int], incoming: list[Event]) -> list[Event]:
+        """The events ``plan`` drops (of those held and of ``incoming``)."""
+        added: dict[str, list[Event]] = {}
+        if incoming:
+            for event in incoming:
+                added.setdefault(bucket_of(event), []).append(event)
+        out: list[Event] = []
+        for k, n in plan.items():
+            q = self._buckets.get(k, deque())
+            out.extend(itertools.islice(q, min(n, len(q))))
+            if n > len(q):
+                out.extend(added[k][:n - len(q)])
+        return out
+
+    def _page_of(self, seq: int) -> int:
+        return self._keys[bisect.bisect_right(self._keys, seq) - 1]
+
+    def _drop(self, plan: dict[str, int]) -> None:
+        """Drop the events ``plan`` says from memory (the pages emptied or compacted
+        were handled in the store by the caller; ``_pages`` follows)."""
+        held, pages, empty = self._events, self._pages, self._empty
+        for k, n in plan.items():
+            q = self._buckets.get(k)
+            if q is None:
+                continue
+            for _ in range(n):
+                event = q.popleft()
+                del held[event.seq]
+                key = self._page_of(event.seq)
+                page = pages[key]
+                page[1] -= 1
+                if page[1] <= 0:
+                    empty.add(key)
+            if not q:
+                del self._buckets[k]
+
+    def _retire(self, keys: set[int]) -> None:
+        """Forget pages (deleted from the store). Their keys stay in ``_keys`` until
+        it is twice as long as needed (no event held is in their range, so a
+        bisection never lands on one for an event held)."""
+        for key in keys:
+            self._pages.pop(key, None)
+        self._empty -= keys
+        if len(self._keys) > 2 * len(self._pages) + 64:
+            self._keys = sorted(self._pages)
+
+    def _compact(self, key: int) -> list[Event]:
+        """The events held of page ``key``, oldest first."""
+        last = self._pages[key][0]
+        held = self._events
+        return [held[seq] for seq in range(key, last + 1) if seq in held]
 
     def refresh(self) -> int:
         """Catch up with what another process (the previous leader) stored since this
         log was read: the new sequence and the events after the newest held, without
         the dropped ones; one listing and one read per new page (a follower refreshes
-        now and then, so a takeover reads only the last few). Returns how many events
-        were read."""
+        now and then, so a takeover reads only the last few). A page the leader
+        rewrote with fewer events (compacted) reads the whole log again. Returns how
+        many events were read."""
         with self._lock:
             try:
                 value, version = self.ns.get("/seq")
@@ -227,24 +392,39 @@ class EventLog:
             if version == self._seq_version:
                 return 0
             stored = {int(k) for k in self.ns.children("/log")}
-            held = self._events[-1].seq if self._events else 0
-            while self._pages and self._pages[0][0] not in stored:
-                _, last = self._pages.popleft()  # dropped by the retention meanwhile
-                while self._events and self._events[0].seq <= last:
-                    self._events.popleft()
+            held = next(reversed(self._events)) if self._events else 0
+            if any(k <= held and k not in self._pages for k in stored):
+                before = len(self._events)
+                self._events, self._buckets, self._pages, self._keys = {}, {}, {}, []
+                self._empty = set()
+                self._load()
+                return max(len(self._events) - before, 0)
+            missing = {k for k in self._pages if k not in stored}
+            for key in missing:
+                last = self._pages[key][0]  # dropped by the retention meanwhile
+                for seq in range(key, last + 1):
+                    event = self._events.pop(seq, None)
+                    if event is not None:
+                        q = self._buckets[bucket_of(event)]
+                        q.remove(event)
+                        if not q:
+                            del self._buckets[bucket_of(event)]
+            self._retire(missing)
             read = 0
             for key in sorted(k for k in stored if k > held):
                 with contextlib.suppress(NotFound):
                     events = _decode(self.ns.get(f"/log/{key:012d}")[0])
                     self._add_page(key, events)
                     read += len(events)
-            self._trim()
+            self._drop(self._plan([], None))
             self._seq, self._seq_version = int(value), version
             return read
 
     def append(self, events: list[NewEvent]) -> list[Event]:
         """Store a batch of events, in one transaction (callers keep batches within
-        ``CHUNK``)."""
+        ``CHUNK``). The pages whose events are all dropped are deleted in it, and a
+        page left holding under a quarter of its events is written again with only
+        those (so the store holds at most about four times what is retained)."""
         if not events:
             return []
         with self._lock:
@@ -256,24 +436,36 @@ class EventLog:
                 made.append(_numbered(new, seq))
             # a batch larger than the whole retention keeps only its newest events
             kept = made[-self.retention.max_count:]
-            pages = _pages(kept)
+            plan = self._plan(kept, events[-1].time)
+            dropped = self._dropped(plan, kept)
+            gone = {e.seq for e in dropped if e.seq >= kept[0].seq}
+            fresh = [e for e in kept if e.seq not in gone] if gone else kept
+            pages = _pages(fresh)
             for page, record in pages:
                 txn.create(f"/log/{page[0].seq:012d}", record)
             if self._seq_version is None:
                 txn.create("/seq", str(seq).encode())
             else:
                 txn.set("/seq", str(seq).encode(), self._seq_version)
-            now = events[-1].time
-            dropped = self._expired(kept, now)
-            # the oldest event held once this batch is in: the pages before it go
-            first = (self._events[len(dropped)].seq if len(dropped) < len(self._events)
-                     else kept[0].seq)
-            gone = 0
-            for key, last in self._pages:
-                if last >= first:
-                    break
+            lost: dict[int, int] = {}
+            for event in dropped:
+                if event.seq < kept[0].seq:
+                    key = self._page_of(event.seq)
+                    lost[key] = lost.get(key, 0) + 1
+            for key in self._empty:  # (emptied by a load's or a refresh's retention)
                 txn.delete(f"/log/{key:012d}", 0)
-                gone += 1
+            rewrites: list[tuple[int, list[Event]]] = []
+            gone_held = {e.seq for e in dropped} if lost else set()
+            for key, n in lost.items():
+                _, live, total = self._pages[key]
+                if live - n <= 0:
+                    txn.delete(f"/log/{key:012d}", 0)
+                elif (live - n) * 4 < total:
+                    left = [e for e in self._compact(key) if e.seq not in gone_held]
+                    txn.delete(f"/log/{key:012d}", 0)
+                    for page, record in _pages(left):
+                        txn.create(f"/log/{page[0].seq:012d}", record)
+                    rewrites.append((key, left))
             if self.fence is None:
                 self.ns.commit(txn)
             else:  # stored only while this replica still leads
@@ -283,26 +475,20 @@ class EventLog:
                 self.ns.store.commit(txn)
             self._seq_version = 0 if self._seq_version is None else self._seq_version + 1
             self._seq = seq
-            for _ in dropped:
-                self._events.popleft()
-            for _ in range(gone):
-                self._pages.popleft()
             for page, _ in pages:
                 self._add_page(page[0].seq, page)
+            if gone:  # (the batch's own dropped events were never held)
+                for event in dropped:
+                    if event.seq in gone:
+                        plan[bucket_of(event)] -= 1
+            self._drop(plan)
+            # the pages emptied are deleted; those rewritten hold their events now
+            self._retire(self._empty | {key for key, _ in rewrites})
+            for _, left in rewrites:
+                for page, _ in _pages(left):
+                    self._pages[page[0].seq] = [page[-1].seq, len(page), len(page)]
+                    bisect.insort(self._keys, page[0].seq)
             return made
-
-    def _expired(self, incoming: list[Event], now: float) -> list[Event]:
-        """The oldest events that the retention limits drop once ``incoming`` is in."""
-        keep = self.retention.max_count - len(incoming)
-        oldest = now - self.retention.max_age_seconds
-        dropped: list[Event] = []
-        total = len(self._events)
-        for event in self._events:
-            if total - len(dropped) > max(keep, 0) or event.time < oldest:
-                dropped.append(event)
-            else:
-                break
-        return dropped
 
     def query(self, after: int = 0, limit: int = 100, job: str | None = None,
               kind: str | None = None, source: str | None = None,
@@ -318,7 +504,7 @@ class EventLog:
             # the events after the cursor, found from the newest back: a poll asks
             # for what is new, a few of thousands held (sequence numbers only grow)
             snapshot: list[Event] = []
-            for event in reversed(self._events):
+            for event in reversed(self._events.values()):
                 if event.seq <= after:
                     break
                 snapshot.append(event)

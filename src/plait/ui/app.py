@@ -39,8 +39,14 @@ PREFIX = "/ui"
 COOKIE = "plait_ui_session"
 #: a session ends this long after its login (the cookie's own lifetime too)
 SESSION_SECONDS = 12 * 3600
-#: sessions a process holds at most (the oldest ends first)
+#: owners' sessions a process holds at most (past it, the oldest of the owner holding
+#: the most ends first)
 MAX_SESSIONS = 10_000
+#: one owner's sessions at most (its oldest ends first): one owner's logins end only
+#: its own sessions
+MAX_SESSIONS_PER_OWNER = 50
+#: admins' sessions at most, apart from the owners' (no owner's logins end one)
+MAX_ADMIN_SESSIONS = 1_000
 #: the most a login form may send
 MAX_FORM = 8192
 #: machines on one page of the machines list
@@ -91,23 +97,51 @@ class ApiError(Exception):
 class Sessions:
     """The UI's sessions in this process: a random id for each login, mapped to its
     token until it ends (``lifetime`` after the login, or at logout). The cookie holds
-    the id, so a copied cookie is no API credential and dies with its session."""
+    the id, so a copied cookie is no API credential and dies with its session.
 
-    def __init__(self, lifetime: float = SESSION_SECONDS, most: int = MAX_SESSIONS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.lifetime, self.most, self.clock = lifetime, most, clock
-        #: id -> (token, when it ends), oldest first
-        self._held: dict[str, tuple[str, float]] = {}
+    Bounded per owner (``per_owner``: an owner's new login ends its own oldest), in
+    all for owners (``most``: past it, the oldest session of the owner holding the
+    most ends), and apart for admins (``admins``, their oldest first): no owner's
+    volume ends another owner's sessions below its share, nor an admin's."""
 
-    def open(self, token: str) -> str:
+    def __init__(self, lifetime: float = SESSION_SECONDS, most: int | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 per_owner: int | None = None, admins: int | None = None) -> None:
+        self.lifetime, self.clock = lifetime, clock
+        self.most = MAX_SESSIONS if most is None else most
+        self.per_owner = MAX_SESSIONS_PER_OWNER if per_owner is None else per_owner
+        self.admins = MAX_ADMIN_SESSIONS if admins is None else admins
+        #: id -> (token, when it ends, whose: an owner's name, or None: an admin's),
+        #: oldest first
+        self._held: dict[str, tuple[str, float, str | None]] = {}
+        #: each owner's sessions (and the admins', under None), oldest first
+        self._of: dict[str | None, dict[str, None]] = {}
+
+    def open(self, token: str, owner: str | None = "") -> str:
+        """A session of ``token``, an owner's (its name) or an admin's (None)."""
         now = self.clock()
-        for sid in [sid for sid, (_, ends) in self._held.items() if ends <= now]:
-            del self._held[sid]
-        while len(self._held) >= self.most:
-            del self._held[next(iter(self._held))]
+        expired = []
+        for sid, (_, ends, _) in self._held.items():  # (in the order of their ends)
+            if ends > now:
+                break
+            expired.append(sid)
+        for sid in expired:
+            self.close(sid)
+        mine = self._of.get(owner, {})
+        while mine and len(mine) >= (self.admins if owner is None else self.per_owner):
+            self.close(next(iter(mine)))
+        if owner is not None:
+            while self._owned() >= self.most:
+                largest = max((o for o in self._of if o is not None),
+                              key=lambda o: len(self._of[o]))
+                self.close(next(iter(self._of[largest])))
         sid = secrets.token_urlsafe(32)
-        self._held[sid] = (token, now + self.lifetime)
+        self._held[sid] = (token, now + self.lifetime, owner)
+        self._of.setdefault(owner, {})[sid] = None
         return sid
+
+    def _owned(self) -> int:
+        return len(self._held) - len(self._of.get(None, ()))
 
     def token(self, sid: str | None) -> str | None:
         """The session's token, None if there is no such session (any more)."""
@@ -120,8 +154,12 @@ class Sessions:
         return held[0]
 
     def close(self, sid: str | None) -> None:
-        if sid:
-            self._held.pop(sid, None)
+        held = self._held.pop(sid, None) if sid else None
+        if held is not None:
+            mine = self._of[held[2]]
+            del mine[sid]  # type: ignore[arg-type]
+            if not mine:
+                del self._of[held[2]]
 
     def __len__(self) -> int:
         return len(self._held)
@@ -284,7 +322,9 @@ class Ui:
             if who is not None and who.get("role") in ("admin", "owner"):
                 self.sessions.close(request.cookies.get(COOKIE))
                 response = RedirectResponse(target, status_code=303, headers=_SECURITY)
-                response.set_cookie(COOKIE, self.sessions.open(token), httponly=True,
+                sid = self.sessions.open(token, None if who["role"] == "admin"
+                                         else str(who.get("name", "")))
+                response.set_cookie(COOKIE, sid, httponly=True,
                                     samesite="strict", path=PREFIX,
                                     secure=request.url.scheme == "https",
                                     max_age=SESSION_SECONDS)

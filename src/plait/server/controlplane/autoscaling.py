@@ -265,15 +265,24 @@ class Autoscaling:
             history = self.history.setdefault(job, History())
         want = recommend(body.policy, history, now, tasks, live[1])
         self.decisions += 1
+        low, high = body.policy.min_tasks, body.policy.max_tasks
+        if max(want, low) > tasks:  # the owner's task limit, the quota's reach: a clamp
+            room, bound = self.cp.owners.room(job, doc.entitlement, tasks, doc.spec.resources)
+            if max(want, low) > room:
+                clamped = max(min(want, room), min(tasks, want))
+                self.cp.record("autoscaler", "autoscale_clamped",
+                               f"{want} tasks wanted, {clamped} at most: {bound}",
+                               job=job, entitlement=doc.entitlement, actor="autoscaler")
+                want, low, high = clamped, min(low, clamped), min(high, max(clamped, 0))
+        # then what the entitlement and the region can place now
         capped = self._within_room(job, body, want, tasks, doc.entitlement)
         want = capped.tasks
         if want == tasks:
             return
         token = requestid.actor.set("autoscaler")
         try:  # a sizing intent: the Job Control Plane resizes the job
-            self.cp.jcp.put_sizing(job, SizingIntent(
-                task_count=want, min=body.policy.min_tasks, max=body.policy.max_tasks),
-                actor="autoscaler")
+            self.cp.jcp.put_sizing(job, SizingIntent(task_count=want, min=low, max=high),
+                                   actor="autoscaler")
         except Conflict as exc:
             log.info("autoscaling waits", job=job, error=str(exc))
             return

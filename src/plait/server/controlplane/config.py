@@ -73,3 +73,10 @@ class ControlPlaneConfig:
     #: count and time what the control plane does (``plait.metrics``); off, it holds a
     #: ``NullMetrics`` and /metrics is empty (``plait bench observability`` compares)
     metrics: bool = True
+    #: the jobs whose per-job series /metrics shows on their own at most: those with
+    #: the most tasks; the others' are summed (job ``_other``, ``plait.metrics``)
+    metrics_jobs: int = 100
+    #: the jobs, and the tasks in all, one owner may hold unless an admin set its own
+    #: (``plait.server.controlplane.owners``)
+    owner_max_jobs: int = 1_000
+    owner_max_tasks: int = 50_000

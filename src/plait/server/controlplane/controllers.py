@@ -86,15 +86,16 @@ class Controllers:
             self._answers.append(answer)
             sent = self._sent.pop((answer.job, answer.sequence_number), None)
         m = self.cp.metrics
+        job = m.job_label(answer.job)  # (the largest jobs' own series; the rest summed)
         if answer.response is not None:
             outcome = "answered"
             if answer.response.ack:
-                m.taskcontrol_acks.labels(answer.job).inc(len(answer.response.ack))
+                m.taskcontrol_acks.labels(job).inc(len(answer.response.ack))
         else:
             outcome = "timeout" if "deadline" in (answer.error or "") else "error"
-        m.taskcontrol_calls.labels(answer.job, outcome).inc()
+        m.taskcontrol_calls.labels(job, outcome).inc()
         if sent is not None:
-            m.taskcontrol_seconds.labels(answer.job).observe(time.monotonic() - sent)
+            m.taskcontrol_seconds.labels(job).observe(time.monotonic() - sent)
         self.cp.wake.set()
 
     def serving_at(self, *urls: str) -> None:

@@ -60,6 +60,7 @@ from plait.server.controlplane.jcp import JobControlPlane
 from plait.server.controlplane.loop import Loop
 from plait.server.controlplane.machine_ops import MachineOps
 from plait.server.controlplane.membership import Membership
+from plait.server.controlplane.owners import Owners
 from plait.server.controlplane.profiles import HostProfiles
 from plait.server.controlplane.views import Views
 from plait.server.events import CHUNK, EventLog, NewEvent, new_event
@@ -176,6 +177,7 @@ class ControlPlane:
         self.profiles = HostProfiles(self)
         self.autoscaling = Autoscaling(self)
         self.jcp = JobControlPlane(self)
+        self.owners = Owners(self)
         self.build(now)
 
     def _fleet(self) -> Fleet:
@@ -254,6 +256,7 @@ class ControlPlane:
         self.views.publish(None)
         self.profiles.load()
         self.jobs = self.persist.jobs
+        self.jobs.admit = self.owners.admit  # (each write checked against the limits)
         start = config.sim_start_seconds
 
         def behaviour(a: Assignment) -> Behaviour:

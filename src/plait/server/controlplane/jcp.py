@@ -56,7 +56,7 @@ from plait.model.entitlement import Entitlement, Quota, canary_entitlement, chec
 from plait.model.job import JobSpec
 from plait.model.redact import shown_intent
 from plait.model.task import TaskState
-from plait.persist.scheduler import JobDoc
+from plait.persist.scheduler import JobDoc, usage_of
 from plait.server.controlplane.gates import GateAsker
 from plait.store.protocol import Namespace
 from plait.tls import verify as tls_verify
@@ -299,7 +299,8 @@ class JobControlPlane:
     # -- sizing ---------------------------------------------------------------------------
     def put_sizing(self, job: str, intent: SizingIntent,
                    actor: str | None = None) -> dict[str, Any]:
-        self._job(job)
+        doc = self._job(job)
+        self.check_size(doc, intent.size)
         now, actor = self.cp.clock(), actor or _actor()
         before = self.record(job).sizing
         self._change(job, lambda rec: rec.model_copy(update={
@@ -308,6 +309,13 @@ class JobControlPlane:
             self._event(job, "sizing_set", f"{intent.size} tasks (asked {intent.task_count}, "
                         f"within {intent.min}..{intent.max})", actor)
         return self.sizing_view(job)
+
+    def check_size(self, doc: JobDoc, size: int) -> None:
+        """Refuse (422, naming the limit or the quota) a size the resize it makes would
+        be refused for (``Owners.admit``): the intent is not stored."""
+        if size > doc.spec.task_count:
+            self.cp.owners.admit(doc.name, (doc.entitlement, size, doc.spec.resources),
+                                 usage_of(doc))
 
     def sizing_view(self, job: str) -> dict[str, Any]:
         self._job(job)
