@@ -15,11 +15,17 @@ def serving(client: httpx.Client) -> int:
 
 
 def test_a_push_goes_on_while_a_task_waits_for_room(live: Live) -> None:
-    """Three machines of quota, four whole-machine tasks: one waits for room, and a
-    push of the other three completes (before, the waiting task spent the job's
-    max_unavailable and the push froze at "3 of 4 tasks ready")."""
-    assert live.admin.post("/v1/entitlements", json={
-        "name": "e", "owner": "alice", "quota": {"machines": 3}}).status_code == 201
+    """Four whole-machine tasks on a region with three machines left (another
+    entitlement holds the other 21): one waits for room, and a push of the other
+    three completes (before, the waiting task spent the job's max_unavailable and the
+    push froze at "3 of 4 tasks ready")."""
+    admin = live.admin
+    assert admin.post("/v1/entitlements", json={
+        "name": "hog", "owner": "carol", "quota": {"machines": 21}}).status_code == 201
+    assert admin.post("/v1/jobs", json=whole("h", "hog", 21)).status_code == 201
+    wait_for(lambda: admin.get("/v1/jobs/h").json()["serving"] == 21)
+    assert admin.post("/v1/entitlements", json={
+        "name": "e", "owner": "alice", "quota": {"machines": 4}}).status_code == 201
     alice = live.owner("alice")
     assert alice.post("/v1/jobs", json=JOB).status_code == 201
     wait_for(lambda: serving(alice) == 3)
@@ -68,11 +74,18 @@ def test_a_lender_short_of_machines_revokes_its_loans_when_quotas_exceed_the_reg
 
 
 
-def test_the_autoscaler_sizes_within_the_quota_and_says_so(live: Live) -> None:
-    """A load that asks for 8 whole-machine tasks on a quota of 3 machines: the job
-    is sized to 3, with an event that says what was wanted and what capped it."""
-    assert live.admin.post("/v1/entitlements", json={
-        "name": "e", "owner": "alice", "quota": {"machines": 3}}).status_code == 201
+def test_the_autoscaler_sizes_within_the_room_and_says_so(live: Live) -> None:
+    """A load that asks for 8 whole-machine tasks on a quota of 8 machines, in a region
+    with 3 machines left (another entitlement holds the other 21): the job is sized
+    to 3, with an event that says what was wanted and what capped it. A quota that
+    could never hold what is wanted is the owner's limit: clamped to it, said too."""
+    admin = live.admin
+    assert admin.post("/v1/entitlements", json={
+        "name": "hog", "owner": "carol", "quota": {"machines": 21}}).status_code == 201
+    assert admin.post("/v1/jobs", json=whole("h", "hog", 21)).status_code == 201
+    wait_for(lambda: admin.get("/v1/jobs/h").json()["serving"] == 21)
+    assert admin.post("/v1/entitlements", json={
+        "name": "e", "owner": "alice", "quota": {"machines": 8}}).status_code == 201
     alice = live.owner("alice")
     assert alice.post("/v1/jobs", json={**JOB, "task_count": 1}).status_code == 201
     assert alice.put("/v1/jobs/web/autoscale", json={"interval_seconds": 1, "policy": {
@@ -86,15 +99,21 @@ def test_the_autoscaler_sizes_within_the_quota_and_says_so(live: Live) -> None:
     wait_for(lambda: bool(events("autoscale_capped")))
     capped = events("autoscale_capped")[0]
     assert capped["actor"] == "autoscaler"
-    assert capped["message"].startswith("wanted 8 tasks, capped at 3: entitlement quota")
+    assert capped["message"].startswith("wanted 8 tasks, capped at 3: region capacity")
     wait_for(lambda: alice.get("/v1/jobs/web").json()["spec"]["task_count"] == 3)
     assert "1 -> 3 tasks" in events("autoscaled")[0]["message"]
-    assert "wanted 8, capped: entitlement quota" in events("autoscaled")[0]["message"]
+    assert "wanted 8, capped: region capacity" in events("autoscaled")[0]["message"]
     wait_for(lambda: serving(alice) == 3)
     passes = live.cp.steps
     wait_for(lambda: live.cp.steps >= passes + 20)
     assert alice.get("/v1/jobs/web").json()["spec"]["task_count"] == 3  # (never past)
     assert len(events("autoscale_capped")) == 1  # (said once while it holds)
+    # a load past what the quota could ever hold: clamped to the quota's reach
+    assert alice.post("/v1/jobs/web/load", json={"value": 6}).status_code == 200
+    wait_for(lambda: bool(events("autoscale_clamped")))
+    clamped = events("autoscale_clamped")[0]["message"]
+    assert clamped.startswith("12 tasks wanted, 8 at most") and "quota" in clamped
+    assert alice.get("/v1/jobs/web").json()["spec"]["task_count"] <= 8
 
 
 def test_a_quota_the_region_cannot_give_is_accepted_with_a_warning(live: Live) -> None:
