@@ -97,6 +97,29 @@ def test_invariants_under_random_operations(actions, with_controller):
     starts: list = []
     watch_starts(sim, starts)
     sim.run(20)
+    play(sim, specs, actions)
+    # and it settles: every job runs its target version at full strength
+    assert sim.run_until(lambda: all(
+        len(s.discovery(n)) == specs[n].task_count
+        and all(r.spec_version == s.job(n).target for r in s.job(n).tasks.values())
+        for n in JOBS), 3000)
+
+
+grow = st.lists(st.one_of(
+    st.tuples(st.just("update"), st.sampled_from(sorted(JOBS))),
+    st.tuples(st.just("resize"), st.sampled_from(sorted(JOBS)), st.integers(0, 14)),
+    st.tuples(st.just("fail"), st.integers(0, 5)),
+    st.tuples(st.just("repair")),
+    st.tuples(st.just("wait"), st.integers(1, 30)),
+    st.tuples(st.just("restart"), st.sampled_from(sorted(JOBS))),
+), min_size=1, max_size=10)
+
+
+
+def play(sim, specs: dict, actions: list) -> None:
+    """Run ``actions`` on the simulated world (updates, resizes, failures and their
+    repairs, maintenance, restarts, rollbacks, waits), then repair what failed."""
+    s = sim.scheduler
     failures: list[str] = []
     version = 1
     for action in actions:
@@ -123,22 +146,6 @@ def test_invariants_under_random_operations(actions, with_controller):
         sim.run(action[1] if kind == "wait" else 5)
     for event_id in failures:
         sim.repair(event_id)
-    # and it settles: every job runs its target version at full strength
-    assert sim.run_until(lambda: all(
-        len(s.discovery(n)) == specs[n].task_count
-        and all(r.spec_version == s.job(n).target for r in s.job(n).tasks.values())
-        for n in JOBS), 3000)
-
-
-grow = st.lists(st.one_of(
-    st.tuples(st.just("update"), st.sampled_from(sorted(JOBS))),
-    st.tuples(st.just("resize"), st.sampled_from(sorted(JOBS)), st.integers(0, 14)),
-    st.tuples(st.just("fail"), st.integers(0, 5)),
-    st.tuples(st.just("repair")),
-    st.tuples(st.just("wait"), st.integers(1, 30)),
-    st.tuples(st.just("restart"), st.sampled_from(sorted(JOBS))),
-), min_size=1, max_size=10)
-
 
 @settings(max_examples=60, deadline=None)
 @given(actions=grow)
@@ -158,26 +165,7 @@ def test_jobs_grown_past_the_region_keep_the_cap_and_finish_their_rollouts(actio
     sim.observers.append(lambda sm: check(sm, log))
     watch_starts(sim, [])
     sim.run(20)
-    failures: list[str] = []
-    version = 1
-    for action in actions:
-        kind = action[0]
-        if kind == "update":
-            version += 1
-            specs[action[1]] = specs[action[1]].model_copy(update={"args": (f"v{version}",)})
-            s.update_job(specs[action[1]], sim.now)
-        elif kind == "resize":
-            specs[action[1]] = specs[action[1]].model_copy(update={"task_count": action[2]})
-            s.update_job(specs[action[1]], sim.now)
-        elif kind == "fail":
-            failures.append(sim.fail([sim.fleet.name(action[1])]))
-        elif kind == "repair" and failures:
-            sim.repair(failures.pop(0))
-        elif kind == "restart":
-            s.restart(action[1], sim.now)
-        sim.run(action[1] if kind == "wait" else 5)
-    for event_id in failures:
-        sim.repair(event_id)
+    play(sim, specs, actions)
 
     def settled():
         """Every task of every job serves at its target version with no operation
