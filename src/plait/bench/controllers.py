@@ -31,6 +31,7 @@ import json
 import threading
 import zlib
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -185,6 +186,26 @@ class ControllerFarm:
         writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
         return True
+
+
+@contextlib.contextmanager
+def farm_process() -> Iterator[str]:
+    """The farm in a process of its own (off the benchmark's and the control plane's
+    interpreters), killed on the way out: its URL."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "plait.bench.controllers"],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().decode().strip()
+        if not url.startswith("http://"):
+            raise RuntimeError("the controller farm did not start")
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def main() -> None:

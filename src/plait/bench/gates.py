@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -39,6 +37,7 @@ import httpx
 import numpy as np
 
 from plait.bench.api import Server
+from plait.bench.controllers import farm_process
 
 
 def _spec(job: str, entitlement: str, version: int) -> dict[str, Any]:
@@ -216,20 +215,11 @@ async def _drive(url: str, token: str, farm: str, *, jobs: int, owners: int, tar
 def run(jobs: int = 1000, owners: int = 5, tarpits: int = 10, rate: float = 12.0,
         machines: int = 250, timeout: float = 600.0,
         progress: Any = lambda done, total: None) -> dict[str, Any]:
-    farm_proc = subprocess.Popen([sys.executable, "-m", "plait.bench.controllers"],
-                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    try:
-        assert farm_proc.stdout is not None
-        farm = farm_proc.stdout.readline().decode().strip()
-        if not farm.startswith("http://"):
-            raise RuntimeError("the gate farm did not start")
+    with farm_process() as farm:
         server = Server(machines, tick=0.1, extra=("--controller-networks", "loopback"))
         with server:
             figures = asyncio.run(_drive(server.url, server.token, farm, jobs=jobs,
                                          owners=owners, tarpits=tarpits, rate=rate,
                                          timeout=timeout, progress=progress))
-    finally:
-        farm_proc.kill()
-        farm_proc.wait()
     return {"jobs": jobs, "owners": owners, "tarpits": tarpits, "push_rate": rate,
             "machines": machines, **figures}

@@ -33,8 +33,6 @@ import asyncio
 import contextlib
 import gc
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +41,7 @@ import httpx
 import numpy as np
 
 from plait.bench.api import Connection, Server, _host_busy_seconds
+from plait.bench.controllers import farm_process
 
 
 def _spec(name: str, tasks: int, controller: str | None, rev: int) -> dict[str, Any]:
@@ -282,13 +281,7 @@ def run(jobs: int = 1000, tarpits: int = 10, tasks_per_job: int = 2, machines: i
         other_rate: float = 10.0, agent_interval: float = 1.0,
         heartbeat_timeout: float = 5.0, settle_timeout: float = 180.0,
         warmup: float = 5.0) -> dict[str, Any]:
-    farm_proc = subprocess.Popen([sys.executable, "-m", "plait.bench.controllers"],
-                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    try:
-        assert farm_proc.stdout is not None
-        farm = farm_proc.stdout.readline().decode().strip()
-        if not farm.startswith("http://"):
-            raise RuntimeError("the controller farm did not start")
+    with farm_process() as farm:
         server = Server(machines, tick=0.1, sim_agents=False, extra=(
             "--controller-networks", "loopback,any", "--heartbeat-timeout",
             str(heartbeat_timeout), "--startup-grace", "60"))
@@ -300,8 +293,5 @@ def run(jobs: int = 1000, tarpits: int = 10, tasks_per_job: int = 2, machines: i
                 update_rate=update_rate, other_jobs=other_jobs, other_rate=other_rate,
                 agent_interval=agent_interval, settle_timeout=settle_timeout,
                 warmup=warmup, server_cpu=server.cpu_seconds))
-    finally:
-        farm_proc.kill()
-        farm_proc.wait()
     return {"jobs": jobs, "tarpits": tarpits, "tasks_per_job": tasks_per_job,
             "machines": machines, "update_rate": update_rate, **figures}
