@@ -128,9 +128,10 @@ def test_each_task_gets_its_own_credential_and_the_agent_keeps_it_nowhere(box):
     from plait.taskcontrol import signing
 
     # the spec names one too: a job's env is every task's, so it is not the credential
-    box.deploy("cred", 'printf %s "$PLAIT_TASK_CREDENTIAL" > "$PLAIT_DATA_DIR/cred.tmp" && '
+    box.deploy("cred", 'printf "%s %s" "$PLAIT_TASK_ENDPOINT" "$PLAIT_TASK_CREDENTIAL" '
+                       '> "$PLAIT_DATA_DIR/cred.tmp" && '
                        'mv "$PLAIT_DATA_DIR/cred.tmp" "$PLAIT_DATA_DIR/cred"; exec sleep 600',
-               env={"PLAIT_TASK_CREDENTIAL": "forged"})
+               env={"PLAIT_TASK_CREDENTIAL": "forged", "PLAIT_TASK_ENDPOINT": "10.9.9.9:1"})
     key = box.api.get("/v1/jobs/cred/controller-key").json()["key"]
     files = {i: [box.dirs[m] / "tasks" / f"cred.{i}" / "cred" for m in MACHINES]
              for i in (0, 1)}
@@ -138,8 +139,20 @@ def test_each_task_gets_its_own_credential_and_the_agent_keeps_it_nowhere(box):
     def written() -> bool:
         return all(any(f.exists() for f in fs) for fs in files.values())
     wait_for(written, what="both tasks start")
-    got = {i: next(f for f in fs if f.exists()).read_text() for i, fs in files.items()}
-    assert got == {i: signing.task_credential(key, "cred", i) for i in (0, 1)}
+    seen = {i: next(f for f in fs if f.exists()).read_text().split(" ")
+            for i, fs in files.items()}
+    # bound to the endpoint plait's discovery has for the task, which it is given
+    found: dict[int, str] = {}
+
+    def discovered() -> bool:
+        found.update({e["index"]: e["endpoint"] for e in
+                      box.api.get("/v1/discovery/cred").json()["endpoints"]})
+        return set(found) == {0, 1}
+    wait_for(discovered, what="both tasks in discovery")
+    assert {i: where for i, (where, _) in seen.items()} == found
+    got = {i: cred for i, (_, cred) in seen.items()}
+    assert got == {i: signing.task_credential(key, "cred", i, found[i]) for i in (0, 1)}
+    assert got[0] != signing.task_credential(key, "cred", 0, found[1])
     # the agents' saved state holds none (a restarted agent gets it again)
     for m in MACHINES:
         state = (box.dirs[m] / "agent.json").read_text()

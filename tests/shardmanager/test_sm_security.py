@@ -221,25 +221,52 @@ def test_a_task_registers_as_itself_only_with_its_own_credential(sm: ShardManage
     def signed(index: int, secret: str, job: str = "kv") -> httpx.Response:
         return register(sm, reg(index, job=job), secret=secret)
 
-    mine = task_credential(KEY, "kv", 3)
+    at = "127.0.0.1:9"  # (where reg's tasks are)
+    mine = task_credential(KEY, "kv", 3, at)
     # task 3's credential signs for task 3, not for its sibling 4 (nor 0)
     for sibling in (4, 0):
         r = signed(sibling, mine)
         assert r.status_code == 401 and "PLAIT_TASK_CREDENTIAL" in r.text, r.text
-    # nor does the application's task secret, another job's key, or another job's task
-    for secret in (task_secret(TOKEN, "kv"), task_credential("cd" * 32, "kv", 4),
-                   task_credential(KEY, "web", 4), KEY):
+    # nor does the application's task secret, another job's key, or another job's task,
+    # nor the credential its agent holds (not bound to an endpoint)
+    for secret in (task_secret(TOKEN, "kv"), task_credential("cd" * 32, "kv", 4, at),
+                   task_credential(KEY, "web", 4, at), KEY, task_credential(KEY, "kv", 4)):
         assert signed(4, secret).status_code == 401
     assert sm.apps["kv"].tasks == {}
     assert signed(3, mine).status_code == 200
-    assert signed(4, task_credential(KEY, "kv", 4)).status_code == 200
+    assert signed(4, task_credential(KEY, "kv", 4, at)).status_code == 200
     assert set(sm.apps["kv"].tasks) == {3, 4}
     # the job made again (a new controller key): the old credentials are refused
     again = "cd" * 32
     assert c.put("/v1/apps/kv", json={"job": "kv", "shards": 4, "replication": 1,
                                       "tasks": 6, "controller_key": again}).status_code == 200
     assert signed(3, mine).status_code == 401
-    assert signed(3, task_credential(again, "kv", 3)).status_code == 200
+    assert signed(3, task_credential(again, "kv", 3, at)).status_code == 200
+
+
+def test_a_task_registers_its_own_endpoint_only(sm: ShardManager) -> None:
+    """A task's credential is bound to the endpoint discovery has for it: with it, the
+    task registers that endpoint (however its URL spells it), and another endpoint,
+    a sibling's included, is refused (401 naming the endpoint) and never called."""
+    c = api(sm)
+    assert c.put("/v1/apps/kv", json={"job": "kv", "shards": 4, "replication": 1,
+                                      "tasks": 6, "controller_key": KEY}).status_code == 200
+    mine = task_credential(KEY, "kv", 3, "127.0.0.1:4100")
+    for elsewhere in ("http://127.0.0.1:4101", "http://127.0.0.2:4100",
+                      "http://localhost:4100", "http://127.0.0.1:41000"):
+        r = register(sm, reg(3, elsewhere), secret=mine)
+        assert r.status_code == 401, r.text
+        assert "PLAIT_TASK_ENDPOINT" in r.text and elsewhere[7:] in r.text, r.text
+    # a sibling's endpoint, with a credential for its own
+    sibling = task_credential(KEY, "kv", 4, "127.0.0.1:4104")
+    assert register(sm, reg(4, "http://127.0.0.1:4100"), secret=sibling).status_code == 401
+    assert sm.apps["kv"].tasks == {}
+    assert register(sm, reg(3, "http://127.0.0.1:4100/"), secret=mine).status_code == 200
+    assert sm.apps["kv"].tasks[3].endpoint == "http://127.0.0.1:4100/"
+    assert register(sm, reg(4, "http://127.0.0.1:4104"), secret=sibling).status_code == 200
+    # an endpoint without a port cannot be one discovery has
+    r = register(sm, reg(5, "http://127.0.0.1"), secret=task_credential(KEY, "kv", 5, "x"))
+    assert r.status_code == 422 and "endpoint" in r.text, r.text
 
 
 def test_a_task_with_its_credential_is_loaded_and_one_posing_as_a_sibling_is_not(
@@ -251,24 +278,34 @@ def test_a_task_with_its_credential_is_loaded_and_one_posing_as_a_sibling_is_not
     assert c.put("/v1/apps/kv", json={"job": "kv", "shards": 2, "replication": 1,
                                       "tasks": 3, "controller_key": KEY}).status_code == 200
 
-    def from_env(index: int, credential: str) -> ShardTask:
+    def from_env(index: int, credential: str, port: int) -> ShardTask:
         return ShardTask.from_env(Dict(), app="kv", env={
-            "PLAIT_JOB": "kv", "PLAIT_TASK_INDEX": str(index), "PLAIT_PORT": str(free_port()),
+            "PLAIT_JOB": "kv", "PLAIT_TASK_INDEX": str(index), "PLAIT_PORT": str(port),
+            "PLAIT_TASK_ENDPOINT": f"127.0.0.1:{port}",
             "PLAIT_SM_URL": sm.url, "PLAIT_TASK_CREDENTIAL": credential,
             # (the application's task secret too: the credential is what it signs with)
             "PLAIT_SM_TOKEN": task_secret(TOKEN, "kv")})
 
-    honest = from_env(0, task_credential(KEY, "kv", 0)).start()
-    hostile = from_env(1, task_credential(KEY, "kv", 0))  # (task 0's, as task 1)
+    ports = [free_port() for _ in range(3)]
+    honest = from_env(0, task_credential(KEY, "kv", 0, f"127.0.0.1:{ports[0]}"),
+                      ports[0]).start()
+    # (task 0's, as task 1)
+    hostile = from_env(1, task_credential(KEY, "kv", 0, f"127.0.0.1:{ports[1]}"), ports[1])
+    # task 2's own, registering elsewhere than its PLAIT_TASK_ENDPOINT
+    astray = from_env(2, task_credential(KEY, "kv", 2, f"127.0.0.1:{ports[2]}"), ports[2])
+    astray.endpoint = f"http://127.0.0.1:{ports[1]}"
     try:
+        assert honest.endpoint == f"http://127.0.0.1:{ports[0]}"
         until(lambda: honest.shards == {"s00000", "s00001"})
         assert hostile.register() is False
+        assert astray.register() is False
         assert set(sm.apps["kv"].tasks) == {0}
         assert hostile.endpoint not in json.dumps(c.get("/v1/apps/kv/map").json())
     finally:
         honest.stop()
-        hostile._server.server_close()
-        hostile.http.close()
+        for t in (hostile, astray):
+            t._server.server_close()
+            t.http.close()
     with pytest.raises(SystemExit, match="PLAIT_TASK_CREDENTIAL"):
         ShardTask.from_env(Dict(), app="kv", env={
             "PLAIT_JOB": "kv", "PLAIT_TASK_INDEX": "0", "PLAIT_PORT": "1",
@@ -355,9 +392,9 @@ def test_calls_to_a_task_carry_no_secret_and_cannot_be_played_again(
         assert register(sm, reg(0, rec.url), app="kv3").status_code == 200
         until(lambda: bool(rec.seen))
         method, path, headers, body = rec.seen[0]
-        assert task_credential(KEY, "kv", 0) not in json.dumps(headers) + body.decode()
-        credentials.verify(credentials.task_key(task_credential(KEY, "kv", 0), "kv3", "kv",
-                                                0, "i0"),
+        own = task_credential(KEY, "kv", 0, credentials.host_port(rec.url))
+        assert own not in json.dumps(headers) + body.decode()
+        credentials.verify(credentials.task_key(own, "kv3", "kv", 0, "i0"),
                            headers[credentials.SIGNATURE_HEADER],
                            credentials.call_message(method, path, body), time.time())
     finally:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 import httpx
 import pytest
 
+from plait.errors import ValidationError
 from plait.model import TaskRef
 from plait.server.serve import free_port
 from plait.shardmanager import credentials
@@ -58,18 +59,22 @@ def sm(tmp_path) -> Iterator[ShardManager]:
     manager.stop()
 
 
-def own(sm: ShardManager, index: int, app: str = "kv", job: str = "kv") -> dict[str, str]:
-    """What task ``index`` holds, as plait gives it: its own credential when the
-    application has its job's controller key, else the application's task secret."""
+def own(sm: ShardManager, index: int, app: str = "kv", job: str = "kv",
+        endpoint: str = "127.0.0.1:9") -> dict[str, str]:
+    """What task ``index`` at ``endpoint`` (host:port) holds, as plait gives it: its own
+    credential when the application has its job's controller key, else the
+    application's task secret."""
     defined = sm.apps.get(app)
     if defined is not None and defined.spec.controller_key is not None:
-        return {"credential": task_credential(defined.spec.controller_key, job, index)}
+        return {"credential": task_credential(defined.spec.controller_key, job, index,
+                                              endpoint)}
     return {"token": app_token(TOKEN, app)}
 
 
 def task(sm: ShardManager, index: int, msb: int) -> ShardTask:
-    return ShardTask(Dict(), app="kv", job="kv", index=index, port=free_port(),
-                     manager=sm.url, **own(sm, index),
+    port = free_port()
+    return ShardTask(Dict(), app="kv", job="kv", index=index, port=port,
+                     manager=sm.url, **own(sm, index, endpoint=f"127.0.0.1:{port}"),
                      domains=(f"msb{msb}", f"rack{index}", f"m{index}")).start()
 
 
@@ -106,7 +111,11 @@ def register(sm: ShardManager, reg: dict, secret: str | None = None,
     """A registration as a task's library sends it: signed with its process's key
     (from ``secret``, else from what the task holds: ``own``)."""
     body = json.dumps(reg).encode() if content is None else content
-    held = own(sm, reg["index"], app, reg["job"])
+    try:
+        at = credentials.host_port(reg["endpoint"])
+    except ValidationError:
+        at = ""  # (an endpoint discovery cannot have: no credential is good for it)
+    held = own(sm, reg["index"], app, reg["job"], at)
     key = credentials.task_key(secret or held.get("credential") or held["token"], app,
                                reg["job"], reg["index"], reg["incarnation"])
     return httpx.post(f"{sm.url}/v1/apps/{app}/tasks", content=body, timeout=30, headers={
@@ -300,8 +309,9 @@ def test_an_orphan_copy_of_a_task_is_refused_and_the_map_keeps_its_replacement(
     c, tasks = six_tasks(sm, shards=6)
     orphan = tasks[0]
     orphan.impl = Told()
-    replacement = ShardTask(Dict(), app="kv", job="kv", index=0, port=free_port(),
-                            manager=sm.url, **own(sm, 0),
+    port = free_port()
+    replacement = ShardTask(Dict(), app="kv", job="kv", index=0, port=port,
+                            manager=sm.url, **own(sm, 0, endpoint=f"127.0.0.1:{port}"),
                             domains=("msb0", "rack9", "m9"))
     try:
         assert replacement.started > orphan.started
@@ -322,8 +332,9 @@ def test_an_orphan_copy_of_a_task_is_refused_and_the_map_keeps_its_replacement(
         assert replacement.endpoint in endpoints(c)
         assert c.get("/v1/apps/kv").json()["tasks"]["0"]["endpoint"] == replacement.endpoint
         # a process that started before the one registered is refused at its first beat
-        late = ShardTask(Dict(), app="kv", job="kv", index=0, port=free_port(),
-                         manager=sm.url, **own(sm, 0))
+        port = free_port()
+        late = ShardTask(Dict(), app="kv", job="kv", index=0, port=port,
+                         manager=sm.url, **own(sm, 0, endpoint=f"127.0.0.1:{port}"))
         late.started = replacement.started - 60
         assert late.register() is False and late.gone is not None
         assert "started" in late.gone and replacement.incarnation in late.gone

@@ -35,6 +35,21 @@ def test_a_signature_verifies_only_for_its_key_body_and_time():
             signing.verify(*args)
 
 
+def test_a_task_credential_is_bound_to_one_endpoint():
+    key = signing.job_key(b"s" * 32, "web")
+    agents = signing.task_credential(key, "web", 3)
+    mine = signing.task_credential(key, "web", 3, "10.0.0.5:4100")
+    assert mine == signing.endpoint_credential(agents, "10.0.0.5:4100")
+    assert mine.startswith(signing.CREDENTIAL_PREFIX) and mine != agents
+    assert mine == signing.task_credential(key, "web", 3, "10.0.0.5:4100")
+    assert signing.task_credential(key, "web", 3, "HOST:1") == signing.task_credential(
+        key, "web", 3, "host:1")  # (a host name has no case)
+    others = {signing.task_credential(key, "web", 3, e) for e in
+              ("10.0.0.5:4101", "10.0.0.6:4100", "10.0.0.5:41000", "")}
+    others.add(signing.task_credential(key, "web", 4, "10.0.0.5:4100"))
+    assert mine not in others and len(others) == 5
+
+
 def test_a_task_credential_is_one_tasks_of_one_job_of_one_key():
     import hashlib
     import hmac

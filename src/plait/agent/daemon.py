@@ -19,10 +19,13 @@ machine, and lines about a task its job, index and revision; a start names the i
 the API request behind the assignment, a stop that of the request that last changed
 the task's job (``request_id``, both as the desired set gives them).
 
-Each task gets its own credential from its entry of the desired set, as
-``PLAIT_TASK_CREDENTIAL`` in its environment (``plait.taskcontrol.signing.
-task_credential``): kept in memory only, never logged nor saved (a task started
-again after the agent restarted gets it from the next desired set).
+Each task gets its own credential from its entry of the desired set: the agent binds
+it to the endpoint it reports for the task to discovery (``host:port``: the
+machine's advertised address and the task's port) and sets the result as
+``PLAIT_TASK_CREDENTIAL`` in the task's environment, beside that endpoint as
+``PLAIT_TASK_ENDPOINT`` (``plait.taskcontrol.signing.endpoint_credential``): kept in
+memory only, never logged nor saved (a task started again after the agent restarted
+gets it from the next desired set).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from plait.model.converge import converge
 from plait.model.job import restart_after
 from plait.sidekick.appliers import Applier
 from plait.sidekick.appliers import make as make_applier
+from plait.taskcontrol.signing import endpoint_credential
 from plait.tls import verify as tls_verify
 
 log = logconfig.get("plait.agent")
@@ -813,17 +817,24 @@ class Agent:
         host = {k: v for k in TASK_HOST_ENV if (v := os.environ.get(k)) is not None}
         host.setdefault("PATH", os.defpath)
         # (the task's own credential, never one its spec names: a job's env is every
-        # task's)
+        # task's; bound to the endpoint discovery has for it)
+        endpoint = self._endpoint(task)
         own = self.credentials.get(task.key)
         return {**host, **{k: v for k, v in spec.get("env", {}).items()
                            if k != "PLAIT_TASK_CREDENTIAL"},
-                **({"PLAIT_TASK_CREDENTIAL": own} if own else {}),
+                **({"PLAIT_TASK_CREDENTIAL": endpoint_credential(own, endpoint)}
+                   if own else {}),
+                "PLAIT_TASK_ENDPOINT": endpoint,
                 "PLAIT_PORT": str(task.port),
                 "PLAIT_JOB": task.job, "PLAIT_TASK_INDEX": str(task.index),
                 "PLAIT_MACHINE": self.machine,
                 **({"PLAIT_FAULT_DOMAIN": str(self.describe["fault_domain"])}
                    if self.describe.get("fault_domain") else {}),
                 "PLAIT_DATA_DIR": str(self.data_dir / "tasks" / task.key)}
+
+    def _endpoint(self, task: Task) -> str:
+        """The task's endpoint as its status reports it to discovery (host:port)."""
+        return f"{self.advertise}:{task.port}"
 
     def _supervise(self, now: float) -> None:
         """Notice exits and apply the restart policy: ``always`` starts the task again
@@ -996,7 +1007,7 @@ class Agent:
                 task.healthy = self._healthy(task, now)
                 status = {"job": task.job, "index": task.index, "revision": task.revision,
                           "phase": "running", "healthy": task.healthy,
-                          "endpoint": f"{self.advertise}:{task.port}"}
+                          "endpoint": self._endpoint(task)}
                 cores = self._cores(key, handle, now)
                 if cores is not None:
                     status["cpu"] = cores

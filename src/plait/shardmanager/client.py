@@ -19,7 +19,8 @@ there).
     ShardTask.from_env(Kv(), app="kv").serve_forever()
 
 The task holds its own credential (``PLAIT_TASK_CREDENTIAL``, which plait's agent
-sets: good for this task of this job only), or, for an application defined without
+sets: good for this task of this job only, at its own endpoint, ``PLAIT_TASK_ENDPOINT``,
+which it listens on and registers), or, for an application defined without
 its job's controller key, the application's task secret (``plait shardmanager token
 APP``), and never sends it: its registrations are signed with a key of this process,
 derived from it, its job, index and incarnation (``plait.shardmanager.credentials``),
@@ -28,7 +29,8 @@ and Shard Manager's calls (``POST /sm/add`` with ``{"shard", "peers", "nonce"}``
 key, recently, each nonce once; every other request goes to the application's
 ``handle``. A task learns the region's settings from the environment its agent gives
 it: ``PLAIT_JOB``, ``PLAIT_TASK_INDEX``, ``PLAIT_PORT``, ``PLAIT_FAULT_DOMAIN``
-(region/dc/msb/row/rack), ``PLAIT_MACHINE`` and ``PLAIT_TASK_CREDENTIAL``; Shard
+(region/dc/msb/row/rack), ``PLAIT_MACHINE``, ``PLAIT_TASK_ENDPOINT`` (host:port, as
+discovery has it) and ``PLAIT_TASK_CREDENTIAL``; Shard
 Manager's URL from ``PLAIT_SM_URL``, and an application's task secret, only where
 there is no credential, from ``PLAIT_SM_TOKEN`` (or ``PLAIT_SM_TOKEN_FILE``).
 Clients read the map (``watch``) with the application's read token (``plait
@@ -108,14 +110,22 @@ def fault_domains(path: str, machine: str) -> tuple[str, ...]:
     return (*("/".join(parts[:i]) for i in range(1, len(parts) + 1)), machine)
 
 
+def endpoint_url(endpoint: str) -> str:
+    """The URL of a ``host:port`` endpoint (an IPv6 host in brackets)."""
+    host, _, port = endpoint.rpartition(":")
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 class ShardTask:
     def __init__(self, app_impl: ShardApp, *, app: str, job: str, index: int, port: int,
                  manager: str, token: str | None = None, credential: str | None = None,
                  host: str = "127.0.0.1", advertise: str | None = None,
-                 domains: Sequence[str] = ()) -> None:
+                 domains: Sequence[str] = (), endpoint: str | None = None) -> None:
         """``credential``: this task's own (its ``PLAIT_TASK_CREDENTIAL``), for an
         application defined with its job's controller key; else ``token``: the
-        application's task secret. Neither is ever sent."""
+        application's task secret. Neither is ever sent. ``endpoint``: the URL it
+        registers (by default ``http://ADVERTISE:PORT``, ADVERTISE defaulting to
+        ``host``); a task's credential is good for its own endpoint only."""
         secret = credential or token
         if not secret:
             raise ValueError("a task's credential (PLAIT_TASK_CREDENTIAL) or the "
@@ -136,7 +146,7 @@ class ShardTask:
         #: Shard Manager's words when it refused this process as superseded
         self.gone: str | None = None
         self.domains = tuple(domains)
-        self.endpoint = f"http://{advertise or host}:{port}"
+        self.endpoint = endpoint or f"http://{advertise or host}:{port}"
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
         self._stop = threading.Event()
@@ -160,10 +170,15 @@ class ShardTask:
             raise SystemExit("PLAIT_TASK_CREDENTIAL (set by plait's agent), or PLAIT_SM_TOKEN "
                              "or PLAIT_SM_TOKEN_FILE (the application's task secret)")
         machine = env.get("PLAIT_MACHINE", "")
+        # (the endpoint discovery has for the task, which its credential is bound to:
+        # listened on and registered)
+        where = env.get("PLAIT_TASK_ENDPOINT") or None
+        host = "127.0.0.1" if where is None else where.rpartition(":")[0]
         return cls(impl, app=app, job=env["PLAIT_JOB"], index=int(env["PLAIT_TASK_INDEX"]),
                    port=int(env["PLAIT_PORT"]), manager=env["PLAIT_SM_URL"],
                    token=None if credential else token, credential=credential,
-                   domains=fault_domains(env.get("PLAIT_FAULT_DOMAIN", ""), machine))
+                   domains=fault_domains(env.get("PLAIT_FAULT_DOMAIN", ""), machine),
+                   host=host, endpoint=None if where is None else endpoint_url(where))
 
     # -- Shard Manager ---------------------------------------------------------------------
     def register(self) -> bool:

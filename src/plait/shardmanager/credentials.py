@@ -6,21 +6,25 @@ them::
 
     task secret(A)  = "smt_" + hex HMAC(token, "plait shardmanager app\\0" + A)
     read token(A)   = "smr_" + hex HMAC(token, "plait shardmanager read\\0" + A)
-    credential(job, index)
-                    = plait.taskcontrol.signing.task_credential(controller key, job, index)
+    credential(job, index, endpoint)
+                    = plait.taskcontrol.signing.task_credential(controller key, job, index,
+                                                                host:port of endpoint)
     task key(A, job, index, incarnation)
                     = hex HMAC(secret, "plait shardmanager task\\0" + A \\0 job
                                       \\0 index \\0 incarnation)
-      where secret  = credential(job, index) when A has a controller key, else
-                      task secret(A)
+      where secret  = credential(job, index, endpoint) when A has a controller key,
+                      else task secret(A)
 
 * The **service's token** defines applications and reads their state.
 * A task's **credential** is its own: plait's agent sets it in the task's environment
   (``PLAIT_TASK_CREDENTIAL``), and Shard Manager derives the credential of any task of
   the job from the job's controller key (``AppSpec.controller_key``, which makes it
-  the job's TaskController). An application with a controller key takes registrations
-  signed with these only: a task cannot sign for another index, nor for another
-  job's task (``registration_secret``).
+  the job's TaskController). A task's credential is bound to the endpoint plait's
+  discovery has for it (``PLAIT_TASK_ENDPOINT``, host:port), so Shard Manager derives
+  it for the endpoint a registration names. An application with a controller key
+  takes registrations signed with these only: a task cannot sign for another index,
+  nor for another job's task, nor for an endpoint other than its own
+  (``registration_secret``).
 * The **task secret** of an application serves an application defined without a
   controller key (tasks that plait does not run, or an application that is not its
   job's TaskController): given to its tasks only (``PLAIT_SM_TOKEN`` or
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from urllib.parse import urlsplit
 
 from plait.errors import ValidationError
 from plait.taskcontrol.signing import task_credential
@@ -75,13 +80,28 @@ def read_token(token: str, app: str) -> str:
     return "smr_" + _mac(token.encode(), b"plait shardmanager read\0" + app.encode())
 
 
+def host_port(url: str) -> str:
+    """The ``host:port`` of an endpoint URL, as discovery has a task's (an IPv6 host
+    without brackets); a ``ValidationError`` (field ``endpoint``) when it has none."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:
+        raise ValidationError("endpoint", f"{url!r}: {exc}") from None
+    if not host or port is None:
+        raise ValidationError("endpoint", f"{url!r} names no host:port (a task's is its "
+                                          "PLAIT_TASK_ENDPOINT)")
+    return f"{host}:{port}"
+
+
 def registration_secret(token: str, app: str, controller_key: str | None, job: str,
-                        index: int) -> str:
-    """What task ``index`` of ``job`` derives its task keys from at application
-    ``app``: its own credential when the application has a controller key (the
-    job's), else the application's task secret."""
+                        index: int, endpoint: str) -> str:
+    """What task ``index`` of ``job`` registering ``endpoint`` (a URL) derives its task
+    keys from at application ``app``: its own credential for that endpoint's
+    host:port when the application has a controller key (the job's), else the
+    application's task secret."""
     if controller_key is not None:
-        return task_credential(controller_key, job, index)
+        return task_credential(controller_key, job, index, host_port(endpoint))
     return task_secret(token, app)
 
 

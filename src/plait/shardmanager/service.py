@@ -29,7 +29,9 @@ their own process, derived from the task's own credential (``PLAIT_TASK_CREDENTI
 which Shard Manager derives from the job's controller key; an application without
 one: from the application's task secret), never sent, and Shard Manager signs its
 calls to them with the same key; its clients read the map with a read-only token.
-A registration names an index under the job's task count (``AppSpec.tasks``), an
+A registration names an index under the job's task count (``AppSpec.tasks``), its
+own endpoint when the application has a controller key (the one its credential is
+bound to: the host:port plait's discovery has for it, its ``PLAIT_TASK_ENDPOINT``), an
 endpoint the address policy allows (``--task-networks``;
 never a cloud metadata address, nor this service), and a start time no later than
 ``START_SKEW`` past this clock. The TaskControl route needs plait's signature with
@@ -397,14 +399,17 @@ class ShardManager:
         app = self.apps.get(name)
         controller_key = app.spec.controller_key if app is not None else None
         key = task_key(registration_secret(self.token, name, controller_key, reg.job,
-                                           reg.index), name, reg.job, reg.index,
-                       reg.incarnation)
+                                           reg.index, reg.endpoint), name, reg.job,
+                       reg.index, reg.incarnation)
         try:
             stamp = credentials.verify(key, signature, body, self.clock())
         except ValidationError as exc:
             how = (f"application {name} has its job's controller key: a task signs with "
                    "its own PLAIT_TASK_CREDENTIAL (set by plait's agent), good for its "
-                   "own job and index only" if controller_key is not None else
+                   "own job and index, and its own endpoint (its PLAIT_TASK_ENDPOINT) "
+                   f"only; this registration names endpoint "
+                   f"{credentials.host_port(reg.endpoint)}"
+                   if controller_key is not None else
                    "a registration is signed with the task's key, from the "
                    "application's task secret (plait shardmanager token APP)")
             raise HTTPException(401, f"{exc}: {how}") from None
@@ -815,11 +820,12 @@ class ShardManager:
             if op == "add":
                 data["peers"] = peers
             method, path, body = "POST", f"/sm/{op}", json.dumps(data).encode()
-        key = task_key(registration_secret(self.token, name, controller_key, job, task),
-                       name, job, task, info.incarnation)
         deadline = time.monotonic() + CALL_TIMEOUT
         limit = MAX_REGISTRATION if op == "probe" else CALL_BYTES  # (a list of shards)
         try:
+            key = task_key(registration_secret(self.token, name, controller_key, job, task,
+                                               info.endpoint), name, job, task,
+                           info.incarnation)
             self._check_resolved(info.endpoint)  # (each call: a name may resolve anew)
             signature = credentials.sign(key, credentials.call_message(method, path, body),
                                          self.clock())

@@ -27,14 +27,20 @@ installed, the same check is a few lines::
 The timestamp bounds a replay to the tolerance; the request's ``sequence_number``,
 which only grows, lets a controller refuse a replay within it.
 
-The same key gives each task of the job a credential of its own, which its agent
-sets in the task's environment as ``PLAIT_TASK_CREDENTIAL``::
+The same key gives each task of the job a credential of its own. The control plane
+gives the task's agent the task's credential; the agent binds it to the endpoint
+plait's discovery has for the task (``host:port``: the machine's advertised address
+and the task's ``PLAIT_PORT``, which the agent picks) and sets the result in the
+task's environment as ``PLAIT_TASK_CREDENTIAL``, beside ``PLAIT_TASK_ENDPOINT``::
 
-    credential = "ptc_" + hex(HMAC-SHA256(bytes.fromhex(key),
+    agent's    = "ptc_" + hex(HMAC-SHA256(bytes.fromhex(key),
                                           "plait task credential v1\\0" + job + "/" + index))
+    credential = "ptc_" + hex(HMAC-SHA256(agent's,
+                                          "plait task credential v2\\0" + lower(host:port)))
 
-A task holds its own credential only; the job's controller (which has the key)
-derives any task's, so a task can prove to it which task it is
+A task holds its own credential only, good for its own endpoint; the job's
+controller (which has the key) derives any task's for the endpoint it names, so a
+task can prove to it which task it is and that the endpoint is its own
 (``task_credential``; Shard Manager's registrations use it).
 
 This module is pure: the time is passed in.
@@ -53,6 +59,7 @@ JOB_HEADER = "Plait-Job"
 DEFAULT_TOLERANCE = 300.0
 _KEY_CONTEXT = b"plait taskcontrol v1\0"
 _TASK_CONTEXT = b"plait task credential v1\0"
+_ENDPOINT_CONTEXT = b"plait task credential v2\0"
 #: what every task credential starts with (a secret scanner can tell one)
 CREDENTIAL_PREFIX = "ptc_"
 
@@ -76,12 +83,23 @@ def job_key(secret: bytes, job: str) -> str:
     return hmac.new(secret, _KEY_CONTEXT + job.encode(), hashlib.sha256).hexdigest()
 
 
-def task_credential(job_key: str, job: str, index: int) -> str:
-    """The credential of task ``index`` of ``job`` (its ``PLAIT_TASK_CREDENTIAL``),
-    from the job's key (``job_key``, hex). Another task's credential, or another
-    job's, cannot be derived from it."""
+def task_credential(job_key: str, job: str, index: int, endpoint: str | None = None) -> str:
+    """The credential of task ``index`` of ``job`` from the job's key (``job_key``,
+    hex): with ``endpoint`` (``host:port``), the one the task holds when discovery has
+    it there (its ``PLAIT_TASK_CREDENTIAL``); without, the one its agent is given
+    (``endpoint_credential`` makes the task's from it). Another task's credential,
+    another job's, or one for another endpoint, cannot be derived from it."""
     message = _TASK_CONTEXT + f"{job}/{int(index)}".encode()
-    return CREDENTIAL_PREFIX + hmac.digest(bytes.fromhex(job_key), message, "sha256").hex()
+    agents = CREDENTIAL_PREFIX + hmac.digest(bytes.fromhex(job_key), message, "sha256").hex()
+    return agents if endpoint is None else endpoint_credential(agents, endpoint)
+
+
+def endpoint_credential(credential: str, endpoint: str) -> str:
+    """The task's own credential (``PLAIT_TASK_CREDENTIAL``): its agent's
+    ``credential`` bound to ``endpoint``, the ``host:port`` discovery has for it
+    (the host compared without case)."""
+    message = _ENDPOINT_CONTEXT + endpoint.lower().encode()
+    return CREDENTIAL_PREFIX + hmac.digest(credential.encode(), message, "sha256").hex()
 
 
 def sign(key: str, body: bytes, now: float) -> str:
