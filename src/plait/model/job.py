@@ -218,8 +218,9 @@ class JobSpec(Value):
     #: the program's arguments
     args: tuple[LongText, ...] = pydantic.Field(default=(), max_length=1024)
     #: environment variables of each task (plait adds PLAIT_PORT, PLAIT_JOB,
-    #: PLAIT_TASK_INDEX, PLAIT_MACHINE, PLAIT_DATA_DIR and the task's own
-    #: PLAIT_TASK_CREDENTIAL, which no spec sets; of the agent's own
+    #: PLAIT_TASK_INDEX, PLAIT_MACHINE, PLAIT_DATA_DIR, the task's endpoint as
+    #: discovery has it, PLAIT_TASK_ENDPOINT, and its own PLAIT_TASK_CREDENTIAL,
+    #: bound to that endpoint; no spec sets those two; of the agent's own
     #: environment a task gets only PATH, HOME, USER, LOGNAME, LANG, LC_ALL, LC_CTYPE
     #: and TZ)
     env: Mapping[str, LongText] = pydantic.Field(default_factory=dict, max_length=1024)
