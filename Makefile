@@ -10,12 +10,12 @@ STAMP  := $(VENV)/.installed
 system:
 	scripts/system-deps
 
-# every package from requirements/dev.lock: exact versions with their hashes, so a new
+# every package from requirements.txt: exact versions with their hashes, so a new
 # machine installs what CI last passed with, whatever the registry serves today; plait
 # itself is built with the locked setuptools (no build isolation: nothing unpinned)
-$(STAMP): pyproject.toml requirements/dev.lock
+$(STAMP): pyproject.toml requirements.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --require-hashes -r requirements/dev.lock
+	$(BIN)/python -m pip install -q --require-hashes -r requirements.txt
 	$(BIN)/python -m pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/python -m compileall -q src >/dev/null  # bytecode once: agents start faster
 	touch $(STAMP)
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml requirements/dev.lock
 # refresh the lock deliberately: the newest versions pyproject.toml's ranges allow
 lock: $(STAMP)
 	$(BIN)/uv pip compile pyproject.toml requirements/tools.in --extra dev \
-		--generate-hashes --universal --python-version 3.11 --upgrade -o requirements/dev.lock
+		--generate-hashes --universal --python-version 3.11 --upgrade -o requirements.txt
 
 demo: $(STAMP)
 	$(BIN)/plait demo

@@ -20,10 +20,7 @@ def test_a_push_goes_on_while_a_task_waits_for_room(live: Live) -> None:
     three completes (before, the waiting task spent the job's max_unavailable and the
     push froze at "3 of 4 tasks ready")."""
     admin = live.admin
-    assert admin.post("/v1/entitlements", json={
-        "name": "hog", "owner": "carol", "quota": {"machines": 21}}).status_code == 201
-    assert admin.post("/v1/jobs", json=whole("h", "hog", 21)).status_code == 201
-    wait_for(lambda: admin.get("/v1/jobs/h").json()["serving"] == 21)
+    fill_all_but_three(live)
     assert admin.post("/v1/entitlements", json={
         "name": "e", "owner": "alice", "quota": {"machines": 4}}).status_code == 201
     alice = live.owner("alice")
@@ -44,6 +41,15 @@ def test_a_push_goes_on_while_a_task_waits_for_room(live: Live) -> None:
                        and job.versions[r.spec_version - 1].command == "serve-v2")
     wait_for(lambda: on_v2() == 3)
     assert serving(alice) == 3
+
+
+def fill_all_but_three(live: Live) -> None:
+    """Another owner's entitlement takes 21 of the live region's 24 machines."""
+    admin = live.admin
+    assert admin.post("/v1/entitlements", json={
+        "name": "hog", "owner": "carol", "quota": {"machines": 21}}).status_code == 201
+    assert admin.post("/v1/jobs", json=whole("h", "hog", 21)).status_code == 201
+    wait_for(lambda: admin.get("/v1/jobs/h").json()["serving"] == 21)
 
 
 def whole(name: str, ent: str, tasks: int) -> dict:
@@ -80,10 +86,7 @@ def test_the_autoscaler_sizes_within_the_room_and_says_so(live: Live) -> None:
     to 3, with an event that says what was wanted and what capped it. A quota that
     could never hold what is wanted is the owner's limit: clamped to it, said too."""
     admin = live.admin
-    assert admin.post("/v1/entitlements", json={
-        "name": "hog", "owner": "carol", "quota": {"machines": 21}}).status_code == 201
-    assert admin.post("/v1/jobs", json=whole("h", "hog", 21)).status_code == 201
-    wait_for(lambda: admin.get("/v1/jobs/h").json()["serving"] == 21)
+    fill_all_but_three(live)
     assert admin.post("/v1/entitlements", json={
         "name": "e", "owner": "alice", "quota": {"machines": 8}}).status_code == 201
     alice = live.owner("alice")
