@@ -48,7 +48,7 @@ class Quota(Value):
     def __str__(self) -> str:
         if self.machines is not None:
             return f"{self.machines} machine{'s' if self.machines != 1 else ''}"
-        return f"{self.rru:g} RRU"
+        return f"{self.rru:.15g} RRU"  # 2500000 RRU, not 2.5e+06
 
 
 def shard_weight(quota: Quota, machine_milli_rru: int) -> int:

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import jinja2
+import pydantic
 from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
@@ -33,6 +34,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from plait.model.entitlement import Quota
 from plait.ui import gantt
 
 PREFIX = "/ui"
@@ -83,7 +85,20 @@ def _ago(t: float | None, now: float) -> str:
     return f"{d / 3600:.1f}h ago"
 
 
+def _quota(quota: dict[str, Any] | None) -> str:
+    """A quota as people write it ("12 machines", "200 RRU"): the model's own words
+    for it; what the model would not take is shown as given, its empty fields left out
+    (never Python's ``None``)."""
+    if not quota:
+        return ""
+    try:
+        return str(Quota.model_validate(quota))
+    except pydantic.ValidationError:
+        return ", ".join(f"{k} {v}" for k, v in quota.items() if v is not None)
+
+
 _env.filters["ago"] = _ago
+_env.filters["quota"] = _quota
 _env.filters["clock"] = lambda t: time.strftime("%H:%M:%S", time.localtime(t)) if t else ""
 
 
