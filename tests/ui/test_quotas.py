@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -59,7 +60,10 @@ def logged_in_get(path: str) -> httpx.Response:
             page = await client.get(path)
         await ui.close()
         return page
-    return asyncio.run(run())
+    # on a thread of its own: the browser tests' Playwright keeps an event loop running
+    # on this one
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, run()).result(timeout=60)
 
 
 def quota_cells(page: str) -> dict[str, str]:
