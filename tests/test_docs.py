@@ -113,9 +113,7 @@ def test_every_decision_has_a_row_in_the_index_with_its_status() -> None:
 
 
 @pytest.mark.parametrize("doc", [
-    README, *[p for p in sorted(DOCS.glob("*.md")) if p.name != "architecture.md"],
-    pytest.param(DOCS / "architecture.md", marks=pytest.mark.xfail(
-        strict=True, reason="it names ../shared/DESIGN.md (redrawn by the same issue)")),
+    README, *sorted(DOCS.glob("*.md")),
 ], ids=lambda p: p.name)
 def test_no_link_leaves_the_repository_and_every_link_resolves(doc: Path) -> None:
     text = doc.read_text()
