@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from plait import logconfig, requestid
 from plait.errors import Conflict, NotFound, PlaitError, TooLarge, ValidationError
@@ -80,6 +80,17 @@ _ATTEMPTS = 20
 PUSHING = frozenset({"rolling", "soaking", "gating"})
 
 
+class GateAsking(Protocol):
+    """What the reconciler asks a push's URL gate through: ``GateAsker`` for real, a
+    stand-in answering by a rule in the simulator (``plait.sim.controlplane``)."""
+
+    def ask(self, owner: str, url: str, job: str, stage: int) -> Future[tuple[bool, str]]: ...
+
+    def in_flight(self, owner: str) -> int: ...
+
+    def close(self) -> None: ...
+
+
 def _actor() -> str | None:
     return requestid.actor.get()
 
@@ -94,7 +105,7 @@ class JobControlPlane:
         self._read_at: float | None = None
         #: gates being asked: job -> ((version, stage), the answer to come)
         self._gates: dict[str, tuple[tuple[int, int], Future[tuple[bool, str]]]] = {}
-        self.gates = GateAsker(lambda: cp.controllers.url_policy,
+        self.gates: GateAsking = GateAsker(lambda: cp.controllers.url_policy,
                                verify=lambda url: tls_verify(cp.config.ca_file, url))
         self.reconciles = 0
         self._done_at: float | None = None
