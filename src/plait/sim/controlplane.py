@@ -1,7 +1,9 @@
 """The production control plane on the simulated clock: the region's pass
-(``plait.server.controlplane.loop``: the Job Control Plane's reconcile, the autoscaler,
+(``plait.server.controlplane.passes.run_pass`` and ``after_pass``, through the
+control plane's own ``Loop.step``: the Job Control Plane's reconcile, the autoscaler,
 elastic loans, host-profile rolls, drains and maintenance behind it) driven pass by
-pass over an in-memory store, with simulated agents on every machine.
+pass over an in-memory store, with simulated agents on every machine (stepped inside
+the pass, ``ControlPlaneConfig.sim_agents``).
 
 What the real world reaches over the network has a stand-in here, answered at once
 on the simulated clock and never from a thread: a push's health gate
