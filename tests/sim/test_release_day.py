@@ -29,6 +29,7 @@ def check(figures):
     for name in RULES:
         assert figures[name] == 0, (name, figures)
     assert figures["maintenance_machines_busy_at_start"] == 0
+    assert figures["pushes_rolled_back_by_gate"] >= 1
     # the gate was asked for each of the good push's three stages and the bad one's first
     assert figures["gates_asked"] == 4
     assert figures["api_tasks_max"] > figures["api_tasks_min"]  # (it followed the curve)

@@ -113,12 +113,16 @@ class Observers:
         self.unexplained: set[tuple[str, int, str]] = set()
         #: per job, the versions (labels) explained since it was last at rest
         self.moving: dict[str, set[str]] = {}
-        #: rolls begun (entitlement -> profile version), and ended
-        self.rolls: dict[str, int] = {}
+        #: entitlements whose profile changed, until their roll is seen to start; then
+        #: rolls under way; those that ended with every busy machine carrying the
+        #: profile's new version
+        self.awaiting: set[str] = set()
+        self.rolls: set[str] = set()
         self.rolls_completed = 0
         self.kinds: dict[str, int] = {}
         self.cursor = 0
         self.late_seen: set[int] = set()
+        self.gate_rollbacks = 0
         self._watch_starts()
 
     def _watch_starts(self) -> None:
@@ -159,6 +163,11 @@ class Observers:
                 return
             for event in found:
                 self.kinds[event.kind] = self.kinds.get(event.kind, 0) + 1
+                if event.kind == "push_rolled_back" and "the gate failed" in event.message:
+                    self.gate_rollbacks += 1
+                if event.kind == "profile_roll_started" and event.entitlement in self.awaiting:
+                    self.awaiting.discard(event.entitlement)
+                    self.rolls.add(event.entitlement)
                 self.cursor = max(self.cursor, event.seq)
 
     def _versions(self) -> None:
@@ -184,15 +193,27 @@ class Observers:
                     self.unexplained.add((ref.job, ref.index, label))
 
     def _rolls(self) -> None:
+        """A roll has ended once none of its entitlement's machines waits for it or
+        drains for it, and every one of them carries the profile's new version."""
         s = self.cp.scheduler
-        for name in list(self.rolls):
+        for name in sorted(self.rolls):
             rolling = any(ent == name for _, ent in s.rolling.values())
-            if not s.stale.get(name) and not rolling and not s.roll_moved.get(name):
-                del self.rolls[name]
+            if s.stale.get(name) or rolling or s.roll_moved.get(name):
+                continue
+            agents = self.world.sim.agents
+            carried = True
+            for m in s.region.machines_of(name):
+                target = s.profile_target(int(m))
+                agent = agents.get(int(m))
+                if target is None or agent is None or agent.profile != (
+                        target.name, target.version):
+                    carried = False
+            if carried:
+                self.rolls.discard(name)
                 self.rolls_completed += 1
 
-    def roll_started(self, entitlement: str) -> None:
-        self.rolls[entitlement] = 1
+    def profile_changed(self, entitlement: str) -> None:
+        self.awaiting.add(entitlement)
 
     @property
     def mismatched_starts(self) -> int:
@@ -289,7 +310,7 @@ def run(scn: ReleaseDay, progress: Callable[[float], None] | None = None) -> Day
             elif what == "profile":
                 cp.profiles.put(HostProfileSpec(name="storage", description="storage v2",
                                                 sysctls={"vm.swappiness": "1"}))
-                watch.roll_started("store")
+                watch.profile_changed("store")
             elif what == "maintenance":
                 with cp.lock:
                     job = cp.scheduler.jobs["frontend"]
@@ -323,6 +344,7 @@ def run(scn: ReleaseDay, progress: Callable[[float], None] | None = None) -> Day
         "machines": n, "hours": scn.hours, "seed": scn.seed, "passes": world.passes,
         "pushes_completed": k.get("push_completed", 0),
         "pushes_rolled_back": k.get("push_rolled_back", 0),
+        "pushes_rolled_back_by_gate": watch.gate_rollbacks,
         "canaries_completed": k.get("canary_ended", 0),
         "autoscale_decisions": k.get("autoscaled", 0),
         "profile_rolls_completed": watch.rolls_completed,
