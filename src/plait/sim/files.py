@@ -57,14 +57,24 @@ def _fig14(scn: Any, progress: Callable[[float], None] | None
     return result.figures, lambda path: fig14.plot(result, path)
 
 
+def _release_day(scn: Any, progress: Callable[[float], None] | None
+                 ) -> tuple[dict[str, Any], Callable[[str], None]]:
+    from plait.sim import releaseday
+
+    result = releaseday.run(scn, progress)
+    return result.figures, lambda path: releaseday.plot(result, path)
+
+
 def _kinds() -> dict[str, Kind]:
     from plait.sim.autoscale import AutoscaleWeek
     from plait.sim.diurnal import Diurnal
     from plait.sim.fig14 import Fig14
+    from plait.sim.releaseday import ReleaseDay
     from plait.sim.surge import Surge
 
     return {"diurnal": Kind(Diurnal, _diurnal), "autoscale-week": Kind(AutoscaleWeek, _week),
-            "surge": Kind(Surge, _surge), "fig14": Kind(Fig14, _fig14)}
+            "surge": Kind(Surge, _surge), "fig14": Kind(Fig14, _fig14),
+            "release-day": Kind(ReleaseDay, _release_day)}
 
 
 def load(path: Path, overrides: dict[str, Any] | None = None) -> tuple[Kind, Value]:

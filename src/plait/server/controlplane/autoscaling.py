@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pydantic
 
@@ -37,7 +37,13 @@ from plait.model.base import Value, parse
 from plait.store.protocol import Namespace
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
+    from collections.abc import Callable
+
+    from plait.persist.scheduler import JobStore
+    from plait.scheduler import Scheduler
+    from plait.server.controlplane.jcp import JobControlPlane
+    from plait.server.controlplane.owners import Owners
+    from plait.store.protocol import Store
 
 log = logconfig.get("plait.controlplane.autoscaling")
 
@@ -55,8 +61,35 @@ class JobAutoscale(Value):
 
 
 
+class _Wakeable(Protocol):
+    def set(self) -> None: ...
+
+
+class AutoscaleRegion(Protocol):
+    """What the autoscaler uses of the region: its store and jobs' records, the
+    scheduler (under the lock) for the room there is, the owners' limits, the Job
+    Control Plane its sizing intents go to, and the event log."""
+
+    lock: threading.RLock
+    clock: Callable[[], float]
+    store: Store
+    jobs: JobStore
+    scheduler: Scheduler
+    owners: Owners
+    jcp: JobControlPlane
+
+    @property
+    def wake(self) -> _Wakeable: ...
+
+    def record(self, source: str, kind: str, message: str, job: str | None = None,
+               entitlement: str | None = None, machine: str | None = None,
+               at: float | None = None, *, actor: str | None = None,
+               task: int | None = None, op: str | None = None, reason: str | None = None,
+               decision: str | None = None, request: str | None = None) -> None: ...
+
+
 class Autoscaling:
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: AutoscaleRegion) -> None:
         self.cp = cp
         self.ns = Namespace(cp.store, "/autoscaler")
         self._lock = threading.Lock()

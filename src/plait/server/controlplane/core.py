@@ -106,6 +106,10 @@ class ControlPlane:
     scheduler: Scheduler
     persist: PersistentScheduler
     jobs: JobStore
+    #: (declared: the loop's protocol is checked against this class before they are
+    #: assigned)
+    controllers: Controllers
+    views: Views
 
     def __init__(self, store: Store, config: ControlPlaneConfig | None = None,
                  clock: Callable[[], float] = time.time) -> None:

@@ -14,15 +14,61 @@ import gc
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from plait import logconfig, tracing
-from plait.errors import Conflict, NotFound, TransientError
-from plait.model.events import EventKind, UnavailabilityEvent
+from plait.errors import Conflict
 from plait.scheduler.scheduler import STAGES
+from plait.server.controlplane.passes import (
+    RESYNC,
+    PassInput,
+    PassOutcome,
+    PassRegion,
+    after_pass,
+    run_pass,
+)
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
+    from plait.metrics import Metrics
+    from plait.scheduler.eventrows import Fields
+    from plait.scheduler.records import Assignment, Stops
+
+
+class Wake(Protocol):
+    """The loop's wake-up: an event that also keeps when it was last set."""
+
+    at: float
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class LoopRegion(PassRegion, Protocol):
+    """What the loop uses of the region besides the pass's own (``PassRegion``): what
+    arrives between passes, what it publishes to lock-free readers, the events."""
+
+    inbox: set[str]
+    generation: dict[str, int]
+    gen_base: int
+    desired_view: dict[str, tuple[int, list[Assignment], Stops, dict[str, Any] | None]]
+    failures: int
+    last_step: float | None
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def pending_lock(self) -> threading.Lock: ...
+
+    @property
+    def wake(self) -> Wake: ...
+
+    def record_scheduler_events(self, drained: list[Fields]) -> None: ...
+
+    def flush_events(self) -> None: ...
 
 log = logconfig.get("plait.controlplane.loop")
 
@@ -37,9 +83,6 @@ FULL_SECONDS_PER_OBJECT = 1e-6
 #: them itself, ``Loop.collect``)
 FULL_COLLECTIONS_NEVER = 1 << 30
 
-#: an inbox entry that asks for every stored job
-RESYNC = "/all"
-
 #: the stages of a pass the metrics time, in order (the trace's phases, the scheduler's
 #: stages in place of its one): a rebuild and a shard's membership; agents' reports
 #: taken; stored job operations applied; controllers' answers taken; heartbeats
@@ -52,7 +95,7 @@ PASS_STAGES = ("membership", "reports", "operations", "answers", "health", "brok
 
 
 class Loop:
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: LoopRegion) -> None:
         self.cp = cp
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -72,153 +115,100 @@ class Loop:
 
     @tracing.phased("pass")
     def step(self) -> None:
-        """One pass: apply stored job operations, reconcile, store the outcome."""
-        phase = self.phase
-        with self.cp.lock, self.timer as stage:
-            now = self.cp.clock()
-            phase("membership")
-            if self.cp.membership.stale:  # a handoff's rebuild failed, or a save found the
-                # stored records other than this memory of them: read everything again
-                self.cp.build(now)
-                self.cp.membership.stale = False
-                self.cp.steps = 0
-            self.cp.scheduler.stage = stage  # (its own stages, for the metrics)
-            if self.cp.shared is not None:
-                self.cp.membership.follow(now)
-            phase("reports")
-            self.take_reports(now)
-            self.cp.profiles.sync(now)
-            phase("operations")
-            names = self.take_inbox()
-            self.cp.jcp.touch(names)  # (a job's record changed: its intents may move on)
+        """One pass: what arrived taken under the lock, the pass run over it
+        (``passes.run_pass``) and its outcome acted on (desired sets published and
+        long-polls woken, events recorded, the outcome stored, the read views
+        published); then, off the lock, the TaskControl calls sent and the autoscaler
+        and the Job Control Plane run (``passes.after_pass``)."""
+        cp = self.cp
+        with cp.lock, self.timer as stage:
+            given = self.take_input()
+            now = given.now
             try:
-                errors = self.cp.persist.sync(now, names, known=self.cp.creates.take_stored())
+                outcome = run_pass(cp, given, self.phase, stage)
             finally:  # what could not be read or applied is tried again next pass
-                with self.cp.pending_lock:
-                    self.cp.inbox |= self.cp.persist.failed
-            for error in errors:
-                if error not in self._sync_errors:  # once, not on every pass
-                    self._sync_errors[error] = None
-                    while len(self._sync_errors) > 1000:
-                        del self._sync_errors[next(iter(self._sync_errors))]
-                    self.cp.record("scheduler", "operation_failed", error)
-            phase("answers")
-            for answer in self.cp.controllers.take_answers():
-                self.cp.scheduler.answer(answer)
-            if self.cp.sim is not None:
-                phase("simulate")
-                self.cp.sim.step(now)
-                stage("simulate")  # (after the scheduler's stages within it)
+                with cp.pending_lock:
+                    cp.inbox |= cp.persist.failed
+            if cp.sim is not None:
                 self.sim_output()
-            else:
-                phase("health")
-                self.check_health(now)
-                phase("brokers")
-                self.cp.region.tick(now)
-                # (the metrics time the scheduler's stages, which it marks itself)
-                tracing.phase("scheduler", jobs=len(self.cp.scheduler.jobs))
-                self.cp.scheduler.tick(now)
-                stage("desired")
-                # desired sets that changed (in this pass, or by reports since the
-                # last): wake the agents long-polling them (simulated agents are
-                # stepped by the simulation, which reads the same set); the set is
-                # kept first, then the generation bumped, so a long-poll never reads
-                # a generation newer than the set
-                touched, self.cp.scheduler.touched = self.cp.scheduler.touched, set()
-                gen, name, view = self.cp.generation, self.cp.fleet.name, self.cp.desired_view
-                keys = [name(m) for m in touched]
-                for m, key in zip(touched, keys, strict=True):
-                    g = gen.get(key, 0) + 1
-                    view[key] = (self.cp.gen_base + g, self.cp.scheduler.desired_for(key),
-                                 self.cp.scheduler.stops_for(key),
-                                 self.cp.scheduler.profile_wire(m))
-                    gen[key] = g
-                self.cp.gateway.waiters.notify(keys)  # (after the bumps: none is missed)
-            self.cp.machine_ops.finish_drains()
-            calls = self.cp.scheduler.take_calls()
-            phase("events")
-            # events are attributed before the save drops the records of deleted jobs
-            events = self.cp.scheduler.events.take()
-            self.cp.record_scheduler_events(events)
-            changed = self.cp.scheduler.changed_jobs
-            changed = None if changed is None else set(changed)
-            self.cp.jcp.touch(changed)  # (its tasks changed: so may its push's health)
-            tracing.idle(not events and changed == set())
-            # jobs whose deletion this save finishes: their output goes first, so a job
-            # made under the name once the record is gone starts with none
-            jobs, applied = self.cp.scheduler.jobs, self.cp.persist.applied
-            for gone in [n for n in (applied if changed is None else changed)
-                         if n not in jobs and n in applied]:
-                self.cp.logs.forget(gone)
-            phase("save", changed_jobs=-1 if changed is None else len(changed))
-            try:
-                self.cp.persist.save(self.cp.allocator)
-            except Conflict:
-                # the stored records are not the versions this control plane holds (a
-                # takeover from a follower's copy that missed the old leader's last
-                # writes): its memory is stale, so nothing of it is written; the next
-                # pass reads everything from the store again and goes on from that
-                self.cp.membership.stale = True
-                if self.cp.warm is not None:
-                    self.cp.warm.forget()
-                raise
-            phase("publish")
-            self.cp.views.publish(changed)
-            if self.cp.steps % self.cp.config.resync_passes == 0 and self.cp.steps:
-                with self.cp.pending_lock:  # a safety net: every stored job is looked at
-                    self.cp.inbox.add(RESYNC)
-            self.cp.steps += 1
-            self.cp.last_step = time.monotonic()
-            # before the lock goes: whoever reads the outcome of this pass (a job that
-            # failed) can read the events that say why
-            phase("flush_events")
-            self.cp.flush_events()
-        if calls:  # TaskControl after the pass, off the lock (decision 45)
-            tracing.phase("taskcontrol", calls=len(calls))
-            self.cp.controllers.send(calls)
-        if self.cp.autoscaling.policies or self.cp.autoscaling.due(now):
-            self.cp.autoscaling.decide(now)  # resizes are stored writes: off the lock
-        if self.cp.jcp.records or self.cp.jcp.due(now):
-            self.cp.jcp.reconcile(now)  # (intents into pins: stored writes, off the lock)
+            self.publish_desired(outcome.touched)
+            self.act(outcome)
+        if outcome.calls:  # TaskControl after the pass, off the lock (decision 45)
+            tracing.phase("taskcontrol", calls=len(outcome.calls))
+            cp.controllers.send(outcome.calls)
+        after_pass(cp, now)  # (sizing intents, intents into pins: stored writes)
 
-    def take_reports(self, now: float) -> None:
-        """Apply the agents' reports taken since the last pass, in order, and their
-        heartbeats."""
-        reports, beats = self.cp.gateway.take()
-        liveness = self.cp.liveness
-        # a shard hears only the machines it watches (``Membership.track_owned``): a
-        # beat taken just before one left this shard must not bring it back here, to
-        # be failed by this shard once its agent beats elsewhere
-        sharded = self.cp.shared is not None
-        for machine, at in beats.items():
-            if (machine in liveness.last) if sharded else self.cp.known(machine):
-                liveness.beat(machine, at)
-        jobs = self.cp.scheduler.jobs
-        for machine, statuses, endpoints, at, profile, usage in reports:
-            try:
-                m = self.cp.membership.check_owned(machine)
-            except (NotFound, TransientError):
-                continue  # (the machine left this shard since it reported)
-            when = max(at, self.cp.scheduler.now)
-            self.cp.scheduler.report(machine, statuses, when)
-            if profile is not None:
-                self.cp.scheduler.report_profile(machine, profile, when)
-            for (job, index), endpoint in endpoints.items():
-                found = jobs.get(job)
-                rec = found.tasks.get(index) if found is not None else None
-                # only where the task is placed; a change is stored with the record
-                if rec is not None and rec.machine == m and rec.endpoint != endpoint:
-                    rec.endpoint = endpoint
-                    self.cp.scheduler.mark(job)
-            if usage:  # (only the tasks placed there: no other job's autoscaler)
-                placed = {}
-                for (job, index), cores in usage.items():
-                    found = jobs.get(job)
-                    rec = found.tasks.get(index) if found is not None else None
-                    if rec is not None and rec.machine == m:
-                        placed[job, index] = cores
-                if placed:
-                    self.cp.autoscaling.record_cpu(placed, at)
+    def take_input(self) -> PassInput:
+        """What arrived since the last pass (the caller holds the lock)."""
+        cp = self.cp
+        now = cp.clock()
+        reports, beats = cp.gateway.take()
+        names = self.take_inbox()
+        return PassInput(now=now, names=None if names is None else tuple(names),
+                         reports=tuple(reports), beats=beats,
+                         answers=tuple(cp.controllers.take_answers()),
+                         stored=cp.creates.take_stored())
+
+    def publish_desired(self, touched: list[int]) -> None:
+        """Desired sets that changed (in this pass, or by reports since the last): wake
+        the agents long-polling them (simulated agents are stepped by the simulation,
+        which reads the same set); the set is kept first, then the generation bumped,
+        so a long-poll never reads a generation newer than the set."""
+        if not touched:
+            return
+        cp = self.cp
+        gen, name, view = cp.generation, cp.fleet.name, cp.desired_view
+        keys = [name(m) for m in touched]
+        for m, key in zip(touched, keys, strict=True):
+            g = gen.get(key, 0) + 1
+            view[key] = (cp.gen_base + g, cp.scheduler.desired_for(key),
+                         cp.scheduler.stops_for(key), cp.scheduler.profile_wire(m))
+            gen[key] = g
+        cp.gateway.waiters.notify(keys)  # (after the bumps: none is missed)
+
+    def act(self, outcome: PassOutcome) -> None:
+        """The pass's outcome recorded and stored, the read views published (under
+        the lock)."""
+        cp, phase = self.cp, self.phase
+        for error in outcome.errors:
+            if error not in self._sync_errors:  # once, not on every pass
+                self._sync_errors[error] = None
+                while len(self._sync_errors) > 1000:
+                    del self._sync_errors[next(iter(self._sync_errors))]
+                cp.record("scheduler", "operation_failed", error)
+        # events are attributed before the save drops the records of deleted jobs
+        cp.record_scheduler_events(outcome.events)
+        changed = outcome.changed
+        tracing.idle(not outcome.events and changed == set())
+        # jobs whose deletion this save finishes: their output goes first, so a job
+        # made under the name once the record is gone starts with none
+        jobs, applied = cp.scheduler.jobs, cp.persist.applied
+        for gone in [n for n in (applied if changed is None else changed)
+                     if n not in jobs and n in applied]:
+            cp.logs.forget(gone)
+        phase("save", changed_jobs=-1 if changed is None else len(changed))
+        try:
+            cp.persist.save(cp.allocator)
+        except Conflict:
+            # the stored records are not the versions this control plane holds (a
+            # takeover from a follower's copy that missed the old leader's last
+            # writes): its memory is stale, so nothing of it is written; the next
+            # pass reads everything from the store again and goes on from that
+            cp.membership.stale = True
+            if cp.warm is not None:
+                cp.warm.forget()
+            raise
+        phase("publish")
+        cp.views.publish(changed)
+        if cp.steps % cp.config.resync_passes == 0 and cp.steps:
+            with cp.pending_lock:  # a safety net: every stored job is looked at
+                cp.inbox.add(RESYNC)
+        cp.steps += 1
+        cp.last_step = time.monotonic()
+        # before the lock goes: whoever reads the outcome of this pass (a job that
+        # failed) can read the events that say why
+        phase("flush_events")
+        cp.flush_events()
 
     def sim_output(self) -> None:
         assert self.cp.sim is not None and self.cp.sim.output is not None
@@ -358,53 +348,3 @@ class Loop:
         if self.cp.controllers.dispatcher is not None:
             self.cp.controllers.dispatcher.close()
             self.cp.controllers.dispatcher = None
-
-    def check_health(self, now: float) -> None:
-        """Flow 2: a machine whose agent stopped heartbeating fails in its broker (its
-        tasks are disabled in discovery and replaced per TaskControl); one that is
-        back is healthy again. Most machines silent at once fail none of them
-        (``plait.health.service``): one event says so when it starts and ends."""
-        if self.cp.shared is not None:
-            self.cp.membership.track_owned(now)
-        liveness = self.cp.liveness
-        went, came = liveness.check(now)
-        if liveness.held and not liveness.was_held:
-            self.cp.record("health", "heartbeats_lost", (
-                f"{liveness.silent} of {len(liveness.heard)} machines stopped heartbeating "
-                f"together: none of them is failed while more than "
-                f"{liveness.hold_fraction:.0%} are silent (the path from the agents to this "
-                "control plane is the likelier fault: a front end down, this process "
-                "paused or cut off)"))
-            log.warning("most machines silent at once: none failed", silent=liveness.silent,
-                        heard=len(liveness.heard))
-        elif liveness.was_held and not liveness.held:
-            self.cp.record("health", "heartbeats_resumed", (
-                f"{liveness.silent} of {len(liveness.heard)} machines silent now: those "
-                f"still silent past {liveness.timeout:g}s are failed"))
-        for i, machine in enumerate(went):
-            try:
-                self._fail(machine, now)
-            except BaseException:  # (not failed: the next pass finds them late again)
-                liveness.down.difference_update(went[i:])
-                raise
-        for machine in came:
-            with contextlib.suppress(NotFound):
-                self.cp.region.end_event(f"health-{machine}", now)
-            self.cp.record("health", "machine_back", f"{machine}: heartbeating again",
-                           machine=machine)
-
-    def _fail(self, machine: str, now: float) -> None:
-        liveness = self.cp.liveness
-        event = UnavailabilityEvent(
-            f"health-{machine}", EventKind.FAILURE, (machine,), now, None,
-            f"no heartbeat for {liveness.timeout:g}s")
-        try:
-            self.cp.region.add_event(event, now)
-        except Conflict:
-            # stored already (another shard failed it as it moved here): the same
-            # failure, taken as it is; else (this replica no longer leads) the error
-            if not self.cp.region.ns.exists(f"/events/{event.id}"):
-                raise
-            self.cp.region.adopt_event(event.id, now)
-        self.cp.record("health", "machine_unreachable",
-                       f"{machine}: no heartbeat for {liveness.timeout:g}s", machine=machine)
