@@ -15,6 +15,33 @@ BIG = 1 << 30
 EMPTY = np.empty(0, np.int64)
 
 
+class Lazy(dict[int, int]):
+    """An array's values as a dictionary, each read from the array on first use."""
+
+    __slots__ = ("_array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        super().__init__()
+        self._array = array
+
+    def __missing__(self, key: int) -> int:
+        value = self[key] = int(self._array[key])
+        return value
+
+
+class Zero(dict[int, int]):
+    """0 for a key not set."""
+
+    __slots__ = ()
+
+    def __missing__(self, key: int) -> int:
+        return 0
+
+
+#: per-bin or per-cell state, indexed by bin or cell number
+Slots = list[int] | dict[int, int]
+
+
 class Candidates:
     """An entitlement's machines that can take one more of the request's tasks, in
     bin then stack order, as flat lists (``m``, ``cap``: tasks it still takes,
@@ -135,6 +162,69 @@ class Candidates:
         column: np.ndarray = dense.take(anc)
         return column
 
+    def bin_slices(self, ent_bins: np.ndarray, many: bool
+                   ) -> tuple[Slots, Slots, np.ndarray, np.ndarray, np.ndarray]:
+        """Each bin's slice [ptr, end) of the candidate lists (``ent_bins``: each
+        candidate's bin, in order; ``many``: dictionaries, not lists), which bins have
+        none (a free-pool cell is their head), the bins with some and where each
+        one's slice starts."""
+        L = self.layout
+        if many:
+            if ent_bins.size:
+                starts = np.flatnonzero(np.concatenate(([True], ent_bins[1:] != ent_bins[:-1])))
+                ends = np.append(starts[1:], ent_bins.size)
+            else:
+                starts = ends = EMPTY
+            present = ent_bins[starts]
+            keep = present >= 0
+            present, starts, ends = present[keep], starts[keep], ends[keep]
+            bins_with = present.tolist()
+            ptr: Slots = Zero(zip(bins_with, starts.tolist(), strict=True))
+            end: Slots = Zero(zip(bins_with, ends.tolist(), strict=True))
+            cell = np.ones(L.n_bins, np.bool_)
+            cell[present] = False
+        else:
+            bounds = ent_bins.searchsorted(L.edges)
+            lo, hi = bounds[:-1], bounds[1:]
+            ptr, end = lo.tolist(), hi.tolist()
+            cell = lo == hi
+            present = (~cell).nonzero()[0]
+            starts = lo[present]
+        return ptr, end, cell, present, starts
+
+    def free_cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """The free pool: the count of every cell of the layout, and per bin its first
+        cell with a free machine (the cells before it are empty: the heads would skip
+        them)."""
+        L = self.layout
+        avail = self.ix.free_count[L.level].take(L.cell_flat)
+        if avail.size and np.count_nonzero(avail.take(L.cell_lo)) == L.n_bins:
+            return avail, L.cell_lo  # the usual case: every bin's best cell has one
+        nz = avail.nonzero()[0]
+        return avail, np.minimum(np.append(nz, avail.size)[nz.searchsorted(L.cell_lo)],
+                                 L.cell_hi)
+
+    def idle_heads(self, cell: np.ndarray, lc: np.ndarray, lm: np.ndarray
+                   ) -> tuple[np.ndarray, ...] | None:
+        """A large entitlement's idle machines: per bin its best cell that has one, as
+        good a head as a busy machine with the same room left. Given each bin's head
+        (``cell``: a free-pool cell; its cpu and memory ``lc``, ``lm``), the heads with
+        the idle cells that are better, which bins have one, the idle count per cell
+        and per bin the first such cell; None without idle machines."""
+        if self.idle is None:
+            return None
+        L = self.layout
+        iavail = self.idle.count[L.level].take(L.cell_flat)
+        nz = iavail.nonzero()[0]
+        if not nz.size:
+            return None
+        iptr = np.append(nz, iavail.size)[nz.searchsorted(L.cell_lo)]
+        has = iptr < L.cell_hi
+        ic, im = L.cell_cpu_pad[iptr], L.cell_mem_pad[iptr]
+        better = has & (cell | (ic < lc) | ((ic == lc) & (im < lm)))
+        return (cell & ~has, np.where(better, ic, lc), np.where(better, im, lm), has,
+                iavail, np.minimum(iptr, L.cell_hi))
+
 
 class QuotaRoom:
     """What the entitlement's quota lets one proposal claim from the free pool: its
@@ -188,6 +278,54 @@ class QuotaRoom:
         lm = np.where(cell, L.cell_mem_pad[first], lm)
         keep = ~cell | (first < hi)
         return cell[keep], lc[keep], lm[keep], live[keep]
+
+
+def one_on_a_member(index: MachineIndex, cp: CompiledPolicy) -> int | None:
+    """Where ``_Placer`` puts the one task of a new job when a machine of the
+    entitlement has room for it, or None (then ``_Placer`` decides: the free pool, a
+    large entitlement's idle members, a per-machine cap). A new job counts no task in
+    any domain, so every bin's key is its head's (kind, room left, bin): a member with
+    room (kind 0) before any free machine, the least cpu then memory left, then the
+    lowest bin, then (the bin's order) the lowest machine."""
+    if cp.max_per_machine is not None or cp.shapes.size == 0 or (
+            index.idle.get(cp.ent_code) is not None):
+        return None
+    members = index.members.get(cp.ent_code)
+    if members is None or members.size == 0:
+        return None
+    E = members.ids
+    fc, fm = index.free_cpu[E], index.free_mem[E]
+    (nc, nm, nd), (floor_c, floor_m, floor_d) = cp.need, cp.floor
+    ok = cp.usable[index.hshape[E]]  # healthy, and an allowed shape
+    if nc or floor_c:
+        ok &= fc >= nc + floor_c
+    if nm or floor_m:
+        ok &= fm >= nm + floor_m
+    if nd or floor_d:
+        ok &= index.free_disk[E] >= nd + floor_d
+    if cp.dc is not None:
+        ok &= index.loc["dc"][E] == cp.dc
+    sel = ok.nonzero()[0]
+    if sel.size == 0:
+        return None
+    C = E[sel]
+    layout = cp.layout
+    code: np.ndarray
+    if cp.finest is None:
+        code = (index.shape_type[index.shape[C]] if cp.by_type
+                else np.zeros(C.size, np.int64))
+    else:
+        code = index.loc[cp.finest][C]
+        if cp.by_type:
+            code = code * index.n_types + index.shape_type[index.shape[C]]
+    b: np.ndarray = layout.pos[code]
+    inside = (b >= 0) & (b < layout.n_bins)  # (a machine in no bin is never a head)
+    if not inside.all():
+        C, b, sel = C[inside], b[inside], sel[inside]
+        if C.size == 0:
+            return None
+    best = np.lexsort((C, b, fm[sel], fc[sel]))[0]
+    return int(C[best])
 
 
 def why_unplaced(ix: MachineIndex, cp: CompiledPolicy, claims: int) -> str:

@@ -37,7 +37,10 @@ from plait.allocator.candidates import (
     BIG,
     EMPTY,
     Candidates,
+    Lazy,
     QuotaRoom,
+    Slots,
+    one_on_a_member,
     why_unplaced,
 )
 from plait.allocator.index import MachineIndex
@@ -125,60 +128,12 @@ def propose(
     if job is None and len(to_place) == 1:
         # a new job's one task (most creates): a machine of the entitlement with room,
         # found with a few array operations rather than the bins' keys and heap
-        m = _one_on_a_member(index, cp)
+        m = one_on_a_member(index, cp)
         if m is not None:
             plan.assign.append((to_place[0], m))
             return plan
     _Placer(index, cp, quota, placement, plan).run(to_place)
     return plan
-
-
-def _one_on_a_member(index: MachineIndex, cp: CompiledPolicy) -> int | None:
-    """Where ``_Placer`` puts the one task of a new job when a machine of the
-    entitlement has room for it, or None (then ``_Placer`` decides: the free pool, a
-    large entitlement's idle members, a per-machine cap). A new job counts no task in
-    any domain, so every bin's key is its head's (kind, room left, bin): a member with
-    room (kind 0) before any free machine, the least cpu then memory left, then the
-    lowest bin, then (the bin's order) the lowest machine."""
-    if cp.max_per_machine is not None or cp.shapes.size == 0 or (
-            index.idle.get(cp.ent_code) is not None):
-        return None
-    members = index.members.get(cp.ent_code)
-    if members is None or members.size == 0:
-        return None
-    E = members.ids
-    fc, fm = index.free_cpu[E], index.free_mem[E]
-    (nc, nm, nd), (floor_c, floor_m, floor_d) = cp.need, cp.floor
-    ok = cp.usable[index.hshape[E]]  # healthy, and an allowed shape
-    if nc or floor_c:
-        ok &= fc >= nc + floor_c
-    if nm or floor_m:
-        ok &= fm >= nm + floor_m
-    if nd or floor_d:
-        ok &= index.free_disk[E] >= nd + floor_d
-    if cp.dc is not None:
-        ok &= index.loc["dc"][E] == cp.dc
-    sel = ok.nonzero()[0]
-    if sel.size == 0:
-        return None
-    C = E[sel]
-    layout = cp.layout
-    code: np.ndarray
-    if cp.finest is None:
-        code = (index.shape_type[index.shape[C]] if cp.by_type
-                else np.zeros(C.size, np.int64))
-    else:
-        code = index.loc[cp.finest][C]
-        if cp.by_type:
-            code = code * index.n_types + index.shape_type[index.shape[C]]
-    b: np.ndarray = layout.pos[code]
-    inside = (b >= 0) & (b < layout.n_bins)  # (a machine in no bin is never a head)
-    if not inside.all():
-        C, b, sel = C[inside], b[inside], sel[inside]
-        if C.size == 0:
-            return None
-    best = np.lexsort((C, b, fm[sel], fc[sel]))[0]
-    return int(C[best])
 
 
 def _enforce_max_per_machine(cap: int, placement: Mapping[int, int], plan: Plan,
@@ -245,13 +200,13 @@ class _Placer:
             self.remaining = EMPTY
         members = index.members.get(cp.ent_code)
         #: a large entitlement's idle members, counted per cell (``MachineIndex.idle``)
-        self.idle = index.idle.get(cp.ent_code)
+        idle = index.idle.get(cp.ent_code)
         gone = releasing(index, plan.frees, cp.ent_code)
         self.quota = QuotaRoom(
             index, quota, (members.size if members else 0) - len(gone),
             (members.machines_rru if members else 0) - sum(
                 int(index.total_cpu[m]) for m in gone))
-        self.cands = Candidates(index, cp, self.remaining, self.idle)
+        self.cands = Candidates(index, cp, self.remaining, idle)
         #: why nothing could take a task (``why_unplaced``), once worked out
         self._why: str | None = None
         self.taken: set[int] = set()
@@ -287,46 +242,20 @@ class _Placer:
         nc, nm, _ = cp.need
         # free pool: the count of every cell of the layout; per bin, its first cell with
         # a free machine (the cells before it are empty: _head would skip them)
-        avail = self.ix.free_count[L.level].take(L.cell_flat)
+        avail, sptr = self.cands.free_cells()
         # per-bin and per-cell state: lists when the bins are few, else dictionaries
         # filled on first use (a request touches a few of the bins, not every rack)
         many = L.n_bins > MANY_BINS
-        self.cell_avail: _Slots = _Lazy(avail) if many else avail.tolist()
-        if avail.size and np.count_nonzero(avail.take(L.cell_lo)) == L.n_bins:
-            sptr = L.cell_lo  # the usual case: every bin's best cell has a free machine
-        else:
-            nz = avail.nonzero()[0]
-            sptr = np.minimum(np.append(nz, avail.size)[nz.searchsorted(L.cell_lo)],
-                              L.cell_hi)
-        self.sptr: _Slots = _Lazy(sptr) if many else sptr.tolist()
+        self.cell_avail: Slots = Lazy(avail) if many else avail.tolist()
+        self.sptr: Slots = Lazy(sptr) if many else sptr.tolist()
         self.send = L.cell_end
         cands = self.cands
         ent_bins, fc, fm = cands.entitlement_candidates(self.n_place)
         self.m, self.cap, self.fc, self.fm = cands.m, cands.cap, cands.fc, cands.fm
         # each bin with candidates: its slice [ptr, end) of the candidate lists
-        self.ptr: _Slots
-        self.end: _Slots
-        if many:
-            if ent_bins.size:
-                starts = np.flatnonzero(np.concatenate(([True], ent_bins[1:] != ent_bins[:-1])))
-                ends = np.append(starts[1:], ent_bins.size)
-            else:
-                starts = ends = EMPTY
-            present = ent_bins[starts]
-            keep = present >= 0
-            present, starts, ends = present[keep], starts[keep], ends[keep]
-            bins_with = present.tolist()
-            self.ptr = _Zero(zip(bins_with, starts.tolist(), strict=True))
-            self.end = _Zero(zip(bins_with, ends.tolist(), strict=True))
-            cell = np.ones(L.n_bins, np.bool_)
-            cell[present] = False
-        else:
-            bounds = ent_bins.searchsorted(L.edges)
-            lo, hi = bounds[:-1], bounds[1:]
-            self.ptr, self.end = lo.tolist(), hi.tolist()
-            cell = lo == hi
-            present = (~cell).nonzero()[0]
-            starts = lo[present]
+        self.ptr: Slots
+        self.end: Slots
+        self.ptr, self.end, cell, present, starts = cands.bin_slices(ent_bins, many)
         self.used = [0] * len(self.m)
         #: machines claimed during this proposal, per bin: [machine, cap, used, fc, fm]
         #: (a free machine claimed, or an idle machine of the entitlement taken)
@@ -337,23 +266,11 @@ class _Placer:
         lm[present] = fm[starts]
         #: bins with idle machines of the entitlement (their heads are not inlined)
         self.idle_bins: set[int] = set()
-        if self.idle is not None:
-            # a large entitlement's idle machines: per bin its best cell that has one,
-            # as good a head as a busy machine with the same room left
-            iavail = self.idle.count[L.level].take(L.cell_flat)
-            nz = iavail.nonzero()[0]
-            if nz.size:
-                iptr = np.append(nz, iavail.size)[nz.searchsorted(L.cell_lo)]
-                has = iptr < L.cell_hi
-                ic, im = L.cell_cpu_pad[iptr], L.cell_mem_pad[iptr]
-                better = has & (cell | (ic < lc) | ((ic == lc) & (im < lm)))
-                lc = np.where(better, ic, lc)
-                lm = np.where(better, im, lm)
-                cell = cell & ~has
-                self.idle_bins = set(has.nonzero()[0].tolist())
-                self.iavail: np.ndarray = iavail
-                iptr = np.minimum(iptr, L.cell_hi)
-                self.iptr: _Slots = _Lazy(iptr) if many else iptr.tolist()
+        idle = self.cands.idle_heads(cell, lc, lm)
+        if idle is not None:
+            cell, lc, lm, has, self.iavail, iptr = idle
+            self.idle_bins = set(has.nonzero()[0].tolist())
+            self.iptr: Slots = Lazy(iptr) if many else iptr.tolist()
         if sptr is L.cell_lo:
             live = L.edges[:-1]  # all of them have a head
         else:
@@ -498,8 +415,9 @@ class _Placer:
             m = self.m[i]
         else:
             if j is not None:  # an idle machine of the entitlement: no claim
-                assert self.idle is not None
-                found = ix.first_free(L.buckets(j), self.taken, self.idle)
+                idle = self.cands.idle
+                assert idle is not None
+                found = ix.first_free(L.buckets(j), self.taken, idle)
                 if found is None:
                     self.iavail[j] = 0
                     return None
@@ -653,31 +571,5 @@ class _Placer:
 #: the least keys become tuples
 MANY_BINS = 256
 
-
-class _Lazy(dict[int, int]):
-    """An array's values as a dictionary, each read from the array on first use."""
-
-    __slots__ = ("_array",)
-
-    def __init__(self, array: np.ndarray) -> None:
-        super().__init__()
-        self._array = array
-
-    def __missing__(self, key: int) -> int:
-        value = self[key] = int(self._array[key])
-        return value
-
-
-class _Zero(dict[int, int]):
-    """0 for a key not set."""
-
-    __slots__ = ()
-
-    def __missing__(self, key: int) -> int:
-        return 0
-
-
-#: per-bin or per-cell state, indexed by bin or cell number
-_Slots = list[int] | dict[int, int]
 
 _NO_ROWS = np.empty((0, 0), np.int64)
