@@ -172,7 +172,7 @@ def run_one_task_jobs(monkeypatch, seed: int, fast: bool):
     with machines failing, in maintenance and back on the way; optionally without the
     path that places a new job's one task on a member with room."""
     if not fast:
-        monkeypatch.setattr(placement, "_one_on_a_member", lambda index, cp: None)
+        monkeypatch.setattr(placement, "one_on_a_member", lambda index, cp: None)
     rnd = random.Random(seed)
     c = Cluster.generated(dcs=2, msbs_per_dc=3, rows_per_msb=2, racks_per_row=2,
                           machines_per_rack=3)

@@ -567,12 +567,12 @@ def test_a_job_waiting_for_room_is_not_stored_again_while_nothing_changes(tmp_pa
     a.run(30)
     job = a.scheduler.job("big")
     assert job.unplaced_reason is not None and 0 < len(a.running("big")) < 5000
-    stored = dict(a.persist._saved)
+    stored = dict(a.persist.stored._saved)
     made: list[str] = []
-    whole = a.persist._whole
-    a.persist._whole = lambda job: (made.append(job.name), whole(job))[1]
+    whole = a.persist.stored._whole
+    a.persist.stored._whole = lambda job: (made.append(job.name), whole(job))[1]
     a.run(60)
-    assert dict(a.persist._saved) == stored
+    assert dict(a.persist.stored._saved) == stored
     assert made.count("big") <= 1, len(made)  # (its record not even made again)
     # a larger quota: its jobs waiting for room are tried at once, and take it
     a.scheduler.allocator.define(Entitlement(name="ent", owner="o", quota=Quota(machines=4)))

@@ -29,7 +29,7 @@ def test_a_batch_job_completes_and_gives_its_machines_back():
     sim.run(60)
     assert states(s, "b") == ["succeeded"] * 4  # finished for good: never rerun
     assert s.counters["ops_started"] == ticks
-    assert "b" not in s._dirty  # a finished job costs nothing per tick
+    assert "b" not in s.dirty_jobs  # a finished job costs nothing per tick
 
 
 def test_a_task_that_keeps_failing_exhausts_its_retries_and_fails_the_job():

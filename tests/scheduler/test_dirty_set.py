@@ -51,7 +51,7 @@ def settled_world(looked_at, controller=None, **config):
     s.create_job(job_spec("db", 2), sim.now)
     assert sim.run_until(lambda: len(s.discovery("web")) == 3 and len(s.discovery("db"))
                          == 2, 300)
-    assert sim.run_until(lambda: not s._dirty, 120)
+    assert sim.run_until(lambda: not s.dirty_jobs, 120)
     sim.step()
     looked_at.clear()
     return sim, s
@@ -76,7 +76,7 @@ def test_a_job_operation_is_seen_by_the_next_pass(looked_at, operation):
         s.restart("web", sim.now, index=1)
     else:
         s.delete_job("web", sim.now)
-    assert "web" in s._dirty and "db" not in s._dirty
+    assert "web" in s.dirty_jobs and "db" not in s.dirty_jobs
     s.tick(sim.now + 1)
     assert looked_at == ["web"]
     job = s.jobs.get("web")
@@ -95,10 +95,10 @@ def test_an_agent_report_that_changes_a_task_is_seen_and_one_that_does_not_is_no
     revision = s.job("web").revision(rec.spec_version)
     machine = s.fleet.name(rec.machine)
     s.report(machine, [TaskStatus("web", 0, revision, Phase.RUNNING)], sim.now)
-    assert "web" not in s._dirty  # a heartbeat that changes nothing
+    assert "web" not in s.dirty_jobs  # a heartbeat that changes nothing
     s.report(machine, [TaskStatus("web", 0, revision, Phase.RUNNING, healthy=False)],
              sim.now)
-    assert "web" in s._dirty
+    assert "web" in s.dirty_jobs
     s.tick(sim.now + 1)
     assert looked_at == ["web"]
     assert not rec.serving
@@ -142,7 +142,7 @@ def test_a_controller_recheck_timer_due_is_seen_by_the_pass(looked_at):
     spec = s.job("web").spec
     s.update_job(spec.model_copy(update={"args": ("--v2",)}), sim.now)
     sim.run(3)  # offered, asked, acked nothing: waiting for the re-check
-    assert s.job("web").offers and "web" not in s._dirty and "web" in s._wake_at
+    assert s.job("web").offers and "web" not in s.dirty_jobs and "web" in s.driver.wake_at
     calls = ctl[0].calls
     looked_at.clear()
     sim.run(5)
@@ -163,10 +163,10 @@ def test_a_taskcontrol_answer_is_seen_by_the_next_pass(looked_at):
     [call] = s.take_calls()
     sim.step()
     looked_at.clear()
-    s._dirty.discard("web")  # (only the answer may bring it back)
+    s.dirty_jobs.discard("web")  # (only the answer may bring it back)
     s.answer(ControllerAnswer("web", call.request.sequence_number,
                               TaskControlResponse((call.request.request[0].op_id,))))
-    assert "web" in s._dirty
+    assert "web" in s.dirty_jobs
     s.tick(sim.now + 1)
     assert "web" in looked_at
     assert len(s.job("web").in_progress) == 1
@@ -219,7 +219,7 @@ def test_a_job_waiting_for_room_is_not_reconciled_each_pass_until_room_appears(l
     huge = int(region_cpu) + 500  # (1 cpu each: never all placed)
     s.create_job(job_spec("huge", huge, memory_gb=0.1), sim.now)
     assert sim.run_until(lambda: s.job("huge").unplaced_reason is not None
-                         and "huge" in s._room, 120)
+                         and "huge" in s.driver.rooms.waits, 120)
     placed = sum(1 for r in s.job("huge").tasks.values() if r.machine is not None)
     assert 0 < placed < huge
     # (the placed tasks' starts are the job's own inputs: looked at for those)
@@ -341,13 +341,13 @@ def test_a_task_waiting_for_room_at_a_version_an_update_replaced_is_placed_at_th
     s.create_job(job_spec("x", 1, cpu=8, memory_gb=0.1), sim.now)  # (3 cpu left)
     sim.run(20)
     x = s.job("x")
-    assert x.unplaced_reason is not None and "x" in s._room
+    assert x.unplaced_reason is not None and "x" in s.driver.rooms.waits
     s.update_job(job_spec("x", 1, cpu=2, memory_gb=0.1), sim.now)
     assert sim.run_until(lambda: all(r.state is TaskState.RUNNING and r.spec_version == 2
                                      for r in x.tasks.values()), 120)
     # another job with no room, then room for it: placed without any input of its own
     s.create_job(job_spec("y", 1, cpu=8, memory_gb=0.1), sim.now)
-    assert sim.run_until(lambda: "y" in s._room, 120)
+    assert sim.run_until(lambda: "y" in s.driver.rooms.waits, 120)
     s.delete_job("hog", sim.now)
     assert sim.run_until(lambda: all(r.state is TaskState.RUNNING
                                      for r in s.job("y").tasks.values()), 120)

@@ -304,7 +304,7 @@ def test_an_acked_update_held_by_a_task_in_its_grace_starts_when_the_grace_ends(
                  agents.now)
     agents.run(10)
     job = s.job("zk")
-    assert job.unplaced_reason is not None and len(job.acked) == 3 and "zk" in s._room
+    assert job.unplaced_reason is not None and len(job.acked) == 3 and "zk" in s.driver.rooms.waits
     failing = max(op.task.index for op in job.acked.values())
     agents.unhealthy = {("zk", failing)}
     began = agents.now

@@ -12,6 +12,7 @@ import pytest
 from plait.allocator import AllocationRequest
 from plait.errors import Conflict, NotFound
 from plait.model import Entitlement, Quota, RegionSpec, Resources, generate
+from plait.model.entitlement import ElasticTerms
 from plait.sim.jobmix import region_mix
 from plait.sim.scenarios import job_spec
 from plait.sim.shards import ShardedRegion
@@ -121,6 +122,26 @@ def test_an_entitlement_goes_to_the_least_loaded_shard():
     assert region.define(_ent("g", 1)).number == 2
     # an RRU quota weighs the machines of the mean size it amounts to (16 RRU here)
     assert region.weight(_ent("h", rru=33)) == 3
+
+
+def test_a_lender_or_borrower_goes_to_the_shard_of_the_others():
+    """Loans are counted per scheduler shard (decision 94): an entitlement that lends
+    or borrows lands where the region's other lenders and borrowers are, however
+    loaded that shard is, like the front end's shard map (``place_on_shard``)."""
+    region = ShardedRegion(generate(RegionSpec.sized(400, dcs=2, msbs_per_dc=2)), 3)
+    assert region.define(_ent("a", 10)).number == 0
+    assert region.define(Entitlement(name="web", owner="o", quota=Quota(machines=20),
+                                     lends=True)).number == 1
+    assert region.define(_ent("c", 5)).number == 2
+    # shard 1 is the most loaded (20 vs 10 vs 5), yet the next lender and the
+    # borrower go there; an entitlement without loans still goes to the least loaded
+    assert region.define(Entitlement(name="db", owner="o", quota=Quota(machines=8),
+                                     lends=True)).number == 1
+    assert region.define(Entitlement(name="batch", owner="o", quota=Quota(machines=30),
+                                     elastic=ElasticTerms())).number == 1
+    assert region.define(_ent("d", 1)).number == 2
+    assert [s.load for s in region.shards] == [10, 58, 6]
+    assert region.shards[1].entitlements == ["web", "db", "batch"]
 
 
 def test_define_all_balances_the_mix_largest_first(settled):

@@ -33,6 +33,16 @@ from operator import itemgetter
 
 import numpy as np
 
+from plait.allocator.candidates import (
+    BIG,
+    EMPTY,
+    Candidates,
+    Lazy,
+    QuotaRoom,
+    Slots,
+    one_on_a_member,
+    why_unplaced,
+)
 from plait.allocator.index import MachineIndex
 from plait.allocator.policy import STACK_KEY, TYPE_KEY, CompiledPolicy
 from plait.allocator.request import AllocationRequest, TaskOp
@@ -41,7 +51,6 @@ from plait.model.entitlement import Quota
 
 NO_MACHINE = "no machine satisfies the hard requirements with room for the task"
 QUOTA_REACHED = "entitlement quota reached"
-BIG = 1 << 30
 
 
 @dataclass(slots=True)
@@ -119,60 +128,12 @@ def propose(
     if job is None and len(to_place) == 1:
         # a new job's one task (most creates): a machine of the entitlement with room,
         # found with a few array operations rather than the bins' keys and heap
-        m = _one_on_a_member(index, cp)
+        m = one_on_a_member(index, cp)
         if m is not None:
             plan.assign.append((to_place[0], m))
             return plan
     _Placer(index, cp, quota, placement, plan).run(to_place)
     return plan
-
-
-def _one_on_a_member(index: MachineIndex, cp: CompiledPolicy) -> int | None:
-    """Where ``_Placer`` puts the one task of a new job when a machine of the
-    entitlement has room for it, or None (then ``_Placer`` decides: the free pool, a
-    large entitlement's idle members, a per-machine cap). A new job counts no task in
-    any domain, so every bin's key is its head's (kind, room left, bin): a member with
-    room (kind 0) before any free machine, the least cpu then memory left, then the
-    lowest bin, then (the bin's order) the lowest machine."""
-    if cp.max_per_machine is not None or cp.shapes.size == 0 or (
-            index.idle.get(cp.ent_code) is not None):
-        return None
-    members = index.members.get(cp.ent_code)
-    if members is None or members.size == 0:
-        return None
-    E = members.ids
-    fc, fm = index.free_cpu[E], index.free_mem[E]
-    (nc, nm, nd), (floor_c, floor_m, floor_d) = cp.need, cp.floor
-    ok = cp.usable[index.hshape[E]]  # healthy, and an allowed shape
-    if nc or floor_c:
-        ok &= fc >= nc + floor_c
-    if nm or floor_m:
-        ok &= fm >= nm + floor_m
-    if nd or floor_d:
-        ok &= index.free_disk[E] >= nd + floor_d
-    if cp.dc is not None:
-        ok &= index.loc["dc"][E] == cp.dc
-    sel = ok.nonzero()[0]
-    if sel.size == 0:
-        return None
-    C = E[sel]
-    layout = cp.layout
-    code: np.ndarray
-    if cp.finest is None:
-        code = (index.shape_type[index.shape[C]] if cp.by_type
-                else np.zeros(C.size, np.int64))
-    else:
-        code = index.loc[cp.finest][C]
-        if cp.by_type:
-            code = code * index.n_types + index.shape_type[index.shape[C]]
-    b: np.ndarray = layout.pos[code]
-    inside = (b >= 0) & (b < layout.n_bins)  # (a machine in no bin is never a head)
-    if not inside.all():
-        C, b, sel = C[inside], b[inside], sel[inside]
-        if C.size == 0:
-            return None
-    best = np.lexsort((C, b, fm[sel], fc[sel]))[0]
-    return int(C[best])
 
 
 def _enforce_max_per_machine(cap: int, placement: Mapping[int, int], plan: Plan,
@@ -236,19 +197,17 @@ class _Placer:
             self.remaining = np.asarray(
                 [m for t, m in placement.items() if t not in leaving], np.int64)
         else:
-            self.remaining = _EMPTY
+            self.remaining = EMPTY
         members = index.members.get(cp.ent_code)
         #: a large entitlement's idle members, counted per cell (``MachineIndex.idle``)
-        self.idle = index.idle.get(cp.ent_code)
+        idle = index.idle.get(cp.ent_code)
         gone = releasing(index, plan.frees, cp.ent_code)
-        self.ent_machines = (members.size if members else 0) - len(gone)
-        self.ent_rru = (members.machines_rru if members else 0) - sum(
-            int(index.total_cpu[m]) for m in gone)
-        self.quota_machines = quota.machines
-        self.quota_rru = None if quota.rru is None else round(quota.rru * 1000)
-        self.claimed_rru = 0
-        self.quota_blocked = False
-        #: why nothing could take a task (``_where``), once worked out
+        self.quota = QuotaRoom(
+            index, quota, (members.size if members else 0) - len(gone),
+            (members.machines_rru if members else 0) - sum(
+                int(index.total_cpu[m]) for m in gone))
+        self.cands = Candidates(index, cp, self.remaining, idle)
+        #: why nothing could take a task (``why_unplaced``), once worked out
         self._why: str | None = None
         self.taken: set[int] = set()
         #: how many tasks this proposal places (set by ``run``)
@@ -256,7 +215,7 @@ class _Placer:
         self.spread = [k for k in cp.keys if k != STACK_KEY]
         self.stack_at = cp.keys.index(STACK_KEY)
         self.n_types = index.n_types
-        self.counts: list[dict[int, int]] = [self._count(k) for k in self.spread]
+        self.counts: list[dict[int, int]] = [self.cands.count(k) for k in self.spread]
         self.anc = [self.layout.anc[k] for k in self.spread]
         #: (spread one property, stack), the default policy's shape: its bins never
         #: share a count (one domain or type each), which the inlined paths rely on
@@ -270,100 +229,9 @@ class _Placer:
         assert not (self.simple and self.shared_counts)
 
     # -- stage 2: candidates grouped into bins ----------------------------------------------
-    def _count(self, key: str) -> dict[int, int]:
-        """The job's remaining tasks per domain (or type) of one spread property."""
-        if self.remaining.size == 0:
-            return {}
-        codes: np.ndarray
-        if key == TYPE_KEY:
-            codes = self.ix.shape_type[self.ix.shape[self.remaining]]
-        else:
-            codes = self.ix.loc[key][self.remaining]
-        uniq, cnt = count_sorted(codes)
-        return dict(zip(uniq.tolist(), cnt.tolist(), strict=True))
 
-    def _entitlement_candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(bin, free cpu, free memory) per candidate, sorted by bin then stack order;
-        fills the flat candidate lists in that order."""
-        ix, cp = self.ix, self.cp
-        self.m: list[int] = []
-        self.cap: list[int] = []
-        self.fc: list[int] = []
-        self.fm: list[int] = []
-        nc, nm, nd = cp.need
-        floor_c, floor_m, floor_d = cp.floor
-        if cp.shapes.size == 0:
-            return _EMPTY, _EMPTY, _EMPTY
-        E: np.ndarray
-        if self.idle is not None:
-            # a large entitlement: its idle members are counted (``_start``), and of
-            # the busy ones only the classes that may have room are read
-            E = ix.busy[cp.ent_code].with_room(nc + floor_c)
-        else:
-            members = ix.members.get(cp.ent_code)
-            E = members.ids if members is not None else _EMPTY
-        if E.size == 0:
-            return _EMPTY, _EMPTY, _EMPTY
-        fc = ix.free_cpu[E]
-        fm = ix.free_mem[E]
-        # room for how many more tasks; int32 arithmetic is safe as a policy with an
-        # allowed shape has floor + need below 2**31, and none is skipped
-        cap = _room(fc, nc, floor_c, None)
-        cap = _room(fm, nm, floor_m, cap)
-        if nd or floor_d:
-            cap = _room(ix.free_disk[E], nd, floor_d, cap)
-        if cap is None:
-            cap = np.full(E.size, BIG, np.int64)
-        if cp.max_per_machine is not None:
-            cap = np.minimum(cap, cp.max_per_machine - self._on_machine(E))
-        ok = cap > 0
-        ok &= cp.usable[ix.hshape[E]]  # healthy, and an allowed shape
-        if cp.dc is not None:
-            ok &= ix.loc["dc"][E] == cp.dc
-        sel = ok.nonzero()[0]
-        if sel.size == 0:
-            return _EMPTY, _EMPTY, _EMPTY
-        C, cap, fc, fm = E[sel], cap[sel], fc[sel], fm[sel]
-        b = self._bin_of_machines(C)
-        order = np.lexsort((C, fm, fc, b))
-        limit = self.n_place
-        if limit and order.size > max(2048, 4 * limit):
-            # a bin never takes more tasks than the request places, and every
-            # candidate has room for one: its first ``limit`` candidates in stack
-            # order are all it can use (a large entitlement has thousands)
-            sb = b[order]
-            first = np.empty(sb.size, np.bool_)
-            first[0] = True
-            np.not_equal(sb[1:], sb[:-1], out=first[1:])
-            pos = np.arange(sb.size)
-            rank = pos - np.maximum.accumulate(np.where(first, pos, 0))
-            order = order[rank < limit]
-        fc, fm = fc[order], fm[order]
-        self.m, self.cap = C[order].tolist(), cap[order].tolist()
-        self.fc, self.fm = fc.tolist(), fm.tolist()
-        return b[order], fc, fm
 
-    def _on_machine(self, machines: np.ndarray) -> np.ndarray:
-        """How many of the job's remaining tasks sit on each of ``machines``."""
-        if self.remaining.size == 0:
-            return np.zeros(machines.size, np.int64)
-        uniq, cnt = count_sorted(self.remaining)
-        pos = np.minimum(np.searchsorted(uniq, machines), uniq.size - 1)
-        return np.where(uniq[pos] == machines, cnt[pos], 0)
 
-    def _bin_of_machines(self, machines: np.ndarray) -> np.ndarray:
-        """The bin number (``p``) of each machine."""
-        cp, ix = self.cp, self.ix
-        if cp.finest is None:
-            if not cp.by_type:
-                return np.zeros(machines.size, np.int64)
-            b = ix.shape_type[ix.shape[machines]]
-        else:
-            b = ix.loc[cp.finest][machines]
-            if cp.by_type:
-                b = b * self.n_types + ix.shape_type[ix.shape[machines]]
-        bins: np.ndarray = self.layout.pos[b]
-        return bins
 
     def _start(self) -> list[tuple[int, ...]]:
         """Build the per-bin slices and every live bin's first key (heap entry), all
@@ -374,44 +242,20 @@ class _Placer:
         nc, nm, _ = cp.need
         # free pool: the count of every cell of the layout; per bin, its first cell with
         # a free machine (the cells before it are empty: _head would skip them)
-        avail = self.ix.free_count[L.level].take(L.cell_flat)
+        avail, sptr = self.cands.free_cells()
         # per-bin and per-cell state: lists when the bins are few, else dictionaries
         # filled on first use (a request touches a few of the bins, not every rack)
         many = L.n_bins > MANY_BINS
-        self.cell_avail: _Slots = _Lazy(avail) if many else avail.tolist()
-        if avail.size and np.count_nonzero(avail.take(L.cell_lo)) == L.n_bins:
-            sptr = L.cell_lo  # the usual case: every bin's best cell has a free machine
-        else:
-            nz = avail.nonzero()[0]
-            sptr = np.minimum(np.append(nz, avail.size)[nz.searchsorted(L.cell_lo)],
-                              L.cell_hi)
-        self.sptr: _Slots = _Lazy(sptr) if many else sptr.tolist()
+        self.cell_avail: Slots = Lazy(avail) if many else avail.tolist()
+        self.sptr: Slots = Lazy(sptr) if many else sptr.tolist()
         self.send = L.cell_end
-        ent_bins, fc, fm = self._entitlement_candidates()
+        cands = self.cands
+        ent_bins, fc, fm = cands.entitlement_candidates(self.n_place)
+        self.m, self.cap, self.fc, self.fm = cands.m, cands.cap, cands.fc, cands.fm
         # each bin with candidates: its slice [ptr, end) of the candidate lists
-        self.ptr: _Slots
-        self.end: _Slots
-        if many:
-            if ent_bins.size:
-                starts = np.flatnonzero(np.concatenate(([True], ent_bins[1:] != ent_bins[:-1])))
-                ends = np.append(starts[1:], ent_bins.size)
-            else:
-                starts = ends = _EMPTY
-            present = ent_bins[starts]
-            keep = present >= 0
-            present, starts, ends = present[keep], starts[keep], ends[keep]
-            bins_with = present.tolist()
-            self.ptr = _Zero(zip(bins_with, starts.tolist(), strict=True))
-            self.end = _Zero(zip(bins_with, ends.tolist(), strict=True))
-            cell = np.ones(L.n_bins, np.bool_)
-            cell[present] = False
-        else:
-            bounds = ent_bins.searchsorted(L.edges)
-            lo, hi = bounds[:-1], bounds[1:]
-            self.ptr, self.end = lo.tolist(), hi.tolist()
-            cell = lo == hi
-            present = (~cell).nonzero()[0]
-            starts = lo[present]
+        self.ptr: Slots
+        self.end: Slots
+        self.ptr, self.end, cell, present, starts = cands.bin_slices(ent_bins, many)
         self.used = [0] * len(self.m)
         #: machines claimed during this proposal, per bin: [machine, cap, used, fc, fm]
         #: (a free machine claimed, or an idle machine of the entitlement taken)
@@ -422,23 +266,11 @@ class _Placer:
         lm[present] = fm[starts]
         #: bins with idle machines of the entitlement (their heads are not inlined)
         self.idle_bins: set[int] = set()
-        if self.idle is not None:
-            # a large entitlement's idle machines: per bin its best cell that has one,
-            # as good a head as a busy machine with the same room left
-            iavail = self.idle.count[L.level].take(L.cell_flat)
-            nz = iavail.nonzero()[0]
-            if nz.size:
-                iptr = np.append(nz, iavail.size)[nz.searchsorted(L.cell_lo)]
-                has = iptr < L.cell_hi
-                ic, im = L.cell_cpu_pad[iptr], L.cell_mem_pad[iptr]
-                better = has & (cell | (ic < lc) | ((ic == lc) & (im < lm)))
-                lc = np.where(better, ic, lc)
-                lm = np.where(better, im, lm)
-                cell = cell & ~has
-                self.idle_bins = set(has.nonzero()[0].tolist())
-                self.iavail: np.ndarray = iavail
-                iptr = np.minimum(iptr, L.cell_hi)
-                self.iptr: _Slots = _Lazy(iptr) if many else iptr.tolist()
+        idle = self.cands.idle_heads(cell, lc, lm)
+        if idle is not None:
+            cell, lc, lm, has, self.iavail, iptr = idle
+            self.idle_bins = set(has.nonzero()[0].tolist())
+            self.iptr: Slots = Lazy(iptr) if many else iptr.tolist()
         if sptr is L.cell_lo:
             live = L.edges[:-1]  # all of them have a head
         else:
@@ -446,10 +278,10 @@ class _Placer:
             cell, lc, lm = cell[live], lc[live], lm[live]
         self.reserve: list[tuple[int, ...]] = []
         self.rows: np.ndarray = _NO_ROWS
-        limited = self.quota_rru is not None or (
-            self.quota_machines is not None and self.ent_machines >= self.quota_machines)
+        limited = self.quota.rru is not None or (
+            self.quota.machines is not None and self.quota.ent_machines >= self.quota.machines)
         if limited and many:
-            cell, lc, lm, live = self._limit_claims(avail, sptr, cell, lc, lm, live)
+            cell, lc, lm, live = self.quota.limit_claims(L, avail, sptr, cell, lc, lm, live)
             limited = False
         if limited or not many:
             # every bin's key, a tuple each (few bins, or claims limited by the quota:
@@ -478,7 +310,7 @@ class _Placer:
         # when the heap's least key is above theirs). A policy that spreads over
         # thousands of racks so never builds a Python tuple per rack.
         p_col = live
-        cols = [self._count_column(c, k, p_col) for c, k in zip(self.counts, self.spread,
+        cols = [self.cands.count_column(c, k, p_col) for c, k in zip(self.counts, self.spread,
                                                                  strict=True)]
         cols[self.stack_at:self.stack_at] = [cell.astype(np.int64), lc - nc, lm - nm]
         cols.append(p_col)
@@ -489,47 +321,7 @@ class _Placer:
         self.rows = keys[:, order[k:]].T
         return entries
 
-    def _limit_claims(self, avail: np.ndarray, sptr: np.ndarray, cell: np.ndarray,
-                      lc: np.ndarray, lm: np.ndarray, live: np.ndarray,
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The live bins' heads when the quota limits claims, as ``_head`` would find
-        them before any claim, for all bins at once: a free cell's head is the bin's
-        first cell with a free machine the quota allows; a bin with none is dropped.
-        Sets ``quota_blocked`` as ``_head`` would."""
-        L = self.layout
-        qm = self.quota_machines
-        if qm is not None:  # the machine quota decides (``_can_claim``)
-            if self.ent_machines < qm:
-                return cell, lc, lm, live
-            if cell.any():
-                self.quota_blocked = True
-            keep = ~cell
-            return cell[keep], lc[keep], lm[keep], live[keep]
-        assert self.quota_rru is not None
-        allowed = L.cell_cpu_pad[:-1] <= self.quota_rru - self.ent_rru - self.claimed_rru
-        free = avail > 0
-        nz = (free & allowed).nonzero()[0]
-        start, hi = sptr[live], L.cell_hi[live]
-        first = np.minimum(np.append(nz, avail.size)[nz.searchsorted(start)], hi)
-        blocked = np.concatenate(([0], np.cumsum(free & ~allowed)))
-        if np.any(cell & (blocked[first] > blocked[start])):
-            self.quota_blocked = True
-        lc = np.where(cell, L.cell_cpu_pad[first], lc)
-        lm = np.where(cell, L.cell_mem_pad[first], lm)
-        keep = ~cell | (first < hi)
-        return cell[keep], lc[keep], lm[keep], live[keep]
 
-    def _count_column(self, counts: dict[int, int], key: str, p: np.ndarray) -> np.ndarray:
-        """The job's count in each bin's domain (or type) of one spread key."""
-        if not counts:
-            return np.zeros(p.size, np.int64)
-        anc = self.layout.anc_np[key].take(p)
-        dense = np.zeros(int(anc.max(initial=0)) + 1, np.int64)
-        codes = np.fromiter(counts, np.int64, len(counts))
-        ok = codes < dense.size
-        dense[codes[ok]] = np.fromiter(counts.values(), np.int64, len(counts))[ok]
-        column: np.ndarray = dense.take(anc)
-        return column
 
     def _next_reserved(self) -> tuple[int, ...] | None:
         """The least waiting bin's key as it was when the proposal started (a lower
@@ -569,10 +361,10 @@ class _Placer:
         j, send = self.sptr[p], self.send[p]
         while j < send:
             if self.cell_avail[j] > 0:
-                if self._can_claim(L.cell_shape[j]):
+                if self.quota.can_claim(L.cell_shape[j], len(self.plan.claims)):
                     self.sptr[p] = j
                     return (1, L.cell_cpu[j] - nc, L.cell_mem[j] - nm)
-                self.quota_blocked = True
+                self.quota.blocked = True
             j += 1
         self.sptr[p] = j
         return None
@@ -588,13 +380,6 @@ class _Placer:
         self.idle_bins.discard(p)
         return None
 
-    def _can_claim(self, shape: int) -> bool:
-        n = len(self.plan.claims)
-        if self.quota_machines is not None:
-            return self.ent_machines + n < self.quota_machines
-        assert self.quota_rru is not None
-        cpu = int(self.ix.shape_units[shape, 0])
-        return self.ent_rru + self.claimed_rru + cpu <= self.quota_rru
 
     def _key(self, p: int) -> tuple[int, ...] | None:
         """The bin's heap entry: per preference, the job's count in the bin's domain
@@ -630,8 +415,9 @@ class _Placer:
             m = self.m[i]
         else:
             if j is not None:  # an idle machine of the entitlement: no claim
-                assert self.idle is not None
-                found = ix.first_free(L.buckets(j), self.taken, self.idle)
+                idle = self.cands.idle
+                assert idle is not None
+                found = ix.first_free(L.buckets(j), self.taken, idle)
                 if found is None:
                     self.iavail[j] = 0
                     return None
@@ -644,8 +430,8 @@ class _Placer:
                     return None
                 self.cell_avail[j] -= 1
                 self.plan.claims.append((found, int(ix.version[found])))
-                self.claimed_rru += L.cell_cpu[j]
-                if self.quota_machines is not None or self.quota_rru is not None:
+                self.quota.claimed_rru += L.cell_cpu[j]
+                if self.quota.machines is not None or self.quota.rru is not None:
                     self.epoch += 1  # the quota may now stop other bins from claiming
             m = found
             self.taken.add(m)
@@ -672,9 +458,9 @@ class _Placer:
         self.n_place = len(to_place)
         entries = self._start()  # sorted
         if (self.simple and not self.counts[0] and len(to_place) <= len(entries)
-                and self.quota_rru is None and self.quota_machines is not None):
+                and self.quota.rru is None and self.quota.machines is not None):
             claims = sum(map(itemgetter(1), entries[:len(to_place)]))  # kind 1: a free cell
-            if self.ent_machines + claims <= self.quota_machines:
+            if self.quota.ent_machines + claims <= self.quota.machines:
                 placed = self._one_per_bin(to_place, entries)
                 if placed == len(to_place):
                     return
@@ -772,91 +558,18 @@ class _Placer:
                     break
 
     def _reason(self) -> str:
-        if self.quota_blocked:
+        if self.quota.blocked:
             return (f"{QUOTA_REACHED} and its machines have no room left "
                     f"({NO_MACHINE} inside the entitlement)")
-        return NO_MACHINE + self._where()
-
-    def _where(self) -> str:
-        """When the free pool has no machine for the task either, why (a suffix of
-        ``NO_MACHINE``): the entitlement's machines, how many of them cannot take tasks.
-        Read only when a task stays unplaced: the members once, the pool per DC."""
         if self._why is None:
-            ix, cp = self.ix, self.cp
-            counts = ix.free_count["dc"]
-            claims = len(self.plan.claims)  # (this proposal's, from the pool)
-            pool = int(counts[:, cp.shapes].sum() if cp.dc is None
-                       else counts[cp.dc, cp.shapes].sum()) - claims
-            members = ix.members.get(cp.ent_code)
-            ids = members.ids if members is not None else _EMPTY
-            if pool > 0:
-                self._why = ""
-            elif not ids.size + claims:
-                self._why = (" (the entitlement has no machine, and the free pool none that "
-                             "meets the requirements)")
-            else:
-                out = ids.size - int(np.count_nonzero(cp.usable[ix.hshape[ids]]))
-                n = ids.size + claims
-                self._why = (f" (the entitlement's {n} machine{'s have' if n > 1 else ' has'} no "
-                             "room for it"
-                             + (f", {out} of them down, cordoned or of another type"
-                                if out else "")
-                             + "; the free pool has no machine that meets the requirements)")
-        return self._why
+            self._why = why_unplaced(self.ix, self.cp, len(self.plan.claims))
+        return NO_MACHINE + self._why
 
 
-_EMPTY = np.empty(0, np.int64)
+
 #: from this many bins on (a spread over racks), per-bin state is built lazily and only
 #: the least keys become tuples
 MANY_BINS = 256
 
 
-class _Lazy(dict[int, int]):
-    """An array's values as a dictionary, each read from the array on first use."""
-
-    __slots__ = ("_array",)
-
-    def __init__(self, array: np.ndarray) -> None:
-        super().__init__()
-        self._array = array
-
-    def __missing__(self, key: int) -> int:
-        value = self[key] = int(self._array[key])
-        return value
-
-
-class _Zero(dict[int, int]):
-    """0 for a key not set."""
-
-    __slots__ = ()
-
-    def __missing__(self, key: int) -> int:
-        return 0
-
-
-#: per-bin or per-cell state, indexed by bin or cell number
-_Slots = list[int] | dict[int, int]
-
 _NO_ROWS = np.empty((0, 0), np.int64)
-
-
-def _room(free: np.ndarray, need: int, floor: int, cap: np.ndarray | None) -> np.ndarray | None:
-    """Fold one resource into ``cap`` (tasks that still fit per machine; ``None``: no
-    limit yet): ``(free - floor) // need``, or 0 where a floor alone is not met."""
-    if need > 0:
-        room = (free - floor) // need if floor else free // need
-        return room if cap is None else np.minimum(cap, room)
-    if floor > 0:
-        return np.where(free >= floor, BIG if cap is None else cap, 0)
-    return cap
-
-
-def count_sorted(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct values, counts) of an array, like ``np.unique(return_counts=True)``
-    but cheap on small arrays."""
-    x = np.sort(x)
-    if x.size == 0:
-        return x, np.empty(0, np.int64)
-    starts = np.flatnonzero(np.concatenate(([True], x[1:] != x[:-1])))
-    counts = np.diff(np.append(starts, x.size))
-    return x[starts], counts

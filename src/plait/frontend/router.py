@@ -58,7 +58,7 @@ from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics, HttpOnly, api_route
 from plait.model import RegionSpec, parse
-from plait.model.entitlement import CANARY_NAME, NAME_RE, Quota, least_loaded, shard_weight
+from plait.model.entitlement import CANARY_NAME, NAME_RE, Quota, place_on_shard, shard_weight
 from plait.server.auth import AuthError, Principal, Role, TokenStore
 from plait.store.protocol import Namespace, Store
 from plait.store.shard import shard_prefix
@@ -218,10 +218,8 @@ class ShardMap:
             for e in entries.values():
                 if e["shard"] in load:
                     load[e["shard"]] += int(e.get("machines", 0))
-            shard = least_loaded(load)
-            if loans:
-                shard = next((e["shard"] for _, e in sorted(entries.items())
-                              if e.get("loans") and e["shard"] in load), shard)
+            shard = place_on_shard(load, loans, {
+                name: e["shard"] for name, e in entries.items() if e.get("loans")})
             entry = {"shard": shard, "machines": machines, **({"loans": True} if loans else {})}
             try:
                 self.ns.create(f"/entitlements/{entitlement}", json.dumps(entry).encode())

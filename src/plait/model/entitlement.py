@@ -68,6 +68,22 @@ def least_loaded(loads: Mapping[int, int]) -> int:
     return min(loads, key=lambda s: (loads[s], s))
 
 
+def place_on_shard(loads: Mapping[int, int], loans: bool = False,
+                   loan_shards: Mapping[str, int] | None = None) -> int:
+    """The scheduler shard a new entitlement goes to, given each live shard's load
+    (``shard_weight`` summed over its entitlements): the least-loaded one
+    (``least_loaded``). One that lends or borrows (``loans``) goes where the region's
+    other lenders and borrowers are (``loan_shards``: each such entitlement's shard;
+    the first by name whose shard is live): loans are counted per scheduler shard
+    (decision 94), so they must share one. The front end's shard map and the
+    simulated region both place entitlements with this."""
+    if loans and loan_shards:
+        for name in sorted(loan_shards):
+            if loan_shards[name] in loads:
+                return loan_shards[name]
+    return least_loaded(loads)
+
+
 class ElasticTerms(Value):
     """The terms an elastic entitlement's loans are made on (decision 94): published
     with the entitlement and enforced by the scheduler when it revokes loans. A
@@ -164,6 +180,12 @@ class Entitlement(Value):
         if len(set(prefs)) != len(prefs):
             raise ValueError("a preference is listed twice")
         return prefs
+
+
+def lends_or_borrows(entitlement: Entitlement) -> bool:
+    """Whether the entitlement takes part in loans: a lender or an elastic borrower
+    (``place_on_shard`` puts it with the others)."""
+    return entitlement.lends or entitlement.elastic is not None
 
 
 def canary_entitlement(entitlement: str, job: str, canary: str) -> str:

@@ -1,7 +1,7 @@
 """Rollout health for versions that run but never pass their probe.
 
 A task of a rollout's new version that exits counts toward ``halt_after_failures``
-when its agent reports the exit (``state.exited``). One that runs without passing
+when its agent reports the exit (``reports.exited``). One that runs without passing
 its health probe would otherwise hold its operation open for ever, and the rollout
 would neither finish nor halt: after ``update.ready_timeout_seconds`` running at
 the target version without passing, it counts as failed too.

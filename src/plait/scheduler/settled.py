@@ -16,6 +16,7 @@ with no side effects.
 from __future__ import annotations
 
 from plait.model.task import TaskState
+from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import LIVE
 from plait.scheduler.records import JobRecord
 from plait.scheduler.wanted import Notice
@@ -52,3 +53,61 @@ def no_op(job: JobRecord, notice: Notice) -> bool:
     if notice:
         return not any(r.machine in notice for r in tasks.values())
     return True
+
+
+def quiet(job: JobRecord) -> bool:
+    """Nothing under way: every task runs the target, serving, with nothing
+    offered or acked; such a job changes only through an outside input."""
+    if job.offers or job.acked or job.in_progress or job.lost or job.deleting or (
+            len(job.tasks) != job.spec.task_count):
+        return False
+    running, finished = TaskState.RUNNING, FINISHED
+    return all(((r.state is running and r.serving) or r.state in finished)
+               and r.op is None for r in job.tasks.values())
+
+
+def quiet_only_ops(job: JobRecord) -> tuple[bool, bool]:
+    """``(quiet(job), only_ops(job))`` in one look at the tasks."""
+    if job.in_progress or job.lost or job.deleting or (
+            len(job.tasks) != job.spec.task_count):
+        return False, False
+    quiet = not (job.offers or job.acked)
+    running, finished, live = TaskState.RUNNING, FINISHED, LIVE
+    for r in job.tasks.values():
+        state = r.state
+        if r.op is not None or state not in live:
+            return False, False
+        if quiet and not ((state is running and r.serving) or state in finished):
+            quiet = False
+    return quiet, True
+
+
+def waiting(job: JobRecord) -> bool:
+    """Nothing for the scheduler to do until an input arrives (an agent's report, a
+    machine change, a job operation): every task is placed at the target version
+    and runs or is being started by its agent, with nothing offered or under way."""
+    if job.offers or job.acked or job.in_progress or job.lost or job.deleting or (
+            len(job.tasks) != job.spec.task_count):
+        return False
+    target, live, goal = job.target, LIVE, job.target_of
+    if job.pins:
+        return all(r.state in live and r.op is None and not r.restart
+                   and r.spec_version == goal(r.index) for r in job.tasks.values())
+    return all(r.state in live and r.op is None and not r.restart
+               and r.spec_version == target for r in job.tasks.values())
+
+
+def waiting_for_controller(job: JobRecord) -> bool:
+    """Operations offered to the job's controller, and nothing else under way:
+    only its answer (or its re-check) can move the job on."""
+    return not job.acked and only_ops(job)
+
+
+def only_ops(job: JobRecord) -> bool:
+    """Every task placed, with no operation under way and none lost: a reconcile
+    can only offer, ack (or call about) and start operations."""
+    if job.in_progress or job.lost or job.deleting or (
+            len(job.tasks) != job.spec.task_count):
+        return False
+    live = LIVE
+    return all(r.state in live and r.op is None for r in job.tasks.values())

@@ -13,48 +13,22 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange
 from plait.model.task import TaskRef, TaskState
-from plait.scheduler import machinesets
+from plait.scheduler import machinesets, starts
 from plait.scheduler.eventrows import EventRows, TaskMessage
-from plait.scheduler.lifecycle import TRANSITIONS, Event, advance
+from plait.scheduler.lifecycle import Event, advance
 from plait.scheduler.machinesets import DesiredSet, PlacedSet
-from plait.scheduler.plans import DELETE, FAILURE, KIND, RESIZE, to_target
+from plait.scheduler.plans import DELETE, RESIZE, to_target
 from plait.scheduler.ratelimit import TokenBucket
-from plait.scheduler.records import NO_TASKS, Assigned, JobRecord, TaskRecord
+from plait.scheduler.records import Assigned, JobRecord, TaskRecord
 from plait.taskcontrol.protocol import ControllerAnswer, ControllerCall, OpKind, TaskOp
 
 #: distinct task-event messages kept at most (``task_event``; a message naming
 #: something unbounded starts the table afresh now and then)
 TASK_MESSAGES = 4096
-
-#: a job waiting for room is tried again after this many seconds, twice as long after
-#: each try that found none, up to ``ROOM_RETRY_MAX``
-ROOM_RETRY = 1.0
-ROOM_RETRY_MAX = 8.0
-#: a try of every this many is a reconcile whatever the allocator says (a safety net
-#: for room the one-task requests do not see: about every minute at the longest
-#: backoff)
-ROOM_RECONCILE_EVERY = 8
-
-
-@dataclass(slots=True)
-class RoomWait:
-    """A job whose only work is placing tasks no machine has room for (decision 135):
-    what its last reconcile left (``seen``), when it is tried again and the backoff
-    of that try, the requests of one task each (one per request its placement
-    makes) that ask the allocator first whether anything has room now (None: the
-    job is reconciled at each try), and the tries since its last reconcile."""
-
-    seen: tuple[object, ...]
-    at: float
-    backoff: float
-    probes: tuple[AllocationRequest, ...] | None
-    skipped: int = 0
-
 
 class SchedulerState:
     def __init__(self, allocator: Allocator, rate: float, burst: float, event_limit: int,
@@ -95,22 +69,12 @@ class SchedulerState:
         #: a task, a machine change, a controller's answer, a timer due, a token for an
         #: operation waiting for the rate limit); a job whose reconcile leaves it with
         #: nothing to do but wait for an input leaves it. The others cost nothing per
-        #: pass (``Scheduler.tick``; a periodic full pass reconciles them all anyway)
-        self._dirty: set[str] = set()
+        #: pass (``PassDriver.tick``; a periodic full pass reconciles them all anyway)
+        self.dirty_jobs: set[str] = set()
         #: during a pass: the names still to reconcile in it (a heap) and the one being
         #: reconciled; a job marked meanwhile that sorts after it joins this pass
-        self._queue: list[str] | None = None
-        self._current = ""
-        #: idle jobs with a controller, and when they must be looked at again even
-        #: if nothing happens (a re-check due, an answer given up for lost)
-        self._wake_at: dict[str, float] = {}
-        #: jobs waiting for room (``Scheduler._room_wait``): what their last reconcile
-        #: left (unchanged: the retry changed nothing) and their retry's backoff
-        self._room: dict[str, RoomWait] = {}
-        #: idle jobs whose acked operations wait for the rate limit, oldest first: each
-        #: pass wakes as many as there are tokens (not a thousand reconciles a pass
-        #: for one or two tokens), in turn
-        self._for_tokens: dict[str, None] = {}
+        self.queue: list[str] | None = None
+        self.current = ""
         #: the region's machine changes since the last pass
         self.machine_changes: list[BrokerChange] = []
         #: maintenance event id -> the tasks parked (stopped) until it ends
@@ -133,10 +97,10 @@ class SchedulerState:
     def mark(self, job: str) -> None:
         """Something about the job changed: reconcile it on the next pass (and tell a
         shell that persists it)."""
-        if job not in self._dirty:
-            self._dirty.add(job)
-            if self._queue is not None and job > self._current:
-                heapq.heappush(self._queue, job)
+        if job not in self.dirty_jobs:
+            self.dirty_jobs.add(job)
+            if self.queue is not None and job > self.current:
+                heapq.heappush(self.queue, job)
         if self.changed_jobs is not None:
             self.changed_jobs.add(job)
 
@@ -230,94 +194,8 @@ class SchedulerState:
             self.event(now, job.name, "move_done",
                        f"every task runs in entitlement {job.entitlement}")
 
-    def exited(self, job: JobRecord, rec: TaskRecord, now: float,
-               killed: bool = False, code: int | None = None) -> None:
-        """A task crashed (its agent restarts it); during a rollout, a task of the new
-        version that crashes counts toward halting it, unless it was ``killed`` from
-        outside (a SIGKILL neither its agent nor the out-of-memory killer sent: not
-        the version's doing)."""
-        if not self.transition(rec, Event.EXITED):
-            return
-        rec.healthy = False
-        rec.healthy_since = None
-        rec.serving = False
-        rec.unhealthy_since, rec.served = None, False
-        job.dirty = True
-        if killed:
-            self.event(now, job.name, "task_killed",
-                       f"task {rec.index} was killed from outside (SIGKILL, not out of "
-                       "memory): restarted, not counted against its version",
-                       task=rec.index, machine=rec.machine, op="failure",
-                       reason="killed from outside")
-        else:
-            how = "exited" if code is None else f"exited with code {code}"
-            self.task_event(now, job, rec, "task_exited", f"{how}; its agent restarts it",
-                            op="failure", reason="exited")
-            if job.rollout_active and rec.spec_version == job.target_of(rec.index):
-                self.rollout_failure(job, rec.index, how, now)
 
-    def rollout_failure(self, job: JobRecord, index: int, how: str, now: float) -> None:
-        """A task of the rollout's new version failed to become healthy (it exited, or
-        ran without passing its probe for ``ready_timeout_seconds``): enough of them
-        halt the rollout."""
-        if index in job.failed_tasks:
-            return
-        job.add_failed(index)
-        job.rollout_failures = len(job.failed_tasks)
-        job.dirty = True
-        version = job.target_of(index)  # (a pushed or canary task's: its pin's)
-        self.event(now, job.name, "task_not_ready", f"task {index} of version {version} {how}")
-        # never more than the tasks pacing lets go down at once, or a bad version
-        # under a small max_unavailable would stall instead of halting
-        update = job.spec.update
-        cap = update.resolve(job.spec.task_count)
-        limit = min(update.halt_after_failures, cap or update.halt_after_failures)
-        if job.halted is None and job.rollout_failures >= limit:
-            n = job.rollout_failures
-            job.halted = (f"{n} task{'s' if n != 1 else ''} of version {version} failed "
-                          f"to become healthy (the last {how})")
-            self.event(now, job.name, "rollout_halted", job.halted, cause=job.cause)
-            for op in [o for o in job.acked.values() if to_target(o)]:
-                del job.acked[op.op_id]  # acked but not started: dropped, reported done
-                if job.controller is not None:
-                    job.completed.append(op)
 
-    def finished(self, job: JobRecord, rec: TaskRecord, code: int | None, now: float) -> None:
-        """A batch task exited for good: it leaves its machine, whose resources go
-        back to the entitlement; the job completes when every task succeeded."""
-        ok = code == 0
-        if not self.transition(rec, Event.SUCCEEDED if ok else Event.GAVE_UP):
-            return
-        if rec.op is not None:
-            self.complete(job, rec)  # an update or restart ends with the run
-        self.task_event(now, job, rec, "task_finished", f"exited with code {code}")
-        self.drop_acked(job, rec.index)
-        self.cancel_pending(job, rec.index)
-        job.lost.discard(rec.index)
-        rec.lost_since = None
-        rec.parked = None
-        if rec.machine is not None:
-            self.unassign(job.ref(rec.index), rec.machine)
-        rec.machine = None
-        rec.serving = rec.healthy = False
-        rec.healthy_since = rec.unhealthy_since = None
-        rec.served = False
-        rec.exit_code = code
-        job.dirty = True
-        spec = job.spec
-        self.allocator.allocate(AllocationRequest.of(
-            job.name, job.entitlement, spec.resources, free=[rec.index], policy=spec.policy))
-        if not ok:
-            self.event(now, job.name, "task_failed",
-                       f"task {rec.index} exited with code {code} and will not be started "
-                       f"again (restart policy {spec.restart.policy})")
-            if sum(1 for r in job.tasks.values() if r.state is TaskState.DEAD) == 1:
-                self.event(now, job.name, "job_failed", f"task {rec.index} failed for good")
-        elif all(r.state is TaskState.SUCCEEDED for r in job.tasks.values()) and (
-                len(job.tasks) == spec.task_count):
-            self.event(now, job.name, "job_completed",
-                       f"all {spec.task_count} tasks exited 0")
-        self.rollout_done(job, now)
 
     def stopped(self, job: JobRecord, rec: TaskRecord, now: float) -> None:
         """Its agent no longer runs the task: the stop that took it out is done."""
@@ -381,117 +259,11 @@ class SchedulerState:
             job.serials.pop(index, None)
             job.dirty = True
 
+
     def start_ops(self, job: JobRecord, steps: Sequence[tuple[TaskOp, bool]],
                   now: float) -> None:
-        """Carry out acked operations, in order: each leaves the job's acked ones
-        (``costly``: it takes an available task down), its task leaves discovery and
-        its machine's desired set (a lost one is placed elsewhere at once).
-
-        A wave of an update starts 1,500 at once: what the operations share (the
-        event's decision and cause, the containers) is looked up once, and the
-        common case (a placed task stopped) is written out here."""
-        if steps and job.in_progress is NO_TASKS:  # (a set of its own, ``add_in_progress``)
-            job.in_progress = set()
-        acked, tasks, in_progress = job.acked, job.tasks, job.in_progress
-        counters, desired, touched = self.counters, self.desired, self.touched
-        undesire_all, transitions = machinesets.undesire_all, TRANSITIONS
-        stop, lost, pending, stopped = (Event.STOP, TaskState.LOST, TaskState.PENDING,
-                                        TaskState.STOPPED)
-        op_stop, op_move, kinds = OpKind.STOP, OpKind.MOVE, KIND
-        events = self.task_events
-        name = job.name
-        if events and steps:  # (a task-level event, ``task_event``, inlined)
-            self.mark(name)  # (once: marking a marked job again does nothing)
-            down = None
-            if job.controller is not None:
-                decision = "acked by the job's TaskController"
-            else:
-                decision = ("approved by the scheduler (no TaskController), within "
-                            "max_unavailable")
-                # (a move off a failed machine: its task was down already, whatever
-                # the cap; "within max_unavailable" would claim otherwise)
-                down = "approved by the scheduler (no TaskController): the task was down"
-            actor, request = self.acting
-            # an operation that carries out a user's change names its request (not one
-            # forced by a machine's failure or a maintenance)
-            caused, forced = request or job.cause, request or None
-            rows = self.events.rows
-            limit = self.event_limit
-            most = 2 * limit
-            append = rows.append
-        # the tasks leaving each machine's desired set, taken out of it together
-        # (``leave``: a wave stops a machine's tasks together, 16 at a time on a
-        # machine of 16), before any other change to a desired set, and at the end
-        leaving: dict[int, set[int]] = {}
-
-        def leave() -> None:
-            for machine, indices in leaving.items():
-                undesire_all(desired, machine, name, indices)
-            leaving.clear()
-
-        try:
-            for op, costly in steps:
-                del acked[op.op_id]
-                ref = op.task  # (the task's TaskRef)
-                index = ref.index
-                rec = tasks[index]
-                rec.op_costly = costly
-                counters["ops_started"] += 1
-                if events:
-                    kind, reason = op.kind, op.reason
-                    # the bar it draws on the job's ops chart: a stop for maintenance
-                    # is ``maintenance``, a move off a failed machine ``failure``,
-                    # else the operation's kind
-                    if kind is op_stop:
-                        chart = "stop" if reason in (RESIZE, DELETE) else "maintenance"
-                    elif kind is op_move and reason == FAILURE:
-                        chart = "failure"
-                    else:
-                        chart = kinds[kind]
-                    # (the message, "task {index}: {chart} ({reason})", is made when read)
-                    append((now, name, "op_started", None, index, rec.machine, chart, reason,
-                            down if down is not None and chart == "failure" else decision,
-                            actor,
-                            forced if chart == "failure" or chart == "maintenance"
-                            else caused))
-                    if len(rows) > most:
-                        del rows[: len(rows) - limit]
-                rec.op = op
-                in_progress.add(index)
-                state = rec.state
-                if leaving and (state is lost or state is pending or state is stopped):
-                    leave()  # (these change desired sets themselves)
-                if state is lost:  # its machine is gone: place it elsewhere now
-                    assert rec.machine is not None
-                    job.lost.discard(index)
-                    self.unassign(ref, rec.machine)
-                    self.transition(rec, Event.REPLACE)
-                elif state is pending:
-                    if op.kind is op_stop:
-                        self.free(job, [rec])
-                elif state is stopped:  # parked: already stopped
-                    rec.state = TaskState.STOPPING
-                    self.stopped(job, rec, now)
-                else:  # (``take_out`` and ``transition``, inlined)
-                    rec.serving = False
-                    rec.healthy = False
-                    rec.healthy_since = None
-                    if rec.apart is not None:  # (both kept apart: unset while it has none)
-                        rec.unhealthy_since, rec.served = None, False
-                    rec.endpoint = None
-                    machine = rec.machine
-                    if machine is not None:
-                        touched.add(machine)
-                        gone = leaving.get(machine)
-                        if gone is None:
-                            leaving[machine] = {index}
-                        else:
-                            gone.add(index)
-                    stopping = transitions.get((state, stop))
-                    if stopping is not None:
-                        rec.state = stopping
-        finally:
-            leave()
+        """Carry out acked operations, in order (``starts.start_ops``)."""
+        starts.start_ops(self, job, steps, now)
 
     # -- machines' desired sets --------------------------------------------------------------
     def assign(self, job: JobRecord, rec: TaskRecord, machine: int) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 from plait.allocator import Allocator
 from plait.broker import FREE
 from plait.errors import NotFound, ValidationError
-from plait.model.entitlement import Entitlement, least_loaded, shard_weight
+from plait.model.entitlement import Entitlement, lends_or_borrows, place_on_shard, shard_weight
 from plait.model.job import JobSpec
 from plait.model.topology import Fleet
 from plait.scheduler import JobRecord, Phase, Scheduler, SchedulerConfig, TaskStatus
@@ -83,8 +83,9 @@ class ShardedRegion:
         return shard_weight(entitlement.quota, self._mean_rru)
 
     def define(self, entitlement: Entitlement) -> Shard:
-        """Add an entitlement to the least-loaded shard (the lowest number on a tie),
-        or change one where it already is."""
+        """Add an entitlement to the least-loaded shard (the lowest number on a tie;
+        one that lends or borrows to the shard of the others: ``place_on_shard``, the
+        front end's rule), or change one where it already is."""
         name = entitlement.name
         known = self.shard_map.get(name)
         if known is not None:
@@ -92,7 +93,10 @@ class ShardedRegion:
             old = shard.allocator.entitlements[name]
             shard.load -= self.weight(old)
         else:
-            shard = self.shards[least_loaded({s.number: s.load for s in self.shards})]
+            shard = self.shards[place_on_shard(
+                {s.number: s.load for s in self.shards}, lends_or_borrows(entitlement),
+                {n: k for n, k in self.shard_map.items()
+                 if lends_or_borrows(self.shards[k].allocator.entitlements[n])})]
             self.shard_map[name] = shard.number
             shard.entitlements.append(name)
         shard.load += self.weight(entitlement)
