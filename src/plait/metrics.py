@@ -54,8 +54,6 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from plait.allocator import AllocationResult
-    from plait.server.controlplane import ControlPlane
-    from plait.server.controlplane.views import JobState
     from plait.store.protocol import Store
 
 #: the content type of the text exposition format
@@ -393,32 +391,63 @@ def metrics_for(enabled: bool) -> Metrics:
     return Metrics() if enabled else NullMetrics()
 
 
+class JobView(Protocol):
+    """What the collector reads of a job's published view (``views.JobState``)."""
+
+    @property
+    def records(self) -> int: ...
+    @property
+    def counts(self) -> Mapping[str, int]: ...
+    @property
+    def entitlement(self) -> str: ...
+    @property
+    def unavailable(self) -> int: ...
+    @property
+    def rollout_active(self) -> bool: ...
+    @property
+    def halted(self) -> str | None: ...
+
+
+class RegionCore(Protocol):
+    """What the collector reads of a region's core objects (``RegionState``): read
+    each scrape, since a rebuild replaces them."""
+
+    @property
+    def scheduler(self) -> Any: ...
+    @property
+    def region(self) -> Any: ...
+    @property
+    def allocator(self) -> Any: ...
+
+
 class ControlPlaneCollector(Collector):
     """Gauges read from a control plane when scraped: what readers see of its jobs
-    (published by each pass, read without the lock), its machines and whether it
-    leads (``cp.leading``)."""
+    (published by each pass, read without the lock: ``snapshot``), its machines
+    (``core``) and whether it leads (``leading``). ``metrics``: the control plane's,
+    told which jobs have series of their own (at most ``shown_jobs``)."""
 
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
-        cp.metrics.pick_jobs = lambda: self._largest(list(cp.views.snapshot().items()))
+    def __init__(self, leading: Callable[[], bool],
+                 snapshot: Callable[[], Mapping[str, JobView]], core: RegionCore,
+                 metrics: Metrics, shown_jobs: int) -> None:
+        self.leading, self.snapshot, self.core = leading, snapshot, core
+        self.metrics, self.shown_jobs = metrics, shown_jobs
+        metrics.pick_jobs = lambda: self._largest(list(snapshot().items()))
 
-    def _largest(self, views: list[tuple[str, JobState]]) -> frozenset[str]:
-        return largest_jobs({name: view.records for name, view in views},
-                            self.cp.config.metrics_jobs)
+    def _largest(self, views: list[tuple[str, JobView]]) -> frozenset[str]:
+        return largest_jobs({name: view.records for name, view in views}, self.shown_jobs)
 
     def describe(self) -> list[Metric]:
         return []  # (read at each scrape; nothing to check at registration)
 
     def collect(self) -> Iterator[Metric]:
-        cp = self.cp
-        leads = bool(cp.leading())
+        leads = bool(self.leading())
         lead = GaugeMetricFamily("plait_leader", "1 if this replica runs the control "
                                                  "plane's loop (leads), else 0")
         lead.add_metric([], 1.0 if leads else 0.0)
         yield lead
-        views = list(cp.views.snapshot().items())
+        views = list(self.snapshot().items())
         shown = self._largest(views)
-        cp.metrics.show_jobs(shown)
+        self.metrics.show_jobs(shown)
         tasks: Counter[str] = Counter()
         unavailable = GaugeMetricFamily(
             "plait_job_unavailable_tasks", "Tasks of the job not serving, by job and "
@@ -448,7 +477,8 @@ class ControlPlaneCollector(Collector):
         rollouts.add_metric(["halted"], float(halted))
         yield rollouts
         yield self._machines()
-        sched = cp.scheduler
+        core = self.core
+        sched = core.scheduler
         profiles = GaugeMetricFamily(
             "plait_host_profile_machines", "Machines whose host profile is switching (joined "
             "an entitlement, not switched yet), failing (their last switch failed) and "
@@ -462,7 +492,7 @@ class ControlPlaneCollector(Collector):
             "plait_loaned_machines", "Machines on loan to elastic entitlements: lent (in "
             "use by a borrower) and revoking (notice given, due back)", labels=["state"])
         revoking = len(sched.revokes)
-        held = sum(len(cp.region.machines_of(n)) for n in list(sched.elastic))
+        held = sum(len(core.region.machines_of(n)) for n in list(sched.elastic))
         loaned.add_metric(["lent"], float(held - revoking))
         loaned.add_metric(["revoking"], float(revoking))
         yield loaned
@@ -471,7 +501,7 @@ class ControlPlaneCollector(Collector):
         revokes.add_metric(["all"], float(sched.counters["loan_revokes"]))
         revokes.add_metric(["late"], float(sched.counters["loan_revokes_late"]))
         yield revokes
-        cache = cp.allocator.cache
+        cache = core.allocator.cache
         hits = CounterMetricFamily("plait_allocator_cache_hits", "Placements answered from "
                                    "the allocator's job-level cache")
         hits.add_metric([], float(cache.hits))
@@ -494,11 +524,11 @@ class ControlPlaneCollector(Collector):
         family = GaugeMetricFamily("plait_machines", "Machines by state and entitlement "
                                    "(\"\" free)", labels=["state", "entitlement"])
         counts: Counter[tuple[str, str]] = Counter()
-        for broker in list(self.cp.region.brokers.values()):
+        for broker in list(self.core.region.brokers.values()):
             codes, ents = broker.state_codes(), broker.entitlement_codes()
             if len(codes) != len(ents):
                 continue  # (changed between the two copies: the next scrape counts it)
-            names = list(self.cp.region.entitlements.names)
+            names = list(self.core.region.entitlements.names)
             pairs, n = np.unique(np.stack([codes.astype(np.int64), ents.astype(np.int64)]),
                                  axis=1, return_counts=True)
             for (state, ent), count in zip(pairs.T.tolist(), n.tolist(), strict=True):

@@ -42,7 +42,8 @@ from plait.persist.scheduler import JobDoc, new_job
 from plait.store.protocol import WouldBlock
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
+    from plait.server.controlplane.inbox import Inbox
+    from plait.server.controlplane.regionstate import RegionState
 
 log = logconfig.get("plait.controlplane.commands")
 
@@ -73,8 +74,8 @@ class Pending:
 
 
 class CreateCommitter:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
+    def __init__(self, state: RegionState, inbox: Inbox) -> None:
+        self.state, self.inbox = state, inbox
         self._queue: list[Pending] = []
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
@@ -107,7 +108,7 @@ class CreateCommitter:
     def prepare(self, spec: JobSpec) -> Pending:
         """A create's record, made in the current context (the request's: who asked,
         its id), not queued yet (``enqueue``)."""
-        doc, value = new_job(spec, self.cp.clock())
+        doc, value = new_job(spec, self.state.clock())
         return Pending(doc, value, Future())
 
     def enqueue(self, pending: list[Pending]) -> None:
@@ -132,14 +133,14 @@ class CreateCommitter:
         stored here: the caller queues it (``enqueue``; those already answered, the
         refused, are not taken again). Two thread hand-overs fewer per batch, each of
         which waits for the interpreter while a pass runs."""
-        nowait = getattr(self.cp.store, "nowait", None)
+        nowait = getattr(self.state.store, "nowait", None)
         if not pending or nowait is None or time.monotonic() < self._inline_after:
             return False
         with self._cond:
             if self._queue or self._busy:
                 return False
             self._busy = True
-        shard = self.cp.config.shard is not None
+        shard = self.state.config.shard is not None
         try:
             if shard and not self.lock.acquire(blocking=False):
                 return False
@@ -202,19 +203,19 @@ class CreateCommitter:
 
     def commit(self, batch: list[Pending]) -> None:
         """Check and store ``batch``, then answer each request and wake the pass once."""
-        cp = self.cp
+        state = self.state
         ready: list[Pending] = []
-        with self.lock if cp.config.shard is not None else contextlib.nullcontext():
+        with self.lock if state.config.shard is not None else contextlib.nullcontext():
             for p in batch:
                 try:
-                    cp.check_job(p.doc.spec)
+                    state.check_job(p.doc.spec)
                 except Exception as exc:
                     p.answer.set_exception(exc)
                     continue
                 ready.append(p)
             # (in the first request's context: its trace shows the batch's write)
             context = ready[0].context if ready else contextvars.copy_context()
-            results = context.run(cp.jobs.create_many, [(p.doc, p.value) for p in ready])
+            results = context.run(state.jobs.create_many, [(p.doc, p.value) for p in ready])
         self.batches += 1
         self.written += sum(1 for r in results if not isinstance(r, BaseException) and r[1])
         created = []
@@ -234,7 +235,7 @@ class CreateCommitter:
             for p, result in zip(ready, results, strict=True):
                 if not isinstance(result, BaseException) and result[1]:
                     self._stored[p.doc.name] = p.doc
-        cp.notify_many(created)  # one wake of the pass for the whole batch
+        self.inbox.notify_many(created)  # one wake of the pass for the whole batch
         for p, result in zip(ready, results, strict=True):
             if not isinstance(result, BaseException):
                 p.answer.set_result(result)
