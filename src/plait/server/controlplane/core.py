@@ -46,7 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plait.health import HealthCheck
-from plait.metrics import ControlPlaneCollector, metrics_for
+from plait.metrics import metrics_for
 from plait.model import Fleet, RegionSpec
 from plait.persist import PersistentAllocator, PersistentRegion
 from plait.persist.follow import SharedRecords
@@ -55,6 +55,7 @@ from plait.persist.warm import WarmRecords
 from plait.scheduler import Scheduler
 from plait.server.auth import Role, TokenStore
 from plait.server.controlplane.autoscaling import Autoscaling
+from plait.server.controlplane.collector import ControlPlaneCollector
 from plait.server.controlplane.commands import JobCommands
 from plait.server.controlplane.config import ControlPlaneConfig
 from plait.server.controlplane.controllers import Controllers
