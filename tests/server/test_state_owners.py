@@ -128,6 +128,20 @@ def test_jobs_put_in_the_inbox_wake_the_pass_and_are_taken_once():
     assert inbox.take_jobs() == set()
 
 
+def test_stored_creates_are_kept_for_the_pass_within_a_bound(monkeypatch):
+    from plait.persist.scheduler import new_job
+    from plait.server.controlplane import inbox as inbox_module
+
+    inbox = Inbox()
+    docs = [new_job(job(f"j{i}"), 1000.0)[0] for i in range(4)]
+    inbox.stored(docs[:2])
+    assert set(inbox.take_stored()) == {"j0", "j1"} and inbox.take_stored() == {}
+    monkeypatch.setattr(inbox_module, "STORED_KEPT", 2)
+    inbox.stored(docs[:3])
+    inbox.stored(docs[3:])  # (no pass took them: a follower's are let go)
+    assert set(inbox.take_stored()) == {"j3"}
+
+
 def test_a_report_that_repeats_the_machines_last_wakes_no_pass_but_counts_as_a_beat():
     inbox = Inbox()
     statuses: list[TaskStatus] = []  # (an idle machine)

@@ -57,8 +57,6 @@ INLINE_SLOW = 0.010
 #: ... and waits this long at most for another write to the store (a pass's)
 INLINE_WAIT = 0.005
 INLINE_PAUSE = 5.0
-#: records kept for the pass at most (beyond, the pass parses what it reads)
-STORED_KEPT = 10_000
 
 
 @dataclass
@@ -89,9 +87,6 @@ class CreateCommitter:
         #: and the tests read)
         self.batches = 0
         self.written = 0
-        #: the records stored since the pass last took them (``take_stored``): the
-        #: pass reads them back, and takes their parsed specs from here
-        self._stored: dict[str, JobDoc] = {}
         #: a batch is being checked and stored (by the committer or ``commit_here``)
         self._busy = False
         #: ``commit_here`` hands batches to the committer until then (monotonic): its
@@ -168,10 +163,8 @@ class CreateCommitter:
                     self._cond.notify()
 
     def take_stored(self) -> dict[str, JobDoc]:
-        """The records this committer stored since the last call (for the pass)."""
-        with self._cond:
-            stored, self._stored = self._stored, {}
-        return stored
+        """The records this committer stored since the last call (``Inbox.take_stored``)."""
+        return self.inbox.take_stored()
 
     def _take(self) -> list[Pending]:
         with self._cond:
@@ -229,12 +222,8 @@ class CreateCommitter:
                 p.context.run(log.info, "job command acknowledged", job=doc.name,
                               seq=doc.seq, version=doc.version)
                 created.append(doc.name)
-        with self._cond:
-            if len(self._stored) > STORED_KEPT:  # (no pass takes them: a follower)
-                self._stored.clear()
-            for p, result in zip(ready, results, strict=True):
-                if not isinstance(result, BaseException) and result[1]:
-                    self._stored[p.doc.name] = p.doc
+        self.inbox.stored([p.doc for p, result in zip(ready, results, strict=True)
+                           if not isinstance(result, BaseException) and result[1]])
         self.inbox.notify_many(created)  # one wake of the pass for the whole batch
         for p, result in zip(ready, results, strict=True):
             if not isinstance(result, BaseException):

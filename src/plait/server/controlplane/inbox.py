@@ -1,6 +1,7 @@
 """What arrives between passes, for the next pass to take: the names of jobs whose
-records changed, agents' reports and heartbeats, the TaskControl answers the
-dispatcher handed back, and the wake-up that starts a pass now.
+records changed, the records of creates just stored, agents' reports and heartbeats,
+the TaskControl answers the dispatcher handed back, and the wake-up that starts a
+pass now.
 
 ``Inbox`` is their one owner; requests and agents put, the pass takes (each take
 swaps the list out, so nothing is held long under ``lock``).
@@ -11,10 +12,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from plait.scheduler.records import TaskStatus
 from plait.sidekick.book import Applied
 from plait.taskcontrol.protocol import ControllerAnswer
+
+if TYPE_CHECKING:
+    from plait.persist.scheduler import JobDoc
+
+#: stored creates kept for the pass at most (beyond, the pass parses what it reads)
+STORED_KEPT = 10_000
 
 #: (machine, its tasks' statuses, their endpoints, when it reported, the host profile
 #: it applied: None from an agent that does not say, the cores each task used)
@@ -52,6 +60,9 @@ class Inbox:
         self._last: dict[str, tuple[list[TaskStatus], dict[tuple[str, int], str],
                                     Applied | None]] = {}
         self._answers: list[ControllerAnswer] = []
+        #: the records of creates stored since the pass last took them: the pass
+        #: reads them back, and takes their parsed specs from here
+        self._stored: dict[str, JobDoc] = {}
 
     # -- jobs ----------------------------------------------------------------------------
     def notify(self, job: str) -> None:
@@ -75,6 +86,19 @@ class Inbox:
         with self.lock:
             jobs, self.jobs = self.jobs, set()
         return jobs
+
+    def stored(self, docs: Iterable[JobDoc]) -> None:
+        """Creates stored (by the committer): their records, for the next pass."""
+        with self.lock:
+            if len(self._stored) > STORED_KEPT:  # (no pass takes them: a follower)
+                self._stored.clear()
+            for doc in docs:
+                self._stored[doc.name] = doc
+
+    def take_stored(self) -> dict[str, JobDoc]:
+        with self.lock:
+            stored, self._stored = self._stored, {}
+        return stored
 
     # -- agents --------------------------------------------------------------------------
     def report(self, report: Report) -> None:
