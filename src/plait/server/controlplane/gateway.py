@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 JOB_KEYS_KEPT = 65_536
 
 
-
 class AgentGateway:
     def __init__(self, state: RegionState, inbox: Inbox, published: Published,
                  membership: Membership, controllers: Controllers, logs: TaskLogs) -> None:
