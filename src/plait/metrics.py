@@ -12,7 +12,7 @@ of metric:
   allocation requests by result and their latency (``PersistentAllocator.sink``),
   TaskControl calls by outcome and their latency; the store's, the stages' and the
   allocations' are ``plait.hotmetrics`` instruments, cheaper per observation;
-* read when scraped, at no cost between scrapes (``ControlPlaneCollector``): tasks by
+* read when scraped, at no cost between scrapes (``server.controlplane.collector``): tasks by
   state, unavailable tasks per job, rollouts active and halted, machines by state and
   entitlement, the allocator's placement cache, whether this replica leads.
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import heapq
 import re
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
@@ -45,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client import Histogram as PromHistogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from plait import hotmetrics
@@ -54,8 +53,6 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from plait.allocator import AllocationResult
-    from plait.server.controlplane import ControlPlane
-    from plait.server.controlplane.views import JobState
     from plait.store.protocol import Store
 
 #: the content type of the text exposition format
@@ -391,122 +388,6 @@ class NullMetrics(Metrics):
 def metrics_for(enabled: bool) -> Metrics:
     """A control plane's metrics: counted, or off (``NullMetrics``)."""
     return Metrics() if enabled else NullMetrics()
-
-
-class ControlPlaneCollector(Collector):
-    """Gauges read from a control plane when scraped: what readers see of its jobs
-    (published by each pass, read without the lock), its machines and whether it
-    leads (``cp.leading``)."""
-
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
-        cp.metrics.pick_jobs = lambda: self._largest(list(cp.views.snapshot().items()))
-
-    def _largest(self, views: list[tuple[str, JobState]]) -> frozenset[str]:
-        return largest_jobs({name: view.records for name, view in views},
-                            self.cp.config.metrics_jobs)
-
-    def describe(self) -> list[Metric]:
-        return []  # (read at each scrape; nothing to check at registration)
-
-    def collect(self) -> Iterator[Metric]:
-        cp = self.cp
-        leads = bool(cp.leading())
-        lead = GaugeMetricFamily("plait_leader", "1 if this replica runs the control "
-                                                 "plane's loop (leads), else 0")
-        lead.add_metric([], 1.0 if leads else 0.0)
-        yield lead
-        views = list(cp.views.snapshot().items())
-        shown = self._largest(views)
-        cp.metrics.show_jobs(shown)
-        tasks: Counter[str] = Counter()
-        unavailable = GaugeMetricFamily(
-            "plait_job_unavailable_tasks", "Tasks of the job not serving, by job and "
-            f"entitlement: of the jobs with the most tasks (plait serve --metrics-jobs), "
-            f"those of the others summed per entitlement as job {OTHER_JOBS!r}",
-            labels=["job", "entitlement"])
-        others: Counter[str] = Counter()
-        active = halted = 0
-        for name, view in views:
-            tasks.update(view.counts)
-            if name in shown:
-                unavailable.add_metric([name, view.entitlement], float(view.unavailable))
-            else:
-                others[view.entitlement] += view.unavailable
-            active += bool(view.rollout_active)
-            halted += view.halted is not None
-        for ent, n in sorted(others.items()):
-            unavailable.add_metric([OTHER_JOBS, ent], float(n))
-        by_state = GaugeMetricFamily("plait_tasks", "Tasks by state", labels=["state"])
-        for state, n in sorted(tasks.items()):
-            by_state.add_metric([state], float(n))
-        yield by_state
-        yield unavailable
-        rollouts = GaugeMetricFamily("plait_rollouts", "Jobs with a rollout under way, and "
-                                                       "halted", labels=["state"])
-        rollouts.add_metric(["active"], float(active))
-        rollouts.add_metric(["halted"], float(halted))
-        yield rollouts
-        yield self._machines()
-        sched = cp.scheduler
-        profiles = GaugeMetricFamily(
-            "plait_host_profile_machines", "Machines whose host profile is switching (joined "
-            "an entitlement, not switched yet), failing (their last switch failed) and "
-            "rolling (drained for a changed profile)", labels=["state"])
-        for state, n in (("switching", len(sched.profiles.pending)),
-                         ("failing", len(sched.profiles.failing)),
-                         ("rolling", len(sched.rolling))):
-            profiles.add_metric([state], float(n))
-        yield profiles
-        loaned = GaugeMetricFamily(
-            "plait_loaned_machines", "Machines on loan to elastic entitlements: lent (in "
-            "use by a borrower) and revoking (notice given, due back)", labels=["state"])
-        revoking = len(sched.revokes)
-        held = sum(len(cp.region.machines_of(n)) for n in list(sched.elastic))
-        loaned.add_metric(["lent"], float(held - revoking))
-        loaned.add_metric(["revoking"], float(revoking))
-        yield loaned
-        revokes = CounterMetricFamily("plait_loan_revokes", "Loans revoked, and those whose "
-                                      "machine came back past its deadline", labels=["when"])
-        revokes.add_metric(["all"], float(sched.counters["loan_revokes"]))
-        revokes.add_metric(["late"], float(sched.counters["loan_revokes_late"]))
-        yield revokes
-        cache = cp.allocator.cache
-        hits = CounterMetricFamily("plait_allocator_cache_hits", "Placements answered from "
-                                   "the allocator's job-level cache")
-        hits.add_metric([], float(cache.hits))
-        yield hits
-        misses = CounterMetricFamily("plait_allocator_cache_misses", "Placements computed "
-                                     "(not in the cache)")
-        misses.add_metric([], float(cache.misses))
-        yield misses
-        ratio = GaugeMetricFamily("plait_allocator_cache_hit_ratio", "Hits over lookups "
-                                  "of the allocator's cache since start")
-        ratio.add_metric([], float(cache.hit_ratio))
-        yield ratio
-
-    def _machines(self) -> Metric:
-        """Machines by state and entitlement (free: ""), counted per data center's
-        broker from its arrays (a copy each: no lock held)."""
-        import numpy as np
-
-        states = ("healthy", "failed", "maintenance")
-        family = GaugeMetricFamily("plait_machines", "Machines by state and entitlement "
-                                   "(\"\" free)", labels=["state", "entitlement"])
-        counts: Counter[tuple[str, str]] = Counter()
-        for broker in list(self.cp.region.brokers.values()):
-            codes, ents = broker.state_codes(), broker.entitlement_codes()
-            if len(codes) != len(ents):
-                continue  # (changed between the two copies: the next scrape counts it)
-            names = list(self.cp.region.entitlements.names)
-            pairs, n = np.unique(np.stack([codes.astype(np.int64), ents.astype(np.int64)]),
-                                 axis=1, return_counts=True)
-            for (state, ent), count in zip(pairs.T.tolist(), n.tolist(), strict=True):
-                name = "" if ent < 0 else names[ent] if ent < len(names) else "?"
-                counts[(states[state], name)] += int(count)
-        for (state, ent), count in sorted(counts.items()):
-            family.add_metric([state, ent], float(count))
-        return family
 
 
 class AgentMetrics:

@@ -180,7 +180,8 @@ def test_the_grafana_dashboard_names_only_metrics_plait_exports() -> None:
     import json
     import re
 
-    from plait.metrics import AgentMetrics, ControlPlaneCollector, Metrics
+    from plait.metrics import AgentMetrics, Metrics
+    from plait.server.controlplane.collector import ControlPlaneCollector
 
     exported = set()
     for registry in (Metrics().registry, AgentMetrics(dict).registry):

@@ -182,6 +182,6 @@ def test_a_leader_deposed_while_paused_drops_the_events_it_could_not_store(repli
     a.cp.record("health", "heartbeats_lost", "a decision of a stale view")  # it wakes
     lead.step()  # and finds it no longer leads
     assert not lead.leading
-    pending = [(e.kind, e.message) for e in a.cp._pending]
+    pending = [(e.kind, e.message) for e in a.cp.recorder.pending()]
     assert [k for k, _ in pending] == ["leadership_lost"]
     assert "(1 events of its last passes, not stored, dropped)" in pending[0][1]

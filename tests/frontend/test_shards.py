@@ -368,7 +368,7 @@ def test_a_beat_taken_after_a_move_does_not_have_the_old_shard_fail_the_machine(
         wait_for(lambda: not machines & set(old.liveness.last))
         with old.pending_lock:  # beats the gateway took just before the handoff, that
             for m in machines:  # the old shard's pass reads after it
-                old.gateway._beats[m] = old.clock()
+                old.incoming._beats[m] = old.clock()
         time.sleep(4 * 2.0)  # two heartbeat timeouts and more
         assert not machines & set(old.liveness.last)
         failed = [e.machine for s in (0, 1) for e in region.cp(s).events.query(limit=1000)[0]

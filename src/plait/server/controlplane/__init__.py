@@ -3,6 +3,6 @@ module per concern (see ``core``)."""
 
 from plait.server.controlplane.config import ControlPlaneConfig
 from plait.server.controlplane.core import ControlPlane
-from plait.server.controlplane.views import JobState
+from plait.server.controlplane.jobstate import JobState
 
 __all__ = ["ControlPlane", "ControlPlaneConfig", "JobState"]

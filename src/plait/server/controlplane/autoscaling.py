@@ -70,11 +70,14 @@ class AutoscaleRegion(Protocol):
     scheduler (under the lock) for the room there is, the owners' limits, the Job
     Control Plane its sizing intents go to, and the event log."""
 
-    lock: threading.RLock
+    @property
+    def lock(self) -> threading.RLock: ...
     clock: Callable[[], float]
     store: Store
-    jobs: JobStore
-    scheduler: Scheduler
+    @property
+    def jobs(self) -> JobStore: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
     owners: Owners
     jcp: JobControlPlane
 

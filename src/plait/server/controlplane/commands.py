@@ -18,8 +18,13 @@ from plait.model import Entitlement, JobSpec
 from plait.persist.scheduler import JobDoc
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
-    from plait.server.controlplane.creates import Pending
+    from plait.server.controlplane.controllers import Controllers
+    from plait.server.controlplane.creates import CreateCommitter, Pending
+    from plait.server.controlplane.inbox import Inbox
+    from plait.server.controlplane.profiles import HostProfiles
+    from plait.server.controlplane.recorder import EventRecorder
+    from plait.server.controlplane.regionstate import RegionState
+    from plait.server.controlplane.views import Views
 
 log = logconfig.get("plait.controlplane.commands")
 
@@ -34,23 +39,27 @@ def _setting(value: Any) -> str:
 
 
 class JobCommands:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
+    def __init__(self, state: RegionState, inbox: Inbox, recorder: EventRecorder,
+                 views: Views, creates: CreateCommitter, controllers: Controllers,
+                 profiles: HostProfiles) -> None:
+        self.state, self.inbox, self.recorder = state, inbox, recorder
+        self.views, self.creates = views, creates
+        self.controllers, self.profiles = controllers, profiles
 
     def define_entitlement(self, ent: Entitlement) -> bool:
         """Create an entitlement, or change its quota and settings. True if new."""
-        self.cp.check_dc("pin_dc", ent.pin_dc)
-        self.cp.profiles.check_entitlement(ent)
-        with self.cp.lock:
-            old = self.cp.allocator.entitlements.get(ent.name)
+        self.state.check_dc("pin_dc", ent.pin_dc)
+        self.profiles.check_entitlement(ent)
+        with self.state.lock:
+            old = self.state.allocator.entitlements.get(ent.name)
             if old == ent:
                 return False
             if old is not None and old.owner != ent.owner:
                 raise Conflict(f"entitlement {ent.name}", f"owner {old.owner}",
                                f"owner {ent.owner} (owners do not change)")
-            self.cp.allocator.define(ent)
-            self.cp.scheduler.room_changed(ent.name)  # (its quota may have grown)
-            self.cp.scheduler.notice_rolls()  # (its host profile may have changed)
+            self.state.allocator.define(ent)
+            self.state.scheduler.room_changed(ent.name)  # (its quota may have grown)
+            self.state.scheduler.notice_rolls()  # (its host profile may have changed)
         if old is None:
             said = f"{ent.name}: quota {ent.quota}, owner {ent.owner}"
         else:  # what changed, each setting as it was and as it is
@@ -63,36 +72,36 @@ class JobCommands:
             said += f" ({over})"
         for warning in self.quota_warnings(ent):
             said += f" (warning: {warning})"
-        self.cp.record("api", "entitlement_created" if old is None else "entitlement_changed",
-                       said, entitlement=ent.name)
+        self.recorder.record("api", "entitlement_created" if old is None else "entitlement_changed",
+                             said, entitlement=ent.name)
         return old is None
 
     def delete_entitlement(self, name: str) -> dict[str, Any]:
         """Remove an entitlement no job uses (``Conflict`` naming what does): its
         machines, and its canary entitlements', go back to the free pool. Its view as
         it was, with ``deleted`` and the machines ``released``."""
-        view = self.cp.views.entitlement_view(name)  # (NotFound for an unknown one)
-        ent = self.cp.entitlement(name)
+        view = self.views.entitlement_view(name)  # (NotFound for an unknown one)
+        ent = self.state.entitlement(name)
         if ent.canary_of is not None:
             raise Taken(f"entitlement {name}", f"entitlement {name} is a canary entitlement of "
                         f"{ent.canary_of}: it "
                         f"goes when its canary ends, or with {ent.canary_of}")
-        self._unused(name, self.cp.views.index.jobs_of(name))
-        with self.cp.lock:
-            self._unused(name, sorted(j for j, s in self.cp.scheduler.jobs.items()
+        self._unused(name, self.views.index.jobs_of(name))
+        with self.state.lock:
+            self._unused(name, sorted(j for j, s in self.state.scheduler.jobs.items()
                                       if s.entitlement == name))
-            kept = [self.cp.allocator.entitlements[n]
-                    for n in sorted(self.cp.allocator.canaries.get(name, ()))]
-            released = self.cp.allocator.undefine(name)
+            kept = [self.state.allocator.entitlements[n]
+                    for n in sorted(self.state.allocator.canaries.get(name, ()))]
+            released = self.state.allocator.undefine(name)
         # a job stored while it went (a create that found it before): it stays
-        late = self.cp.views.index.jobs_of(name)
+        late = self.views.index.jobs_of(name)
         if late:
-            with self.cp.lock:
+            with self.state.lock:
                 for e in [*kept, ent]:
-                    self.cp.allocator.define(e)
+                    self.state.allocator.define(e)
             self._unused(name, late)
-        machines = self.cp.fleet.names(released)
-        self.cp.record("api", "entitlement_deleted", f"{name}: deleted; " + (
+        machines = self.state.fleet.names(released)
+        self.recorder.record("api", "entitlement_deleted", f"{name}: deleted; " + (
             f"{len(machines)} machine{'s' if len(machines) != 1 else ''} back to the free "
             "pool" if machines else "it held no machine"), entitlement=name)
         return {**view, "machines": 0, "rru": 0.0, "jobs": [], "deleted": True,
@@ -115,7 +124,7 @@ class JobCommands:
         adding up to more than the region (loans and revokes count on quotas). An
         elastic entitlement's quota caps what it borrows and a canary's shares its
         parent's: neither is counted."""
-        fleet = self.cp.fleet
+        fleet = self.state.fleet
         machines = len(fleet)
         milli = int(fleet.cpu.sum())
         rru = milli / 1000
@@ -129,7 +138,7 @@ class JobCommands:
             out.append(f"its quota of {quota.rru:g} RRU is above the region's {rru:g} RRU "
                        f"({machines} machines)")
         if ent.elastic is None and ent.canary_of is None:
-            ents = dict(self.cp.allocator.entitlements)
+            ents = dict(self.state.allocator.entitlements)
             ents[ent.name] = ent
             total = sum(e.quota.machines * each if e.quota.machines is not None
                         else (e.quota.rru or 0.0) for e in ents.values()
@@ -143,7 +152,7 @@ class JobCommands:
     def over_quota(self, ent: Entitlement) -> str | None:
         """What an entitlement uses above its quota, said (None: nothing): a quota
         lowered below its use takes nothing back, as Kubernetes' ResourceQuota."""
-        usage = self.cp.allocator.usage(ent.name)
+        usage = self.state.allocator.usage(ent.name)
         quota = ent.quota
         if quota.machines is not None and usage.machines > quota.machines:
             used = f"{usage.machines} machines"
@@ -159,11 +168,11 @@ class JobCommands:
         # entitlement holds too: the handoff either carries the new record or comes
         # first (and the check refuses it)
         if spec.task_controller is not None:  # (resolving a name: never under the lock)
-            self.cp.controllers.check_controller_url(spec.task_controller)
-        shard = self.cp.config.shard is not None
-        with self.cp.creates.lock if shard else contextlib.nullcontext():
-            self.cp.check_job(spec)
-            doc, created = self.cp.jobs.create(spec, self.cp.clock())
+            self.controllers.check_controller_url(spec.task_controller)
+        shard = self.state.config.shard is not None
+        with self.creates.lock if shard else contextlib.nullcontext():
+            self.state.check_job(spec)
+            doc, created = self.state.jobs.create(spec, self.state.clock())
         if created:
             self.changed(doc)
         return doc, created
@@ -173,61 +182,61 @@ class JobCommands:
         answered once the batch holding it is stored. (A TaskController's URL is
         checked here, before it is queued: resolving a name never holds a batch.)"""
         if spec.task_controller is not None:
-            self.cp.controllers.check_controller_url(spec.task_controller)
-        return self.cp.creates.submit(spec)
+            self.controllers.check_controller_url(spec.task_controller)
+        return self.creates.submit(spec)
 
     def prepare_create(self, spec: JobSpec) -> Pending:
         """``submit_create``'s first half: the create's record, made (and its
         TaskController's URL checked) in the current request's context; queued with
         others by ``submit_prepared``."""
         if spec.task_controller is not None:
-            self.cp.controllers.check_controller_url(spec.task_controller)
-        return self.cp.creates.prepare(spec)
+            self.controllers.check_controller_url(spec.task_controller)
+        return self.creates.prepare(spec)
 
     def submit_prepared(self, pending: list[Pending]) -> None:
         """Queue prepared creates at once: stored in one transaction (a front end's
         batch), each answered through its ``answer``."""
-        self.cp.creates.enqueue(pending)
+        self.creates.enqueue(pending)
 
     def changed(self, doc: JobDoc) -> JobDoc:
         # (the request's access line says which command; seq: its job's operation log)
         log.info("job command acknowledged", job=doc.name, seq=doc.seq, version=doc.version)
-        self.cp.notify(doc.name)
+        self.inbox.notify(doc.name)
         return doc
 
     def update_job(self, spec: JobSpec) -> JobDoc:
         if spec.task_controller is not None:
-            self.cp.controllers.check_controller_url(spec.task_controller)
-        self.cp.check_job(spec)
-        return self.changed(self.cp.jobs.update(spec, self.cp.clock()))
+            self.controllers.check_controller_url(spec.task_controller)
+        self.state.check_job(spec)
+        return self.changed(self.state.jobs.update(spec, self.state.clock()))
 
     def resize_job(self, name: str, task_count: int) -> JobDoc:
-        return self.changed(self.cp.jobs.resize(name, task_count, self.cp.clock()))
+        return self.changed(self.state.jobs.resize(name, task_count, self.state.clock()))
 
     def rollback_job(self, name: str, version: int) -> JobDoc:
-        return self.changed(self.cp.jobs.rollback(name, version, self.cp.clock()))
+        return self.changed(self.state.jobs.rollback(name, version, self.state.clock()))
 
     def move_job(self, name: str, entitlement: str) -> JobDoc:
         """Move a job to another entitlement (a paced rollout onto its machines); checked
         against the region as it is now, then stored."""
-        doc = self.cp.jobs.get(name)
-        with self.cp.lock:
-            self.cp.scheduler.check_move(doc.spec, entitlement)
-        return self.changed(self.cp.jobs.move(name, entitlement, self.cp.clock()))
+        doc = self.state.jobs.get(name)
+        with self.state.lock:
+            self.state.scheduler.check_move(doc.spec, entitlement)
+        return self.changed(self.state.jobs.move(name, entitlement, self.state.clock()))
 
     def restart_job(self, name: str, index: int | None = None) -> JobDoc:
-        return self.changed(self.cp.jobs.restart(name, index, self.cp.clock()))
+        return self.changed(self.state.jobs.restart(name, index, self.state.clock()))
 
     def resume_job(self, name: str, only_halted: bool = True) -> JobDoc:
         """Resume a halted rollout; refused (409) for a job whose rollout the last
         pass left running (``kubectl rollout resume`` of a deployment not paused is
         refused too): a resume stored then would do nothing, and say it had."""
-        self.cp.jobs.get(name)  # (NotFound first)
-        state = self.cp.views.published().get(name)
+        self.state.jobs.get(name)  # (NotFound first)
+        state = self.views.published().get(name)
         if only_halted and state is not None and state.halted is None:
             raise Taken(f"job {name}", f"job {name}'s rollout is not halted: nothing to "
                                        f"resume (plait job show {name})")
-        return self.changed(self.cp.jobs.resume(name, self.cp.clock()))
+        return self.changed(self.state.jobs.resume(name, self.state.clock()))
 
     def delete_job(self, name: str) -> JobDoc:
-        return self.changed(self.cp.jobs.delete(name, self.cp.clock()))
+        return self.changed(self.state.jobs.delete(name, self.state.clock()))

@@ -10,7 +10,7 @@ import secrets
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from plait.errors import Conflict, NotFound
 from plait.taskcontrol import signing
@@ -21,28 +21,30 @@ from plait.taskcontrol.worker import DispatcherProcess, Settings
 from plait.tls import verify as tls_verify
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
+    from plait.server.controlplane.inbox import Inbox
+    from plait.server.controlplane.regionstate import RegionState
 
 
 class Controllers:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
+    def __init__(self, state: RegionState, inbox: Inbox, metrics: Any) -> None:
+        """``metrics``: where each call's outcome and latency are counted."""
+        self.state, self.inbox, self.metrics = state, inbox, metrics
         #: where controller URLs may point (the API's own addresses are added when
         #: it starts serving: ``serving_at``)
-        self.url_policy = UrlPolicy(allow=networks(cp.config.controller_networks))
+        self.url_policy = UrlPolicy(allow=networks(state.config.controller_networks))
+        #: guards ``_sent`` (never held long)
+        self._lock = threading.Lock()
         self._signing_secret: bytes | None = None
         self.dispatcher: Dispatcher | DispatcherProcess | None = None
-        #: answers handed back by the dispatcher, taken by the next pass
-        self._answers: list[ControllerAnswer] = []
         #: when each call in flight was sent, by (job, sequence number): its latency
         self._sent: dict[tuple[str, int], float] = {}
 
     def send(self, calls: list[ControllerCall]) -> None:
         """Hand a pass's requests to the dispatcher (after the pass, off the lock)."""
         now = time.monotonic()
-        calls = [dataclasses.replace(call, tenant=self.cp.owner_of_job(call.job))
+        calls = [dataclasses.replace(call, tenant=self.state.owner_of_job(call.job))
                  for call in calls]
-        with self.cp.pending_lock:
+        with self._lock:
             if len(self._sent) > 100_000:  # (calls a stopped dispatcher never answered)
                 self._sent = {k: t for k, t in self._sent.items() if now - t < 600}
             for call in calls:
@@ -50,9 +52,7 @@ class Controllers:
         self._dispatcher().send(calls)
 
     def take_answers(self) -> list[ControllerAnswer]:
-        with self.cp.pending_lock:
-            answers, self._answers = self._answers, []
-        return answers
+        return self.inbox.take_answers()
 
     def close(self) -> None:
         if self.dispatcher is not None:
@@ -63,7 +63,7 @@ class Controllers:
         """The TaskControl dispatcher, started at the first call: in a process of its
         own (``controller_process``), or a thread of this one."""
         if self.dispatcher is None:
-            config = self.cp.config
+            config = self.state.config
             if config.controller_process:
                 self.dispatcher = DispatcherProcess(self._deliver, Settings(
                     deadline=config.controller_deadline,
@@ -78,14 +78,14 @@ class Controllers:
                     max_in_flight=config.controller_concurrency,
                     per_tenant=config.controller_concurrency_per_owner, policy=self.url_policy,
                     verify=lambda url: tls_verify(config.ca_file, url),
-                    key_for=self._key_of, clock=self.cp.clock)
+                    key_for=self._key_of, clock=self.state.clock)
         return self.dispatcher
 
     def _deliver(self, answer: ControllerAnswer) -> None:
-        with self.cp.pending_lock:
-            self._answers.append(answer)
+        with self._lock:
             sent = self._sent.pop((answer.job, answer.sequence_number), None)
-        m = self.cp.metrics
+        self.inbox.answer(answer)  # (wakes the pass)
+        m = self.metrics
         job = m.job_label(answer.job)  # (the largest jobs' own series; the rest summed)
         if answer.response is not None:
             outcome = "answered"
@@ -96,7 +96,6 @@ class Controllers:
         m.taskcontrol_calls.labels(job, outcome).inc()
         if sent is not None:
             m.taskcontrol_seconds.labels(job).observe(time.monotonic() - sent)
-        self.cp.wake.set()
 
     def serving_at(self, *urls: str) -> None:
         """The API's own URLs: a controller URL may not point at them."""
@@ -133,20 +132,20 @@ class Controllers:
         if self._signing_secret is None:
             key = "/auth/taskcontrol-secret"
             try:
-                self._signing_secret = bytes.fromhex(self.cp.store.get(key)[0].decode())
+                self._signing_secret = bytes.fromhex(self.state.store.get(key)[0].decode())
             except NotFound:
                 fresh = secrets.token_bytes(32)
                 try:
-                    self.cp.store.create(key, fresh.hex().encode())
+                    self.state.store.create(key, fresh.hex().encode())
                     self._signing_secret = fresh
                 except Conflict:  # another replica made it first
-                    self._signing_secret = bytes.fromhex(self.cp.store.get(key)[0].decode())
+                    self._signing_secret = bytes.fromhex(self.state.store.get(key)[0].decode())
         return self._signing_secret
 
     def controller_key(self, job: str) -> str:
         """The key a job's controller verifies this region's calls with: of this job,
         not of its name (a job made later under the name has another)."""
-        return self._key_of(signing.key_name(job, self.cp.jobs.get(job).uid))
+        return self._key_of(signing.key_name(job, self.state.jobs.get(job).uid))
 
     def _key_of(self, key_name: str) -> str:
         return signing.job_key(self._secret(), key_name)

@@ -42,7 +42,8 @@ from plait.persist.scheduler import JobDoc, new_job
 from plait.store.protocol import WouldBlock
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
+    from plait.server.controlplane.inbox import Inbox
+    from plait.server.controlplane.regionstate import RegionState
 
 log = logconfig.get("plait.controlplane.commands")
 
@@ -56,8 +57,6 @@ INLINE_SLOW = 0.010
 #: ... and waits this long at most for another write to the store (a pass's)
 INLINE_WAIT = 0.005
 INLINE_PAUSE = 5.0
-#: records kept for the pass at most (beyond, the pass parses what it reads)
-STORED_KEPT = 10_000
 
 
 @dataclass
@@ -73,8 +72,8 @@ class Pending:
 
 
 class CreateCommitter:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
+    def __init__(self, state: RegionState, inbox: Inbox) -> None:
+        self.state, self.inbox = state, inbox
         self._queue: list[Pending] = []
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
@@ -88,9 +87,6 @@ class CreateCommitter:
         #: and the tests read)
         self.batches = 0
         self.written = 0
-        #: the records stored since the pass last took them (``take_stored``): the
-        #: pass reads them back, and takes their parsed specs from here
-        self._stored: dict[str, JobDoc] = {}
         #: a batch is being checked and stored (by the committer or ``commit_here``)
         self._busy = False
         #: ``commit_here`` hands batches to the committer until then (monotonic): its
@@ -107,7 +103,7 @@ class CreateCommitter:
     def prepare(self, spec: JobSpec) -> Pending:
         """A create's record, made in the current context (the request's: who asked,
         its id), not queued yet (``enqueue``)."""
-        doc, value = new_job(spec, self.cp.clock())
+        doc, value = new_job(spec, self.state.clock())
         return Pending(doc, value, Future())
 
     def enqueue(self, pending: list[Pending]) -> None:
@@ -132,14 +128,14 @@ class CreateCommitter:
         stored here: the caller queues it (``enqueue``; those already answered, the
         refused, are not taken again). Two thread hand-overs fewer per batch, each of
         which waits for the interpreter while a pass runs."""
-        nowait = getattr(self.cp.store, "nowait", None)
+        nowait = getattr(self.state.store, "nowait", None)
         if not pending or nowait is None or time.monotonic() < self._inline_after:
             return False
         with self._cond:
             if self._queue or self._busy:
                 return False
             self._busy = True
-        shard = self.cp.config.shard is not None
+        shard = self.state.config.shard is not None
         try:
             if shard and not self.lock.acquire(blocking=False):
                 return False
@@ -167,10 +163,8 @@ class CreateCommitter:
                     self._cond.notify()
 
     def take_stored(self) -> dict[str, JobDoc]:
-        """The records this committer stored since the last call (for the pass)."""
-        with self._cond:
-            stored, self._stored = self._stored, {}
-        return stored
+        """The records this committer stored since the last call (``Inbox.take_stored``)."""
+        return self.inbox.take_stored()
 
     def _take(self) -> list[Pending]:
         with self._cond:
@@ -202,19 +196,19 @@ class CreateCommitter:
 
     def commit(self, batch: list[Pending]) -> None:
         """Check and store ``batch``, then answer each request and wake the pass once."""
-        cp = self.cp
+        state = self.state
         ready: list[Pending] = []
-        with self.lock if cp.config.shard is not None else contextlib.nullcontext():
+        with self.lock if state.config.shard is not None else contextlib.nullcontext():
             for p in batch:
                 try:
-                    cp.check_job(p.doc.spec)
+                    state.check_job(p.doc.spec)
                 except Exception as exc:
                     p.answer.set_exception(exc)
                     continue
                 ready.append(p)
             # (in the first request's context: its trace shows the batch's write)
             context = ready[0].context if ready else contextvars.copy_context()
-            results = context.run(cp.jobs.create_many, [(p.doc, p.value) for p in ready])
+            results = context.run(state.jobs.create_many, [(p.doc, p.value) for p in ready])
         self.batches += 1
         self.written += sum(1 for r in results if not isinstance(r, BaseException) and r[1])
         created = []
@@ -228,13 +222,9 @@ class CreateCommitter:
                 p.context.run(log.info, "job command acknowledged", job=doc.name,
                               seq=doc.seq, version=doc.version)
                 created.append(doc.name)
-        with self._cond:
-            if len(self._stored) > STORED_KEPT:  # (no pass takes them: a follower)
-                self._stored.clear()
-            for p, result in zip(ready, results, strict=True):
-                if not isinstance(result, BaseException) and result[1]:
-                    self._stored[p.doc.name] = p.doc
-        cp.notify_many(created)  # one wake of the pass for the whole batch
+        self.inbox.stored([p.doc for p, result in zip(ready, results, strict=True)
+                           if not isinstance(result, BaseException) and result[1]])
+        self.inbox.notify_many(created)  # one wake of the pass for the whole batch
         for p, result in zip(ready, results, strict=True):
             if not isinstance(result, BaseException):
                 p.answer.set_result(result)

@@ -48,14 +48,19 @@ class JcpRegion(Protocol):
     and core (under its lock), the commands it resizes, resumes and defines canary
     entitlements through, and its event log."""
 
-    lock: threading.RLock
+    @property
+    def lock(self) -> threading.RLock: ...
     clock: Callable[[], float]
     store: Store
     config: ControlPlaneConfig
-    fleet: Fleet
-    scheduler: Scheduler
-    allocator: PersistentAllocator
-    jobs: JobStore
+    @property
+    def fleet(self) -> Fleet: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def allocator(self) -> PersistentAllocator: ...
+    @property
+    def jobs(self) -> JobStore: ...
     commands: JobCommands
     controllers: Controllers
     profiles: HostProfiles

@@ -41,8 +41,8 @@ CHECK_EVERY = 1.0
 
 if TYPE_CHECKING:
     from plait.persist.scheduler import JobDoc
-    from plait.server.controlplane.core import ControlPlane
-    from plait.server.controlplane.views import JobState
+    from plait.server.controlplane.jobstate import JobState
+    from plait.server.controlplane.regionstate import RegionState
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,10 @@ def parse_states(raw: str | None, allowed: tuple[str, ...]) -> frozenset[str] | 
 
 
 class JobIndex:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
+    def __init__(self, state: RegionState,
+                 job_states: Callable[[], dict[str, JobState]]) -> None:
+        """``job_states``: what the last pass published of each job (``Views``)."""
+        self.state, self.job_states = state, job_states
         #: name -> the stored half of its view
         self._entries: dict[str, JobEntry] = {}
         #: the sorted names of ``_entries``
@@ -162,7 +164,7 @@ class JobIndex:
     def _watch(self) -> None:
         if self._cancel is None:
             try:
-                self._cancel = self.cp.jobs.ns.watch("/jobs", self._changed)
+                self._cancel = self.state.jobs.ns.watch("/jobs", self._changed)
             except Exception:  # (no watch: the names and touches still keep it current)
                 self._cancel = lambda: None
 
@@ -188,7 +190,7 @@ class JobIndex:
             now = time.monotonic()
             check = self._all or now - self._checked >= CHECK_EVERY
             if check:
-                poll: Any = getattr(self.cp.store, "poll", None)
+                poll: Any = getattr(self.state.store, "poll", None)
                 if poll is not None:
                     poll()  # (SQLite: watches fire when polled)
             with self._lock:
@@ -196,14 +198,14 @@ class JobIndex:
                 dirty, self._dirty = self._dirty, set()
             have = self._entries
             try:
-                listed = set(self.cp.jobs.names()) if check else None
+                listed = set(self.state.jobs.names()) if check else None
                 if listed is None:
                     read = sorted(dirty)
                 elif full:
                     read = sorted(listed)
                 else:
                     read = sorted((dirty | (listed - have.keys())) & listed)
-                docs = self.cp.jobs.get_many(read) if read else {}
+                docs = self.state.jobs.get_many(read) if read else {}
             except BaseException:
                 with self._lock:  # tried again by the next refresh
                     self._all |= full
@@ -245,7 +247,7 @@ class JobIndex:
         """The JSON of the jobs of a page (each job once, by name), among the
         ``entitlements`` given (None: any) in one of ``states`` (None: any)."""
         self.refresh()
-        entries, views = self._entries, self.cp.views.published()
+        entries, views = self._entries, self.job_states()
 
         def wanted(name: str | int) -> bytes | None:
             entry = entries.get(str(name))

@@ -51,9 +51,12 @@ class LoopRegion(PassRegion, Protocol):
     arrives between passes, what it publishes to lock-free readers, the events."""
 
     inbox: set[str]
-    generation: dict[str, int]
-    gen_base: int
-    desired_view: dict[str, tuple[int, list[Assignment], Stops, dict[str, Any] | None]]
+    @property
+    def generation(self) -> dict[str, int]: ...
+    @property
+    def gen_base(self) -> int: ...
+    @property
+    def desired_view(self) -> dict[str, tuple[int, list[Assignment], Stops, dict[str, Any] | None]]: ...
     failures: int
     last_step: float | None
 

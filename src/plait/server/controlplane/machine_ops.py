@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import Conflict, NotFound, Taken, ValidationError
@@ -20,7 +21,10 @@ from plait.model.machine import Machine, MachineState
 from plait.scheduler.drain import occupied
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
+    from plait.server.controlplane.inbox import Inbox
+    from plait.server.controlplane.recorder import EventRecorder
+    from plait.server.controlplane.regionstate import RegionState
+    from plait.server.controlplane.views import Views
 
 #: a drained machine stays out of service until uncordoned (at most this long)
 DRAIN_HOLD = 365 * 86400.0
@@ -30,8 +34,12 @@ DRAIN, DRAIN_TO_FREE = "drain", "drain to free"
 
 
 class MachineOps:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
+    def __init__(self, state: RegionState, inbox: Inbox, recorder: EventRecorder,
+                 views: Views, rebuild: Callable[[float], None]) -> None:
+        """``rebuild``: the region's state and what is built on it, from the store
+        again (a machine registered)."""
+        self.state, self.inbox, self.recorder = state, inbox, recorder
+        self.views, self.rebuild = views, rebuild
         self._drains = 0
         #: machines being drained: their drain's event and where they go once empty
         #: (found again from the brokers' events after a build)
@@ -42,9 +50,9 @@ class MachineOps:
         """A machine as its agent describes it. A machine the region has must match
         (a conflict names what differs); a new one is stored and joins the region.
         Returns whether it was new."""
-        with self.cp.lock:
+        with self.state.lock:
             try:
-                have = self.cp.fleet.machine(self.cp.fleet.index_of(machine.id))
+                have = self.state.fleet.machine(self.state.fleet.index_of(machine.id))
             except NotFound:
                 have = None
             if have is not None:
@@ -64,93 +72,96 @@ class MachineOps:
                         ", ".join(f"{f} {a}" for f, (a, _) in differs.items()),
                         ", ".join(f"{f} {b}" for f, (_, b) in differs.items()))
                 return False
-            if machine.fault_domain.region != self.cp.fleet.region:
+            if machine.fault_domain.region != self.state.fleet.region:
                 raise ValidationError("fault_domain", f"this control plane runs region "
-                                      f"{self.cp.fleet.region!r}, not "
+                                      f"{self.state.fleet.region!r}, not "
                                       f"{machine.fault_domain.region!r}")
-            record = {"seq": len(self.cp.fleet), "id": machine.id, "type": machine.type,
+            record = {"seq": len(self.state.fleet), "id": machine.id, "type": machine.type,
                       "fault_domain": str(machine.fault_domain),
                       "cpu": machine.resources.cpu, "memory_gb": machine.resources.memory_gb,
                       "disk_gb": machine.resources.disk_gb}
             # (already stored by an attempt that did not finish: rebuilt below)
             with contextlib.suppress(Conflict):
-                self.cp.meta.create(f"/machines/{machine.id}", json.dumps(record).encode())
-            now = self.cp.clock()
-            events, self.cp.scheduler.events[:] = list(self.cp.scheduler.events), []
+                self.state.meta.create(f"/machines/{machine.id}", json.dumps(record).encode())
+            now = self.state.clock()
+            events, self.state.scheduler.events[:] = list(self.state.scheduler.events), []
             for ev in events:
-                self.cp.record("scheduler", ev.kind, ev.message, job=ev.job, at=ev.time,
-                               machine=ev.machine, actor=ev.actor or "scheduler",
-                               task=ev.task, op=ev.op, reason=ev.reason,
-                               decision=ev.decision, request=ev.request)
-            self.cp.persist.save(self.cp.allocator)  # nothing in memory is lost by the rebuild
-            self.cp.build(now)
-            self.cp.record("broker", "machine_registered",
-                           f"{machine.id}: {machine.type} in {machine.fault_domain}, "
-                           f"{machine.resources.cpu:g} cpu, {machine.resources.memory_gb:g} GB",
-                           machine=machine.id)
-        self.cp.wake.set()
+                self.recorder.record("scheduler", ev.kind, ev.message, job=ev.job, at=ev.time,
+                                     machine=ev.machine, actor=ev.actor or "scheduler",
+                                     task=ev.task, op=ev.op, reason=ev.reason,
+                                     decision=ev.decision, request=ev.request)
+            # (nothing in memory is lost by the rebuild)
+            self.state.persist.save(self.state.allocator)
+            self.rebuild(now)
+            self.recorder.record("broker", "machine_registered",
+                                 f"{machine.id}: {machine.type} in {machine.fault_domain}, "
+                                 f"{machine.resources.cpu:g} cpu, "
+                                 f"{machine.resources.memory_gb:g} GB",
+                                 machine=machine.id)
+        self.inbox.wake.set()
         return True
 
     def event_id(self, prefix: str, machine: str) -> str:
-        with self.cp.lock:
+        with self.state.lock:
             self._drains += 1
-            return f"{prefix}-{machine}-{int(self.cp.clock() * 1000)}-{self._drains}"
+            return f"{prefix}-{machine}-{int(self.state.clock() * 1000)}-{self._drains}"
 
     def fail_machine(self, machine: str, reason: str = "marked failed by an operator") -> str:
-        m = self.cp.machine_index(machine)
-        with self.cp.lock:
-            if self.cp.region.broker_of(m).state(m) is MachineState.FAILED:
+        m = self.state.machine_index(machine)
+        with self.state.lock:
+            if self.state.region.broker_of(m).state(m) is MachineState.FAILED:
                 raise Conflict(f"machine {machine}", "healthy", "failed")
-            now = self.cp.clock()
+            now = self.state.clock()
             event_id = self.event_id("failure", machine)
-            self.cp.region.add_event(UnavailabilityEvent(event_id, EventKind.FAILURE, (machine,),
-                                                         now, None, reason), now)
-            if self.cp.sim is not None:
-                self.cp.sim.agent(m).fail()
-        self.cp.record("broker", "machine_failed", f"{machine}: {reason}", machine=machine)
-        self.cp.wake.set()
+            self.state.region.add_event(UnavailabilityEvent(event_id, EventKind.FAILURE, (machine,),
+                                                            now, None, reason), now)
+            if self.state.sim is not None:
+                self.state.sim.agent(m).fail()
+        self.recorder.record("broker", "machine_failed", f"{machine}: {reason}", machine=machine)
+        self.inbox.wake.set()
         return event_id
 
     def repair_machine(self, machine: str) -> list[str]:
-        m = self.cp.machine_index(machine)
-        with self.cp.lock:
-            now = self.cp.clock()
-            ended = [e.id for e in self.cp.region.broker_of(m).events_for(m)
+        m = self.state.machine_index(machine)
+        with self.state.lock:
+            now = self.state.clock()
+            ended = [e.id for e in self.state.region.broker_of(m).events_for(m)
                      if e.kind is EventKind.FAILURE]
             for event_id in ended:
-                self.cp.region.end_event(event_id, now)
-            if self.cp.sim is not None:
-                self.cp.sim.agent(m).repair()
-                self.cp.sim.wake(m)
+                self.state.region.end_event(event_id, now)
+            if self.state.sim is not None:
+                self.state.sim.agent(m).repair()
+                self.state.sim.wake(m)
         if not ended:
             raise Conflict(f"machine {machine}", "failed", "not failed")
-        self.cp.record("broker", "machine_repaired", machine, machine=machine)
-        self.cp.wake.set()
+        self.recorder.record("broker", "machine_repaired", machine, machine=machine)
+        self.inbox.wake.set()
         return ended
 
     def cordon(self, machine: str, cordoned: bool) -> dict[str, Any]:
-        m = self.cp.machine_index(machine)
-        with self.cp.lock:
+        m = self.state.machine_index(machine)
+        with self.state.lock:
             if not cordoned:
                 # a host-profile roll or a loan's revoke holds its machine cordoned until
                 # it is empty: an uncordon said "done" and changed nothing
-                held = [e.id for e in self.cp.region.broker_of(m).events_for(m)
+                held = [e.id for e in self.state.region.broker_of(m).events_for(m)
                         if e.id.startswith((LOAN_REVOKE_PREFIX, PROFILE_ROLL_PREFIX))]
                 if held:
                     raise Conflict(f"machine {machine}", "a cordon an operator may lift",
                                    f"held by {held[0]} until the machine is drained")
-            self.cp.region.set_cordon(m, cordoned)
+            self.state.region.set_cordon(m, cordoned)
             ended = []
             if not cordoned:  # uncordon also ends drains that have not finished
-                now = self.cp.clock()
-                for event in self.cp.region.broker_of(m).events_for(m):
+                now = self.state.clock()
+                for event in self.state.region.broker_of(m).events_for(m):
                     if event.reason in (DRAIN, DRAIN_TO_FREE):
-                        self.cp.region.end_event(event.id, now)
+                        self.state.region.end_event(event.id, now)
                         ended.append(event.id)
-            view = self.cp.views.machine_view(m)
-        self.cp.record("broker", "machine_cordoned" if cordoned else "machine_uncordoned",
-                       machine + (f" (ended {', '.join(ended)})" if ended else ""), machine=machine)
-        self.cp.wake.set()
+            view = self.views.machine_view(m)
+        self.recorder.record("broker", "machine_cordoned" if cordoned else "machine_uncordoned",
+                             machine + (f" (ended {', '.join(ended)})" if ended else ""),
+                             machine=machine)
+        self.inbox.wake.set()
         return view
 
     def drain(self, machine: str, deadline_seconds: float | None = None,
@@ -160,30 +171,31 @@ class MachineOps:
         (``to="free"``) or stays out of service until uncordoned (``maintenance``)."""
         if to not in ("free", "maintenance"):
             raise ValidationError("to", f"{to!r}: free or maintenance")
-        m = self.cp.machine_index(machine)
-        deadline = self.cp.config.drain_deadline_seconds if deadline_seconds is None \
+        m = self.state.machine_index(machine)
+        deadline = self.state.config.drain_deadline_seconds if deadline_seconds is None \
             else deadline_seconds
         if deadline < 0:
             raise ValidationError("deadline_seconds", "must be >= 0")
-        with self.cp.lock:
-            now = self.cp.clock()
-            self.cp.region.set_cordon(m, True)
+        with self.state.lock:
+            now = self.state.clock()
+            self.state.region.set_cordon(m, True)
             event_id = self.event_id(MACHINE_DRAIN_PREFIX[:-1], machine)
-            self.cp.region.add_event(UnavailabilityEvent(
+            self.state.region.add_event(UnavailabilityEvent(
                 event_id, EventKind.MAINTENANCE, (machine,), now + deadline,
                 now + deadline + DRAIN_HOLD, DRAIN_TO_FREE if to == "free" else DRAIN), now)
             self._draining[m] = (event_id, to)
-        self.cp.record("broker", "machine_drain", f"{machine}: tasks move within {deadline:g}s, "
-                       f"then {'the free pool' if to == 'free' else 'out of service'} "
-                       f"({event_id})", machine=machine)
-        self.cp.wake.set()
+        self.recorder.record("broker", "machine_drain",
+                             f"{machine}: tasks move within {deadline:g}s, "
+                             f"then {'the free pool' if to == 'free' else 'out of service'} "
+                             f"({event_id})", machine=machine)
+        self.inbox.wake.set()
         return event_id
 
     def finish_drains(self) -> None:
         """In the pass (under the lock): a drained machine with no task left is given
         back to the free pool (its drain ended, uncordoned) or kept out of service, as
         its drain asked; each once, with an event ``machine_drained``."""
-        region = self.cp.region
+        region = self.state.region
         if self._draining_of is not region:  # (a build: found again in the brokers)
             self._draining_of = region
             self._draining = {}
@@ -191,28 +203,28 @@ class MachineOps:
                 if event.reason in (DRAIN, DRAIN_TO_FREE):
                     for name in event.machines:
                         with contextlib.suppress(NotFound):
-                            self._draining[self.cp.machine_index(name)] = (
+                            self._draining[self.state.machine_index(name)] = (
                                 event.id, "free" if event.reason == DRAIN_TO_FREE
                                 else "maintenance")
         if not self._draining:
             return
-        now, scheduler = self.cp.clock(), self.cp.scheduler
+        now, scheduler = self.state.clock(), self.state.scheduler
         for m, (event_id, to) in list(self._draining.items()):
             if occupied(scheduler, m):
                 continue
             del self._draining[m]
             if event_id not in {e.id for e in region.broker_of(m).events_for(m)}:
                 continue  # ended meanwhile (uncordoned)
-            name = self.cp.fleet.name(m)
+            name = self.state.fleet.name(m)
             if to == "free":
                 region.end_event(event_id, now)
                 region.set_cordon(m, False)
-                self.cp.record("broker", "machine_drained",
-                               f"{name}: drained; back in the free pool", machine=name)
+                self.recorder.record("broker", "machine_drained",
+                                     f"{name}: drained; back in the free pool", machine=name)
             else:
-                self.cp.record("broker", "machine_drained",
-                               f"{name}: drained; out of service until uncordoned",
-                               machine=name)
+                self.recorder.record("broker", "machine_drained",
+                                     f"{name}: drained; out of service until uncordoned",
+                                     machine=name)
 
     def schedule_maintenance(self, machines: list[str], start: float, duration: float,
                              reason: str = "maintenance") -> str:
@@ -221,22 +233,23 @@ class MachineOps:
         if duration <= 0:
             raise ValidationError("duration_seconds", "must be > 0")
         for machine in machines:
-            self.cp.machine_index(machine)
-        if start + duration <= self.cp.clock():
+            self.state.machine_index(machine)
+        if start + duration <= self.state.clock():
             raise ValidationError("start", f"the window ({start:.0f} + {duration:g}s) ended "
                                   "before now: nothing would be done (a window starting now "
                                   "or later, or no start for now)")
-        with self.cp.lock:
-            now = self.cp.clock()
+        with self.state.lock:
+            now = self.state.clock()
             self._drains += 1
             event_id = f"maintenance-{int(now * 1000)}-{self._drains}"
-            self.cp.region.add_event(UnavailabilityEvent(event_id, EventKind.MAINTENANCE,
-                                                         tuple(machines), start, start + duration,
-                                                         reason), now)
-        self.cp.record("broker", "maintenance_scheduled",
-                       f"{event_id}: {len(machines)} machines from {start:.0f} for {duration:g}s "
-                       f"({reason})")
-        self.cp.wake.set()
+            self.state.region.add_event(UnavailabilityEvent(
+                event_id, EventKind.MAINTENANCE, tuple(machines), start, start + duration,
+                reason), now)
+        self.recorder.record("broker", "maintenance_scheduled",
+                             f"{event_id}: {len(machines)} machines from {start:.0f} "
+                             f"for {duration:g}s "
+                             f"({reason})")
+        self.inbox.wake.set()
         return event_id
 
     def cancel_maintenance(self, event_id: str) -> dict[str, Any]:
@@ -246,9 +259,9 @@ class MachineOps:
         lifted); one under way ends now (its machines are back in service, and the
         tasks parked for it start again where they were). Drains, loan revokes and
         host-profile rolls end their own way; a failure ends with a repair."""
-        with self.cp.lock:
-            now = self.cp.clock()
-            region = self.cp.region
+        with self.state.lock:
+            now = self.state.clock()
+            region = self.state.region
             found = [e for e in region.events() if e.id == event_id]
             if not found:
                 raise NotFound("maintenance", event_id)
@@ -268,18 +281,18 @@ class MachineOps:
             machines = sorted(name for e in found for name in e.machines)
             region.end_event(event_id, now)
         n = f"{len(machines)} machine{'s' if len(machines) != 1 else ''}"
-        self.cp.record("broker", "maintenance_cancelled", f"{event_id}: " + (
+        self.recorder.record("broker", "maintenance_cancelled", f"{event_id}: " + (
             f"ended early; {n} back in service" if started else
             f"cancelled before its start; {n} no longer under notice") + f" ({event.reason})")
-        self.cp.wake.set()
+        self.inbox.wake.set()
         return {"event": event_id, "state": "ended" if started else "cancelled",
                 "machines": machines}
 
     def maintenance(self) -> list[dict[str, Any]]:
-        with self.cp.lock:
+        with self.state.lock:
             events: dict[str, UnavailabilityEvent] = {}
             machines: dict[str, list[str]] = {}
-            for event in self.cp.region.events():
+            for event in self.state.region.events():
                 events[event.id] = event
                 machines.setdefault(event.id, []).extend(event.machines)
         return [{"id": e.id, "kind": e.kind.value, "machines": sorted(machines[e.id]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from plait import logconfig
@@ -15,14 +16,24 @@ from plait.store.protocol import Transaction
 from plait.store.shard import ShardStore, shard_prefix
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
+    from plait.server.controlplane.creates import CreateCommitter
+    from plait.server.controlplane.inbox import Inbox
+    from plait.server.controlplane.published import Published
+    from plait.server.controlplane.recorder import EventRecorder
+    from plait.server.controlplane.regionstate import RegionState
 
 log = logconfig.get("plait.controlplane.membership")
 
 
 class Membership:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
+    def __init__(self, state: RegionState, inbox: Inbox, published: Published,
+                 recorder: EventRecorder, creates: CreateCommitter,
+                 rebuild: Callable[[float], None], read_all: Callable[[], None]) -> None:
+        """``rebuild``: the region's state and what is built on it, from the store
+        again; ``read_all``: the next pass reads every stored job."""
+        self.state, self.inbox, self.published = state, inbox, published
+        self.recorder, self.creates = recorder, creates
+        self.rebuild, self.read_all = rebuild, read_all
         #: a shard's machines: bound to its entitlements (and, for shard 0, the free
         #: ones); the others' agents are answered by their shards
         self.owned: set[str] = set()
@@ -31,77 +42,102 @@ class Membership:
 
     def owns(self, m: int) -> bool:
         """Whether this control plane manages machine ``m`` (always, unsharded)."""
-        if self.cp.config.shard is None:
+        if self.state.config.shard is None:
             return True
-        ent = self.cp.region.broker_of(m).entitlement_of(m)
+        ent = self.state.region.broker_of(m).entitlement_of(m)
         if ent is None:
-            return self.cp.config.shard == 0
-        return ent in self.cp.allocator.entitlements
+            return self.state.config.shard == 0
+        return ent in self.state.allocator.entitlements
 
     def check_owned(self, machine: str) -> int:
-        m = self.cp.machine_index(machine)
+        m = self.state.machine_index(machine)
         if not self.owns(m):
             raise TransientError(f"machine {machine} is not managed by scheduler shard "
-                                 f"{self.cp.config.shard} (now): ask the front end again")
+                                 f"{self.state.config.shard} (now): ask the front end again")
         return m
 
     def disown(self, name: str) -> None:
         """A machine another shard manages now: not watched here, and an agent
         long-polling its set here is answered (and sent on by the front end)."""
-        self.cp.liveness.forget(name)
-        self.cp.generation[name] = self.cp.generation.get(name, 0) + 1
-        self.cp.gateway.waiters.notify([name])
+        self.state.liveness.forget(name)
+        self.published.bump(name)
+
+    def watch(self, now: float, grace: float) -> None:
+        """After a build, with real agents: each machine (this shard's) is up only
+        while its agent beats; one not known yet has ``grace`` seconds to be heard (its
+        agent may be starting too), one whose failure is on record is down."""
+        state = self.state
+        fleet, liveness = state.fleet, state.liveness
+        down = {e.id[len("health-"):] for e in state.region.events()
+                if e.id.startswith("health-")}
+        if state.shared is not None:  # a shard watches its own machines only
+            owned = {fleet.name(m) for m in range(len(fleet)) if self.owns(m)}
+            for name in set(liveness.last) - owned:
+                self.disown(name)
+            self.owned = owned
+        for m in range(len(fleet)):
+            name = fleet.name(m)
+            if name in liveness.last:
+                continue  # (a rebuild: known already)
+            if state.shared is not None and name not in self.owned:
+                continue
+            if name in down:
+                liveness.last[name] = float("-inf")
+                liveness.down.add(name)
+            else:
+                liveness.watch(name, now, grace)
 
     def track_owned(self, now: float) -> None:
         """Machines that came to this shard (claimed from the free pool, an
         entitlement moved here) are watched from now, with one heartbeat timeout for
         their agents to be heard here; those that left are not."""
-        fleet = self.cp.fleet
+        fleet = self.state.fleet
         owned = {fleet.name(m) for m in range(len(fleet)) if self.owns(m)}
         if owned == self.owned:
             return
         for name in self.owned - owned:
             self.disown(name)
-        down = {e.id[len("health-"):] for e in self.cp.region.events()
+        down = {e.id[len("health-"):] for e in self.state.region.events()
                 if e.id.startswith("health-")}
         for name in owned - self.owned:
             if name in down:  # failed while another shard watched it
-                self.cp.liveness.last[name] = float("-inf")
-                self.cp.liveness.down.add(name)
+                self.state.liveness.last[name] = float("-inf")
+                self.state.liveness.down.add(name)
             else:
-                self.cp.liveness.watch(name, now, self.cp.config.heartbeat_timeout)
+                self.state.liveness.watch(name, now, self.state.config.heartbeat_timeout)
         self.owned = owned
 
     def follow(self, now: float) -> None:
         """What other shards changed in the region's shared records: machines that
         registered (a rebuild), bindings and cordons (adopted), events."""
-        assert self.cp.shared is not None
-        machines, events, registered = self.cp.shared.take()
-        if registered and not all(self.cp.known(name)
-                                  for name in self.cp.meta.children("/machines")):
-            self.cp.persist.save(self.cp.allocator)  # nothing in memory is lost by the rebuild
-            self.cp.build(now)
+        assert self.state.shared is not None
+        machines, events, registered = self.state.shared.take()
+        if registered and not all(self.state.known(name)
+                                  for name in self.state.meta.children("/machines")):
+            # (nothing in memory is lost by the rebuild)
+            self.state.persist.save(self.state.allocator)
+            self.rebuild(now)
             return  # (the rebuild read every record)
         for name in machines:
             with contextlib.suppress(NotFound):
-                self.cp.region.adopt(self.cp.fleet.index_of(name))
+                self.state.region.adopt(self.state.fleet.index_of(name))
         for event_id in events:
-            self.cp.region.adopt_event(event_id, now)
+            self.state.region.adopt_event(event_id, now)
 
     def handoff(self, entitlement: str, to_shard: int) -> int:
         """Move ``entitlement`` to scheduler shard ``to_shard``: its records (the
         entitlement, its jobs and their tasks' state and placements) go from this
         shard's part of the store to the other's in one transaction, and this shard
         stops managing them. Its tasks are untouched. Returns how many jobs moved."""
-        if self.cp.config.shard is None:
+        if self.state.config.shard is None:
             raise ValidationError("shard", "this control plane is not sharded")
-        if to_shard == self.cp.config.shard:
+        if to_shard == self.state.config.shard:
             raise ValidationError("shard", f"entitlement {entitlement!r} is on shard "
                                   f"{to_shard} already")
         # (the creates' lock too: no create of its jobs is stored meanwhile)
-        with self.cp.lock, self.cp.creates.lock:
-            self.cp.entitlement(entitlement)
-            view = self.cp.store
+        with self.state.lock, self.creates.lock:
+            self.state.entitlement(entitlement)
+            view = self.state.store
             assert isinstance(view, ShardStore)
             there = shard_prefix(to_shard)
             record = f"/allocator/entitlements/{entitlement}"
@@ -113,11 +149,11 @@ class Membership:
             if view.base.exists(there + record) and not view.exists(record):
                 # handed over already: a call whose answer was lost (the front end asks
                 # again), this shard's memory not yet rebuilt from the store
-                self.cp.build(self.cp.clock())
+                self.rebuild(self.state.clock())
                 self.stale = False
                 return 0
-            self.cp.persist.save(self.cp.allocator)  # what is in memory, stored first
-            for name, job in self.cp.scheduler.jobs.items():
+            self.state.persist.save(self.state.allocator)  # what is in memory, stored first
+            for name, job in self.state.scheduler.jobs.items():
                 if job.moving_from is not None and entitlement in (job.moving_from,
                                                                    job.entitlement):
                     raise Conflict(f"entitlement {entitlement}", "no job moving in or out",
@@ -125,13 +161,13 @@ class Membership:
                                    f"{job.entitlement}: wait for it to finish")
             # every job of the entitlement, applied or only stored (acknowledged, not
             # yet applied by the loop)
-            stored = self.cp.jobs.get_many(self.cp.jobs.names())
-            jobs = sorted({name for name, j in self.cp.scheduler.jobs.items()
+            stored = self.state.jobs.get_many(self.state.jobs.names())
+            jobs = sorted({name for name, j in self.state.scheduler.jobs.items()
                            if j.entitlement == entitlement}
                           | {name for name, doc in stored.items()
                              if doc.entitlement == entitlement})
-            names = self.cp.region.entitlements.names
-            for name, state in self.cp.allocator.jobs.items():
+            names = self.state.region.entitlements.names
+            for name, state in self.state.allocator.jobs.items():
                 ents = {names[e] for e in state.ents.values()} | {names[state.entitlement]}
                 if entitlement in ents and ents != {entitlement}:
                     raise Conflict(f"entitlement {entitlement}", "no job moving in or out",
@@ -141,12 +177,12 @@ class Membership:
                 f"/{part}/{name}" for name in jobs
                 for part in ("allocator/jobs", "scheduler/jobs", "scheduler/state")]
             keys += [f"/scheduler{key}" for name in jobs
-                     for key in self.cp.persist.part_keys(name)]  # (split state records)
+                     for key in self.state.persist.part_keys(name)]  # (split state records)
             keys += [f"/allocator{key}" for name in jobs
-                     for key in self.cp.allocator.part_keys(name)]  # (split placements)
+                     for key in self.state.allocator.part_keys(name)]  # (split placements)
             txn = Transaction()
-            if self.cp.persist.fence is not None:  # only while this replica still leads
-                txn.check(*self.cp.persist.fence)
+            if self.state.persist.fence is not None:  # only while this replica still leads
+                txn.check(*self.state.persist.fence)
             moving = view.get_many(keys)
             # a record of this entitlement already under the other shard's part is a
             # stale copy (the map gives the entitlement to this shard alone until the
@@ -173,41 +209,41 @@ class Membership:
             # the records are gone: this shard must not go on from its memory of them
             for attempt in range(3):
                 try:
-                    self.cp.build(self.cp.clock())
+                    self.rebuild(self.state.clock())
                     break
                 except Exception:
                     if attempt == 2:
                         self.stale = True  # rebuilt by the next pass
                         raise
                     time.sleep(0.1)
-        self.cp.record("scheduler", "entitlement_moved",
-                       f"{entitlement}: {len(jobs)} jobs handed to scheduler shard {to_shard}",
-                       entitlement=entitlement)
-        self.cp.wake.set()
+        self.recorder.record("scheduler", "entitlement_moved",
+                             f"{entitlement}: {len(jobs)} jobs handed to scheduler shard "
+                             f"{to_shard}",
+                             entitlement=entitlement)
+        self.inbox.wake.set()
         return len(jobs)
 
     def reload(self, entitlement: str | None = None) -> None:
         """Read this shard's records again (``entitlement`` was moved here: until it
         is seen in the store, a TransientError): the loop goes on from them; agents'
         long-polls see a new generation."""
-        if self.cp.config.shard is None:
+        if self.state.config.shard is None:
             raise ValidationError("shard", "this control plane is not sharded")
         if entitlement is not None and not NAME_RE.match(entitlement):
             raise ValidationError("entitlement", f"{entitlement!r} is not an entitlement name")
-        with self.cp.lock:
-            now = self.cp.clock()
-            sync: Any = getattr(self.cp.store, "sync", None)
+        with self.state.lock:
+            now = self.state.clock()
+            sync: Any = getattr(self.state.store, "sync", None)
             if sync is not None:
                 sync()  # (ZooKeeper: read what the handoff wrote, not a lagging copy)
-            if entitlement is not None and not self.cp.store.exists(
+            if entitlement is not None and not self.state.store.exists(
                     f"/allocator/entitlements/{entitlement}"):
                 raise TransientError(f"entitlement {entitlement!r} has not reached scheduler "
-                                     f"shard {self.cp.config.shard} yet: retry")
+                                     f"shard {self.state.config.shard} yet: retry")
             with contextlib.suppress(Conflict):  # (this memory is stale: the store's
-                self.cp.persist.save(self.cp.allocator)  # records are read below)
-            self.cp.build(now)
-            self.cp.gen_base = int(time.time() * 1000)
-            self.cp.generation.clear()
-            self.cp.steps = 0  # the next pass reads every stored job
-        self.cp.gateway.waiters.notify_all()
-        self.cp.wake.set()
+                self.state.persist.save(self.state.allocator)  # records are read below)
+            self.rebuild(now)
+            self.published.renumber()
+            self.read_all()
+        self.published.waiters.notify_all()
+        self.inbox.wake.set()

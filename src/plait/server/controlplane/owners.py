@@ -42,7 +42,8 @@ from plait.store.protocol import Namespace
 
 if TYPE_CHECKING:
     from plait.persist.scheduler import Usage
-    from plait.server.controlplane.core import ControlPlane
+    from plait.server.controlplane.recorder import EventRecorder
+    from plait.server.controlplane.regionstate import RegionState
 
 #: the stored limits are read again this often (another replica's or shard's writes)
 REFRESH = 5.0
@@ -86,9 +87,9 @@ def never_fits(quota_machines: int | None, quota_rru: float | None, tasks: int,
 
 
 class Owners:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
-        self.ns = Namespace(cp.store, "/owners")
+    def __init__(self, state: RegionState, recorder: EventRecorder) -> None:
+        self.state, self.recorder = state, recorder
+        self.ns = Namespace(state.store, "/owners")
         self._lock = threading.Lock()
         #: the limits set per owner: {"jobs": n | None, "tasks": n | None}
         self._set: dict[str, dict[str, int | None]] = {}
@@ -116,7 +117,7 @@ class Owners:
 
     def limits(self, owner: str) -> tuple[int, int]:
         """The owner's limits: (jobs, tasks)."""
-        config = self.cp.config
+        config = self.state.config
         mine = self._refresh().get(owner, {})
         jobs, tasks = mine.get("jobs"), mine.get("tasks")
         return (config.owner_max_jobs if jobs is None else jobs,
@@ -137,8 +138,8 @@ class Owners:
                 self.ns.create(key, value)
             self._set = {**self._set, owner: {"jobs": body.jobs, "tasks": body.tasks}}
         jobs, tasks = self.limits(owner)
-        self.cp.record("api", "owner_limits_set", f"owner {owner}: at most {jobs:,} jobs "
-                       f"and {tasks:,} tasks")
+        self.recorder.record("api", "owner_limits_set", f"owner {owner}: at most {jobs:,} jobs "
+                             f"and {tasks:,} tasks")
         return self.view(owner)
 
     def view(self, owner: str) -> dict[str, Any]:
@@ -151,14 +152,14 @@ class Owners:
 
     def views(self) -> dict[str, Any]:
         """Every owner with an entitlement or a limit set."""
-        config = self.cp.config
+        config = self.state.config
         owners = set(self._owners()) | set(self._refresh())
         return {"defaults": {"jobs": config.owner_max_jobs, "tasks": config.owner_max_tasks},
                 "owners": [self.view(o) for o in sorted(owners)]}
 
     # -- what an owner holds -------------------------------------------------------------
     def _owners(self) -> dict[str, list[str]]:
-        ents = self.cp.allocator.entitlements
+        ents = self.state.allocator.entitlements
         size, index = self._index
         if size != len(ents):
             index = {}
@@ -168,12 +169,12 @@ class Owners:
         return index
 
     def owner_of(self, entitlement: str) -> str | None:
-        ent = self.cp.allocator.entitlements.get(entitlement)
+        ent = self.state.allocator.entitlements.get(entitlement)
         return None if ent is None else ent.owner
 
     def used(self, owner: str) -> tuple[int, int]:
         """The jobs and tasks the owner's entitlements hold (``JobStore.held``)."""
-        held = self.cp.jobs.held
+        held = self.state.jobs.held
         jobs = tasks = 0
         for ent in self._owners().get(owner, ()):
             got = held.get(ent)
@@ -183,7 +184,7 @@ class Owners:
         return jobs, tasks
 
     def _largest_machine(self) -> tuple[int, int, int] | None:
-        fleet = self.cp.fleet
+        fleet = self.state.fleet
         if self._largest[0] is not fleet:
             size = None if len(fleet) == 0 else (int(fleet.cpu.max()), int(fleet.memory.max()),
                                                  int(fleet.disk.max()))
@@ -193,7 +194,7 @@ class Owners:
     # -- the checks ----------------------------------------------------------------------
     def quota_refusal(self, entitlement: str, tasks: int, need: Resources) -> str | None:
         """Why the entitlement's quota could never hold these tasks (None: it could)."""
-        ent = self.cp.allocator.entitlements.get(entitlement)
+        ent = self.state.allocator.entitlements.get(entitlement)
         if ent is None:
             return None
         why = never_fits(ent.quota.machines, ent.quota.rru, tasks, need,
@@ -243,7 +244,7 @@ class Owners:
             _, used = self.used(owner)
             best = max(max_tasks - (used - tasks), 0)
             why = f"owner {owner}'s limit of {max_tasks:,} tasks"
-        ent = self.cp.allocator.entitlements.get(entitlement)
+        ent = self.state.allocator.entitlements.get(entitlement)
         if ent is not None and self.quota_refusal(entitlement, best, need) is not None:
             low, high = 0, best  # the largest count the quota could hold
             while low < high:

@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from plait.server.controlplane.config import ControlPlaneConfig
     from plait.server.controlplane.controllers import Controllers
     from plait.server.controlplane.creates import CreateCommitter
-    from plait.server.controlplane.gateway import AgentGateway, Report
+    from plait.server.controlplane.gateway import AgentGateway
+    from plait.server.controlplane.inbox import Report
     from plait.server.controlplane.jcp import JobControlPlane
     from plait.server.controlplane.machine_ops import MachineOps
     from plait.server.controlplane.membership import Membership
@@ -63,16 +64,24 @@ class PassRegion(Protocol):
     behind the pass (the control plane is one; ``tests/server`` builds one over an
     in-memory store)."""
 
-    lock: threading.RLock
+    @property
+    def lock(self) -> threading.RLock: ...
     clock: Callable[[], float]
     config: ControlPlaneConfig
-    fleet: Fleet
-    region: PersistentRegion
-    allocator: PersistentAllocator
-    scheduler: Scheduler
-    persist: PersistentScheduler
-    shared: SharedRecords | None
-    sim: Simulation | None
+    @property
+    def fleet(self) -> Fleet: ...
+    @property
+    def region(self) -> PersistentRegion: ...
+    @property
+    def allocator(self) -> PersistentAllocator: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def persist(self) -> PersistentScheduler: ...
+    @property
+    def shared(self) -> SharedRecords | None: ...
+    @property
+    def sim(self) -> Simulation | None: ...
     warm: WarmRecords | None
     membership: Membership
     profiles: HostProfiles
@@ -84,7 +93,8 @@ class PassRegion(Protocol):
     creates: CreateCommitter
     views: Views
     logs: TaskLogs
-    liveness: HealthCheck
+    @property
+    def liveness(self) -> HealthCheck: ...
     steps: int
 
     def build(self, now: float) -> None: ...

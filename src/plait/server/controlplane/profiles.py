@@ -26,7 +26,9 @@ from plait.model.hostprofile import DEFAULT_PROFILE, HostProfile, HostProfileSpe
 from plait.sidekick.store import ProfileStore
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
+    from plait.server.controlplane.inbox import Inbox
+    from plait.server.controlplane.recorder import EventRecorder
+    from plait.server.controlplane.regionstate import RegionState
 
 log = logconfig.get("plait.controlplane.profiles")
 
@@ -35,9 +37,9 @@ REFRESH = 5.0
 
 
 class HostProfiles:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
-        self.store = ProfileStore(cp.store)
+    def __init__(self, state: RegionState, inbox: Inbox, recorder: EventRecorder) -> None:
+        self.state, self.inbox, self.recorder = state, inbox, recorder
+        self.store = ProfileStore(state.store)
         self._read_at: float | None = None
         self._dirty = threading.Event()
 
@@ -62,23 +64,23 @@ class HostProfiles:
     def put(self, spec: HostProfileSpec) -> tuple[HostProfile, bool]:
         """Store a profile's next version (the same settings again: no new version);
         the machines that carry it switch (busy ones by a roll)."""
-        made, new = self.store.put(spec, self.cp.clock())
+        made, new = self.store.put(spec, self.state.clock())
         if new:
-            self.cp.record("api", "host_profile_changed" if made.version > 1
-                           else "host_profile_created",
-                           f"{made.name}: version {made.version}")
+            self.recorder.record("api", "host_profile_changed" if made.version > 1
+                                 else "host_profile_created",
+                                 f"{made.name}: version {made.version}")
             self._dirty.set()
-            self.cp.wake.set()
+            self.inbox.wake.set()
         return made, new
 
     def naming(self, profile: str) -> list[tuple[str, str]]:
         """(entitlement, owner) of every entitlement of the region that names the
         profile: this control plane's, or in a sharded region every shard's (read from
         the store: the profile routes are answered by shard 0 alone)."""
-        base = getattr(self.cp.store, "base", None)
-        if self.cp.config.shard is None or base is None:
-            with self.cp.lock:
-                return sorted((e.name, e.owner) for e in self.cp.allocator.entitlements.values()
+        base = getattr(self.state.store, "base", None)
+        if self.state.config.shard is None or base is None:
+            with self.state.lock:
+                return sorted((e.name, e.owner) for e in self.state.allocator.entitlements.values()
                               if e.host_profile == profile)
         found = []
         try:
@@ -103,7 +105,7 @@ class HostProfiles:
             raise Conflict(f"host profile {name}", "named by no entitlement",
                            f"named by {', '.join(users[:5])}")
         self.store.delete(name)
-        self.cp.record("api", "host_profile_deleted", f"{name}")
+        self.recorder.record("api", "host_profile_deleted", f"{name}")
         self._dirty.set()
 
     def check_entitlement(self, ent: Entitlement) -> None:
@@ -125,7 +127,7 @@ class HostProfiles:
             self._read_at = now
             try:
                 for profile in self.store.current():
-                    self.cp.scheduler.define_profile(profile)
+                    self.state.scheduler.define_profile(profile)
             except (OSError, NotFound, ValueError) as exc:
                 log.warning("host profiles not read", error=str(exc))
         self.record_transitions()
@@ -133,11 +135,11 @@ class HostProfiles:
 
     def record_loans(self) -> None:
         """Loans made, revoked, returned and ended, into the region's event log."""
-        sched = self.cp.scheduler
+        sched = self.state.scheduler
         if not sched.loan_events:
             return
         moved, sched.loan_events = sched.loan_events, []
-        name = self.cp.fleet.name
+        name = self.state.fleet.name
         for e in moved:
             machine = name(e.machine)
             if e.kind == "loan_started":
@@ -150,40 +152,42 @@ class HostProfiles:
                 text = f"{machine}: back from {e.borrower} in the free pool ({e.reason}{late})"
             else:
                 text = f"{machine}: {e.borrower} let its loan go ({e.reason})"
-            self.cp.record("loans", e.kind, text, machine=machine, entitlement=e.borrower,
-                           at=e.at)
+            self.recorder.record("loans", e.kind, text, machine=machine, entitlement=e.borrower,
+                                 at=e.at)
 
     def load(self) -> None:
         """At a build: every profile's current version into the new scheduler."""
         self._read_at = None
         for profile in self.store.current():
-            self.cp.scheduler.define_profile(profile)
+            self.state.scheduler.define_profile(profile)
 
     def record_transitions(self) -> None:
-        sched = self.cp.scheduler
+        sched = self.state.scheduler
         moved, sched.profile_transitions = sched.profile_transitions, []
-        name = self.cp.fleet.name
+        name = self.state.fleet.name
         for t in moved:
             if t.machine < 0 and t.kind == "profile_roll_waiting":
-                self.cp.record("sidekick", t.kind, f"entitlement {t.entitlement}: host "
-                               f"profile {t.profile} v{t.version} waits for pushes under "
-                               f"way on {t.reason} (drained once they end; the pushes carry "
-                               "their tasks to machines with the new profile)",
-                               entitlement=t.entitlement)
+                self.recorder.record("sidekick", t.kind, f"entitlement {t.entitlement}: host "
+                                     f"profile {t.profile} v{t.version} waits for pushes under "
+                                     f"way on {t.reason} (drained once they end; the pushes carry "
+                                     "their tasks to machines with the new profile)",
+                                     entitlement=t.entitlement)
                 continue
             if t.machine < 0 and t.kind == "profile_roll_waiting_room":
-                self.cp.record("sidekick", t.kind, f"entitlement {t.entitlement}: host "
-                               f"profile {t.profile} v{t.version}: {t.reason} (each "
-                               "job's event profile_roll_waiting says why)",
-                               entitlement=t.entitlement)
+                self.recorder.record("sidekick", t.kind, f"entitlement {t.entitlement}: host "
+                                     f"profile {t.profile} v{t.version}: {t.reason} (each "
+                                     "job's event profile_roll_waiting says why)",
+                                     entitlement=t.entitlement)
                 continue
             if t.machine < 0:  # a roll over an entitlement
-                self.cp.record("sidekick", t.kind, f"entitlement {t.entitlement}: host profile "
-                               f"{t.profile} v{t.version} rolls over its {t.reason} (busy ones "
-                               "drained one at a time)", entitlement=t.entitlement)
+                self.recorder.record("sidekick", t.kind,
+                                     f"entitlement {t.entitlement}: host profile "
+                                     f"{t.profile} v{t.version} rolls over its {t.reason} "
+                                     "(busy ones drained one at a time)",
+                                     entitlement=t.entitlement)
                 continue
             machine = name(t.machine)
-            ent = t.entitlement or self.cp.region.broker_of(t.machine).entitlement_of(t.machine)
+            ent = t.entitlement or self.state.region.broker_of(t.machine).entitlement_of(t.machine)
             if t.kind == "profile_switched":
                 text = f"{machine}: host profile {t.profile} v{t.version} applied"
             elif t.kind == "profile_switch_retried":
@@ -196,5 +200,5 @@ class HostProfiles:
                 text = (f"{machine}: switching to host profile {t.profile} v{t.version} "
                         f"failed (failure {t.failures} in a row): {t.reason}; out of service "
                         f"for {t.out_for:g}s, or until a retry succeeds")
-            self.cp.record("sidekick", t.kind, text, machine=machine, entitlement=ent,
-                           reason=t.reason)
+            self.recorder.record("sidekick", t.kind, text, machine=machine, entitlement=ent,
+                                 reason=t.reason)

@@ -5,7 +5,6 @@ job it changed (decision 45)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plait.allocator import AllocationRequest
@@ -13,128 +12,33 @@ from plait.allocator.loans import count
 from plait.errors import NotFound
 from plait.model import Fleet, JobSpec
 from plait.model.redact import shown_spec
-from plait.model.task import TaskState
 from plait.paging import BadRequest
-from plait.scheduler import Scheduler
-from plait.scheduler.records import JobRecord, same_runtime
+from plait.scheduler.records import same_runtime
+from plait.server.controlplane.jobstate import JobState as JobState  # (re-exported)
 from plait.server.controlplane.listing import JobEntry, JobIndex, render
 
 if TYPE_CHECKING:
-    from plait.server.controlplane.core import ControlPlane
-
-
-@dataclass(frozen=True)
-class JobState:
-    """What readers see of a job's tasks: made by a pass under the lock, read
-    without it."""
-
-    entitlement: str
-    target: int
-    records: int
-    counts: dict[str, int]
-    serving: int
-    updated: int
-    halted: str | None
-    rollout_active: bool
-    moving_from: str | None
-    on_entitlement: int
-    unplaced_reason: str | None
-    error: str | None
-    unavailable: int
-    #: per task, by index: (index, state, version, machine, fault domain, serving,
-    #: healthy, exit code, operation, parked); ``task_views`` reads them
-    tasks: tuple[tuple[Any, ...], ...]
-    #: (index, machine, endpoint) of the tasks enabled in service discovery
-    serving_on: tuple[tuple[int, str, str | None], ...]
-    #: the last operation of the job's log the scheduler has applied
-    applied_operation: int
-    #: operations wanted, acked or under way (a restart, an update, a move...)
-    busy: bool
-
-    @classmethod
-    def of(cls, sched: Scheduler, job: JobRecord, fleet: Fleet, applied: int,
-           names: dict[int, tuple[str, dict[str, str]]] | None = None) -> JobState:
-        """``names``: each machine's name and fault domain, kept by the caller for the
-        views of ``fleet`` it makes (filled here)."""
-        counts: dict[str, int] = {}
-        serving = updated = 0
-
-        # (once per machine: a job's tasks share machines, hundreds to one, and jobs
-        # share them too; never changed: a reader copies the domain)
-        if names is None:
-            names = {}
-
-        def named(m: int) -> tuple[str, dict[str, str]]:
-            got = names.get(m)
-            if got is None:
-                fd = fleet.fault_domain(m)
-                got = names[m] = (fleet.name(m), {"dc": fd.dc, "msb": fd.msb,
-                                                  "rack": fd.rack})
-            return got
-
-        target, running, pending = job.target, TaskState.RUNNING, TaskState.PENDING
-        goal = job.target_of
-        tasks = []
-        serving_on = []
-        rows = job.tasks
-        for index in sorted(rows):
-            r = rows[index]
-            state = r.state.value
-            counts[state] = counts.get(state, 0) + 1
-            serving += r.serving
-            updated += (r.spec_version == (target if job.pins is None else goal(index))
-                        and r.state is running and r.healthy)
-            # (a pending task waits for a machine: the one it was stopped on is not its)
-            where = None if r.state is pending else r.machine
-            machine, domain = (None, None) if where is None else named(where)
-            # (a row, made into the reader's dict when read: a view of 100,000 tasks is
-            # made at every pass that changes the job, and read seldom)
-            tasks.append((index, state, r.spec_version, machine, domain, r.serving,
-                          r.healthy, None if r.apart is None else r.exit_code,
-                          None if r.op is None else r.op.kind.value,
-                          None if r.apart is None else r.parked))
-            if r.serving and machine is not None:
-                serving_on.append((index, machine, r.endpoint))
-        return cls(job.entitlement, target, len(job.tasks), counts, serving, updated, job.halted,
-                   job.rollout_active, job.moving_from, sched.on_entitlement(job),
-                   job.unplaced_reason, job.error or (
-                       None if job.controller_error is None
-                       else f"its TaskController acked nothing: {job.controller_error}"),
-                   sched.unavailable(job), tuple(tasks),
-                   tuple(serving_on), applied,
-                   bool(job.offers or job.acked or job.in_progress
-                        or any(r.restart for r in job.tasks.values())))
-
-    def task_views(self) -> list[dict[str, Any]]:
-        """The tasks as readers see them, by index."""
-        out = []
-        for (index, state, version, machine, domain, serving, healthy, exit_code, op,
-             parked) in self.tasks:
-            task = {"index": index, "state": state, "version": version, "machine": machine,
-                    "fault_domain": None if domain is None else dict(domain),
-                    "serving": serving, "healthy": healthy, "exit_code": exit_code,
-                    "operation": op}
-            if parked is not None:  # (stopped at a maintenance's deadline: it waits
-                task["parked"] = parked  # for the window to end; only then a key)
-            out.append(task)
-        return out
+    from plait.server.controlplane.controllers import Controllers
+    from plait.server.controlplane.membership import Membership
+    from plait.server.controlplane.regionstate import RegionState
 
 
 class Views:
-    def __init__(self, cp: ControlPlane) -> None:
-        self.cp = cp
+    def __init__(self, state: RegionState, membership: Membership,
+                 controllers: Controllers) -> None:
+        self.state, self.membership, self.controllers = state, membership, controllers
         #: per job: what readers see of its tasks, as the last pass left them
         self._views: dict[str, JobState] = {}
         #: each machine's name and fault domain, as the views show them, for one fleet
         self._names: tuple[Fleet | None, dict[int, tuple[str, dict[str, str]]]] = (None, {})
         #: the stored half of every job's view, for lists (``plait...listing``)
-        self.index = JobIndex(cp)
+        self.index = JobIndex(state, self.published)
 
 
     def publish(self, changed: set[str] | None) -> None:
         """Keep the read views of the jobs this pass changed (``None``: every job),
         so readers never take the lock (decision 45)."""
-        sched, views, fleet = self.cp.scheduler, self._views, self.cp.fleet
+        sched, views, fleet = self.state.scheduler, self._views, self.state.fleet
         if self._names[0] is not fleet:  # (a fleet of its own after a rebuild)
             self._names = (fleet, {})
         names = self._names[1]
@@ -144,7 +48,7 @@ class Views:
                 views.pop(name, None)
             else:
                 views[name] = JobState.of(sched, job, fleet,
-                                          self.cp.persist.applied.get(name, 0), names)
+                                          self.state.persist.applied.get(name, 0), names)
         if changed is None:
             for name in [n for n in views if n not in sched.jobs]:
                 del views[name]
@@ -152,13 +56,13 @@ class Views:
 
     def entitlement_view(self, name: str) -> dict[str, Any]:
         """(No lock: plain reads of the allocator's counters and the jobs' views.)"""
-        ent = self.cp.entitlement(name)
-        usage = self.cp.allocator.usage(name)
+        ent = self.state.entitlement(name)
+        usage = self.state.allocator.usage(name)
         jobs = sorted(n for n, v in list(self._views.items()) if v.entitlement == name)
         view = {**ent.model_dump(mode="json"), "machines": usage.machines,
                 "rru": round(usage.rru, 3), "jobs": jobs}
         if ent.lends or ent.elastic is not None:  # the region's pool of loans
-            alloc = self.cp.allocator
+            alloc = self.state.allocator
             n = count(alloc.index, alloc.entitlements, alloc.loans)
             view["loans"] = {"lendable": n.lendable, "on_loan": n.on_loan,
                              "revoking": n.revoking}
@@ -171,7 +75,7 @@ class Views:
     def job_view(self, name: str) -> dict[str, Any]:
         """The job as stored (spec, versions) and as the last pass left its tasks (no
         lock: a read never waits for a pass)."""
-        doc = self.cp.jobs.get(name)
+        doc = self.state.jobs.get(name)
         return {**render(JobEntry.of(doc), self._views.get(name)),
                 "spec": shown_spec(doc.spec.model_dump(mode="json"))}
 
@@ -180,12 +84,12 @@ class Views:
         return self._views
 
     def tasks_view(self, name: str) -> list[dict[str, Any]]:
-        self.cp.jobs.get(name)  # NotFound for an unknown job
+        self.state.jobs.get(name)  # NotFound for an unknown job
         job = self._views.get(name)
         return job.task_views() if job is not None else []
 
     def discovery(self, name: str) -> list[dict[str, Any]]:
-        self.cp.jobs.get(name)
+        self.state.jobs.get(name)
         job = self._views.get(name)
         if job is None:
             return []
@@ -199,10 +103,10 @@ class Views:
         (given the entitlement of the job the name holds now, read once with the spec
         it is diffed against) raises for a caller who may not see that job."""
         if spec.task_controller is not None:  # (as a deploy checks it; not under the lock)
-            self.cp.controllers.check_controller_url(spec.task_controller)
-        self.cp.check_job(spec)
+            self.controllers.check_controller_url(spec.task_controller)
+        self.state.check_job(spec)
         try:
-            doc = self.cp.jobs.get(spec.name)
+            doc = self.state.jobs.get(spec.name)
         except NotFound:
             doc = None
         if doc is not None:
@@ -214,14 +118,14 @@ class Views:
             shown_old, shown_new = shown_spec(old), shown_spec(new)  # (no credential)
             changes = {k: {"from": shown_old.get(k), "to": shown_new.get(k)}
                        for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
-        with self.cp.lock:
-            job = self.cp.scheduler.jobs.get(spec.name)
+        with self.state.lock:
+            job = self.state.scheduler.jobs.get(spec.name)
             have = set(job.tasks) if job is not None else set()
             request = AllocationRequest.of(
                 spec.name, spec.entitlement, spec.resources,
                 allocate=[i for i in range(spec.task_count)], policy=spec.policy)
-            plan = self.cp.allocator.propose(request)
-            fleet = self.cp.fleet
+            plan = self.state.allocator.propose(request)
+            fleet = self.state.fleet
             by_dc: dict[str, int] = {}
             for _, m in plan.assign + plan.keep:
                 dc = fleet.fault_domain(m).dc
@@ -245,8 +149,8 @@ class Views:
             }
 
     def machine_view(self, m: int) -> dict[str, Any]:
-        fleet = self.cp.fleet
-        broker = self.cp.region.broker_of(m)
+        fleet = self.state.fleet
+        broker = self.state.region.broker_of(m)
         fd = fleet.fault_domain(m)
         res = fleet.resources(m)
         name = fleet.name(m)
@@ -256,7 +160,7 @@ class Views:
             "fault_domain": {"dc": fd.dc, "msb": fd.msb, "row": fd.row, "rack": fd.rack},
             "type": fleet.type_names[int(fleet.type_code[m])],
             "cpu": res.cpu, "memory_gb": res.memory_gb,
-            "tasks": len(self.cp.scheduler.desired.get(m, {})),
+            "tasks": len(self.state.scheduler.desired.get(m, {})),
             "events": [e.id for e in broker.events_for(m)],
             "host_profile": self.profile_of(m),
             "loan": self.loan_of(m),
@@ -266,8 +170,8 @@ class Views:
         """The machine's loan, if an elastic entitlement holds it: the borrower, since
         when (as far as this control plane saw it claimed), and a revoke under way (its
         deadline, and when the machine is due back)."""
-        sched = self.cp.scheduler
-        borrower = self.cp.region.broker_of(m).entitlement_of(m)
+        sched = self.state.scheduler
+        borrower = self.state.region.broker_of(m).entitlement_of(m)
         if borrower is None or borrower not in sched.elastic:
             return None
         seen = sched.loaned.get(m)
@@ -283,9 +187,9 @@ class Views:
         ``default`` shows ``default``), whether its tasks wait for a switch, and why
         its last switch failed. None for a machine another scheduler shard manages
         (its agent reports there: ``GET /v1/machines/{id}`` is answered by it)."""
-        if not self.cp.membership.owns(m):
+        if not self.membership.owns(m):
             return None
-        sched = self.cp.scheduler
+        sched = self.state.scheduler
         target = sched.profile_target(m)
         seen = sched.profiles.applied.get(m)
         failing = sched.profiles.failing.get(m)
@@ -303,12 +207,12 @@ class Views:
         region page shows, at any region size."""
         import numpy as np
 
-        fleet = self.cp.fleet
+        fleet = self.state.fleet
         states = ("up", "failed", "maintenance")
-        names = list(self.cp.region.entitlements.names)
+        names = list(self.state.region.entitlements.names)
         msb_names = fleet.level_names["msb"]
         cells = []
-        for broker in list(self.cp.region.brokers.values()):
+        for broker in list(self.state.region.brokers.values()):
             codes, ents = broker.state_codes(), broker.entitlement_codes()
             machines = broker.machines
             if not (len(codes) == len(ents) == len(machines)):
@@ -335,17 +239,17 @@ class Views:
         start = -1
         if after is not None:
             try:
-                start = self.cp.machine_index(after)
+                start = self.state.machine_index(after)
             except NotFound:
                 raise BadRequest("continue", f"machine {after!r} is not in the "
                                              "region; list again from the start") from None
-        with self.cp.lock:
-            elastic = self.cp.scheduler.elastic
+        with self.state.lock:
+            elastic = self.state.scheduler.elastic
             found: list[dict[str, Any]] = []
             total = position = 0
             more = False
-            for m in range(len(self.cp.fleet)):
-                broker = self.cp.region.broker_of(m)
+            for m in range(len(self.state.fleet)):
+                broker = self.state.region.broker_of(m)
                 if states is not None and broker.state(m).value not in states:
                     continue
                 if entitlement is not None and broker.entitlement_of(m) != entitlement:
@@ -364,9 +268,9 @@ class Views:
             return found, total, (found[-1]["id"] if found and more else None)
 
     def machine(self, machine: str) -> dict[str, Any]:
-        m = self.cp.machine_index(machine)
-        with self.cp.lock:
+        m = self.state.machine_index(machine)
+        with self.state.lock:
             view = self.machine_view(m)
             view["assigned"] = [f"{a.job}/{a.index}"
-                                for a in self.cp.scheduler.desired_for(machine)]
+                                for a in self.state.scheduler.desired_for(machine)]
             return view
