@@ -56,7 +56,8 @@ class LoopRegion(PassRegion, Protocol):
     @property
     def gen_base(self) -> int: ...
     @property
-    def desired_view(self) -> dict[str, tuple[int, list[Assignment], Stops, dict[str, Any] | None]]: ...
+    def desired_view(self) -> dict[str, tuple[int, list[Assignment], Stops,
+                                              dict[str, Any] | None]]: ...
     failures: int
     last_step: float | None
 
