@@ -21,16 +21,9 @@ from plait.localprocs import alive
 from plait.model import RegionSpec
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.serve import ApiServer, store_for
+from plait.testing import wait_for
 
 MACHINES = ["m0000000", "m0000001"]
-
-
-def wait_for(check, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within the liveness bound")
-        time.sleep(0.1)
 
 
 class Box:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from plait.clientconfig import ClientConfig
 from plait.model import RegionSpec
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from test_cli_client import plait, write
 
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 
 def test_serve_define_and_show(plane, tmp_path: Path) -> None:

@@ -183,8 +183,8 @@ def test_a_load_across_a_killed_and_restarted_shard_manager(tmp_path: Path) -> N
     import signal
     import subprocess
 
-    from plait.server.serve import free_port
     from plait.shardmanager.client import ShardTask
+    from plait.testing import free_port
 
     kv, srv = example_client(), example_server()
     port = free_port()

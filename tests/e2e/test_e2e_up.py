@@ -16,7 +16,7 @@ import httpx
 from test_e2e_agents import WEB, alive, answers, wait_for
 
 from plait.harness.region import cmdline, kill_groups, processes_under
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 
 def task_pids(data: Path) -> dict[str, int]:

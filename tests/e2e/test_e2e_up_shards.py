@@ -21,7 +21,7 @@ from test_e2e_up import task_pids
 
 from plait.harness.region import cmdline, kill_groups, processes_under
 from plait.harness.zkensemble import LocalEnsemble
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 
 def sleepers(name: str, ent: str) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 
 def serve(data: Path, port: int, config: Path) -> subprocess.Popen[bytes]:

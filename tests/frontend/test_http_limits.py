@@ -189,7 +189,7 @@ def test_a_tls_server_stops_at_once_with_an_idle_keep_alive_client(tmp_path):
     import uvicorn
 
     from plait.server.limits import uvicorn_options
-    from plait.server.serve import free_port
+    from plait.testing import free_port
     from plait.tls import make_lab_certs
 
     release = threading.Event()

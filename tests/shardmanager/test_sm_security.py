@@ -35,7 +35,6 @@ from test_sm_service import (
 )
 
 from plait.model.job import MAX_TASKS
-from plait.server.serve import free_port
 from plait.shardmanager import credentials
 from plait.shardmanager.client import ShardTask
 from plait.shardmanager.credentials import read_token, task_secret
@@ -49,6 +48,7 @@ from plait.shardmanager.service import (
 )
 from plait.taskcontrol.protocol import TaskControlRequest, to_wire
 from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, sign, task_credential
+from plait.testing import free_port
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ from kazoo.client import KazooClient
 
 from plait.model import RegionSpec
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
-from plait.server.serve import ApiServer, free_port, store_for
+from plait.server.serve import ApiServer, store_for
+from plait.testing import free_port
 
 REGION = RegionSpec.sized(4, dcs=1, msbs_per_dc=1, rows_per_msb=1, racks_per_row=1)
 

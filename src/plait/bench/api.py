@@ -141,7 +141,7 @@ class Server:
             return ""
 
     def start(self) -> Server:
-        from plait.server.serve import free_port
+        from plait.testing import free_port
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"

@@ -72,7 +72,7 @@ class FrontEnd:
         self.url = ""
 
     def start(self, env: dict[str, str]) -> FrontEnd:
-        from plait.server.serve import free_port
+        from plait.testing import free_port
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"

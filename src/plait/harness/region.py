@@ -104,7 +104,7 @@ class LocalRegion:
 
     # -- start ------------------------------------------------------------------------
     def start(self) -> LocalRegion:
-        from plait.server.serve import free_port
+        from plait.testing import free_port
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"

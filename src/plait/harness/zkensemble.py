@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.localprocs import free_port_block
+from plait.testing import free_port
 
 ZK_SERVER = "/usr/share/zookeeper/bin/zkServer.sh"
 #: the largest request the ensemble takes (bytes): a pass's transaction may carry a
@@ -30,7 +30,7 @@ def _free_ports(size: int) -> list[tuple[int, int, int]]:
     member's election port was once another's quorum port, and the ensemble could not
     elect a leader once its first one died) and outside the ephemeral range (no
     client's connection takes one before its member listens)."""
-    base = free_port_block(3 * size)
+    base = free_port(size=3 * size)
     return [(base + 3 * i, base + 3 * i + 1, base + 3 * i + 2) for i in range(size)]
 
 
