@@ -41,8 +41,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from plait.bench.api import Connection, Server, _host_busy_seconds
+from plait.bench.api import Server, _host_busy_seconds
 from plait.bench.controllers import farm_process
+from plait.bench.http1 import Connection
 
 
 def _spec(name: str, tasks: int, controller: str | None, rev: int) -> dict[str, Any]:

@@ -45,13 +45,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from plait.bench.api import (
-    BlockingConnection,
-    HttpError,
-    Server,
-    _ready,
-    terminate,
-)
+from plait.bench.api import Server, _ready, terminate
+from plait.bench.http1 import BlockingConnection, HttpError
 from plait.errors import ValidationError
 from plait.harness.region import cpu_seconds, wait_healthy
 
