@@ -9,11 +9,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.testing import free_port
+from plait.testing import WaitTimeout, free_port, wait_for
 
 ZK_SERVER = "/usr/share/zookeeper/bin/zkServer.sh"
 #: the largest request the ensemble takes (bytes): a pass's transaction may carry a
@@ -126,13 +125,15 @@ class LocalEnsemble:
     def wait_serving(self, timeout: float, members: int | None = None) -> bool:
         """Until ``members`` (all by default) answer, one of them leading."""
         want = self.size if members is None else members
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def serving() -> bool:
             modes = [m for m in self.modes() if m]
-            if len(modes) >= want and (self.size == 1 or "leader" in modes):
-                return True
-            time.sleep(0.1)
-        return False
+            return len(modes) >= want and (self.size == 1 or "leader" in modes)
+
+        try:
+            return wait_for(serving, timeout, "the ensemble serves", poll=0.1)
+        except WaitTimeout:
+            return False
 
     def leader(self) -> int | None:
         modes = self.modes()
