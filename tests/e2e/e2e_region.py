@@ -199,12 +199,14 @@ class Region:
                 pass
         # and whatever an agent started but had not recorded yet (killed mid-step); a
         # SIGKILLed process takes a moment to be gone
-        deadline = time.monotonic() + 20
-        while (left := self.ours()) and time.monotonic() < deadline:
-            for pid in left:
+        def killed() -> bool:
+            for pid in (left := self.ours()):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+            return not left
+
+        with contextlib.suppress(WaitTimeout):  # (a clean-up: best effort, bounded)
+            _wait_for(killed, 20, "every process of the region gone")
         self.admin.close()
 
 
