@@ -71,9 +71,14 @@ def test_the_processes_of_a_region_are_its_tasks_agents_and_replicas_only(tmp_pa
                   start(sleeping, WATCHDIR=str(root) + "/"),
                   start([*sleeping, "plait", "up", "--data-dir", str(root)])]
     try:
-        import time
+        from plait.localprocs import argv_bytes
+        from plait.testing import wait_for
 
-        time.sleep(0.3)  # (each has its command line and environment by now)
+        def execd(p: subprocess.Popen) -> bool:  # (its command line: its environment too)
+            return argv_bytes(p.pid) == b"".join(a.encode() + b"\0" for a in p.args)
+
+        wait_for(lambda: all(execd(p) for p in (task, agent, *bystanders)),
+                 what="every process has its own command line")
         found = processes_under(root)
         assert {task.pid, agent.pid} <= found
         assert not {p.pid for p in bystanders} & found

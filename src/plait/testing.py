@@ -1,10 +1,16 @@
 """Test harness: small regions, explicit machines and a wired allocator, so a test
-of the core reads like the scenario it checks (no servers, no clocks, no sleeps)."""
+of the core reads like the scenario it checks (no servers, no clocks, no sleeps); and
+the two helpers every live test and the process harness share: :func:`wait_for` (a
+condition within a liveness bound) and :func:`free_port`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import contextlib
+import inspect
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from plait.allocator import AllocationRequest, AllocationResult, Allocator, MachineIndex
 from plait.broker import Region
@@ -22,6 +28,65 @@ from plait.model import (
 from plait.scheduler.wiring import wire
 
 SMALL = Resources(cpu=16, memory_gb=64, disk_gb=1024)
+
+T = TypeVar("T")
+
+#: how long a live test waits for a condition by default: a liveness bound on a
+#: shared, loaded machine, never a speed assertion
+WAIT = 60.0
+
+
+class WaitTimeout(AssertionError, TimeoutError):
+    """A condition waited on did not hold within its liveness bound (a test failure to
+    pytest, a ``TimeoutError`` to the harness and the benchmarks)."""
+
+
+def _describe(check: Callable[[], object]) -> str:
+    """What ``check`` waits for, from its source: a lambda's line, or a function's name."""
+    name = getattr(check, "__qualname__", None) or repr(check)
+    if "<lambda>" not in name:
+        return name
+    with contextlib.suppress(OSError, TypeError):
+        line = " ".join(inspect.getsource(check).split())
+        return line if len(line) <= 300 else line[:297] + "..."
+    return name
+
+
+def wait_for(check: Callable[[], T], timeout: float = WAIT, what: str | None = None, *,
+             poll: float = 0.05,
+             ignore: tuple[type[BaseException], ...] = ()) -> T:
+    """Poll ``check`` until it returns something truthy, and return that.
+
+    ``timeout`` is a liveness bound (generous: the machine is shared), never a speed
+    assertion. Exceptions of the types in ``ignore`` count as "not yet" (a server
+    still starting). On timeout this raises :class:`WaitTimeout` naming ``what`` (by
+    default the check's source), the last value seen and the last exception ignored.
+    """
+    deadline = time.monotonic() + timeout
+    got: T | None = None
+    error: BaseException | None = None
+    while True:
+        try:
+            got = check()
+        except ignore as exc:
+            error = exc
+        else:
+            if got:
+                return got
+        if time.monotonic() > deadline:
+            break
+        time.sleep(poll)
+    last = f"; last error {error!r}" if error is not None else ""
+    raise WaitTimeout(f"not within {timeout:g}s: {what or _describe(check)} "
+                      f"(last value {got!r}{last})")
+
+
+def free_port(host: str = "127.0.0.1", size: int = 1) -> int:
+    """A free port on ``host`` (the first of ``size`` consecutive ones) outside the
+    ephemeral range, so that no outgoing connection takes it before its server listens."""
+    from plait.localprocs import free_port_block
+
+    return free_port_block(size, host)
 
 
 def machine(

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from plait.agent import Handle, ProcessRuntime
+from plait.testing import wait_for as wait_for  # (the suite's one; tests import it here)
 
 PY = sys.executable
 WAIT = 30.0  # generous bound on every wait
@@ -23,14 +22,6 @@ def _detected_isolation() -> str:
 ISOLATION = _detected_isolation()
 #: the machine's isolation and, where that is a cgroup mode, rlimit too
 MODES = [ISOLATION] if ISOLATION == "rlimit" else [ISOLATION, "rlimit"]
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = WAIT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def proc_stat(pid: int) -> list[bytes] | None:

@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from test_agent_hostile_plane import Plane
 from plait.agent import fencekeeper
 from plait.agent.daemon import Agent
 from plait.agent.runtime import proc_start_time
+from plait.testing import wait_for
 
 FENCED = {"job": "zk", "index": 0, "revision": 1,
           "spec": {"command": "sleep", "args": ["60"], "resources": {"cpu": 0.1},
@@ -51,13 +51,6 @@ def agent(plane: Plane, tmp_path: Path) -> Iterator[tuple[Agent, list[float]]]:
     assert not lease.get("tasks")  # (everything stopped: the keeper guards nothing)
 
 
-def wait(check, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 def test_a_fenced_task_starts_only_under_a_lease(agent) -> None:
     a, clock = agent
     a.step()  # no heartbeat taken yet: no lease, nothing starts
@@ -78,7 +71,7 @@ def test_the_agent_stops_a_task_whose_lease_ran_out_and_waits_for_a_fresh_set(
     clock[0] += 5.0  # five seconds without a heartbeat taken
     a._fence()
     assert "zk.0" not in a.handles and a.tasks["zk.0"].fenced_at == clock[0]
-    wait(lambda: a.runtime.poll(handle) is not None, "the fenced task stops")
+    wait_for(lambda: a.runtime.poll(handle) is not None, what="the fenced task stops")
     a.step()  # reached again: but the set it pulled was asked for before the report
     assert "zk.0" not in a.handles
     assert a.tasks["zk.0"].rejoined_at == clock[0]
@@ -134,5 +127,5 @@ def test_the_keeper_process_outlives_a_frozen_agent(agent) -> None:
     keeper = a._keeper_proc
     assert keeper is not None and keeper.poll() is None
     # from now on the agent does nothing: its lease runs out after 5 s
-    wait(lambda: a.runtime.poll(handle) is not None, "the keeper stops the task")
+    wait_for(lambda: a.runtime.poll(handle) is not None, what="the keeper stops the task")
     assert (a.data_dir / "logs" / "fencekeeper.log").read_text().count("zk.0 SIGTERM") == 1

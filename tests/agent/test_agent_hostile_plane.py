@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.server
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from plait.agent.daemon import Agent, BadDesired, JoinRefused, Task, checked_desired
+from plait.testing import wait_for
 
 GOOD_TASK = {"job": "a", "index": 0, "revision": 1,
              "spec": {"command": "sleep", "args": ["60"], "resources": {"cpu": 0.1}}}
@@ -109,10 +109,7 @@ def test_a_malformed_desired_set_stops_no_heartbeat(planes, tmp_path: Path) -> N
     runner = threading.Thread(target=agent.run, args=(0.2, stop), daemon=True)
     runner.start()
     try:
-        deadline = time.monotonic() + 60
-        while plane.reports < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert plane.reports >= 5  # (the heartbeats went on)
+        wait_for(lambda: plane.reports >= 5, what="the heartbeats go on")
         assert agent.handles == {}  # (nothing started from a set read in part)
     finally:
         stop.set()
@@ -161,9 +158,7 @@ def test_stops_that_wait_out_their_kill_timeout_hold_up_no_other_stop(tmp_path: 
         for k in range(16):
             agent._stop_later(f"s.{k}", Stopping("s", k, 1, {}, 3600.0, False), "stubborn")
         agent._stop_later("other.0", Stopping("other", 0, 1, {}, 10.0, False), "other")
-        deadline = time.monotonic() + 30  # (a liveness bound)
-        while "other" not in stopped and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: "other" in stopped, what="the other task stopped", poll=0.01)
         assert stopped == ["other"]
     finally:
         release.set()

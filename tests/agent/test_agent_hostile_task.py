@@ -8,7 +8,6 @@ import errno
 import json
 import os
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import plait.agent.daemon as daemon
 from plait.agent.daemon import Agent
 from plait.agent.probe import Prober
 from plait.localprocs import alive
+from plait.testing import wait_for
 
 
 def desired(*tasks: dict) -> bytes:
@@ -90,13 +90,6 @@ def test_a_start_the_agent_cannot_save_is_undone(
     assert state["tasks"]["b.0"]["handle"]["pid"] == agent.handles["b.0"].pid
 
 
-def wait_until(check, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout  # (a liveness bound)
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 def test_probes_that_hang_hold_up_no_other_tasks_probe_and_die_with_their_task(
         tmp_path: Path) -> None:
     prober = Prober()
@@ -106,17 +99,17 @@ def test_probes_that_hang_hold_up_no_other_tasks_probe_and_die_with_their_task(
         for k in range(8):  # one tenant's tasks, every probe hanging for 10 minutes
             prober.check(f"slow.{k}", hang, "127.0.0.1", 1, {"PATH": os.defpath},
                          tmp_path, 0.0)
-        wait_until(lambda: all(prober.states[f"slow.{k}"].proc is not None
-                               for k in range(8)), "the hanging probes run")
+        wait_for(lambda: all(prober.states[f"slow.{k}"].proc is not None for k in range(8)),
+                 what="the hanging probes run")
         pids = [prober.states[f"slow.{k}"].proc.pid for k in range(8)]
         # another task's probe runs beside them, and passes
-        wait_until(lambda: prober.check("web.0", quick, "127.0.0.1", 1,
-                                        {"PATH": os.defpath}, tmp_path, 0.0),
-                   "the other task's probe passes")
+        wait_for(lambda: prober.check("web.0", quick, "127.0.0.1", 1,
+                                      {"PATH": os.defpath}, tmp_path, 0.0),
+                 what="the other task's probe passes")
         # a task that leaves takes its probe with it, now, not in 10 minutes
         prober.forget("slow.0")
-        wait_until(lambda: not alive(pids[0]), "the left task's probe is killed")
+        wait_for(lambda: not alive(pids[0]), what="the left task's probe is killed")
         assert all(alive(pid) for pid in pids[1:])
     finally:
         prober.close()  # (the agent stops: every probe still running goes)
-    wait_until(lambda: not any(alive(pid) for pid in pids), "every probe is killed")
+    wait_for(lambda: not any(alive(pid) for pid in pids), what="every probe is killed")

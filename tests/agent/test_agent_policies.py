@@ -21,16 +21,20 @@ from plait.localprocs import alive
 from plait.model import RegionSpec
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.serve import ApiServer, store_for
+from plait.testing import wait_for
 
 MACHINES = ["m0000000", "m0000001"]
 
 
-def wait_for(check, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not reached within the liveness bound")
-        time.sleep(0.1)
+def probed_and_reported(box, key: str, probes: int) -> None:
+    """Until the agent running task ``key`` has probed it ``probes`` times, and has
+    reported to the control plane since (what it saw has arrived there)."""
+    agent = next(a for a in box.agents if key in a.tasks)
+    wait_for(lambda: (st := agent.prober.states.get(key)) is not None and st.checks >= probes,
+             what=f"{probes} probes of {key}")
+    beat = box.cp.liveness.last.get(agent.machine, 0.0)
+    wait_for(lambda: box.cp.liveness.last.get(agent.machine, 0.0) > beat,
+             what=f"a report from {agent.machine}")
 
 
 class Box:
@@ -235,7 +239,8 @@ def test_an_http_probe_gates_service_discovery(box):
         "args": ["-c", SERVER],
         "health": {"http": "/", "interval_seconds": 0.2, "failure_threshold": 2}})
     wait_for(lambda: [t["state"] for t in box.tasks("gated")] == ["running"], what="the task runs")
-    time.sleep(1.5)  # several probes fail (503): not healthy, not in discovery
+    probed_and_reported(box, "gated.0", 7)  # several probes fail (503)
+    # not healthy, not in discovery
     assert box.serving("gated") == set()
     assert box.tasks("gated")[0]["healthy"] is False
     home = _data_dir(box, "gated", 0)
@@ -251,7 +256,7 @@ def test_a_command_probe(box):
                health={"command": ["sh", "-c", 'test -f "$PLAIT_DATA_DIR/ok"'],
                        "interval_seconds": 0.2, "failure_threshold": 1})
     wait_for(lambda: [t["state"] for t in box.tasks("cmd")] == ["running"], what="the task runs")
-    time.sleep(1)
+    probed_and_reported(box, "cmd.0", 5)  # its probe fails, again and again
     assert box.serving("cmd") == set()
     (_data_dir(box, "cmd", 0) / "ok").touch()
     wait_for(lambda: box.serving("cmd") == {0}, what="the command probe passes")
@@ -368,9 +373,9 @@ def test_a_task_that_ignores_sigterm_never_holds_up_its_agent(box):
     wait_for(lambda: agent.stopping, what="its agent stops it")
     gaps, last = [], box.cp.liveness.last.get(agent.machine, 0.0)
     stopped_at = None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
+
+    def sample() -> bool:  # (every 0.1 s: the beats' pace during the stop)
+        nonlocal last, stopped_at
         now = box.cp.liveness.last.get(agent.machine, 0.0)
         if now != last:
             gaps.append(now - last)
@@ -380,8 +385,9 @@ def test_a_task_that_ignores_sigterm_never_holds_up_its_agent(box):
             assert box.api.get("/v1/jobs/stubborn").status_code == 200
         elif stopped_at is None:
             stopped_at = time.monotonic()
-        if stopped_at is not None and box.api.get("/v1/jobs/stubborn").status_code == 404:
-            break
+        return stopped_at is not None and box.api.get("/v1/jobs/stubborn").status_code == 404
+
+    wait_for(sample, 30, "killed at its kill timeout, and the job gone", poll=0.1)
     assert stopped_at is not None, "killed at its kill timeout"
     assert box.api.get("/v1/jobs/stubborn").status_code == 404
     assert gaps and max(gaps) < 3.0, gaps  # beats went on during the 4 s stop
@@ -416,10 +422,14 @@ def test_discovery_survives_an_agent_restart_and_a_control_plane_restart(box, tm
     for t in box.threads:
         t.start()
     seen = set()
-    for _ in range(30):  # three seconds: ten probe intervals
+
+    def sample() -> bool:  # (every 0.1 s) until the new agent has probed it ten times
         found = box.api.get("/v1/discovery/kept").json()["endpoints"]
         seen.add(tuple((e["index"], e["endpoint"]) for e in found))
-        time.sleep(0.1)
+        probe = new.prober.states.get("kept.0")
+        return probe is not None and probe.checks >= 10
+
+    wait_for(sample, what="ten probes of the adopted task", poll=0.1)
     endpoint = f"127.0.0.1:{new.tasks['kept.0'].port}"
     assert seen == {((0, endpoint),)}, seen  # never gone, never without its endpoint
     # a second control plane over the same store (a restart, or a new leader) lists it

@@ -394,11 +394,13 @@ def test_rotation_while_the_task_writes(env: Env) -> None:
             time.sleep(0.0005)
     """, rt=rt)
     rotations = 0
-    deadline = time.monotonic() + WAIT
-    while rotations < 5 and time.monotonic() < deadline:
+
+    def rotated() -> bool:
+        nonlocal rotations
         rotations += len(rt.rotate_logs())
-        time.sleep(0.01)
-    assert rotations >= 5
+        return rotations >= 5
+
+    wait_for(rotated, WAIT, "five rotations of the growing log", poll=0.01)
     rt.stop(h, grace=5)
     olds = [p for p in h.log_path.parent.iterdir() if p.name.startswith(h.log_path.name + ".")]
     assert sorted(p.name[-1] for p in olds) == ["1", "2", "3"]

@@ -15,6 +15,7 @@ import pytest
 
 from plait.agent.probe import Prober, http_probe
 from plait.agent.wakeup import Wakeup
+from plait.testing import wait_for
 
 
 @pytest.fixture
@@ -120,10 +121,8 @@ def test_a_probe_that_may_change_health_wakes_the_agent():
     try:
         assert not prober.check("a.0", probe, "127.0.0.1", server.port, {}, None, 0.0)
         assert woken.wait(30)  # passed while unhealthy
-        deadline = time.monotonic() + 30
-        while not prober.check("a.0", probe, "127.0.0.1", server.port, {}, None, 1.0):
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(lambda: prober.check("a.0", probe, "127.0.0.1", server.port, {}, None, 1.0),
+                 what="the probe passes", poll=0.01)
         assert prober.next_due(1.0) is not None
     finally:
         prober.close()

@@ -30,7 +30,7 @@ from runtimeutil import MODES, WAIT, RuntimeEnv, gone, proc_stat, wait_for
 from plait.agent import EXIT_UNKNOWN, Handle, ProcessRuntime
 from plait.agent.runtime import RUNTIMES, create_runtime, task_name
 from plait.agent.sandbox import MISSING_BWRAP, SandboxRuntime, sandbox_hostname
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 

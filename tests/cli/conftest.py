@@ -6,7 +6,8 @@ import pytest
 
 from plait.model import RegionSpec
 from plait.server.controlplane import ControlPlaneConfig
-from plait.server.serve import ApiServer, free_port, prepare
+from plait.server.serve import ApiServer, prepare
+from plait.testing import free_port
 
 REGION = RegionSpec.sized(24, dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2)
 

@@ -4,10 +4,11 @@ and --off leaves its size."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from test_cli_client import plait, write
+
+from plait.testing import wait_for
 
 JOB = """\
 name: api
@@ -35,11 +36,8 @@ def test_a_job_follows_the_load_pushed_to_it(plane, tmp_path: Path):
     assert changed["interval_seconds"] == 1
     plait("job", "autoscale", "api", "--max", "12")
     plait("job", "load", "api", "3")  # 3 tasks' worth at 50 %: 6 tasks
-    deadline = time.monotonic() + 60
-    while json.loads(plait("job", "show", "api", "-o", "json").stdout)["spec"][
-            "task_count"] != 6:
-        assert time.monotonic() < deadline, "not resized within the liveness bound"
-        time.sleep(0.2)
+    wait_for(lambda: json.loads(plait("job", "show", "api", "-o", "json").stdout)["spec"][
+        "task_count"] == 6, what="the job resized to 6 tasks", poll=0.2)
     assert "autoscaling off" in plait("job", "autoscale", "api", "--off").stderr
     refused = plait("job", "load", "api", "3", ok=False)
     assert refused.exit_code != 0 and "autoscale" in refused.output

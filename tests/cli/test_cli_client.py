@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from plait.clientconfig import ClientConfig
 from plait.model import RegionSpec
-from plait.server.serve import free_port
+from plait.testing import free_port, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -328,10 +328,8 @@ def test_a_large_jobs_tasks_are_drawn_up_to_a_limit(plane, tmp_path):
                  "resources: {cpu: 0.01, memory_gb: 0.01}\ncommand: sleep\n"
                  "args: [\"1000\"]\n")
     plait("job", "deploy", str(spec))
-    deadline = time.monotonic() + 60
-    while len(json.loads(plait("task", "list", "many", "-o", "json").stdout)["tasks"]) < 150:
-        assert time.monotonic() < deadline, "the job's tasks"
-        time.sleep(0.1)
+    wait_for(lambda: len(json.loads(plait("task", "list", "many", "-o", "json").stdout)[
+        "tasks"]) >= 150, what="the job's 150 tasks")
     shown = plait("job", "show", "many").stdout
     assert "... and 50 more tasks (plait task list many --limit 0, or -o json)" in shown
     assert len(json.loads(plait("job", "show", "many", "-o", "json").stdout)[
@@ -365,9 +363,7 @@ def test_an_entitlement_is_changed_by_update_never_replaced_from_options(plane, 
     def changed() -> list[str]:  # (recorded with the next pass)
         return [json.loads(line)["message"] for line in plait(
             "events", "--kind", "entitlement_changed", "-o", "json").stdout.splitlines()]
-    deadline = time.monotonic() + 60
-    while not changed() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(changed)
     assert changed() == ["web: quota 4 machines -> 6 machines"]
     res = plait("entitlement", "update", "nope", "--machines", "1", ok=False)
     assert res.exit_code != 0 and "not found" in res.output
@@ -378,9 +374,7 @@ def test_an_entitlement_is_changed_by_update_never_replaced_from_options(plane, 
     res = plait("entitlement", "update", "web", "--machines", "1")
     assert "entitlement web uses 3 machines, above its quota of 1: nothing is taken back" \
         in " ".join(res.output.split())
-    deadline = time.monotonic() + 60
-    while len(changed()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: len(changed()) >= 2)
     assert changed()[-1] == ("web: quota 6 machines -> 1 machine (it uses 3 machines, above "
                              "its quota: nothing is taken back, and its jobs' new tasks wait "
                              "until it is under)")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from test_cli_client import EXAMPLES, plait, write
 
+from plait.testing import wait_for
+
 PROFILES = """\
 name: web
 description: front ends
@@ -65,10 +67,7 @@ def test_profiles_are_created_versioned_diffed_and_named_by_entitlements(plane, 
     def switched() -> list[dict]:  # (one JSON object per line)
         out = plait("events", "--kind", "profile_switched", "-o", "json").stdout
         return [json.loads(line) for line in out.splitlines() if line.strip()]
-    deadline = time.monotonic() + 60
-    while len(switched()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert len(switched()) >= 2
+    wait_for(lambda: len(switched()) >= 2, what="two machines switched", poll=0.2)
     assert {"host profile web v2 applied" in e["message"] for e in switched()} == {True}
     shown = json.loads(plait("hostprofile", "show", "web", "-o", "json").stdout)
     assert shown["entitlements"] == ["front"] and shown["machines"] >= 2
@@ -80,22 +79,16 @@ def test_profiles_are_created_versioned_diffed_and_named_by_entitlements(plane, 
     # a new version while its machines run tasks: rolled over them, one at a time
     plait("hostprofile", "create", str(write(tmp_path, "web3.yaml", PROFILES.split(
         "---")[0].replace('"4096"', '"8192"'))))
-    deadline = time.monotonic() + 60
 
     def on_v3() -> bool:
         out = plait("events", "--kind", "profile_switched", "-o", "json").stdout
         return sum("web v3 applied" in line for line in out.splitlines()) >= 2
-    while not on_v3() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert on_v3()
+    wait_for(on_v3, poll=0.2)
     out = plait("events", "--kind", "profile_roll_started").stdout
     assert "entitlement front: host profile web v3 rolls over" in " ".join(out.split())
     plait("job", "show", "fe")  # and the job is whole again
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not json.loads(
-            plait("job", "show", "fe", "-o", "json").stdout)["settled"]:
-        time.sleep(0.2)
-    assert json.loads(plait("job", "show", "fe", "-o", "json").stdout)["settled"]
+    wait_for(lambda: json.loads(plait("job", "show", "fe", "-o", "json").stdout)["settled"],
+             what="fe settled", poll=0.2)
     res = plait("hostprofile", "delete", "web", ok=False)
     assert res.exit_code != 0 and "named by front" in " ".join(res.output.split())
     plait("hostprofile", "delete", "batch")

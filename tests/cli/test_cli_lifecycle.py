@@ -11,6 +11,7 @@ import pytest
 from test_cli_client import plait, write
 
 from plait.client import ApiError, Client
+from plait.testing import wait_for
 
 JOB = """\
 name: api
@@ -19,13 +20,6 @@ task_count: 2
 command: serve
 resources: {cpu: 1, memory_gb: 1}
 """
-
-
-def until(check, bound: float = 60.0) -> None:
-    deadline = time.monotonic() + bound
-    while not check():
-        assert time.monotonic() < deadline, "not reached within the liveness bound"
-        time.sleep(0.1)
 
 
 def test_entitlement_delete(plane, tmp_path: Path) -> None:
@@ -62,7 +56,7 @@ def test_maintenance_cancel(plane) -> None:
     # under way, through the SDK: ended early
     with Client(plane.url, token=plane.admin_token) as c:
         event = c.maintenance.schedule([machine], time.time(), 3600)["event"]
-        until(lambda: c.machines.get(machine)["state"] == "maintenance")
+        wait_for(lambda: c.machines.get(machine)["state"] == "maintenance")
         answer = c.maintenance.cancel(event)
         assert answer == {"event": event, "state": "ended", "machines": [machine]}
-        until(lambda: c.machines.get(machine)["state"] == "healthy")
+        wait_for(lambda: c.machines.get(machine)["state"] == "healthy")

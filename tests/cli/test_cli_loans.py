@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import httpx
 from test_cli_client import plait, write
+
+from plait.testing import wait_for
 
 ENTITLEMENTS = """\
 name: web
@@ -31,14 +32,6 @@ def job(name: str, ent: str, tasks: int) -> str:
             "resources: {cpu: 16, memory_gb: 8}\n")
 
 
-def wait_until(check, timeout: float = 60.0) -> None:
-    """A liveness bound, not a speed assertion."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not reached within the liveness bound"
-        time.sleep(0.1)
-
-
 def loaned() -> list[dict]:
     return json.loads(plait("machine", "list", "--loaned", "--limit", "100", "-o",
                             "json").stdout)["machines"]
@@ -52,19 +45,19 @@ def test_loans_are_listed_with_their_terms_and_revoked_when_the_lender_grows(pla
     # (more tasks than the 22 machines lendable; 24 at most: its quota could never hold
     # more of these machine-sized tasks, and such a job is refused)
     plait("job", "deploy", str(write(tmp_path, "b.yaml", job("b", "batch", 24))))
-    wait_until(lambda: len(loaned()) == 22)
+    wait_for(lambda: len(loaned()) == 22)
     assert {m["loan"]["borrower"] for m in loaned()} == {"batch"}
     assert all(m["entitlement"] == "batch" and not m["loan"]["revoking"] for m in loaned())
     batch = json.loads(plait("entitlement", "show", "batch", "-o", "json").stdout)
     assert batch["elastic"] == {"min_notice_seconds": 2.0,
                                 "max_reclaim_fraction_per_minute": 1.0}
-    wait_until(lambda: json.loads(plait("entitlement", "show", "batch", "-o", "json").stdout)
+    wait_for(lambda: json.loads(plait("entitlement", "show", "batch", "-o", "json").stdout)
                ["loans"] == {"lendable": 22, "on_loan": 22, "revoking": 0})
     # the lender needs 6 more machines: the free pool is empty, so loans come back
     plait("job", "resize", "w", "8")
-    wait_until(lambda: json.loads(plait("job", "show", "w", "-o", "json").stdout)
+    wait_for(lambda: json.loads(plait("job", "show", "w", "-o", "json").stdout)
                .get("serving") == 8)
-    wait_until(lambda: len(loaned()) == 16)
+    wait_for(lambda: len(loaned()) == 16)
     lines = plait("events", "--kind", "loan_returned", "-o", "json").stdout.splitlines()
     returned = [e for e in map(json.loads, filter(None, lines)) if e["kind"] == "loan_returned"]
     assert len(returned) >= 6 and all("past its deadline" not in e["message"]

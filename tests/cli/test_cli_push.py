@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 from test_cli_client import plait, write
+
+from plait.testing import wait_for
 
 JOB = """\
 name: api
@@ -34,13 +35,6 @@ def running(plane) -> dict[str, int]:
         return out
 
 
-def until(check, bound: float = 60.0) -> None:
-    deadline = time.monotonic() + bound
-    while not check():
-        assert time.monotonic() < deadline, "not reached within the liveness bound"
-        time.sleep(0.1)
-
-
 def test_a_staged_push_with_a_gate_command(plane, tmp_path: Path):
     plait("entitlement", "create", "--name", "e", "--owner", "alice", "--machines", "24")
     plait("job", "deploy", str(write(tmp_path, "api.yaml", JOB.format(command="serve"))),
@@ -53,7 +47,7 @@ def test_a_staged_push_with_a_gate_command(plane, tmp_path: Path):
     final = json.loads(done.stdout)
     assert final["status"]["phase"] == "completed", done.output
     assert marks.read_text().split("\n")[:3] == ["stage 1", "stage 2", "stage 3"]
-    until(lambda: running(plane) == {"serve-v2": 4})
+    wait_for(lambda: running(plane) == {"serve-v2": 4})
     status = json.loads(plait("push", "status", "api", "-o", "json").stdout)
     assert status["status"]["promoted"] is not None
     # a failing gate command: rolled back, exit status 1
@@ -62,7 +56,7 @@ def test_a_staged_push_with_a_gate_command(plane, tmp_path: Path):
                    "--gate-command", "echo error rate too high; exit 3", "--wait", ok=False)
     assert failed.exit_code == 1 and "rolled back" in failed.output
     assert "exited 3: error rate too high" in failed.output
-    until(lambda: running(plane) == {"serve-v2": 4})
+    wait_for(lambda: running(plane) == {"serve-v2": 4})
     # misuse is named
     bad = plait("push", "api", "--spec", str(v3), "--gate-command", "true", ok=False)
     assert bad.exit_code != 0 and "needs --wait" in bad.output
@@ -88,13 +82,13 @@ def test_canaries_sizing_and_the_unified_spec(plane, tmp_path: Path):
     canary = write(tmp_path, "canary.yaml", JOB.format(command="serve-canary"))
     plait("canary", "start", "api", "c1", "--spec", str(canary), "--tasks", "2",
           "--duration", "600")
-    until(lambda: running(plane) == {"serve": 3, "serve-canary": 2})
+    wait_for(lambda: running(plane) == {"serve": 3, "serve-canary": 2})
     intents = json.loads(plait("job", "intents", "api", "-o", "json").stdout)
     assert intents["unified"]["roles"] == {"stable": 3, "canary:c1": 2}
     table = plait("job", "intents", "api").stdout
     assert "canary:c1" in table and "c1: 2 tasks" in table
     assert "ended" in plait("canary", "end", "api", "c1").stderr
-    until(lambda: running(plane) == {"serve": 5})
+    wait_for(lambda: running(plane) == {"serve": 5})
     assert "no sizing intent" in plait("job", "sizing", "api", "--off").stderr
     refused = plait("push", "status", "api", ok=False)
     assert refused.exit_code != 0 and "not found" in refused.output
@@ -122,7 +116,7 @@ def test_a_code_config_and_host_profile_canary(plane, tmp_path: Path):
     # (its end as a time, not seconds since 1970; no "None" for a version to be made)
     said = " ".join(shown.replace("│", " ").split())
     assert "None" not in said and re.search(r"until \d{4}-\d\d-\d\d \d\d:\d\d", said)
-    until(lambda: running(plane) == {"serve": 3, "serve-canary": 1})
+    wait_for(lambda: running(plane) == {"serve": 3, "serve-canary": 1})
     view = json.loads(plait("canary", "show", "api", "pc", "-o", "json").stdout)
     child = view["entitlement"]
     assert child.startswith("e.canary-") and view["intent"]["host_profile"] == "tuned"
@@ -133,7 +127,7 @@ def test_a_code_config_and_host_profile_canary(plane, tmp_path: Path):
         assert cp.region.broker_of(m).entitlement_of(m) == child
         assert cp.scheduler.profiles.applied[m].name == "tuned"
     assert "ended" in plait("canary", "end", "api", "pc").stderr
-    until(lambda: running(plane) == {"serve": 4})
+    wait_for(lambda: running(plane) == {"serve": 4})
     refused = plait("canary", "start", "api", "pc", "--spec", str(canary),
                     "--host-profile", "nope", ok=False)
     assert refused.exit_code != 0 and "host profile 'nope' does not exist" in refused.output

@@ -10,14 +10,13 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from test_cli_client import plait, write
 
-from plait.server.serve import free_port
+from plait.testing import free_port, wait_for
 
 
 def test_serve_define_and_show(plane, tmp_path: Path) -> None:
@@ -28,15 +27,10 @@ def test_serve_define_and_show(plane, tmp_path: Path) -> None:
          "--token-file", str(token_file), "--data-dir", str(tmp_path / "sm")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # (a liveness bound)
-            try:
-                if httpx.get(f"{url}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.1)
+        wait_for(lambda: proc.poll() is not None
+                 or httpx.get(f"{url}/healthz").status_code == 200,
+                 what="the shard manager serves", ignore=(httpx.HTTPError,))
+        assert proc.poll() is None
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
         plait("entitlement", "create", "--name", "e", "--owner", "alice", "--machines", "4")
         plait("job", "deploy", str(write(tmp_path, "kv.yaml", "name: kv\nentitlement: e\n"
@@ -92,15 +86,11 @@ def serve_in_background(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:
          "--token-file", str(tmp_path / "sm-token"), "--data-dir", str(tmp_path / "sm")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    deadline = time.monotonic() + 60
-    while True:  # (a liveness bound)
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.1)
+    wait_for(lambda: proc.poll() is not None
+             or httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200,
+             what="the shard manager serves", ignore=(httpx.HTTPError,))
+    assert proc.poll() is None
+    return proc
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -11,18 +11,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from plait.localprocs import alive, kill_groups, processes_under
-from plait.server.serve import free_port
+from plait.testing import free_port, wait_for
 
 #: a liveness bound: a stop that takes longer is a stop that did not happen
 STOP_BOUND = 60.0
+#: a liveness bound on a start
+START_BOUND = 90.0
 
 
 def background(argv: list[str], tmp_path: Path, log: str) -> subprocess.Popen[bytes]:
@@ -36,13 +36,6 @@ def background(argv: list[str], tmp_path: Path, log: str) -> subprocess.Popen[by
         return subprocess.Popen([sys.executable, "-m", "plait.cli.main", *argv],
                                 stdout=out, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=as_a_background_job)
-
-
-def until(check: Callable[[], bool], bound: float = 90.0) -> None:
-    deadline = time.monotonic() + bound
-    while not check():
-        assert time.monotonic() < deadline, "not reached within the liveness bound"
-        time.sleep(0.1)
 
 
 def answers(url: str) -> bool:
@@ -69,7 +62,8 @@ def test_serve_stops_on_a_signal_started_in_the_background(tmp_path: Path, sig: 
     proc = background(["serve", "--data-dir", str(tmp_path / "data"), "--port", str(port),
                        "--machines", "4", "--no-write-config"], tmp_path, "serve.log")
     try:
-        until(lambda: answers(f"http://127.0.0.1:{port}") or proc.poll() is not None)
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}") or proc.poll() is not None,
+                 START_BOUND)
         assert proc.poll() is None, (tmp_path / "serve.log").read_text()
         stops(proc, sig, tmp_path, "serve.log")
     finally:
@@ -97,7 +91,8 @@ def test_serve_stops_on_a_signal_while_its_store_does_not_answer(tmp_path: Path,
                        "--port", str(free_port()), "--machines", "4", "--no-write-config"],
                       tmp_path, "serve.log")
     try:
-        until(lambda: bool(held) or proc.poll() is not None)  # (it waits for the store)
+        # (it waits for the store)
+        wait_for(lambda: bool(held) or proc.poll() is not None, START_BOUND)
         assert proc.poll() is None, (tmp_path / "serve.log").read_text()
         stops(proc, sig, tmp_path, "serve.log")
         said = (tmp_path / "serve.log").read_text()
@@ -119,7 +114,8 @@ def test_an_agent_stops_on_a_signal_started_in_the_background(
                        f"http://127.0.0.1:{free_port()}", "--data-dir", str(tmp_path / "a"),
                        "--interval", "0.2"], tmp_path, "agent.log")
     try:
-        until(lambda: (tmp_path / "a" / "agent.pid").exists() or proc.poll() is not None)
+        wait_for(lambda: (tmp_path / "a" / "agent.pid").exists() or proc.poll() is not None,
+                 START_BOUND)
         assert proc.poll() is None, (tmp_path / "agent.log").read_text()
         stops(proc, sig, tmp_path, "agent.log")
     finally:
@@ -135,7 +131,7 @@ def test_up_stops_the_whole_region_on_a_signal_started_in_the_background(
                        "--dcs", "1", "--msbs-per-dc", "1"], tmp_path, "up.out")
     url = f"http://127.0.0.1:{port}"
     try:
-        until(lambda: answers(url) or proc.poll() is not None)
+        wait_for(lambda: answers(url) or proc.poll() is not None, START_BOUND)
         assert proc.poll() is None, (tmp_path / "up.out").read_text()
         # its agents run (processes of their own, under the data dir), and a job's tasks
         from plait.client import Client
@@ -147,12 +143,13 @@ def test_up_stops_the_whole_region_on_a_signal_started_in_the_background(
             c.jobs.create({"name": "sleepy", "entitlement": "e", "task_count": 2,
                            "command": "sleep", "args": ["3600"],
                            "resources": {"cpu": 0.1, "memory_gb": 0.1}})
-            until(lambda: [t["state"] for t in c.jobs.tasks("sleepy")] == ["running"] * 2)
+            wait_for(lambda: [t["state"] for t in c.jobs.tasks("sleepy")] == ["running"] * 2,
+                     START_BOUND)
         region = processes_under(data.resolve())
         assert len(region) >= 4, region  # (2 agents, 2 tasks)
         stops(proc, sig, tmp_path, "up.out")
         assert proc.returncode == 0 or proc.returncode == -sig, proc.returncode
-        until(lambda: not any(alive(p) for p in region), STOP_BOUND)
+        wait_for(lambda: not any(alive(p) for p in region), STOP_BOUND)
         assert processes_under(data.resolve()) == set()
     finally:
         left = processes_under(data.resolve())

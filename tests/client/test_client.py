@@ -4,7 +4,6 @@ failover to the next URL, and no second send of a POST whose answer was lost."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from plait.client import ApiError, Client, Unreachable
+from plait.testing import free_port
 
 
 class _Quiet(ThreadingHTTPServer):
@@ -67,9 +67,7 @@ class Server:
 
 
 def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there now
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there now
 
 
 @pytest.fixture(params=["httpx", "stdlib"])

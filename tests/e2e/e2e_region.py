@@ -19,24 +19,21 @@ from typing import Any
 
 import httpx
 
-from plait.server.serve import free_port
+from plait.testing import WaitTimeout, free_port
+from plait.testing import wait_for as _wait_for
 
 
-def wait_for(check: Callable[[], Any], timeout: float = 60.0, what: str = "condition",
-             logs: Path | None = None) -> None:
-    """Wait until `check()` is true; on timeout, fail with the tail of every `*.log`
-    under `logs` (the region's processes), so that a failure in CI says why."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    tails = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
-                    for p in sorted(logs.rglob("*.log"))) if logs else ""
-    raise AssertionError(f"{what}: not reached within the liveness bound{tails}")
+def wait_for(check: Callable[[], Any], timeout: float = 60.0, what: str | None = None,
+             logs: Path | None = None) -> Any:
+    """:func:`plait.testing.wait_for` a check of the region (not answering yet counts
+    as "not yet"); on timeout, fail with the tail of every `*.log` under `logs` (the
+    region's processes), so that a failure in CI says why."""
+    try:
+        return _wait_for(check, timeout, what, poll=0.2, ignore=(httpx.TransportError,))
+    except WaitTimeout as exc:
+        tails = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                        for p in sorted(logs.rglob("*.log"))) if logs else ""
+        raise WaitTimeout(f"{exc}{tails}") from None
 
 
 def answers(endpoint: str) -> bool:
@@ -202,12 +199,14 @@ class Region:
                 pass
         # and whatever an agent started but had not recorded yet (killed mid-step); a
         # SIGKILLed process takes a moment to be gone
-        deadline = time.monotonic() + 20
-        while (left := self.ours()) and time.monotonic() < deadline:
-            for pid in left:
+        def killed() -> bool:
+            for pid in (left := self.ours()):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.05)
+            return not left
+
+        with contextlib.suppress(WaitTimeout):  # (a clean-up: best effort, bounded)
+            _wait_for(killed, 20, "every process of the region gone")
         self.admin.close()
 
 

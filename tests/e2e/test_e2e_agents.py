@@ -50,7 +50,7 @@ def test_agents_run_a_job_as_processes_and_adopt_them_after_a_restart(region):
     region.start_agent(machine)
     wait_for(lambda: region.admin.get(f"/v1/machines/{machine}").json()["state"] == "healthy"
              and len(region.endpoints()) == 3, what="the agent is back")
-    time.sleep(2)  # a few agent steps
+    time.sleep(2)  # a few agent steps (the subject is time: nothing restarts meanwhile)
     assert region.task_pids(machine) == before
     for pid in before.values():
         os.kill(pid, 0)  # still the same, running process

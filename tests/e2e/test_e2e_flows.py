@@ -235,7 +235,8 @@ def test_planned_maintenance_moves_the_tasks_before_the_deadline_one_at_a_time(s
             t["serving"] and t["operation"] is None for t in s.tasks)
 
     with Sampler(region) as sampler:
-        time.sleep(0.5)  # a few samples of the job serving before the notice
+        wait_for(lambda: len(sampler.samples) >= 5,  # the job serving before the notice
+                 what="a few samples")
         start = time.time() + NOTICE
         r = region.admin.post("/v1/maintenance", json={
             "machines": [victim], "start": start, "duration_seconds": 120,
@@ -244,7 +245,7 @@ def test_planned_maintenance_moves_the_tasks_before_the_deadline_one_at_a_time(s
         # the liveness bound: the moves finish (before the deadline or not: asserted below)
         wait_for(lambda: any(moved(s) for s in sampler.samples[-5:]), timeout=90,
                  what="the tasks under notice run elsewhere")
-        time.sleep(max(0.0, start + 1.0 - time.time()))  # past the deadline
+        time.sleep(max(0.0, start + 1.0 - time.time()))  # past the deadline (the subject)
     samples = sampler.samples
     assert samples, sampler.errors
     notice = [s for s in samples if s.at >= start - NOTICE]

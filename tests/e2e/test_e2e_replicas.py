@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from plait.harness.replicas import ReplicatedRegion, Writer, wait_until
+from plait.harness.replicas import NOT_YET, ReplicatedRegion, Writer
 from plait.harness.zkensemble import installed
+from plait.testing import wait_for
 
 WAIT = 90.0
 
@@ -37,8 +38,8 @@ def sleepers(region: ReplicatedRegion, tasks: int, per_machine: int | None = Non
         spec["policy"] = {"requirements": {"max_tasks_per_machine": per_machine}}
     r = admin.post("/v1/jobs", json=spec)
     assert r.status_code == 201, r.text
-    wait_until(lambda: region.running("s", tasks) and len(region.task_pids()) == tasks, WAIT,
-               "the tasks run")
+    wait_for(lambda: region.running("s", tasks) and len(region.task_pids()) == tasks, WAIT,
+             "the tasks run", ignore=NOT_YET)
 
 
 def alive(pid: int) -> bool:
@@ -60,15 +61,15 @@ def test_a_follower_takes_over_from_a_killed_leader_and_nothing_is_lost(region):
     pids = region.task_pids()
     writer = Writer(region, "e", rate=10).start()
     try:
-        wait_until(lambda: len(writer.acked) >= 10, WAIT, "writes acknowledged")
+        wait_for(lambda: len(writer.acked) >= 10, WAIT, "writes acknowledged", ignore=NOT_YET)
         leader = region.leader()
         assert leader is not None
         before = len(writer.acked)
         killed = time.time()
         region.kill_replica(leader)
-        wait_until(lambda: region.leader() == 1 - leader, WAIT, "the follower leads")
-        wait_until(lambda: len(writer.acked) > before and writer.acked[-1][1] > killed, WAIT,
-                   "a write acknowledged by the new leader")
+        wait_for(lambda: region.leader() == 1 - leader, WAIT, "the follower leads", ignore=NOT_YET)
+        wait_for(lambda: len(writer.acked) > before and writer.acked[-1][1] > killed, WAIT,
+                 "a write acknowledged by the new leader", ignore=NOT_YET)
     finally:
         writer.stop()
     assert writer.lost() == []  # every acknowledged job is there
@@ -77,7 +78,7 @@ def test_a_follower_takes_over_from_a_killed_leader_and_nothing_is_lost(region):
     elected = region.events("leader_elected")
     assert len(elected) == 2 and region.urls[1 - leader] in elected[-1]["message"]
     # the agents follow the new leader: they keep beating, no machine is lost
-    time.sleep(region.heartbeat_timeout + 1)
+    time.sleep(region.heartbeat_timeout + 1)  # (the subject: a heartbeat timeout passes)
     assert region.events("machine_unreachable") == []
     # the new leader's passes (their writes carry its election's fence) all went through
     assert region.events("step_failed") == []
@@ -89,14 +90,14 @@ def test_the_control_plane_keeps_serving_when_a_zookeeper_member_dies(region):
     pids = region.task_pids()
     writer = Writer(region, "e", rate=10).start()
     try:
-        wait_until(lambda: len(writer.acked) >= 10, WAIT, "writes acknowledged")
+        wait_for(lambda: len(writer.acked) >= 10, WAIT, "writes acknowledged", ignore=NOT_YET)
         member = region.ensemble.leader()  # the ensemble's leader, even
         assert member is not None
         before = len(writer.acked)
         killed = time.time()
         region.ensemble.kill(member)
-        wait_until(lambda: len(writer.acked) >= before + 20 and writer.acked[-1][1] > killed,
-                   WAIT, "writes acknowledged after the member died")
+        wait_for(lambda: len(writer.acked) >= before + 20 and writer.acked[-1][1] > killed,
+                 WAIT, "writes acknowledged after the member died", ignore=NOT_YET)
     finally:
         writer.stop()
     assert writer.lost() == []
@@ -112,9 +113,9 @@ def test_tasks_keep_running_when_every_control_plane_process_dies(region):
     assert all(alive(p) for p in pids.values())
     for i in range(region.replicas):
         region.start_replica(i)
-    wait_until(lambda: region.leader() is not None, WAIT, "a replica leads again")
-    wait_until(lambda: region.running("s", 3), WAIT, "the tasks are reported running")
-    time.sleep(region.heartbeat_timeout + 1)
+    wait_for(lambda: region.leader() is not None, WAIT, "a replica leads again", ignore=NOT_YET)
+    wait_for(lambda: region.running("s", 3), WAIT, "the tasks are reported running", ignore=NOT_YET)
+    time.sleep(region.heartbeat_timeout + 1)  # (the subject: a heartbeat timeout passes)
     assert region.task_pids() == pids  # adopted, none restarted
     assert region.running("s", 3)
 
@@ -198,27 +199,28 @@ def test_a_partitioned_agent_keeps_its_tasks_until_it_hears_they_moved(tmp_path)
             pid = region.task_pids()[f"s.{index}"]
             others = {k: v for k, v in region.task_pids().items() if k != f"s.{index}"}
             partitions[victim].cut()
-            wait_until(lambda: any(e["machine"] == victim
-                                   for e in region.events("machine_unreachable")),
-                       WAIT, "the partitioned machine is found unreachable")
+            wait_for(lambda: any(e["machine"] == victim
+                                 for e in region.events("machine_unreachable")),
+                     WAIT, "the partitioned machine is found unreachable", ignore=NOT_YET)
 
             def moved() -> bool:
                 t = admin.get("/v1/jobs/s/tasks").json()["tasks"][index]
                 return bool(t["machine"] != victim and t["state"] == "running")
-            wait_until(moved, WAIT, "its task runs on another machine")
+            wait_for(moved, WAIT, "its task runs on another machine", ignore=NOT_YET)
             # the agent cannot know: its copy runs on, out of service discovery
             assert alive(pid)
             endpoints = admin.get("/v1/discovery/s").json()["endpoints"]
             assert [e["machine"] for e in endpoints if e["index"] == index] != [victim]
             partitions[victim].heal()
-            wait_until(lambda: not alive(pid), WAIT, "the stale copy is stopped on heal")
-            wait_until(lambda: any(e["machine"] == victim
-                                   for e in region.events("machine_back")),
-                       WAIT, "the machine is back")
+            wait_for(lambda: not alive(pid), WAIT, "the stale copy is stopped on heal",
+                     ignore=NOT_YET)
+            wait_for(lambda: any(e["machine"] == victim
+                                 for e in region.events("machine_back")),
+                     WAIT, "the machine is back", ignore=NOT_YET)
             # one copy of each index (once the agent has recorded the stop); the other
             # tasks were left alone
-            wait_until(lambda: region.task_pids().get(f"s.{index}") not in (None, pid), WAIT,
-                       "the agents' records show one copy of the task")
+            wait_for(lambda: region.task_pids().get(f"s.{index}") not in (None, pid), WAIT,
+                     "the agents' records show one copy of the task", ignore=NOT_YET)
             pids = region.task_pids()
             assert sorted(pids) == ["s.0", "s.1", "s.2"] and pids[f"s.{index}"] != pid
             assert all(alive(p) for p in pids.values())

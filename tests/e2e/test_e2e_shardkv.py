@@ -183,8 +183,8 @@ def test_a_load_across_a_killed_and_restarted_shard_manager(tmp_path: Path) -> N
     import signal
     import subprocess
 
-    from plait.server.serve import free_port
     from plait.shardmanager.client import ShardTask
+    from plait.testing import free_port, wait_for
 
     kv, srv = example_client(), example_server()
     port = free_port()
@@ -196,13 +196,11 @@ def test_a_load_across_a_killed_and_restarted_shard_manager(tmp_path: Path) -> N
             [sys.executable, "-m", "plait.cli.main", "shardmanager", "serve", "--port",
              str(port), "--token-file", str(token_file), "--data-dir", str(data)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while True:  # (a liveness bound)
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
-                    return proc
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.1)
+        wait_for(lambda: proc.poll() is not None
+                 or httpx.get(f"{url}/healthz", timeout=5).status_code == 200,
+                 what="the shard manager serves", ignore=(httpx.HTTPError,))
+        assert proc.poll() is None
+        return proc
 
     proc = serve()
     token = token_file.read_text().strip()
@@ -224,23 +222,17 @@ def test_a_load_across_a_killed_and_restarted_shard_manager(tmp_path: Path) -> N
                 return bool(admin.get("/v1/apps/kv").json()["fully_replicated"] == 16)
             return False
 
-        deadline = time.monotonic() + 60
-        while not fully():
-            assert time.monotonic() < deadline, "every shard has 3 replicas"
-            time.sleep(0.1)
+        wait_for(fully, what="every shard has 3 replicas")
         client = kv.KvClient(url, read_token(token, "kv"), deadline=60)
         assert client.wait_for_map(lambda m: all(
             len(r) == 3 for r in m["shards"].values()) and bool(m["shards"]), 30)
         load = kv.Load(client, writers=2, readers=2, keys=300).start()
-        deadline = time.monotonic() + 60
-        while load.writes_acked < 50:
-            assert time.monotonic() < deadline, "writes acknowledged"
-            time.sleep(0.1)
+        wait_for(lambda: load.writes_acked >= 50, what="writes acknowledged")
         before = client.map["generation"]
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         acked_at_kill = load.writes_acked
-        time.sleep(1.0)  # (the load runs on with the map it has)
+        time.sleep(1.0)  # (the subject is time: the load runs on a while with its map)
         proc = serve()
         # the restarted service's maps are newer than any the client holds, and the
         # client takes them: it is not stuck on the old generation
@@ -248,10 +240,8 @@ def test_a_load_across_a_killed_and_restarted_shard_manager(tmp_path: Path) -> N
             len(r) == 3 for r in m["shards"].values()), 60), client.map["generation"]
         live = {t.endpoint for t in tasks}
         assert {e for r in client.map["shards"].values() for e in r} <= live
-        deadline = time.monotonic() + 60
-        while load.writes_acked < acked_at_kill + 100:
-            assert time.monotonic() < deadline, "writes acknowledged after the restart"
-            time.sleep(0.1)
+        wait_for(lambda: load.writes_acked >= acked_at_kill + 100,
+                 what="writes acknowledged after the restart")
         load.stop()
         checked = load.verify()
         report = {**load.report(), "verify": checked}

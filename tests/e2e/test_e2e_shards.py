@@ -13,7 +13,7 @@ import httpx
 from e2e_region import wait_for
 
 from plait.harness.region import cmdline, kill_groups, processes_under
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 
 def plait(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from test_e2e_replicas import Partition, alive
 
-from plait.harness.replicas import wait_until
+from plait.harness.replicas import NOT_YET
 from plait.harness.shards import ShardedBox
 from plait.harness.zkensemble import LocalEnsemble, installed
+from plait.testing import wait_for
 
 WAIT = 90.0
 
@@ -44,8 +45,8 @@ def test_a_partitioned_agent_of_a_shard_keeps_its_task_until_it_hears_it_moved(
                         "args": ["infinity"], "resources": {"cpu": 0.1, "memory_gb": 0.1},
                         "policy": {"requirements": {"max_tasks_per_machine": 1}}}
                 assert api.post("/v1/jobs", json=spec).status_code == 201
-                wait_until(lambda: box.running("s", 3) and len(box.pids()) == 3, WAIT,
-                           "the tasks run")
+                wait_for(lambda: box.running("s", 3) and len(box.pids()) == 3, WAIT,
+                         "the tasks run", ignore=NOT_YET)
                 task = api.get("/v1/jobs/s/tasks").json()["tasks"][0]
                 index, victim = task["index"], task["machine"]
                 pid = box.pids()[f"{victim}/s.{index}"]
@@ -55,21 +56,23 @@ def test_a_partitioned_agent_of_a_shard_keeps_its_task_until_it_hears_it_moved(
                 def events(kind: str) -> list[dict]:
                     return api.get("/v1/events", params={"kind": kind}).json().get(
                         "events", [])
-                wait_until(lambda: any(e["machine"] == victim and e["shard"] == 1
-                                       for e in events("machine_unreachable")),
-                           WAIT, "shard 1 finds the partitioned machine unreachable")
+                wait_for(lambda: any(e["machine"] == victim and e["shard"] == 1
+                                     for e in events("machine_unreachable")),
+                         WAIT, "shard 1 finds the partitioned machine unreachable",
+                         ignore=NOT_YET)
 
                 def moved() -> bool:
                     t = api.get("/v1/jobs/s/tasks").json()["tasks"][index]
                     return bool(t["machine"] != victim and t["state"] == "running")
-                wait_until(moved, WAIT, "its task runs on another machine")
+                wait_for(moved, WAIT, "its task runs on another machine", ignore=NOT_YET)
                 assert alive(pid)  # the agent cannot know: its copy runs on
                 endpoints = api.get("/v1/discovery/s").json()["endpoints"]
                 assert victim not in [e["machine"] for e in endpoints if e["index"] == index]
                 partitions[victim].heal()
-                wait_until(lambda: not alive(pid), WAIT, "the stale copy is stopped on heal")
-                wait_until(lambda: sorted(k.split("/")[1] for k in box.pids()) == [
-                    "s.0", "s.1", "s.2"], WAIT, "one copy of each task")
+                wait_for(lambda: not alive(pid), WAIT, "the stale copy is stopped on heal",
+                         ignore=NOT_YET)
+                wait_for(lambda: sorted(k.split("/")[1] for k in box.pids()) == [
+                    "s.0", "s.1", "s.2"], WAIT, "one copy of each task", ignore=NOT_YET)
                 now = box.pids()
                 assert all(now.get(k) == v for k, v in others.items())  # left alone
                 assert box.running("s", 3)

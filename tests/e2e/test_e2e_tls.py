@@ -16,7 +16,7 @@ import httpx
 from e2e_region import wait_for
 
 from plait.harness.region import kill_groups, processes_under
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 JOB = {"name": "s", "entitlement": "e", "task_count": 1, "command": "sleep",
        "args": ["infinity"], "resources": {"cpu": 0.1, "memory_gb": 0.1}}

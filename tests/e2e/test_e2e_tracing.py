@@ -16,7 +16,7 @@ import httpx
 from e2e_region import wait_for
 
 from plait.harness.region import kill_groups, processes_under
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 
 def test_a_request_through_a_front_end_process_is_one_trace_with_the_shards(

@@ -16,7 +16,7 @@ import httpx
 from test_e2e_agents import WEB, alive, answers, wait_for
 
 from plait.harness.region import cmdline, kill_groups, processes_under
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 
 def task_pids(data: Path) -> dict[str, int]:
@@ -73,13 +73,13 @@ def test_up_stop_up_again_and_survive_a_killed_control_plane(tmp_path):
         # next `plait up` adopts them without restarting any task
         proc.kill()
         proc.wait(timeout=30)
-        time.sleep(1)
+        time.sleep(1)  # (the subject is time: a while with no control plane, from outside)
         assert all(alive(p) for p in second.values())
         assert all(answers(e) for e in endpoints_from_state(data).values())
         proc = up(machines="5")  # (a region's size is its own: said, and ignored)
         output = b""
         wait_for(lambda: len(endpoints(admin)) == 3, what="the tasks are adopted")
-        time.sleep(2)
+        time.sleep(2)  # (the subject is time: agents' steps after the adoption, from outside)
         assert task_pids(data) == second
         assert all(alive(p) for p in second.values())
     finally:
@@ -155,7 +155,7 @@ def test_up_with_replicas_survives_the_loss_of_its_own_process(tmp_path):
         wait_for(lambda: role(urls[1]) == "leader", what="the replica takes over", logs=data)
         assert admin.post("/v1/jobs", json={**WEB, "name": "web2", "task_count": 0}
                           ).status_code == 201
-        time.sleep(4)  # past the heartbeat timeout: the agents beat to the new leader
+        time.sleep(4)  # past the heartbeat timeout (the subject): agents beat to the new leader
         events = admin.get("/v1/events", params={"limit": 1000}).json()["events"]
         assert not [e for e in events if e["kind"] == "machine_unreachable"]
         assert task_pids(data) == first and all(alive(p) for p in first.values())
@@ -216,7 +216,7 @@ def test_ctrl_c_stops_agents_and_replicas_restarted_by_hand(tmp_path):
         restart_by_hand(agent_pid)
         restart_by_hand(replica_pid)
         wait_for(lambda: all(alive(p.pid) for p in hand), what="restarted by hand")
-        time.sleep(2)  # (the agent adopts its tasks, the replica campaigns)
+        time.sleep(2)  # (the subject is time: the agent adopts its tasks, the replica campaigns)
         assert all(p.poll() is None for p in hand)
     finally:
         proc.send_signal(signal.SIGINT)
@@ -319,7 +319,7 @@ def test_up_says_when_a_replica_or_an_agent_it_started_exits(tmp_path):
                  what="the warnings", logs=data)
         # reaped: no zombie left (a zombie keeps its /proc entry)
         assert not Path(f"/proc/{replica}").exists() and not Path(f"/proc/{agent}").exists()
-        time.sleep(2)
+        time.sleep(2)  # (the subject is time: `plait up` watches on, and says it once)
         assert said().count("replica 1 exited") == 1  # (once)
         assert said().count(f"agent {machine} exited") == 1
         # (its machine ran nothing: not restarted)
@@ -376,7 +376,7 @@ def test_an_agent_killed_while_its_tasks_run_is_restarted_and_adopts_them(tmp_pa
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:
             assert copies(data, "web") == before
-            time.sleep(0.25)
+            time.sleep(0.25)  # (sampling past the heartbeat timeout: the subject is time)
         said = " ".join(out.read_text().split())
         assert f"agent {machine} exited with -9 while 1 processes of its tasks ran: " \
             "restarted" in said, said

@@ -21,7 +21,7 @@ from test_e2e_up import task_pids
 
 from plait.harness.region import cmdline, kill_groups, processes_under
 from plait.harness.zkensemble import LocalEnsemble
-from plait.server.serve import free_port
+from plait.testing import free_port
 
 
 def sleepers(name: str, ent: str) -> dict:
@@ -120,7 +120,7 @@ def test_up_with_shards_on_zookeeper_survives_a_shard_leader_kill(tmp_path):
         # an entitlement moves to the other shard; its tasks run on untouched
         r = admin.post("/v1/admin/entitlements/a/move", json={"shard": 1})
         assert r.status_code == 200, r.text
-        time.sleep(1.0)
+        time.sleep(1.0)  # (the subject is time: a while after the move, seen from outside)
         assert task_pids(data) == first
         assert admin.put("/v1/jobs/sa", json={**sleepers("sa", "a"), "task_count": 1}
                          ).status_code == 200  # managed by shard 1 now
@@ -134,7 +134,7 @@ def test_up_with_shards_on_zookeeper_survives_a_shard_leader_kill(tmp_path):
         for pid_file in (data / "replicas").glob("*.pid"):
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        time.sleep(2.0)
+        time.sleep(2.0)  # (the subject is time: a while with no control plane at all)
         assert task_pids(data) == kept and all(alive(p) for p in kept.values())
         proc = up()
         wait_for(lambda: all(t["state"] == "running" for j in ("sa", "sb")

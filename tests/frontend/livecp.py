@@ -3,7 +3,6 @@ the front-end tests; the fixtures are in conftest.py)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import httpx
 from plait.model import RegionSpec
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.serve import ApiServer, store_for
+from plait.testing import wait_for as wait_for  # (the suite's one; tests import it here)
 
 REGION = RegionSpec.sized(24, dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2)
 
@@ -46,15 +46,6 @@ class Live:
         r = self.client(join).post("/v1/agents/join", json={"machine": machine})
         assert r.status_code == 201, r.text
         return self.client(r.json()["token"]), r.json()["token"]
-
-
-def wait_for(check: Callable[[], bool], timeout: float = 60.0) -> None:
-    """A liveness bound, not a speed assertion."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within the liveness bound")
-        time.sleep(0.05)
 
 
 def start_live(data_dir, sim_agents: bool = True, store: str | None = None,

@@ -8,12 +8,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 
-from plait.server.serve import free_port
+from plait.testing import free_port, wait_for
 
 
 def serve(data: Path, port: int, config: Path) -> subprocess.Popen[bytes]:
@@ -29,16 +28,11 @@ def serve(data: Path, port: int, config: Path) -> subprocess.Popen[bytes]:
 
 def healthy(url: str, proc: subprocess.Popen[bytes], log: Path,
             timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def up() -> bool:
         assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("the control plane did not come up within the liveness bound")
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+
+    wait_for(up, timeout, "the control plane comes up", ignore=(httpx.TransportError,))
 
 
 def test_no_acknowledged_create_is_lost_when_the_control_plane_is_killed(tmp_path):
@@ -73,9 +67,7 @@ def test_no_acknowledged_create_is_lost_when_the_control_plane_is_killed(tmp_pat
         threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 60
-        while len(acked) < 60 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: len(acked) >= 60, what="60 creates acknowledged")
         os.kill(proc.pid, signal.SIGKILL)  # mid-stream
         proc.wait(timeout=30)
         stop.set()
@@ -89,24 +81,16 @@ def test_no_acknowledged_create_is_lost_when_the_control_plane_is_killed(tmp_pat
             # the restarted replica answers /healthz as a follower until the dead
             # process's lease lapses and it has loaded the state: meanwhile the API
             # answers 503 + Retry-After, as during any election
-            deadline = time.monotonic() + 60
-            listed = client.get("/v1/jobs")
-            while listed.status_code == 503 and time.monotonic() < deadline:
-                time.sleep(0.1)
-                listed = client.get("/v1/jobs")
+            listed = wait_for(lambda: (r := client.get("/v1/jobs")).status_code != 503 and r,
+                              what="the restarted replica leads")
             assert listed.status_code == 200, listed.text
             jobs = {j["name"]: j for j in listed.json()["jobs"]}
             missing = [n for n in acked if n not in jobs]
             assert missing == []
             # every stored job is whole, and the scheduler takes them all on
             assert all(j["spec"]["task_count"] == 1 for j in jobs.values())
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                jobs = client.get("/v1/jobs").json()["jobs"]
-                if all(j["settled"] for j in jobs):
-                    break
-                time.sleep(0.2)
-            assert all(j["settled"] for j in jobs)
+            wait_for(lambda: all(j["settled"] for j in client.get("/v1/jobs").json()["jobs"]),
+                     what="every job settled")
     finally:
         proc.kill()
         proc.wait(timeout=30)

@@ -122,7 +122,6 @@ def test_a_save_that_finds_the_store_ahead_of_memory_reads_the_store_again(tmp_p
     """A takeover from a follower's copy that missed the old leader's last writes holds
     records older than the store's: its save is refused (nothing written), and the next
     pass reads everything from the store and goes on, instead of failing for ever."""
-    import time
 
     import pytest
 
@@ -131,11 +130,8 @@ def test_a_save_that_finds_the_store_ahead_of_memory_reads_the_store_again(tmp_p
     cp = plane(tmp_path)
 
     def passes_until(done, seconds=30.0):
-        end = time.monotonic() + seconds  # (a liveness bound: simulated agents start late)
-        while not done() and time.monotonic() < end:
-            cp.loop.step()
-            time.sleep(0.02)
-        return done()
+        # (a liveness bound: simulated agents start late)
+        return wait_for(lambda: (cp.loop.step(), done())[1], seconds, poll=0.02)
 
     cp.commands.create_job(SPEC)
     assert passes_until(lambda: cp.views.job_view("web")["settled"])
@@ -277,7 +273,6 @@ def test_the_intents_reconcile_looks_only_at_jobs_whose_intents_may_move_on(tmp_
     2,000 pushes soaking for a day cost the loop 218 ms a second. Now a job is looked
     at when its intents, its record or its tasks changed, or when what its intents
     wait for (here, the soak's end) has come."""
-    import time
 
     from plait.jcp.intents import PushIntent
     from plait.server.controlplane.jcp import QUIET_EVERY
@@ -295,11 +290,7 @@ def test_the_intents_reconcile_looks_only_at_jobs_whose_intents_may_move_on(tmp_
     def phases() -> set[str]:
         return {cp.jcp.push_view(n)["status"]["phase"] for n in names}
 
-    deadline = time.monotonic() + 60
-    while phases() != {"soaking"}:
-        assert time.monotonic() < deadline, phases()
-        cp.loop.step()
-        time.sleep(0.05)
+    wait_for(lambda: (cp.loop.step(), phases() == {"soaking"})[1], what="every push soaks")
     for _ in range(5):  # (the last changes of the tasks, looked at)
         cp.loop.step()
     seen = looks(cp)
@@ -397,7 +388,7 @@ def test_a_burst_keeps_the_passes_apart_and_its_end_waits_for_no_more_of_it(
     cp.loop.start()
     try:
         wait_for(lambda: cp.steps >= 1)
-        time.sleep(0.2)
+        time.sleep(0.2)  # (the subject is time: the pass gap and its quiet)
         steps = cp.steps
         started = time.monotonic()
         cp.notify_many(["nothing"])  # (a lone create: the gap's first half holds)
@@ -405,7 +396,7 @@ def test_a_burst_keeps_the_passes_apart_and_its_end_waits_for_no_more_of_it(
         # come after it
         while time.monotonic() - started < 7.0:
             cp.notify_many(["nothing"])
-            time.sleep(0.02)
+            time.sleep(0.02)  # (a burst: creates keep coming, this far apart)
             assert cp.steps == steps
         # they stop: the pass takes them QUIET later, not at the gap's end (10 s)
         wait_for(lambda: cp.steps > steps, timeout=20)

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from livecp import start_behind_front_end, start_live, stop_live
+from livecp import start_behind_front_end, start_live, stop_live, wait_for
 
 from plait.server.controlplane.waiters import Waiters
 
@@ -34,9 +34,7 @@ def test_notify_wakes_the_polls_of_that_machine_only_from_another_thread():
     runner = threading.Thread(target=asyncio.run, args=(both(),))
     runner.start()
     ready.wait(10)
-    deadline = time.monotonic() + 10
-    while waiters.count() < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: waiters.count() >= 2, what="both polls wait")
     assert waiters.notify(["a", "c"]) == 1  # (from this thread: the pass's)
     runner.join(10)
     assert woken == {"a": True, "b": False}
@@ -87,9 +85,7 @@ def test_a_change_wakes_the_waiting_poll_with_the_new_set(quiet):
                                              "wait": 50}).json())
     poller = threading.Thread(target=poll)
     poller.start()
-    deadline = time.monotonic() + 10
-    while quiet.cp.gateway.waiters.count() < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: quiet.cp.gateway.waiters.count() >= 1, what="the poll waits")
     assert quiet.cp.gateway.waiters.count() == 1
     # the machine leaves this control plane's watch (as when its shard hands it over):
     # its generation moves on, and its poll is answered at once
@@ -125,9 +121,7 @@ def test_a_stopping_api_answers_its_waiting_polls_at_once(quiet):
     poller = threading.Thread(target=lambda: answers.append(
         admin.get(url, params={"since": gen, "wait": 50}).status_code))
     poller.start()
-    deadline = time.monotonic() + 10
-    while quiet.cp.gateway.waiters.count() < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: quiet.cp.gateway.waiters.count() >= 1, what="the poll waits")
     quiet.cp.gateway.waiters.close()  # (what stopping the API does first)
     poller.join(30)
     assert answers == [200]
@@ -153,7 +147,7 @@ def test_a_long_poll_answered_after_its_replica_stopped_leading_is_a_503(tmp_pat
         poll = threading.Thread(target=lambda: answers.append(agent.get(
             "/v1/machines/m0000001/desired", params={"wait": 20, "since": since})))
         poll.start()
-        time.sleep(0.3)  # (the poll waits)
+        wait_for(lambda: live.cp.gateway.waiters.count() >= 1, what="the poll waits")
         live.cp.leading = lambda: False
         live.cp.gateway.waiters.notify_all()  # (as a replica that lost its election does)
         poll.join(timeout=60)

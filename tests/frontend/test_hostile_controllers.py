@@ -112,15 +112,14 @@ def test_hostile_controllers_delay_only_their_own_jobs(region):
 
     # the slow controller's answer comes, and its job paces under max_unavailable
     peak = 0
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+
+    def updated() -> bool:
+        nonlocal peak
         v = view(live, "slow")
         peak = max(peak, v["unavailable"])
-        if v["settled"] and v["applied_version"] == 2:
-            break
-        time.sleep(0.1)
-    else:
-        raise AssertionError("the slow controller's job did not finish its update")
+        return bool(v["settled"] and v["applied_version"] == 2)
+
+    wait_for(updated, 90, "the slow controller's job finishes its update", poll=0.1)
     assert peak <= 1
     seqs = [s.sequence_number for s in farm.state.seen["slow"]]
     assert seqs == sorted(set(seqs))  # one call at a time, sequence numbers increase

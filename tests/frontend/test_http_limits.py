@@ -71,7 +71,7 @@ def test_a_head_that_grows_past_the_limit_in_small_pieces_is_refused(live):
             while sent <= MAX_HEADER_BYTES * 4:
                 sock.sendall(b"a" * 1024)
                 sent += 1024
-                time.sleep(0.001)
+                time.sleep(0.001)  # (the subject: a head arriving in pieces over time)
         assert sent <= MAX_HEADER_BYTES * 4
     assert live.admin.get("/healthz").status_code == 200
 
@@ -84,7 +84,7 @@ def test_requests_sent_together_on_one_connection_are_each_answered(live):
         sock.sendall(head + head)
         for piece in (head[:10], head[10:30], head[30:]):
             sock.sendall(piece)
-            time.sleep(0.05)
+            time.sleep(0.05)  # (the subject: a request arriving in pieces over time)
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         answer = read_until_closed(sock)
     assert answer.count(b"HTTP/1.1 200 ") == 4, answer[:400]
@@ -189,15 +189,16 @@ def test_a_tls_server_stops_at_once_with_an_idle_keep_alive_client(tmp_path):
     import uvicorn
 
     from plait.server.limits import uvicorn_options
-    from plait.server.serve import free_port
+    from plait.testing import free_port, wait_for
     from plait.tls import make_lab_certs
 
-    release = threading.Event()
+    release, arrived = threading.Event(), threading.Event()
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
             return
         if scope["path"] == "/slow":  # answered only once the stop has begun
+            arrived.set()
             while not release.is_set():
                 await asyncio.sleep(0.01)
         await send({"type": "http.response.start", "status": 200,
@@ -210,10 +211,7 @@ def test_a_tls_server_stops_at_once_with_an_idle_keep_alive_client(tmp_path):
         ssl_certfile=str(certs["server"]), ssl_keyfile=str(certs["server-key"])))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
+    wait_for(lambda: server.started, 30, "the server starts")
     trust = ssl.create_default_context(cafile=str(certs["ca"]))
     idle = httpx.Client(verify=trust, base_url=f"https://127.0.0.1:{port}")
     busy = httpx.Client(verify=trust, base_url=f"https://127.0.0.1:{port}", timeout=30)
@@ -222,10 +220,18 @@ def test_a_tls_server_stops_at_once_with_an_idle_keep_alive_client(tmp_path):
         answers: list[httpx.Response] = []
         under_way = threading.Thread(target=lambda: answers.append(busy.get("/slow")))
         under_way.start()
-        time.sleep(0.3)  # (the request has reached the app)
+        wait_for(arrived.is_set, what="the request reaches the app")
         started = time.monotonic()
         server.should_exit = True
-        time.sleep(0.3)
+
+        def refused() -> bool:  # the stop has begun: the server listens no more
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                return True
+            return False
+
+        wait_for(refused, what="the server stops listening")
         release.set()
         under_way.join(30)
         thread.join(20)

@@ -5,8 +5,6 @@ through, or acts on, the second (live control plane, simulated agents)."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 from livecp import Live, wait_for
 
@@ -64,7 +62,8 @@ def test_an_autoscale_policy_belongs_to_the_job_it_was_set_on(live: Live) -> Non
     assert bob.post("/v1/jobs/web/load", json={"value": 3.5}).status_code == 404
     # decisions go on (a second a job): none for the new job, and the record goes
     wait_for(lambda: "web" not in live.cp.autoscaling.ns.children("/"))
-    time.sleep(1.5)
+    passes = live.cp.steps  # (the Job Control Plane acts on a sizing intent in a pass)
+    wait_for(lambda: live.cp.steps >= passes + 5)
     assert size(bob) == 1 and bob.get("/v1/jobs/web/autoscale").status_code == 404
     # the new job's owner sets a policy of its own: it starts with no load measured
     assert bob.put("/v1/jobs/web/autoscale", json={"interval_seconds": 1, "policy": {

@@ -216,7 +216,7 @@ def test_plait_agent_serves_its_metrics_on_the_port_it_is_given(tmp_path: Path) 
     import subprocess
     import sys
 
-    from plait.server.serve import free_port
+    from plait.testing import free_port
 
     port = free_port()
     token = tmp_path / "join-token"

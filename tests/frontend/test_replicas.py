@@ -145,7 +145,7 @@ def test_a_leader_loading_its_state_for_longer_than_its_session_keeps_the_lead(
     def slow_take_over(self, *args, **kwargs):
         if not slow.is_set():
             slow.set()
-            time.sleep(3.0)  # 3 sessions
+            time.sleep(3.0)  # 3 sessions (the subject: a load that outlasts the lease)
         return take_over(self, *args, **kwargs)
 
     monkeypatch.setattr(ControlPlane, "take_over", slow_take_over)

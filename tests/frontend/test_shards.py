@@ -369,7 +369,12 @@ def test_a_beat_taken_after_a_move_does_not_have_the_old_shard_fail_the_machine(
         with old.pending_lock:  # beats the gateway took just before the handoff, that
             for m in machines:  # the old shard's pass reads after it
                 old.incoming._beats[m] = old.clock()
-        time.sleep(4 * 2.0)  # two heartbeat timeouts and more
+        # two heartbeat timeouts and more on the shards' clocks, and a pass of each after
+        # that: a stale beat would have failed its machine by then
+        past = [region.cp(s).clock() + 4 * 2.0 for s in (0, 1)]
+        wait_for(lambda: all(region.cp(s).clock() >= past[s] for s in (0, 1)), 30)
+        passes = [region.cp(s).steps for s in (0, 1)]
+        wait_for(lambda: all(region.cp(s).steps > passes[s] + 1 for s in (0, 1)))
         assert not machines & set(old.liveness.last)
         failed = [e.machine for s in (0, 1) for e in region.cp(s).events.query(limit=1000)[0]
                   if e.kind == "machine_unreachable"]
@@ -515,10 +520,13 @@ def test_an_agent_refused_its_credential_joins_again_and_stops_its_tasks_only_if
         join = api.post("/v1/tokens", json={"role": "join", "name": "j2"}).json()["token"]
         other = httpx.Client(base_url=region.front.url, timeout=30,
                              headers={"Authorization": f"Bearer {join}"})
-        deadline = time.monotonic() + 60
-        while (r := other.post("/v1/agents/join", json={"machine": machine})).status_code != 201:
-            assert r.status_code == 409 and time.monotonic() < deadline, r.text
-            time.sleep(0.1)
+
+        def joined() -> httpx.Response | None:
+            r = other.post("/v1/agents/join", json={"machine": machine})
+            assert r.status_code in (201, 409), r.text
+            return r if r.status_code == 201 else None
+
+        r = wait_for(joined, what="the other agent joins once the machine is free")
         taker = httpx.Client(base_url=region.front.url, timeout=30, headers={
             "Authorization": f"Bearer {r.json()['token']}"})
 
@@ -543,7 +551,7 @@ def test_an_agent_refused_its_credential_joins_again_and_stops_its_tasks_only_if
                 quiet_since = None
             elif quiet_since is None:
                 quiet_since = time.monotonic()
-            time.sleep(0.2)
+            time.sleep(0.2)  # (the subject is time: quiet for 3 s on end)
         # the other agent goes quiet: this one joins again, and the job runs again
         wait_for(lambda: agent.token is not None)
         wait_for(lambda: region.running("ja", 1))

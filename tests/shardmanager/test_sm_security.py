@@ -31,11 +31,9 @@ from test_sm_service import (
     register,
     six_tasks,
     task,
-    until,
 )
 
 from plait.model.job import MAX_TASKS
-from plait.server.serve import free_port
 from plait.shardmanager import credentials
 from plait.shardmanager.client import ShardTask
 from plait.shardmanager.credentials import read_token, task_secret
@@ -49,6 +47,7 @@ from plait.shardmanager.service import (
 )
 from plait.taskcontrol.protocol import TaskControlRequest, to_wire
 from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, sign, task_credential
+from plait.testing import free_port, wait_for
 
 
 @pytest.fixture
@@ -77,7 +76,7 @@ def test_a_replayed_taskcontrol_call_is_refused_and_changes_nothing(sm: ShardMan
         done = control(c, TaskControlRequest("kv", (), completed=ops([0]),
                                              sequence_number=8))
         assert done.status_code == 200
-        until(lambda: full(c) and any(tasks[0].endpoint in eps for eps in c.get(
+        wait_for(lambda: full(c) and any(tasks[0].endpoint in eps for eps in c.get(
             "/v1/apps/kv/map").json()["shards"].values()))
         before = c.get("/v1/apps/kv/map").json()["shards"]
         # the captured first call, played again byte for byte: refused, nothing changes
@@ -161,7 +160,7 @@ def test_a_start_time_in_the_future_is_refused_and_the_real_task_stays(
     assert skewed.status_code == 422 and "started" in skewed.text
     real = task(sm, 0, 0)
     try:
-        until(lambda: bool(real.shards))
+        wait_for(lambda: bool(real.shards))
         for _ in range(3):
             assert real.register() is True and real.gone is None
     finally:
@@ -296,7 +295,7 @@ def test_a_task_with_its_credential_is_loaded_and_one_posing_as_a_sibling_is_not
     astray.endpoint = f"http://127.0.0.1:{ports[1]}"
     try:
         assert honest.endpoint == f"http://127.0.0.1:{ports[0]}"
-        until(lambda: honest.shards == {"s00000", "s00001"})
+        wait_for(lambda: honest.shards == {"s00000", "s00001"})
         assert hostile.register() is False
         assert astray.register() is False
         assert set(sm.apps["kv"].tasks) == {0}
@@ -374,7 +373,7 @@ def test_calls_to_a_task_carry_no_secret_and_cannot_be_played_again(
     rec = Recorder()
     try:
         assert register(sm, reg(0, rec.url)).status_code == 200
-        until(lambda: bool(rec.seen))
+        wait_for(lambda: bool(rec.seen))
         method, path, headers, body = rec.seen[0]
         assert (method, path) == ("POST", "/sm/add")
         said = json.dumps(headers) + body.decode()
@@ -390,7 +389,7 @@ def test_calls_to_a_task_carry_no_secret_and_cannot_be_played_again(
                                     "controller_key": KEY})
         rec.seen.clear()
         assert register(sm, reg(0, rec.url), app="kv3").status_code == 200
-        until(lambda: bool(rec.seen))
+        wait_for(lambda: bool(rec.seen))
         method, path, headers, body = rec.seen[0]
         own = task_credential(KEY, "kv", 0, credentials.host_port(rec.url))
         assert own not in json.dumps(headers) + body.decode()
@@ -404,7 +403,7 @@ def test_calls_to_a_task_carry_no_secret_and_cannot_be_played_again(
     # another process
     t = task(sm, 1, 0)
     try:
-        until(lambda: bool(t.shards))
+        wait_for(lambda: bool(t.shards))
         body = json.dumps({"shard": "s00000", "nonce": "n" * 32}).encode()
         signed = credentials.sign(t.key, credentials.call_message("POST", "/sm/drop", body),
                                   time.time())
@@ -526,12 +525,12 @@ def test_a_restored_map_names_only_replicas_that_confirm(sm: ShardManager, tmp_p
                 seen.append(m)
                 named = {e for eps in m["shards"].values() for e in eps}
                 return named == {t.endpoint for t in tasks[1:]}
-            until(settled)
+            wait_for(settled)
             assert all(dead.endpoint not in eps for m in seen
                        for eps in m["shards"].values())
             assert not again.apps["kv"].tasks[0].confirmed
             # the others answered, and its shards are loaded elsewhere in time
-            until(lambda: full(c2), 60)
+            wait_for(lambda: full(c2), 60)
         finally:
             again.stop()
     finally:

@@ -15,7 +15,6 @@ import pytest
 
 from plait.errors import ValidationError
 from plait.model import TaskRef
-from plait.server.serve import free_port
 from plait.shardmanager import credentials
 from plait.shardmanager.client import ShardApp, ShardTask
 from plait.shardmanager.service import ShardManager, app_token
@@ -28,6 +27,7 @@ from plait.taskcontrol.protocol import (
     to_wire,
 )
 from plait.taskcontrol.signing import JOB_HEADER, SIGNATURE_HEADER, sign, task_credential
+from plait.testing import free_port, wait_for
 
 TOKEN = "t" * 32
 KEY = "ab" * 32
@@ -42,14 +42,6 @@ class Dict(ShardApp):
 
     def drop_shard(self, shard: str) -> None:
         self.held.pop(shard, None)
-
-
-def until(check, bound: float = 30.0) -> None:
-    """A liveness bound, not a speed assertion."""
-    deadline = time.monotonic() + bound
-    while not check():
-        assert time.monotonic() < deadline, "not reached within the liveness bound"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -95,7 +87,7 @@ def six_tasks(sm: ShardManager, shards: int) -> tuple[httpx.Client, list[ShardTa
     c.put("/v1/apps/kv", json={"job": "kv", "shards": shards, "replication": 3,
                                "controller_key": KEY})
     tasks = [task(sm, i, i % 3) for i in range(6)]
-    until(lambda: full(c))
+    wait_for(lambda: full(c))
     return c, tasks
 
 
@@ -135,9 +127,9 @@ def test_shards_are_loaded_published_and_acked_by_availability(sm: ShardManager)
     assert r.status_code == 200, r.text
     tasks = [task(sm, i, i % 3) for i in range(6)]
     try:
-        until(lambda: full(c))
+        wait_for(lambda: full(c))
         # (the moves of the first rounds, while tasks were joining, end with drops)
-        until(lambda: sum(len(t.impl.held) for t in tasks) == 36)  # type: ignore[attr-defined]
+        wait_for(lambda: sum(len(t.impl.held) for t in tasks) == 36)  # type: ignore[attr-defined]
         # the map is watched: a call past the generation waits for the next change (the
         # balancing rounds), then, once the map is settled, times out unchanged
         settled: list[dict] = []
@@ -148,7 +140,7 @@ def test_shards_are_loaded_published_and_acked_by_availability(sm: ShardManager)
                                                      "wait": 0.5}).json()
             settled[:] = [later]
             return later["generation"] == now["generation"] and full(c)
-        until(quiet)
+        wait_for(quiet)
         m = settled[0]
         view = c.get("/v1/apps/kv").json()
         assert view["fully_replicated"] == 12 and view["min_ready"] == 3
@@ -176,7 +168,7 @@ def test_shards_are_loaded_published_and_acked_by_availability(sm: ShardManager)
                                       sequence_number=3))
         assert not full(c)
         tasks[first] = task(sm, first, first % 3)
-        until(lambda: full(c) and bool(tasks[first].impl.held))  # type: ignore[attr-defined]
+        wait_for(lambda: full(c) and bool(tasks[first].impl.held))  # type: ignore[attr-defined]
         # bad input, named
         assert httpx.get(f"{sm.url}/v1/apps/kv").status_code == 401
         assert control(c, TaskControlRequest("kv", sequence_number=4),
@@ -207,7 +199,7 @@ def test_a_task_under_long_maintenance_is_emptied_before_its_move(sm: ShardManag
         assert first["ack"] == [] and first["ask_again_after"]
         assert c.get("/v1/apps/kv").json()["evacuating"] == [victim]
         # its shards move away, added elsewhere before they are dropped from it
-        until(lambda: not tasks[victim].impl.held and full(c))  # type: ignore[attr-defined]
+        wait_for(lambda: not tasks[victim].impl.held and full(c))  # type: ignore[attr-defined]
         later = control(c, TaskControlRequest("kv", pair, advance_notices=(notice,),
                                               sequence_number=2)).json()
         assert later["ack"] == ["kv/0/move/1"]
@@ -219,7 +211,7 @@ def test_a_task_under_long_maintenance_is_emptied_before_its_move(sm: ShardManag
             c2 = httpx.Client(base_url=again.url, headers={
                 "Authorization": f"Bearer {TOKEN}"}, timeout=30)
             # (published again once each task confirms what it holds: asked at once)
-            until(lambda: c2.get("/v1/apps/kv/map").json()["shards"] == before)
+            wait_for(lambda: c2.get("/v1/apps/kv/map").json()["shards"] == before)
         finally:
             again.stop()
     finally:
@@ -277,7 +269,7 @@ def test_a_task_that_cannot_be_called_holds_up_no_other(sm: ShardManager) -> Non
             stuck = [ep for eps in m["adding"].values() for ep in eps]
             return bool(stuck) and set(stuck) == {nowhere} and all(
                 len(eps) == 2 for eps in m["shards"].values())
-        until(loaded)
+        wait_for(loaded)
         # the application's token may not define applications, nor read another's map
         assert member.put("/v1/apps/kv", json={"job": "kv", "shards": 1}).status_code == 401
         assert member.get("/v1/apps/other/map").status_code == 401
@@ -316,7 +308,7 @@ def test_an_orphan_copy_of_a_task_is_refused_and_the_map_keeps_its_replacement(
     try:
         assert replacement.started > orphan.started
         replacement.start()
-        until(lambda: replacement.shards and replacement.endpoint in endpoints(c))
+        wait_for(lambda: replacement.shards and replacement.endpoint in endpoints(c))
         # the orphan beats on (each beat here at once): refused, and it stops
         assert orphan.register() is False
         assert orphan.gone is not None and "superseded" in orphan.gone
@@ -328,7 +320,7 @@ def test_an_orphan_copy_of_a_task_is_refused_and_the_map_keeps_its_replacement(
             orphan.gone = None  # (as if it went on beating)
             assert orphan.register() is False
             assert orphan.endpoint not in endpoints(c)
-        until(lambda: full(c))
+        wait_for(lambda: full(c))
         assert replacement.endpoint in endpoints(c)
         assert c.get("/v1/apps/kv").json()["tasks"]["0"]["endpoint"] == replacement.endpoint
         # a process that started before the one registered is refused at its first beat

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import stat
-import time
 import types
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 
 from plait.sidekick import appliers
 from plait.sidekick.appliers import ApplyError
+from plait.testing import wait_for
 
 
 def wire(name: str, version: int = 1, **settings: Any) -> dict[str, Any]:
@@ -330,23 +330,17 @@ def test_script_timeout_kills_its_whole_process_group(tmp_path: Path) -> None:
     assert str(info.value) == "profile script timed out after 1s: started"
     for who in ("parent", "child"):
         pid = int((tmp_path / who).read_text())
-        assert gone(pid), f"the script's {who} {pid} still runs"
+        wait_for(lambda pid=pid: gone(pid), what=f"the script's {who} {pid} ends")
     assert not (tmp_path / appliers.RECORD_FILE).exists()
 
 
-def gone(pid: int, wait: float = 10.0) -> bool:
+def gone(pid: int) -> bool:
     """Whether a process has ended (a zombie waiting for its reaper has)."""
-    end = time.monotonic() + wait
-    while True:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            return True
-        if fields[0] in ("Z", "X"):
-            return True
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return True
+    return fields[0] in ("Z", "X")
 
 
 def test_script_that_cannot_start(tmp_path: Path) -> None:
@@ -366,5 +360,5 @@ def test_script_that_exits_leaving_a_child_holding_its_output(tmp_path: Path) ->
     applier.apply(DEFAULT, None)
     assert record(tmp_path) == DEFAULT
     child = int((tmp_path / "child").read_text())
-    assert not gone(child, wait=0)
+    assert not gone(child)
     os.kill(child, 9)

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from zkutil import ZK_SERVER, _free_port, wait_until
+from zkutil import ZK_SERVER
 
 from plait.store import SqliteStore
+from plait.testing import WaitTimeout, free_port, wait_for
 
 #: the contract suite runs with ZooKeeper ACLs on (digest credentials)
 ZK_AUTH = ("plait", "contract-suite-secret")
@@ -23,7 +24,7 @@ def zookeeper(tmp_path_factory):
         # (make test installs it: scripts/system-deps; never a silent skip)
         pytest.fail("ZooKeeper is not installed: run scripts/system-deps (make test does)")
     work = tmp_path_factory.mktemp("zk")
-    port = _free_port()
+    port = free_port()
     (work / "data").mkdir()
     cfg = work / "zoo.cfg"
     cfg.write_text(f"tickTime=500\ndataDir={work / 'data'}\nclientPort={port}\n"
@@ -47,7 +48,7 @@ def zookeeper(tmp_path_factory):
             client.close()
         return True
 
-    assert wait_until(up, 60), "ZooKeeper did not start"
+    wait_for(up, 60, "ZooKeeper starts")
     yield f"127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=30)
@@ -94,14 +95,17 @@ def env(request, tmp_path):
         from plait.store.zookeeper import ZkStore
 
         hosts = request.getfixturevalue("zookeeper")
-        root = f"/t{_free_port()}"  # each test in its own part of the tree
+        root = f"/t{free_port()}"  # each test in its own part of the tree
         store = _Rooted(ZkStore(hosts, auth=ZK_AUTH), root)  # (with ACLs on every znode)
 
         def kill(session: Any) -> None:
             session.close()
 
         def settle(cond: Callable[[], bool], timeout: float = 15.0) -> bool:
-            return wait_until(cond, timeout)
+            try:
+                return bool(wait_for(cond, timeout))
+            except WaitTimeout:
+                return False
 
         def other() -> Any:
             s = _Rooted(ZkStore(hosts, auth=ZK_AUTH), root)

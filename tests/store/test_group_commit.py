@@ -15,6 +15,7 @@ from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.controlplane.creates import Pending
 from plait.store import SqliteStore
 from plait.store.protocol import WouldBlock
+from plait.testing import wait_for
 
 REGION = RegionSpec.sized(24, dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=2)
 
@@ -240,9 +241,7 @@ def test_a_batch_waits_for_no_handoff_and_no_batch_of_the_committer(sqlite_cp):
 
     cp.jobs.create_many = held_up
     first = cp.commands.submit_create(spec("q-first"))
-    deadline = time.monotonic() + 60
-    while not cp.creates._busy and time.monotonic() < deadline:
-        time.sleep(0.001)
+    wait_for(lambda: cp.creates._busy, what="the first create commits", poll=0.001)
     try:
         assert cp.creates.commit_here(batch) is False
     finally:

@@ -6,10 +6,11 @@ import signal
 import subprocess
 
 import pytest
-from zkutil import ZK_SERVER, wait_until
+from zkutil import ZK_SERVER
 
 from plait.harness.zkensemble import _free_ports
 from plait.harness.zkensemble import mode as _mode
+from plait.testing import wait_for
 
 
 @pytest.fixture
@@ -30,8 +31,8 @@ def ensemble(tmp_path, zookeeper):  # ``zookeeper``: installed, or skipped/faile
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True))
     clients = [c for c, _, _ in ports]
-    assert wait_until(lambda: sorted(_mode(p) for p in clients) == ["follower", "follower",
-                                                                     "leader"], 90)
+    wait_for(lambda: sorted(_mode(p) for p in clients) == ["follower", "follower", "leader"],
+             90, "the ensemble elects a leader")
     yield clients, procs
     for p in procs:
         if p.poll() is None:
@@ -56,7 +57,7 @@ def test_the_store_survives_the_loss_of_the_leading_member(ensemble):
         except Exception:
             return False
 
-    assert wait_until(writes, 60)  # a new leader is elected; the client reconnects
+    wait_for(writes, 60)  # a new leader is elected; the client reconnects
     assert store.children("/jobs") == sorted(f"j{k}" for k in acked)  # nothing lost
     value, version = store.get("/jobs/j3")
     assert value == b"spec"

@@ -8,14 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 from kazoo.client import KazooClient
 
 from plait.model import RegionSpec
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
-from plait.server.serve import ApiServer, free_port, store_for
+from plait.server.serve import ApiServer, store_for
+from plait.testing import free_port, wait_for
 
 REGION = RegionSpec.sized(4, dcs=1, msbs_per_dc=1, rows_per_msb=1, racks_per_row=1)
 
@@ -67,15 +67,9 @@ def test_plait_serve_logs_the_warning_at_start(zookeeper, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PLAIT_CONFIG": str(tmp_path / "config.yaml")})
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("plait serve did not answer within the liveness bound")
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5
+                                   ).status_code == 200,
+                 what="plait serve answers", ignore=(httpx.HTTPError,))
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)

@@ -36,7 +36,7 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Handler.seen.append(body)
         if Handler.mode == "slow":
-            time.sleep(1.5)  # longer than the client's timeout
+            time.sleep(1.5)  # longer than the client's timeout (the subject: a timeout)
             self._reply(200, {"ack": []})
         elif Handler.mode == "garbage":
             self._raw(200, b"this is not json")

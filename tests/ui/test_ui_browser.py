@@ -5,22 +5,19 @@ nothing of another owner's. Liveness bounds only; nothing asserts speed."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
 from plait.localprocs import kill_groups, processes_under
-from plait.server.serve import free_port
+from plait.testing import free_port, wait_for
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WEB = {"name": "web", "entitlement": "web", "task_count": 4, "command": "sh",
@@ -29,14 +26,9 @@ WEB = {"name": "web", "entitlement": "web", "task_count": 4, "command": "sh",
        "update": {"max_unavailable": 1}, "health": {"http": "/", "interval_seconds": 0.5}}
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.TransportError):
-            if check():
-                return
-        time.sleep(0.3)
-    raise AssertionError(f"{what}: not reached within the liveness bound")
+#: a liveness bound on the region's start and rollouts; a server not answering yet is
+#: "not yet"
+BOUND, NOT_YET = 90.0, (httpx.TransportError,)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +45,8 @@ def region(tmp_path_factory) -> Iterator[tuple[str, httpx.Client, str]]:
                              "--heartbeat-timeout", "5"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 200, "plait up")
+        wait_for(lambda: httpx.get(f"{url}/healthz").status_code == 200, BOUND, "plait up",
+                 ignore=NOT_YET)
         token = (data / "admin-token").read_text().strip()
         admin = httpx.Client(base_url=url, timeout=30,
                              headers={"Authorization": f"Bearer {token}"})
@@ -64,7 +57,8 @@ def region(tmp_path_factory) -> Iterator[tuple[str, httpx.Client, str]]:
         assert admin.post("/v1/jobs", json=WEB).status_code == 201
         secret = {**WEB, "name": "nightly-etl", "entitlement": "batch", "task_count": 1}
         assert admin.post("/v1/jobs", json=secret).status_code == 201
-        wait_for(lambda: admin.get("/v1/jobs/web").json()["serving"] == 4, "web serves")
+        wait_for(lambda: admin.get("/v1/jobs/web").json()["serving"] == 4, BOUND, "web serves",
+                 ignore=NOT_YET)
         yield url, admin, token
     finally:
         proc.send_signal(signal.SIGINT)
@@ -97,7 +91,8 @@ def test_log_in_see_the_job_update_it_and_read_its_ops_chart(
     r = admin.put("/v1/jobs/web", json={**WEB, "env": {"RELEASE": "2"}})
     assert r.status_code == 200, r.text
     wait_for(lambda: (j := admin.get("/v1/jobs/web").json())["version"] == 2
-             and j["settled"] and j["updated"] == 4, "the rolling update")
+             and j["settled"] and j["updated"] == 4, BOUND, "the rolling update",
+             ignore=NOT_YET)
 
     page.click('tr[data-job="web"] a:text("web")')
     expect(page.locator("#tasks tbody tr")).to_have_count(4)

@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from plait.bench.api import Server
+from plait.testing import wait_for
 
 #: the task: an HTTP server on $PLAIT_PORT answering 200, silent
 TASK = ("import http.server, os\n"
@@ -57,17 +58,6 @@ def _ticks(pid: int) -> tuple[float, float] | None:
         return None
     hz = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / hz, (int(fields[13]) + int(fields[14])) / hz
-
-
-def _wait(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not within {timeout:g}s")
-        time.sleep(0.2)
 
 
 def _sent(agent: Any) -> float:
@@ -128,7 +118,7 @@ def agent_cpu(tasks: int, seconds: float, probe_interval: float, settle_timeout:
                     return False
                 got = r.json()["tasks"]
                 return len(got) == tasks and all(t.get("healthy") for t in got)
-            _wait(healthy, settle_timeout, f"{tasks} tasks running and healthy")
+            wait_for(healthy, settle_timeout, f"{tasks} tasks running and healthy", poll=0.2)
             time.sleep(min(2.0, seconds))  # (the start's after-effects settle)
             before, started = _ticks(proc.pid), time.monotonic()
             if spy is None:
@@ -183,7 +173,7 @@ def cp_idle_cpu(agents: int, seconds: float, settle_timeout: float) -> dict[str,
 
             def connected() -> bool:  # each has joined, pulled its set and reported
                 return all(_sent(a) > 0 for a in fleet)
-            _wait(connected, settle_timeout, f"{agents} agents connected")
+            wait_for(connected, settle_timeout, f"{agents} agents connected", poll=0.2)
             time.sleep(min(3.0, seconds))  # (the joins' after-effects settle)
             before, started = server.cpu_seconds(), time.monotonic()
             sent = sum(_sent(a) for a in fleet)

@@ -55,7 +55,7 @@ def _argv(pid: int) -> list[str]:
 
 class Region:
     def __init__(self, work: Path, machines: int) -> None:
-        from plait.server.serve import free_port
+        from plait.testing import free_port
 
         self.work, self.machines = work, machines
         self.data = work / "data"

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from plait.errors import Conflict
-from plait.harness.replicas import ReplicatedRegion, Writer, wait_until
+from plait.harness.replicas import NOT_YET, ReplicatedRegion, Writer
 from plait.harness.shards import measure_move
 from plait.store.zookeeper import ZkStore
+from plait.testing import wait_for
 
 
 def run(replicas: int = 2, machines: int = 3, tasks: int = 6, steady_seconds: float = 120.0,
@@ -55,8 +56,9 @@ def run(replicas: int = 2, machines: int = 3, tasks: int = 6, steady_seconds: fl
                 "command": "sleep", "args": ["infinity"],
                 "resources": {"cpu": 0.1, "memory_gb": 0.1}})
             r.raise_for_status()
-            wait_until(lambda: region.running("sleepers", tasks)
-                       and len(region.task_pids()) == tasks, timeout, "the tasks run")
+            wait_for(lambda: region.running("sleepers", tasks)
+                     and len(region.task_pids()) == tasks, timeout, "the tasks run",
+                     poll=0.02, ignore=NOT_YET)
             pids = region.task_pids()
             elected = len(region.events("leader_elected"))
             writer = Writer(region, "bench", rate=rate).start()
@@ -68,16 +70,19 @@ def run(replicas: int = 2, machines: int = 3, tasks: int = 6, steady_seconds: fl
                 before = len(writer.acked)
                 killed = time.time()
                 region.kill_replica(leader)
-                wait_until(lambda: region.leader() is not None, timeout, "a new leader")
+                wait_for(lambda: region.leader() is not None, timeout, "a new leader",
+                         poll=0.02, ignore=NOT_YET)
                 new_leader_s = time.time() - killed
-                wait_until(lambda: len(writer.acked) > before
-                           and writer.acked[-1][1] > killed, timeout, "a write after the kill")
+                wait_for(lambda: len(writer.acked) > before
+                         and writer.acked[-1][1] > killed, timeout, "a write after the kill",
+                         poll=0.02, ignore=NOT_YET)
                 failover_s = next(t for _, t in writer.acked[before:] if t > killed) - killed
                 time.sleep(2.0)  # the writer goes on against the new leader
             finally:
                 writer.stop()
             lost = writer.lost()
-            wait_until(lambda: len(region.task_pids()) == tasks, timeout, "tasks recorded")
+            wait_for(lambda: len(region.task_pids()) == tasks, timeout, "tasks recorded",
+                     poll=0.02, ignore=NOT_YET)
             now = region.task_pids()
             restarts = sum(1 for k, pid in pids.items() if now.get(k) != pid)
             loads = [float(m.group(1)) for e in region.events("leader_elected")

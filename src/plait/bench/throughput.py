@@ -45,13 +45,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from plait.bench.api import (
-    BlockingConnection,
-    HttpError,
-    Server,
-    _ready,
-    terminate,
-)
+from plait.bench.api import Server, _ready, terminate
+from plait.bench.http1 import BlockingConnection, HttpError
 from plait.errors import ValidationError
 from plait.harness.region import cpu_seconds, wait_healthy
 
@@ -72,7 +67,7 @@ class FrontEnd:
         self.url = ""
 
     def start(self, env: dict[str, str]) -> FrontEnd:
-        from plait.server.serve import free_port
+        from plait.testing import free_port
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"

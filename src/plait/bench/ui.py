@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from plait.bench.api import Server
+from plait.testing import wait_for
 
 PAGES = ("/ui/", "/ui/entitlements", "/ui/jobs", "/ui/jobs/job-0", "/ui/jobs/job-0/gantt",
          "/ui/machines", "/ui/events")
@@ -19,14 +20,6 @@ PAGES = ("/ui/", "/ui/entitlements", "/ui/jobs", "/ui/jobs/job-0", "/ui/jobs/job
 def _pct(samples: list[float], p: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def _wait(check: Any, what: str, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not reached within {timeout:g}s")
-        time.sleep(0.2)
 
 
 def run(machines: int = 1000, jobs: int = 200, tasks_per_job: int = 5, updated: int = 20,
@@ -50,13 +43,13 @@ def run(machines: int = 1000, jobs: int = 200, tasks_per_job: int = 5, updated: 
 
         def settled() -> bool:
             return all(j["settled"] for j in api.get("/v1/jobs").json()["jobs"])
-        _wait(settled, "every job placed and running")
+        wait_for(settled, 300, "every job placed and running", poll=0.2)
         for j in range(updated):
             r = api.put(f"/v1/jobs/job-{j}", json={**spec, "name": f"job-{j}",
                                                     "entitlement": f"ent-{j % entitlements}",
                                                     "env": {"RELEASE": "2"}})
             r.raise_for_status()
-        _wait(settled, "the updates done")
+        wait_for(settled, 300, "the updates done", poll=0.2)
 
         ui = httpx.Client(base_url=server.url, timeout=60.0)
         r = ui.post("/ui/login", data={"token": server.token})

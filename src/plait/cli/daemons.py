@@ -6,7 +6,7 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,9 @@ from plait.cli.client import EXIT_DENIED, EXIT_INVALID, q
 from plait.cli.common import Output, api, emit, err
 from plait.clientconfig import ClientConfig
 from plait.errors import Conflict, PlaitError, ValidationError
+
+if TYPE_CHECKING:
+    from plait.server.serve import Started
 
 #: seconds `plait agent` waits out a refusal of its join for a live agent of its
 #: machine (more than a control plane's heartbeat timeout, 5 s by default)
@@ -125,16 +128,11 @@ def serve(
     from plait.server.events import Retention
     from plait.server.limits import uvicorn_options
     from plait.server.serve import prepare
-    from plait.store.backup import store_warnings
 
     try:
         region = RegionSpec.sized(machines, dcs=dcs, msbs_per_dc=msbs_per_dc,
                                   rows_per_msb=1, racks_per_row=2)
-        if (tls_cert is None) != (tls_key is None):
-            raise ValidationError("tls", "give --tls-cert and --tls-key together")
-        for f in (tls_cert, tls_key):
-            if f is not None and not f.is_file():
-                raise ValidationError("tls", f"{f} is not a file")
+        _check_tls(tls_cert, tls_key)
         config = ControlPlaneConfig(region=region, tick_seconds=tick, sim_agents=sim_agents,
                                     min_pass_gap=min_pass_gap,
                                     retention=Retention(event_retention, event_max_age,
@@ -162,15 +160,7 @@ def serve(
     cp.controllers.serving_at(started.url, *([advertise] if advertise else []))
     leadership = Leadership(cp, advertise or started.url, session_timeout=session_timeout)
     log.info("control plane started", machines=len(cp.fleet), api=started.url, shard=shard)
-    for warning in store_warnings(cp.store):
-        log.warning(warning)
-    if started.config_path is not None:
-        log.info("client configuration written", path=str(started.config_path),
-                 context=started.context)
-        if started.context != context:
-            log.warning("the client context asked for holds another region's URL: kept, "
-                        "and this region's written under another name",
-                        asked=context, written=started.context)
+    _log_started(log, started, context)
     # the app's shutdown stops the loop and closes the store (uvicorn re-raises the
     # signal that stopped it, so nothing after run() would run)
     server = uvicorn.Server(uvicorn.Config(
@@ -189,6 +179,29 @@ def serve(
     server.run()
     if not server.started:
         raise typer.Exit(3)  # (as uvicorn.run: it could not start, and said why)
+
+
+def _check_tls(tls_cert: Path | None, tls_key: Path | None) -> None:
+    if (tls_cert is None) != (tls_key is None):
+        raise ValidationError("tls", "give --tls-cert and --tls-key together")
+    for f in (tls_cert, tls_key):
+        if f is not None and not f.is_file():
+            raise ValidationError("tls", f"{f} is not a file")
+
+
+def _log_started(log: Any, started: Started, context: str) -> None:
+    """The store's warnings, and where the client configuration was written."""
+    from plait.store.backup import store_warnings
+
+    for warning in store_warnings(started.control_plane.store):
+        log.warning(warning)
+    if started.config_path is not None:
+        log.info("client configuration written", path=str(started.config_path),
+                 context=started.context)
+        if started.context != context:
+            log.warning("the client context asked for holds another region's URL: kept, "
+                        "and this region's written under another name",
+                        asked=context, written=started.context)
 
 
 def frontend(

@@ -394,8 +394,6 @@ def job_autoscale(
 def job_intents(name: str, output: Output = "table") -> None:
     """Every intent of the job (its spec, push, sizing, canaries) and the unified spec
     they make: which task runs which version."""
-    from plait.cli.push import intents_table
-
     emit(api().get(f"/v1/jobs/{q(name)}/intents"), output, intents_table)
 
 
@@ -412,8 +410,6 @@ def job_sizing(
 ) -> None:
     """The job's sizing intent: a task count within [--min, --max] that sizes it while
     set (the autoscaler writes one too)."""
-    from plait.cli.push import sizing
-
     sizing(api(), name, task_count, min_tasks, max_tasks, off, output)
 
 
@@ -489,3 +485,40 @@ def _task_rows(tasks: list[dict[str, Any]], limit: int = 0, more: str = "") -> N
         for t in shown])
     if len(shown) < len(tasks):
         out.print(f"... and {len(tasks) - len(shown):,} more tasks ({more})", highlight=False)
+
+
+# -- intents and sizing (the Job Control Plane's intents of one job) -------------------
+def intents_table(d: dict[str, Any]) -> None:
+    push = d.get("push")
+    kv_table({
+        "job": d["job"],
+        "job intent": f"version {d['job_intent']['version']}, "
+                      f"{d['job_intent']['task_count']} tasks",
+        "push": "-" if push is None else (
+            f"version {push['status']['version']}: {push['percent']}% "
+            f"({push['status']['phase']})"),
+        "sizing": "-" if d.get("sizing") is None else (
+            f"{d['sizing']['size']} tasks (by {d['sizing'].get('actor') or '-'})"),
+        "canaries": ", ".join(f"{n}: {c['intent']['tasks']} tasks"
+                              for n, c in d["canaries"].items()) or "-",
+        "unified": ", ".join(f"{n} {r}" for r, n in sorted(d["unified"]["roles"].items())),
+        "conflicts": "; ".join(d["conflicts"]) or "-",
+    }, f"intents of {d['job']}")
+    rows(["index", "role", "version", "running"],
+         [[t["index"], t["role"], t["version"], t["running"] if t["running"] is not None
+           else "-"] for t in d["unified"]["tasks"]])
+
+
+def sizing(a: Api, job: str, task_count: int | None, lo: int, hi: int, off: bool,
+           output: str) -> None:
+    path = f"/v1/jobs/{q(job)}/sizing"
+    if off:
+        a.delete(path)
+        say(f"job {job}: no sizing intent (its spec sizes it)")
+        return
+    data = a.get(path) if task_count is None else a.put(
+        path, {"task_count": task_count, "min": lo, "max": hi})
+    emit(data, output, lambda d: kv_table({
+        "job": d["job"], "size": str(d["size"]), "asked": str(d["intent"]["task_count"]),
+        "within": f"{d['intent']['min']}..{d['intent']['max']}",
+        "by": d.get("actor") or "-"}, f"sizing of {job}"))

@@ -1,4 +1,5 @@
-"""plait push, plait canary, plait job intents/sizing: the Job Control Plane's intents.
+"""plait push, plait canary: the Job Control Plane's intents (plait job intents and
+sizing are in plait.cli.jobs).
 
 ``plait push JOB --spec FILE --stages 10,50,100`` pushes a spec in stages with a
 health gate between them; ``plait push status JOB`` and ``plait push abort JOB`` read
@@ -17,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from plait.cli.client import EXIT_FAILED, EXIT_INVALID, Api, CliError, q
-from plait.cli.common import Output, Timeout, api, emit, err, guarded, kv_table, rows, say
+from plait.cli.common import Output, Timeout, api, emit, err, guarded, kv_table, say
 from plait.cli.jobs import _job_document
 
 #: how long a gate command may run, and how much of its output is kept
@@ -230,40 +231,3 @@ def canary_end(job: str, name: str, output: Output = "table") -> None:
 @guarded
 def canary_show(job: str, name: str, output: Output = "table") -> None:
     emit(api().get(f"/v1/jobs/{q(job)}/canaries/{q(name)}"), output, _canary_table)
-
-
-# -- intents and sizing (verbs of plait job) -----------------------------------------------
-def intents_table(d: dict[str, Any]) -> None:
-    push = d.get("push")
-    kv_table({
-        "job": d["job"],
-        "job intent": f"version {d['job_intent']['version']}, "
-                      f"{d['job_intent']['task_count']} tasks",
-        "push": "-" if push is None else (
-            f"version {push['status']['version']}: {push['percent']}% "
-            f"({push['status']['phase']})"),
-        "sizing": "-" if d.get("sizing") is None else (
-            f"{d['sizing']['size']} tasks (by {d['sizing'].get('actor') or '-'})"),
-        "canaries": ", ".join(f"{n}: {c['intent']['tasks']} tasks"
-                              for n, c in d["canaries"].items()) or "-",
-        "unified": ", ".join(f"{n} {r}" for r, n in sorted(d["unified"]["roles"].items())),
-        "conflicts": "; ".join(d["conflicts"]) or "-",
-    }, f"intents of {d['job']}")
-    rows(["index", "role", "version", "running"],
-         [[t["index"], t["role"], t["version"], t["running"] if t["running"] is not None
-           else "-"] for t in d["unified"]["tasks"]])
-
-
-def sizing(a: Api, job: str, task_count: int | None, lo: int, hi: int, off: bool,
-           output: str) -> None:
-    path = f"/v1/jobs/{q(job)}/sizing"
-    if off:
-        a.delete(path)
-        say(f"job {job}: no sizing intent (its spec sizes it)")
-        return
-    data = a.get(path) if task_count is None else a.put(
-        path, {"task_count": task_count, "min": lo, "max": hi})
-    emit(data, output, lambda d: kv_table({
-        "job": d["job"], "size": str(d["size"]), "asked": str(d["intent"]["task_count"]),
-        "within": f"{d['intent']['min']}..{d['intent']['max']}",
-        "by": d.get("actor") or "-"}, f"sizing of {job}"))

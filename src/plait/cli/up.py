@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
@@ -27,6 +27,12 @@ from plait.localprocs import (
     plait_processes,
     processes_under,
 )
+
+if TYPE_CHECKING:
+    import threading
+
+    from plait.server.controlplane import ControlPlane
+    from plait.server.leader import Leadership
 
 
 # -- up ------------------------------------------------------------------------------------
@@ -85,8 +91,6 @@ def up(
     as_foreground()  # (first: a script's background job starts with SIGINT ignored)
     import threading
 
-    import httpx
-
     from plait import logconfig, tracing
 
     held = _hold(data_dir)  # (for this process's whole life: released when it ends)
@@ -119,8 +123,76 @@ def up(
     # sharded: the front end on PORT, shard S replica R on PORT+1+S*REPLICAS+R (this
     # process runs the front end and shard 0's first replica)
     first = port + 1 if sharded else port
-    # the other replicas: those left running by a killed `plait up` (or restarted by
-    # hand since) are adopted, the others started
+    planned = _planned_replicas(data_dir, shards, replicas, first, sharded)
+    _check_ports(host, port, first, shards, replicas, sharded, planned)
+    started = prepare(data_dir, store, config, host, port)
+    cp = started.control_plane
+    given = [f"--{flag} {value}" for flag, value in (
+        ("machines", machines), ("dcs", dcs), ("msbs-per-dc", msbs_per_dc)) if value]
+    if given and cp.region_spec != region:  # (the region stored in the data dir wins)
+        err.print(f"[yellow]warning:[/yellow] {data_dir} holds a region of {len(cp.fleet)} "
+                  f"machines already: {', '.join(given)} ignored (they shape a new region: "
+                  "give another --data-dir for one)")
+    join_file = _region_records(cp, data_dir, shards if sharded else 0)
+    # the agents start first (they retry their join until the API answers): their
+    # start-up overlaps the control plane's
+    server = ApiServer(cp, host, first, log_level="warning",
+                       replica=replicas > 1 or sharded)
+    front = AsgiServer(ShardRouter(store_for(data_dir, store), identity=f"http://{host}:"
+                                   f"{port}"), host, port) if sharded else None
+    urls = [front.url] if front is not None else [server.url] + [
+        f"http://{host}:{port + i}" for i in range(1, replicas)]
+    start_agent = _agent_starter(cp, data_dir, urls, join_file, [
+        "--runtime", runtime, "--task-user", task_user, "--hide", str(data_dir.resolve()),
+        "--profile-applier", profile_applier,
+        *(["--profile-script", profile_script] if profile_script else [])])
+    agents, adopted = _start_agents(cp, data_dir, start_agent)
+    server.start()
+    # the other replicas, once this one campaigns (it leads, unless a replica left
+    # running by a killed `plait up` does)
+    followers = _start_replicas(planned, data_dir, [
+        *(["--store", store] if store else []), "--host", host,
+        "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
+        str(heartbeat_timeout), "--startup-grace", str(startup_grace),
+        "--controller-networks", "loopback,any", *tracing.argv()], sharded)
+    if front is not None:
+        front.start()
+    _await_election(server.leadership, done)
+    if front is not None:  # every shard has a leader: the front end serves
+        _await_front(front.url, done)
+        out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
+                  f"({len(agents) - adopted} agents started, {adopted} adopted), "
+                  f"{shards} scheduler shards x {replicas} replicas on ports {first}-"
+                  f"{first + shards * replicas - 1}, API (front end) on {front.url}")
+    else:
+        # (heartbeats are counted by the leader: here, unless another replica leads)
+        lead = server.leadership
+        ready = cp.gateway.wait_for_agents(list(agents), timeout=60) if lead is None or \
+            lead.leading else 0
+        out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
+                  f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
+                  f"heartbeating), API on {server.url}"
+                  + (f", replicas on {', '.join(urls[1:])}" if replicas > 1 else ""))
+    _say_started(data_dir, followers, started.context, started.config_path)
+    _watch_until(done, data_dir, followers, AgentWatch(data_dir, agents, start_agent))
+    out.print("stopping the agents and their tasks ...")
+    _stop_region(data_dir, followers, agents)
+    if front is not None:
+        front.stop()
+    server.stop()
+    cp.store.close()
+    _stop_left(data_dir)
+    held.close()  # (everything of the region stopped: another plait up may start)
+
+
+#: a process of the region this run started (Popen), or one it adopted (its pid)
+Child = subprocess.Popen[bytes] | int
+
+
+def _planned_replicas(data_dir: Path, shards: int, replicas: int, first: int,
+                      sharded: bool) -> list[tuple[str, int, Path, int | None]]:
+    """The other replicas (name, port, pid file, pid if running): those left running by
+    a killed `plait up` (or restarted by hand since) are adopted, the others started."""
     planned: list[tuple[str, int, Path, int | None]] = []
     for shard in range(shards):
         for i in range(replicas):
@@ -131,8 +203,13 @@ def up(
             at = first + shard * replicas + i
             planned.append((name, at, pid_file,
                             _alive_pid(pid_file, b"serve") or _serving_on(data_dir, at)))
-    # before anything starts (agents that outlive a failed `up`): every port this run
-    # listens on must be free
+    return planned
+
+
+def _check_ports(host: str, port: int, first: int, shards: int, replicas: int, sharded: bool,
+                 planned: list[tuple[str, int, Path, int | None]]) -> None:
+    """Before anything starts (agents that outlive a failed `up`): every port this run
+    listens on must be free."""
     ours = [port, *([first] if sharded else []),
             *(at for _, at, _, pid in planned if pid is None)]
     for at in ours:
@@ -143,15 +220,12 @@ def up(
             err.print(f"[red]error:[/red] cannot listen on {host}:{at} ({taken}): another "
                       f"plait up or plait serve there? ({flag})")
             raise typer.Exit(EXIT_INVALID)
-    started = prepare(data_dir, store, config, host, port)
-    cp = started.control_plane
-    given = [f"--{flag} {value}" for flag, value in (
-        ("machines", machines), ("dcs", dcs), ("msbs-per-dc", msbs_per_dc)) if value]
-    if given and cp.region_spec != region:  # (the region stored in the data dir wins)
-        err.print(f"[yellow]warning:[/yellow] {data_dir} holds a region of {len(cp.fleet)} "
-                  f"machines already: {', '.join(given)} ignored (they shape a new region: "
-                  "give another --data-dir for one)")
-    for shard in range(shards if sharded else 0):  # the front end waits for each one's leader
+
+
+def _region_records(cp: ControlPlane, data_dir: Path, shards: int) -> Path:
+    """The agents' join token's file, written (owner-only) on the region's first start;
+    and the shards' records, which the front end waits on (for each one's leader)."""
+    for shard in range(shards):
         with contextlib.suppress(Conflict):
             cp.store.create(f"/frontend/shards/{shard}", b"{}")
     join_file = data_dir / "join-token"
@@ -160,14 +234,12 @@ def up(
         fd = os.open(join_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
-    # the agents start first (they retry their join until the API answers): their
-    # start-up overlaps the control plane's
-    server = ApiServer(cp, host, first, log_level="warning",
-                       replica=replicas > 1 or sharded)
-    front = AsgiServer(ShardRouter(store_for(data_dir, store), identity=f"http://{host}:"
-                                   f"{port}"), host, port) if sharded else None
-    urls = [front.url] if front is not None else [server.url] + [
-        f"http://{host}:{port + i}" for i in range(1, replicas)]
+    return join_file
+
+
+def _agent_starter(cp: ControlPlane, data_dir: Path, urls: list[str], join_file: Path,
+                   options: list[str]) -> Callable[[str], subprocess.Popen[bytes]]:
+    """What starts the agent of one machine (by name), with the agents' ``options``."""
     index = {cp.fleet.name(m): m for m in range(len(cp.fleet))}
 
     def start_agent(name: str) -> subprocess.Popen[bytes]:
@@ -182,16 +254,20 @@ def up(
                  "--data-dir", str(home),
                  "--interval", "0.5", "--fault-domain", str(cp.fleet.fault_domain(m)),
                  "--cpu", f"{res.cpu:g}", "--memory-gb", f"{res.memory_gb:g}",
-                 "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])],
-                 "--runtime", runtime, "--task-user", task_user,
-                 "--hide", str(data_dir.resolve()),
-                 "--profile-applier", profile_applier,
-                 *(["--profile-script", profile_script] if profile_script else [])],
+                 "--type", cp.fleet.type_names[int(cp.fleet.type_code[m])], *options],
                 stdout=log, stderr=log, start_new_session=True)  # outlives a killed `up`
         finally:
             log.close()  # (the agent has its own copy)
 
-    agents: dict[str, subprocess.Popen[bytes] | int] = {}
+    return start_agent
+
+
+def _start_agents(cp: ControlPlane, data_dir: Path,
+                  start_agent: Callable[[str], subprocess.Popen[bytes]],
+                  ) -> tuple[dict[str, Child], int]:
+    """One agent per machine, those still running from before adopted with their tasks;
+    and how many were adopted."""
+    agents: dict[str, Child] = {}
     adopted = 0
     for m in range(len(cp.fleet)):
         name = cp.fleet.name(m)
@@ -203,10 +279,13 @@ def up(
             adopted += 1
             continue
         agents[name] = start_agent(name)
-    server.start()
-    # the other replicas, once this one campaigns (it leads, unless a replica left
-    # running by a killed `plait up` does)
-    followers: dict[str, subprocess.Popen[bytes] | int] = {}
+    return agents, adopted
+
+
+def _start_replicas(planned: list[tuple[str, int, Path, int | None]], data_dir: Path,
+                    options: list[str], sharded: bool) -> dict[str, Child]:
+    """The other replicas: `plait serve` processes with ``options``, or adopted."""
+    followers: dict[str, Child] = {}
     for name, at, pid_file, pid in planned:
         pid_file.parent.mkdir(parents=True, exist_ok=True)
         if pid is not None:  # left running (or restarted by hand since): adopted
@@ -216,58 +295,68 @@ def up(
         log = open(data_dir / "replicas" / f"{name}.log", "ab")  # noqa: SIM115
         followers[name] = proc = subprocess.Popen(
             [sys.executable, "-m", "plait.cli.main", "serve", "--data-dir", str(data_dir),
-             *(["--store", store] if store else []), "--host", host, "--port", str(at),
-             "--no-write-config", "--tick", "0.2", "--heartbeat-timeout",
-             str(heartbeat_timeout), "--startup-grace", str(startup_grace),
-             "--controller-networks", "loopback,any", *tracing.argv(),
+             *options, "--port", str(at),
              *(["--shard", name.split("-")[0]] if sharded else [])],
             stdout=log, stderr=log, start_new_session=True)
         pid_file.write_text(f"{proc.pid}\n")
-    if front is not None:
-        front.start()
-    lead = server.leadership
-    deadline = time.monotonic() + 10
-    # until the election has an outcome: this replica leads, or another does
-    while lead is not None and not lead.leading and lead.leader() in (None, lead.identity) \
-            and time.monotonic() < deadline and not done.is_set():
-        time.sleep(0.05)
-    if front is not None:  # every shard has a leader: the front end serves
-        probe = httpx.Client(timeout=5)
-        deadline = time.monotonic() + 60
-        while not done.is_set() and time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if probe.get(f"{front.url}/healthz").status_code == 200:
-                    break
-            time.sleep(0.1)
-        probe.close()
-        out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
-                  f"({len(agents) - adopted} agents started, {adopted} adopted), "
-                  f"{shards} scheduler shards x {replicas} replicas on ports {first}-"
-                  f"{first + shards * replicas - 1}, API (front end) on {front.url}")
-    else:
-        # (heartbeats are counted by the leader: here, unless another replica leads)
-        ready = cp.gateway.wait_for_agents(list(agents), timeout=60) if lead is None or \
-            lead.leading else 0
-        out.print(f"[bold]plait up[/bold]: {len(cp.fleet)} machines "
-                  f"({len(agents) - adopted} agents started, {adopted} adopted; {ready} "
-                  f"heartbeating), API on {server.url}"
-                  + (f", replicas on {', '.join(urls[1:])}" if replicas > 1 else ""))
-    for name, child in followers.items():  # (one that could not start says why in its log)
+    return followers
+
+
+def _say_started(data_dir: Path, followers: dict[str, Child], context: str | None,
+                 config_path: Path | None) -> None:
+    """A replica that could not start (it says why in its log), where the CLI is
+    configured, and where the logs are."""
+    for name, child in followers.items():
         if not isinstance(child, int) and child.poll() is not None:
             err.print(f"[yellow]warning:[/yellow] replica {name} exited with "
                       f"{child.returncode}: see {data_dir / 'replicas' / f'{name}.log'}")
-    named = "" if started.context in (None, "local") else (
-        f", context {started.context}: the context local is another region's")
-    out.print(f"CLI configured ({started.config_path}{named}): try "
+    named = "" if context in (None, "local") else (
+        f", context {context}: the context local is another region's")
+    out.print(f"CLI configured ({config_path}{named}): try "
               "[cyan]plait entitlement create examples/entitlements.yaml[/cyan], then "
               "[cyan]plait job deploy examples/web.yaml --wait[/cyan]; Ctrl-C stops")
     out.print(f"logs: {data_dir / 'up.log'}, {data_dir / 'replicas'}/*.log, "
               f"{data_dir / 'agents'}/*/agent.log")
-    # a replica this run started that exits is said (once), and reaped: no one restarts
-    # it, and a region short of a replica should not look whole. An agent that exits
-    # while its tasks run is restarted, to adopt them (``AgentWatch``)
+
+
+def _stop_left(data_dir: Path) -> None:
+    """What is left of the region (tasks of an agent killed earlier and never restarted)."""
+    left = processes_under(data_dir.resolve())
+    if left:
+        out.print(f"stopping {len(left)} processes left in {data_dir} ...")
+        _stop_all(left, signal.SIGTERM, [], timeout=10)
+        kill_groups(p for p in left if alive(p))
+
+
+def _await_election(lead: Leadership | None, done: threading.Event) -> None:
+    """Until the election has an outcome: this replica leads, or another does (at most
+    10 s: a region of one replica has no election)."""
+    deadline = time.monotonic() + 10
+    while lead is not None and not lead.leading and lead.leader() in (None, lead.identity) \
+            and time.monotonic() < deadline and not done.is_set():
+        time.sleep(0.05)
+
+
+def _await_front(url: str, done: threading.Event) -> None:
+    """Until the front end serves (every shard has a leader), at most 60 s."""
+    import httpx
+
+    probe = httpx.Client(timeout=5)
+    deadline = time.monotonic() + 60
+    while not done.is_set() and time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if probe.get(f"{url}/healthz").status_code == 200:
+                break
+        time.sleep(0.1)
+    probe.close()
+
+
+def _watch_until(done: threading.Event, data_dir: Path, followers: dict[str, Child],
+                 watch: AgentWatch) -> None:
+    """Until Ctrl-C: a replica this run started that exits is said (once), and reaped:
+    no one restarts it, and a region short of a replica should not look whole. An agent
+    that exits while its tasks run is restarted, to adopt them (``AgentWatch``)."""
     gone: set[str] = set()
-    watch = AgentWatch(data_dir, agents, start_agent)
     while not done.wait(0.25):
         for name, child in followers.items():
             if isinstance(child, int) or name in gone or child.poll() is None:
@@ -278,9 +367,11 @@ def up(
                       f"{data_dir / 'replicas' / f'{name}.log'}")
         for said in watch.check(time.monotonic()):
             err.print(f"[yellow]warning:[/yellow] {said}")
-    out.print("stopping the agents and their tasks ...")
-    # every replica and agent of this data dir, those restarted by hand since included
-    # (found by their command lines), not only the processes this run started
+
+
+def _stop_region(data_dir: Path, followers: dict[str, Child], agents: dict[str, Child]) -> None:
+    """Every replica and agent of this data dir, those restarted by hand since included
+    (found by their command lines), not only the processes this run started."""
     children = [p for p in (*followers.values(), *agents.values()) if not isinstance(p, int)]
     replica_pids = {p if isinstance(p, int) else p.pid for p in followers.values()} | (
         plait_processes(data_dir, "serve"))
@@ -288,17 +379,6 @@ def up(
         plait_processes(data_dir / "agents", "agent"))
     _stop_all(replica_pids, signal.SIGTERM, children)  # (first: none takes over meanwhile)
     _stop_all(agent_pids, signal.SIGINT, children)  # SIGINT: an agent stops its tasks too
-    if front is not None:
-        front.stop()
-    server.stop()
-    cp.store.close()
-    # what is left of the region (tasks of an agent killed earlier and never restarted)
-    left = processes_under(data_dir.resolve())
-    if left:
-        out.print(f"stopping {len(left)} processes left in {data_dir} ...")
-        _stop_all(left, signal.SIGTERM, [], timeout=10)
-        kill_groups(p for p in left if alive(p))
-    held.close()  # (everything of the region stopped: another plait up may start)
 
 
 #: after an agent exits, how long its machine's processes have to go with it before

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from plait.localprocs import alive, cmdline, kill_groups, processes_under, read_pid
+from plait.testing import WaitTimeout, wait_for
 
 #: how often the API is polled while waiting
 POLL_S = 0.05
@@ -54,19 +55,16 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float, what: 
                  log_tail: Callable[[], str]) -> None:
     """Wait until the process started at ``url`` answers /healthz with a 200; an error
     with its log's tail if it exits first or does not answer within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode} at start:\n{log_tail()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} did not answer /healthz on {url} within "
-                               f"{timeout:g}s:\n{log_tail()}")
-        time.sleep(POLL_S)
+        return httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200
+
+    try:
+        wait_for(answers, timeout, f"{what} answers /healthz on {url}", poll=POLL_S,
+                 ignore=(httpx.HTTPError,))
+    except WaitTimeout as exc:
+        raise RuntimeError(f"{exc}:\n{log_tail()}") from None
 
 
 class LocalRegion:
@@ -104,7 +102,7 @@ class LocalRegion:
 
     # -- start ------------------------------------------------------------------------
     def start(self) -> LocalRegion:
-        from plait.server.serve import free_port
+        from plait.testing import free_port
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
@@ -171,16 +169,15 @@ class LocalRegion:
 
     def wait(self, check: Callable[[], Any], timeout: float, what: str) -> Any:
         """Poll ``check`` until it returns something true; that value."""
-        deadline = time.monotonic() + timeout
-        while True:
+        def checked() -> Any:
             self._check_running()
-            with contextlib.suppress(httpx.TransportError):
-                value = check()
-                if value:
-                    return value
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what}: not within {timeout:g}s\n{self._log_tail()}")
-            time.sleep(POLL_S)
+            return check()
+
+        try:
+            return wait_for(checked, timeout, what, poll=POLL_S,
+                            ignore=(httpx.TransportError,))
+        except WaitTimeout as exc:
+            raise RuntimeError(f"{exc}\n{self._log_tail()}") from None
 
     def wait_ready(self, timeout: float) -> dict[str, float]:
         """Until every machine's agent has joined (an agent sends its first status

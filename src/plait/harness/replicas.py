@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,20 +25,10 @@ from typing import Any
 import httpx
 
 from plait.harness.zkensemble import LocalEnsemble
-from plait.server.serve import free_port
+from plait.testing import free_port, wait_for
 
-
-def wait_until(check: Callable[[], Any], timeout: float, what: str, poll: float = 0.02) -> Any:
-    """Poll ``check`` until it is truthy; a liveness bound (raises TimeoutError)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(httpx.HTTPError, OSError, ValueError, KeyError):
-            got = check()
-            if got:
-                return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:g}s")
-        time.sleep(poll)
+#: what a check of a replica still starting or just killed may raise: "not yet"
+NOT_YET = (httpx.HTTPError, OSError, ValueError, KeyError)
 
 
 class FailoverClient:
@@ -128,17 +117,19 @@ class ReplicatedRegion:
         self.ensemble.start(timeout)
         # the first replica alone (it creates the region and the admin token), then the rest
         self.start_replica(0)
-        wait_until(lambda: self.role(0) == "leader", timeout, "the first replica leads")
+        wait_for(lambda: self.role(0) == "leader", timeout, "the first replica leads",
+                 ignore=NOT_YET)
         for i in range(1, self.replicas):
             self.start_replica(i)
         for i in range(1, self.replicas):
-            wait_until(partial(self.is_follower, i), timeout, f"replica {i} follows")
+            wait_for(partial(self.is_follower, i), timeout, f"replica {i} follows",
+                     ignore=NOT_YET)
         if self.front_port is not None:
             self.frontend = self._spawn(
                 "frontend", "plait.cli.main", "frontend", "--store", self.ensemble.url,
                 "--data-dir", str(self.work / "cp"), "--port", str(self.front_port),
                 "--shards", "1", "--no-write-config")
-            wait_until(self._front_up, timeout, "the front end serves")
+            wait_for(self._front_up, timeout, "the front end serves", ignore=NOT_YET)
         token = (self.work / "cp" / "admin-token").read_text().strip()
         self.admin = FailoverClient(self.api_urls, token)
         self.join = self.admin.post("/v1/tokens", json={"role": "join",

@@ -17,10 +17,11 @@ import httpx
 
 from plait.agent.daemon import Agent
 from plait.frontend.router import ShardRouter
-from plait.harness.replicas import wait_until
+from plait.harness.replicas import NOT_YET
 from plait.model import RegionSpec
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.serve import ApiServer, AsgiServer, store_for
+from plait.testing import wait_for
 
 
 class ShardedBox:
@@ -47,8 +48,8 @@ class ShardedBox:
         self.front = AsgiServer(ShardRouter(self.front_store)).start()
         self.api = httpx.Client(base_url=self.front.url, timeout=30,
                                 headers={"Authorization": f"Bearer {token}"})
-        wait_until(lambda: self.api.get("/healthz").status_code == 200, 60,
-                   "every shard has a leader")
+        wait_for(lambda: self.api.get("/healthz").status_code == 200, 60,
+                 "every shard has a leader", ignore=NOT_YET)
         join = self.api.post("/v1/tokens", json={"role": "join", "name": "j"}).json()["token"]
         self.stop_agents = threading.Event()
         names = [self.cp(0).fleet.name(m)
@@ -117,8 +118,8 @@ def measure_move(work: Path, store: str | None = None, tasks: int = 4,
                 "command": "sleep", "args": ["infinity"], "env": {"N": "0"},
                 "resources": {"cpu": 0.1, "memory_gb": 0.1}}
         api.post("/v1/jobs", json=spec).raise_for_status()
-        wait_until(lambda: box.running("sleepers", tasks) and len(box.pids()) == tasks,
-                   timeout, "the tasks run")
+        wait_for(lambda: box.running("sleepers", tasks) and len(box.pids()) == tasks,
+                 timeout, "the tasks run", ignore=NOT_YET)
         pids = box.pids()
         shard = box.entry("moving")["shard"]
         log: list[tuple[float, int]] = []
@@ -147,8 +148,8 @@ def measure_move(work: Path, store: str | None = None, tasks: int = 4,
         after = [t for t, code in log if code == 200 and t > started]
         window = (min(after) - min(refused)) if refused and after else 0.0
         others = sorted({code for _, code in log} - {200, 409})
-        wait_until(lambda: box.running("sleepers", tasks) and len(box.pids()) == tasks,
-                   timeout, "the tasks run after the move")
+        wait_for(lambda: box.running("sleepers", tasks) and len(box.pids()) == tasks,
+                 timeout, "the tasks run after the move", ignore=NOT_YET)
         now = box.pids()
     return {
         "entitlement_move_unavailable_s": round(window, 3),

@@ -9,11 +9,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 from plait.errors import PlaitError
-from plait.localprocs import free_port_block
+from plait.testing import WaitTimeout, free_port, wait_for
 
 ZK_SERVER = "/usr/share/zookeeper/bin/zkServer.sh"
 #: the largest request the ensemble takes (bytes): a pass's transaction may carry a
@@ -30,7 +29,7 @@ def _free_ports(size: int) -> list[tuple[int, int, int]]:
     member's election port was once another's quorum port, and the ensemble could not
     elect a leader once its first one died) and outside the ephemeral range (no
     client's connection takes one before its member listens)."""
-    base = free_port_block(3 * size)
+    base = free_port(size=3 * size)
     return [(base + 3 * i, base + 3 * i + 1, base + 3 * i + 2) for i in range(size)]
 
 
@@ -126,13 +125,15 @@ class LocalEnsemble:
     def wait_serving(self, timeout: float, members: int | None = None) -> bool:
         """Until ``members`` (all by default) answer, one of them leading."""
         want = self.size if members is None else members
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def serving() -> bool:
             modes = [m for m in self.modes() if m]
-            if len(modes) >= want and (self.size == 1 or "leader" in modes):
-                return True
-            time.sleep(0.1)
-        return False
+            return len(modes) >= want and (self.size == 1 or "leader" in modes)
+
+        try:
+            return wait_for(serving, timeout, "the ensemble serves", poll=0.1)
+        except WaitTimeout:
+            return False
 
     def leader(self) -> int | None:
         modes = self.modes()

@@ -16,6 +16,7 @@ import uvicorn
 from plait import tracing
 from plait.clientconfig import ClientConfig
 from plait.frontend import create_app
+from plait.localprocs import free_port_block
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.leader import SESSION_TIMEOUT, Leadership
 from plait.server.limits import uvicorn_options
@@ -35,14 +36,6 @@ def store_for(data_dir: str | Path, url: str | None = None) -> Store:
     return tracing.store(local)
 
 
-def free_port(host: str = "127.0.0.1", size: int = 1) -> int:
-    """A free port (the first of ``size`` consecutive ones) outside the ephemeral range:
-    no outgoing connection takes it before its server listens."""
-    from plait.localprocs import free_port_block
-
-    return free_port_block(size, host)
-
-
 @dataclass
 class Started:
     url: str
@@ -60,7 +53,7 @@ class AsgiServer:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
                  log_level: str = "warning") -> None:
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or free_port_block(1, host)
         self.url = f"http://{host}:{self.port}"
         self._serve(app, log_level)
 
@@ -102,7 +95,7 @@ class ApiServer(AsgiServer):
         election in the store), rather than its only process."""
         self.cp = cp
         self.host = host
-        self.port = port or free_port(host)
+        self.port = port or free_port_block(1, host)
         self.url = f"http://{host}:{self.port}"
         cp.controllers.serving_at(self.url)
         self.leadership = Leadership(cp, self.url, session_timeout=session_timeout) \

@@ -253,6 +253,16 @@ class _Trace:
     two_down: list[int] = field(default_factory=list)
     two_down_by_update: list[int] = field(default_factory=list)
 
+    def add(self, now: float, updating: int, waiting: int, failed: int,
+            counts: ShardCounts) -> None:
+        self.seconds.append(now)
+        self.updating.append(updating)
+        self.waiting.append(waiting)
+        self.failed.append(failed)
+        self.one_down.append(counts.one_down)
+        self.two_down.append(counts.two_down)
+        self.two_down_by_update.append(counts.two_down_by_update)
+
     def series(self) -> Series:
         return Series(tuple(self.seconds), tuple(self.updating), tuple(self.waiting),
                       tuple(self.failed), tuple(self.one_down), tuple(self.two_down),
@@ -287,6 +297,34 @@ def _ready(job: JobRecord) -> set[int]:
     """The tasks serving their shards."""
     running = TaskState.RUNNING
     return {i for i, r in job.tasks.items() if r.serving and r.healthy and r.state is running}
+
+
+def _classify(job: JobRecord, ready: set[int], version: int, cause: npt.NDArray[np.int8],
+              since: npt.NDArray[np.float64],
+              failed_machines: set[int], failed_at: float, controller: _Recorded,
+              now: float) -> tuple[int, int, int, int]:
+    """Each task's cause of being down (``cause``, ``since``, updated in place) and the
+    tasks updating, waiting for the update, down by the failure, and done."""
+    updating_n = waiting_n = failed_n = done = 0
+    for i, rec in job.tasks.items():
+        new = rec.spec_version == version
+        if i in ready:
+            cause[i] = UP
+            done += new
+            if new:
+                continue
+        elif rec.machine in failed_machines:
+            if cause[i] != BY_FAILURE:
+                cause[i], since[i] = BY_FAILURE, failed_at
+        elif cause[i] == UP:  # (a task down by the failure stays so until it serves)
+            cause[i], since[i] = BY_UPDATE, controller.acked_at.get(i, now)
+        if cause[i] == BY_FAILURE:
+            failed_n += 1
+        elif i in controller.update_acked:
+            updating_n += 1
+        else:
+            waiting_n += 1
+    return updating_n, waiting_n, failed_n, done
 
 
 def run(scn: Fig14, progress: Callable[[float], None] | None = None) -> Fig14Result:
@@ -370,35 +408,12 @@ def run(scn: Fig14, progress: Callable[[float], None] | None = None) -> Fig14Res
         sim.step()
         now = sim.now - t0
         ready = _ready(job)
-        updating_n = waiting_n = failed_n = done = 0
-        for i, rec in job.tasks.items():
-            new = rec.spec_version == version
-            if i in ready:
-                cause[i] = UP
-                done += new
-                if new:
-                    continue
-            elif rec.machine in failed_machines:
-                if cause[i] != BY_FAILURE:
-                    cause[i], since[i] = BY_FAILURE, failed_at
-            elif cause[i] == UP:  # (a task down by the failure stays so until it serves)
-                cause[i], since[i] = BY_UPDATE, controller.acked_at.get(i, sim.now)
-            if cause[i] == BY_FAILURE:
-                failed_n += 1
-            elif i in controller.update_acked:
-                updating_n += 1
-            else:
-                waiting_n += 1
+        updating_n, waiting_n, failed_n, done = _classify(
+            job, ready, version, cause, since, failed_machines, failed_at, controller, sim.now)
         key = (cause.tobytes(), since.tobytes())
         if key != last:
             counts, last = count_down(replicas, cause, since), key
-        trace.seconds.append(now)
-        trace.updating.append(updating_n)
-        trace.waiting.append(waiting_n)
-        trace.failed.append(failed_n)
-        trace.one_down.append(counts.one_down)
-        trace.two_down.append(counts.two_down)
-        trace.two_down_by_update.append(counts.two_down_by_update)
+        trace.add(now, updating_n, waiting_n, failed_n, counts)
         answers = [(t - t0, batch) for t, batch in controller.answers if t > t0]
         if first_done is None and answers and answers[0][1] and all(
                 (t in ready and job.tasks[t].spec_version == version) or cause[t] == BY_FAILURE
