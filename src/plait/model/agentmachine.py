@@ -104,8 +104,8 @@ class Wanted(Generic[K]):
 
 @dataclass(frozen=True, slots=True)
 class Stop(Generic[K]):
-    """Stop the task's process (``remove``: it left the machine: forget it, its files
-    too). ``had_process``: False when nothing runs to stop (only forgotten)."""
+    """Stop the task's process (``remove``: it left the machine: then forget it, its
+    files too: ``Machine.forget``). ``had_process``: False when nothing runs to stop."""
 
     key: K
     reason: str
@@ -230,7 +230,7 @@ class Machine(Generic[K, T]):
     # -- the desired set ----------------------------------------------------------------
     def converge(self, wanted: Sequence[Wanted[K]], pulled_at: float) -> Plan[K]:
         """Take a desired set, pulled at ``pulled_at`` (the fence's clock): stop what
-        left it (forgotten), stop the old revision of what it lists at a new one
+        left it (to forget), stop the old revision of what it lists at a new one
         (its record takes the new revision, restarts counted anew), take each
         listed task's restart policy and fence, lift the fence of a task it stopped
         once this set was pulled after the agent reached the control plane again."""
@@ -238,9 +238,8 @@ class Machine(Generic[K, T]):
         plan = converge({k: t.revision for k, t in self.tasks.items()},
                         {k: w.revision for k, w in want.items()})
         stops: list[Stop[K]] = []
-        for key in plan.remove:
+        for key in plan.remove:  # (the driver forgets them once their stop is under way)
             stops.append(self.stop(key, "no longer assigned", None, remove=True))
-            self.forget(key)
         for key in plan.replace:
             w = want[key]
             stops.append(self.stop(key, f"revision {w.revision}", w.cause, remove=False))

@@ -245,6 +245,8 @@ class SimAgent:
                 p.backoff_until = None if task.final else task.next_start
 
     def _stop(self, ref: TaskRef, now: float, remove: bool) -> None:
+        if remove:
+            self.core.forget(ref)
         p = self.processes.get(ref)
         if p is None:
             return
