@@ -45,8 +45,8 @@ class DesiredTask(Wire):
     #: the id of the API request that caused the assignment (None: no request did)
     request_id: str | None = None
     #: the task's own credential (``signing.task_credential``), which its agent sets
-    #: as its ``PLAIT_TASK_CREDENTIAL`` (None: none)
-    credential: str | None = None
+    #: as its ``PLAIT_TASK_CREDENTIAL`` (None: none, and left off the wire)
+    credential: str | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
 
     @property
     def key(self) -> str:
