@@ -87,7 +87,7 @@ class HeldTask:
 T = TypeVar("T", bound=HeldTask)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Wanted(Generic[K]):
     """One entry of the desired set, as the state machine reads it."""
 
@@ -114,7 +114,7 @@ class Stop(Generic[K]):
     had_process: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Status:
     """One task of the next report. A running task's health (and whether it is
     still starting) is the driver's to say."""

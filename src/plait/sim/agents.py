@@ -76,15 +76,25 @@ class Process:
     final: int | None = None
 
 
-def _wanted(a: Assignment) -> Wanted[TaskRef]:
+#: a task's key in the state machine: (job, index)
+Key = tuple[str, int]
+
+
+@dataclass
+class SimTask(HeldTask):
+    #: its simulated process, once started (the last one: it may have exited)
+    process: Process | None = None
+
+
+def _wanted(a: Assignment) -> Wanted[Key]:
     spec = a.spec
-    return Wanted(TaskRef(a.job, a.index), a.job, a.index, a.revision, spec.restart.policy,
-                  spec.restart.max_retries, None if spec.fence is None else spec.fence.seconds,
-                  a.cause)
+    fence = spec.fence
+    return Wanted((a.job, a.index), a.job, a.index, a.revision, spec.restart.policy,
+                  spec.restart.max_retries, None if fence is None else fence.seconds, a.cause)
 
 
-def _held(w: Wanted[TaskRef]) -> HeldTask:
-    return HeldTask(w.job, w.index, w.revision)
+def _held(w: Wanted[Key]) -> SimTask:
+    return SimTask(w.job, w.index, w.revision)
 
 
 class SimAgent:
@@ -93,7 +103,7 @@ class SimAgent:
         self.behaviour = behaviour
         self.up = True
         #: the state machine (the real agent's), and the simulated processes
-        self.core: Machine[TaskRef, HeldTask] = Machine(_held)
+        self.core: Machine[Key, SimTask] = Machine(_held)
         self.core.profile.applied = (DEFAULT_PROFILE, 1)  # (a machine starts on default)
         self.processes: dict[TaskRef, Process] = {}
         #: when a list: what the simulated processes print, as (task, time, line)
@@ -195,8 +205,8 @@ class SimAgent:
         """The fence of a machine cut off (the real agent's, and its keeper's): a task
         of a job with a fence gets SIGTERM once the lease is ``fence.seconds`` old and
         is gone at the latest ``FENCE_KILL_GRACE`` later (its stop time, if shorter)."""
-        for ref, said in self.core.fence(now):
-            p = self.processes[ref]
+        for key, said in self.core.fence(now):
+            p = self.processes[TaskRef(*key)]
             p.stopping = True
             p.until = now + min(self._behaviour(p).stop_seconds, fencing.FENCE_KILL_GRACE)
             if said is fencing.Verdict.KILL:
@@ -209,7 +219,7 @@ class SimAgent:
             if said is fencing.Verdict.KILL or (said is not fencing.Verdict.RUN
                                                 and now >= p.until):
                 del self.processes[ref]
-                self.core.stopped(ref)
+                self.core.stopped((ref.job, ref.index))
                 self._say(ref, now, "stopped by its fence")
 
     def applied(self) -> Applied:
@@ -227,7 +237,7 @@ class SimAgent:
             if p.stopping:
                 if now >= p.until:
                     del self.processes[ref]
-                    self.core.stopped(ref)
+                    self.core.stopped((a.job, a.index))
                     self._say(ref, now, f"stopped (revision {a.revision})")
                 continue
             if p.phase is Phase.STARTING and now >= p.until:
@@ -239,14 +249,16 @@ class SimAgent:
                 code = 1 if b.crash else b.exit_code
                 p.phase = Phase.EXITED
                 self._say(ref, now, f"exited with code {code}")
-                self.core.exited(ref, code, now)
-                task = self.core.tasks[ref]
+                key = (a.job, a.index)
+                self.core.exited(key, code, now)
+                task = self.core.tasks[key]
                 p.final = code if task.final else None
                 p.backoff_until = None if task.final else task.next_start
 
-    def _stop(self, ref: TaskRef, now: float, remove: bool) -> None:
+    def _stop(self, key: Key, now: float, remove: bool) -> None:
         if remove:
-            self.core.forget(ref)
+            self.core.forget(key)
+        ref = TaskRef(*key)
         p = self.processes.get(ref)
         if p is None:
             return
@@ -282,7 +294,7 @@ class SimAgent:
         core = self.core
         core.heard(now, now)  # (this step's report is taken now: the lease renews)
         self._advance(now)
-        want = {TaskRef(a.job, a.index): a for a in desired}
+        want = {(a.job, a.index): a for a in desired}
         core.profile.want(None if target is None else (target.name, target.version),
                           switch=not hold)
         plan = core.converge([_wanted(a) for a in desired], now)
@@ -290,31 +302,33 @@ class SimAgent:
             self._stop(stop.key, now, stop.remove)
         core.supervise(now)
         self._switch(now, target)
-        for ref, _ in core.starts(now, now, plan.causes):
-            a = want[ref]
+        for key, _ in core.starts(now, now, plan.causes):
+            a = want[key]
+            ref = TaskRef(a.job, a.index)
             if target is not None and self.profile != (target.name, target.version):
                 self.mismatched_starts += 1
             b = self.behaviour(a)
-            self.processes[ref] = Process(a, Phase.STARTING, now + b.start_seconds, now,
-                                          behaviour=b)
-            core.started(ref)
+            p = self.processes[ref] = Process(a, Phase.STARTING, now + b.start_seconds, now,
+                                              behaviour=b)
+            core.tasks[key].process = p
+            core.started(key)
             self._say(ref, now, f"starting {' '.join([a.spec.command, *a.spec.args])} "
                                 f"(version {a.spec_version}, revision {a.revision})")
-        statuses = [self._status(ref, st) for ref, st in core.statuses()]
+        statuses = [self._status(key, st) for key, st in core.statuses()]
         statuses.extend(self._status(None, st) for st in core.stopping_statuses(
             (p.assignment.job, p.assignment.index, p.assignment.revision)
             for p in self.processes.values() if p.stopping))
         # finished for good, and reported: forgotten (the control plane took them off
         # the machine with this report)
-        for ref in core.finished():
-            core.forget(ref)
-            self.processes.pop(ref, None)
+        for key in core.finished():
+            core.forget(key)
+            self.processes.pop(TaskRef(*key), None)
         return statuses
 
-    def _status(self, ref: TaskRef | None, st: Status) -> TaskStatus:
-        if st.phase is Phase.RUNNING and ref is not None:
-            p = self.processes[ref]
-            running = p.phase is Phase.RUNNING
+    def _status(self, key: Key | None, st: Status) -> TaskStatus:
+        if st.phase is Phase.RUNNING and key is not None:
+            p = self.core.tasks[key].process
+            running = p is not None and p.phase is Phase.RUNNING
             return TaskStatus(st.job, st.index, st.revision,
                               Phase.RUNNING if running else Phase.STARTING, running)
         return TaskStatus(st.job, st.index, st.revision, Phase(st.phase), False,
