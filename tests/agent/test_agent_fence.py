@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_agent_hostile_plane import Plane
+from test_agent_hostile_plane import Plane, wire_spec
 
 from plait.agent import fencekeeper
 from plait.agent.daemon import Agent
@@ -21,8 +21,7 @@ from plait.agent.runtime import proc_start_time
 from plait.testing import wait_for
 
 FENCED = {"job": "zk", "index": 0, "revision": 1,
-          "spec": {"command": "sleep", "args": ["60"], "resources": {"cpu": 0.1},
-                   "fence": {"seconds": 5}, "kill_timeout_seconds": 0}}
+          "spec": wire_spec(name="zk", fence={"seconds": 5}, kill_timeout_seconds=0)}
 
 
 def desired(*tasks: dict[str, object], generation: int = 1) -> bytes:
@@ -124,7 +123,7 @@ def test_the_keeper_process_outlives_a_frozen_agent(agent) -> None:
     a.step()
     a.step()
     handle = a.handles["zk.0"]
-    keeper = a._keeper_proc
+    keeper = a.fenceguard._keeper_proc
     assert keeper is not None and keeper.poll() is None
     # from now on the agent does nothing: its lease runs out after 5 s
     wait_for(lambda: a.runtime.poll(handle) is not None, what="the keeper stops the task")

@@ -14,10 +14,19 @@ import httpx
 import pytest
 
 from plait.agent.daemon import Agent, BadDesired, JoinRefused, Task, checked_desired
+from plait.model import JobSpec
 from plait.testing import wait_for
 
-GOOD_TASK = {"job": "a", "index": 0, "revision": 1,
-             "spec": {"command": "sleep", "args": ["60"], "resources": {"cpu": 0.1}}}
+
+def wire_spec(**fields: object) -> dict[str, object]:
+    """A job's spec as the control plane sends it (the wire's ``JobSpec``)."""
+    return JobSpec.model_validate({"name": "a", "entitlement": "e", "task_count": 1,
+                                   "command": "sleep", "args": ["60"],
+                                   "resources": {"cpu": 0.1, "memory_gb": 0.1},
+                                   **fields}).model_dump(mode="json")
+
+
+GOOD_TASK = {"job": "a", "index": 0, "revision": 1, "spec": wire_spec()}
 
 
 @pytest.mark.parametrize("desired", [
@@ -28,6 +37,7 @@ GOOD_TASK = {"job": "a", "index": 0, "revision": 1,
     {"tasks": [GOOD_TASK, {**GOOD_TASK, "spec": {**GOOD_TASK["spec"], "env": ["X=1"]}}]},
     {"tasks": [], "stopping": [{"job": "a"}]},
     {"tasks": [{**GOOD_TASK, "credential": 1}]},
+    {"tasks": [{**GOOD_TASK, "spec": {**GOOD_TASK["spec"], "restart": {"policy": "x"}}}]},
 ])
 def test_a_malformed_desired_set_is_refused_whole(desired) -> None:
     with pytest.raises(BadDesired):
@@ -38,7 +48,11 @@ def test_a_well_formed_desired_set_is_taken() -> None:
     desired = {"generation": 3, "tasks": [GOOD_TASK, {**GOOD_TASK, "index": 1,
                                                       "credential": "ptc_00"}],
                "stopping": [{"job": "b", "index": 1}]}
-    assert checked_desired(desired) is desired
+    taken = checked_desired(desired)
+    assert taken.generation == 3 and [t.key for t in taken.tasks] == ["a.0", "a.1"]
+    assert taken.tasks[0].spec.restart.policy == "always"  # (the model's default, not restated)
+    assert taken.tasks[1].credential == "ptc_00" and taken.stopping[0].index == 1
+    assert "profile" not in taken.model_fields_set and not taken.profile_unknown
 
 
 class Plane(http.server.ThreadingHTTPServer):

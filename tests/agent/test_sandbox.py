@@ -28,7 +28,8 @@ import pytest
 from runtimeutil import MODES, WAIT, RuntimeEnv, gone, proc_stat, wait_for
 
 from plait.agent import EXIT_UNKNOWN, Handle, ProcessRuntime
-from plait.agent.runtime import RUNTIMES, create_runtime, task_name
+from plait.agent.runtime import task_name
+from plait.agent.runtimes import RUNTIMES, create_runtime
 from plait.agent.sandbox import MISSING_BWRAP, SandboxRuntime, sandbox_hostname
 from plait.testing import free_port
 

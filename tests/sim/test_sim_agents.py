@@ -31,8 +31,8 @@ def test_fencing_stops_what_is_no_longer_assigned_after_the_stop_latency():
     assert agent.running(TaskRef("web", 0)) is not None
     agent.step(2, [])  # taken out of the desired set
     assert agent.running(TaskRef("web", 0)) is None  # stopping: not serving any more
-    assert phases(agent.step(4, [])) == [(0, "running")]  # still winding down
-    assert phases(agent.step(5, [])) == [(0, "stopped")]
+    assert phases(agent.step(4, [])) == [(0, "stopping")]  # still winding down
+    assert phases(agent.step(5, [])) == []  # gone: no longer reported (stopped)
     assert agent.processes == {}
 
 
@@ -42,9 +42,9 @@ def test_a_new_revision_replaces_the_process_after_the_old_one_stops():
     agent.step(1, [assign(revision=1)])
     agent.step(2, [assign(revision=2)])
     st = agent.step(2.5, [assign(revision=2)])
-    assert [(s.revision, s.phase) for s in st] == [(1, Phase.RUNNING)]  # old one stopping
+    assert [(s.revision, s.phase) for s in st] == [(1, Phase.STOPPING)]  # old one stopping
     st = agent.step(3, [assign(revision=2)])  # stopped, and the new one starts at once
-    assert [(s.revision, s.phase) for s in st] == [(1, Phase.STOPPED), (2, Phase.STARTING)]
+    assert [(s.revision, s.phase) for s in st] == [(2, Phase.STARTING)]
 
 
 def test_crash_then_restart_after_the_agents_backoff():
@@ -55,10 +55,11 @@ def test_crash_then_restart_after_the_agents_backoff():
     st = agent.step(1.5, [assign()])
     assert phases(st) == [(0, "exited")] and st[0].exit_code == 1
     assert phases(agent.step(2, [assign()])) == [(0, "exited")]  # backing off 1 s
-    assert phases(agent.step(2.5, [assign()])) == [(0, "running")]  # restarted
-    assert phases(agent.step(3.5, [assign()])) == [(0, "exited")]  # and crashed again
-    assert phases(agent.step(5, [assign()])) == [(0, "exited")]  # backing off 2 s
-    assert phases(agent.step(5.5, [assign()])) == [(0, "running")]
+    assert phases(agent.step(2.5, [assign()])) == [(0, "starting")]  # restarted
+    assert phases(agent.step(3, [assign()])) == [(0, "running")]
+    assert phases(agent.step(4, [assign()])) == [(0, "exited")]  # and crashed again
+    assert phases(agent.step(5.5, [assign()])) == [(0, "exited")]  # backing off 2 s
+    assert phases(agent.step(6, [assign()])) == [(0, "starting")]
 
 
 def test_a_failed_machine_loses_its_processes_and_starts_afresh_after_repair():

@@ -20,12 +20,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from plait import logconfig
+from plait.model.agentmachine import SWITCH_RETRY, SWITCH_RETRY_MAX, ProfileGate
+from plait.model.agentwire import DesiredSet
 from plait.sidekick.appliers import Applier, ApplyError
 
 log = logconfig.get("plait.agent.profile")
 
-#: the first retry after a failed switch, and the longest wait between tries
-RETRY, RETRY_MAX = 5.0, 300.0
+#: the first retry after a failed switch, and the longest wait between tries (the
+#: state machine's: ``plait.model.agentmachine``)
+RETRY, RETRY_MAX = SWITCH_RETRY, SWITCH_RETRY_MAX
 
 
 def _ref(profile: dict[str, Any] | None) -> tuple[str, int] | None:
@@ -33,41 +36,48 @@ def _ref(profile: dict[str, Any] | None) -> tuple[str, int] | None:
 
 
 class ProfileSwitcher:
+    """Carries out the state machine's profile decisions (``gate``: when a switch may
+    begin, whether tasks may start) with the agent's applier, on a thread."""
+
     def __init__(self, applier: Applier, wake: Callable[[], None],
-                 machine: str = "") -> None:
+                 machine: str = "", gate: ProfileGate | None = None) -> None:
         self.applier = applier
         self.wake = wake
         self.log = log.bind(machine=machine, applier=applier.name)
+        self.gate = gate if gate is not None else ProfileGate()
         #: the profile applied (wire form), and the one the desired set names
         self.applied: dict[str, Any] | None = None
         self.target: dict[str, Any] | None = None
-        #: the desired set names a profile the control plane does not know
-        self.unknown = False
-        #: why the last switch failed (None once one succeeds), failures in a row, and
-        #: when the next try may begin
-        self.error: str | None = None
-        self.failures = 0
-        self.next_try = 0.0
         self._running: tuple[dict[str, Any], Future[None]] | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-profile")
+
+    @property
+    def error(self) -> str | None:
+        """Why the last switch failed (None once one succeeds)."""
+        return self.gate.error
+
+    @property
+    def failures(self) -> int:
+        return self.gate.failures
 
     # -- state ------------------------------------------------------------------------------
     def load(self, applied: dict[str, Any] | None) -> None:
         self.applied = applied
+        self.gate.applied = _ref(applied)
 
-    def want(self, desired: dict[str, Any]) -> None:
-        """The profile the latest desired set names. A set without the key comes from
-        a control plane that knows no profiles: nothing is switched, nothing held back;
-        one whose profile is null names a profile the control plane does not know (yet):
-        nothing starts."""
-        self.unknown = "profile" in desired and desired["profile"] is None
-        self.target = desired.get("profile")
+    def want(self, desired: DesiredSet) -> None:
+        """The profile the latest desired set names. A set without it comes from a
+        control plane that knows no profiles: nothing is switched, nothing held back;
+        one whose profile is null names a profile the control plane does not know
+        (yet): nothing starts."""
+        target = desired.profile
+        self.target = None if target is None else target.model_dump(mode="json")
+        self.gate.want(None if target is None else target.ref, desired.profile_unknown,
+                       True if target is None else target.switch)
 
     def may_start(self) -> bool:
         """Whether a task may start: the machine carries the profile it must."""
-        if self.target is None:
-            return not self.unknown
-        return _ref(self.applied) == _ref(self.target)
+        return self.gate.carries()
 
     def report(self) -> dict[str, Any] | None:
         """The profile part of a heartbeat."""
@@ -79,26 +89,32 @@ class ProfileSwitcher:
 
     # -- the run loop's turn -----------------------------------------------------------------
     def tick(self, now: float, idle: bool) -> bool:
-        """Take a finished switch; begin one when the machine does not carry its
-        profile, nothing runs on it (``idle``) and no retry is pending. True when
-        something a heartbeat tells changed."""
+        """Take a finished switch; begin one when the state machine says one may
+        (``idle``: nothing runs or stops on the machine). True when something a
+        heartbeat tells changed."""
         changed = False
         if self._running is not None and self._running[1].done():
             profile, done = self._running
             self._running = None
             changed = True
+            error: str | None = None
             try:
                 done.result()
             except ApplyError as exc:
-                self._failed(profile, str(exc), now)
+                error = str(exc)
             except Exception as exc:  # (an applier's bug: reported, the machine kept out)
-                self._failed(profile, f"{type(exc).__name__}: {exc}", now)
-            else:
-                self.applied, self.error, self.failures = profile, None, 0
+                error = f"{type(exc).__name__}: {exc}"
+            ref = _ref(profile)
+            assert ref is not None
+            wait = self.gate.done(ref, error, now)
+            if error is None:
+                self.applied = profile
                 self.log.info("host profile applied", profile=profile["name"],
                               version=profile["version"])
-        if (self._running is None and self.target is not None and not self.may_start()
-                and self.target.get("switch", True) and idle and now >= self.next_try):
+            else:
+                self.log.warning("host profile switch failed", profile=profile["name"],
+                                 version=profile["version"], error=error, retry_in=wait)
+        if self._running is None and self.target is not None and self.gate.begin(now, idle):
             profile, previous = self.target, self.applied
             self.log.info("switching host profile", profile=profile["name"],
                           version=profile["version"],
@@ -108,19 +124,9 @@ class ProfileSwitcher:
             self._running = (profile, future)
         return changed
 
-    def _failed(self, profile: dict[str, Any], reason: str, now: float) -> None:
-        self.error = reason
-        self.failures += 1
-        wait = min(RETRY_MAX, RETRY * 2.0 ** min(self.failures - 1, 32))
-        self.next_try = now + wait
-        self.log.warning("host profile switch failed", profile=profile["name"],
-                         version=profile["version"], error=reason, retry_in=wait)
-
     def next_due(self) -> float | None:
         """When a retry may begin (for the run loop's sleep), if one waits."""
-        if self._running is None and self.error is not None and not self.may_start():
-            return self.next_try
-        return None
+        return self.gate.next_due()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -43,18 +43,26 @@ byte of the task's output since its log was created, across rotations.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import resource
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+
+from plait.agent.cgroups import (
+    CGROUP_ROOT,
+    ISOLATIONS,
+    Cgroups,
+    _cgroup_pids,
+    _enter_cgroups,
+    task_name,
+)
+from plait.agent.tasklogs import DEFAULT_MAX_LOG_BYTES, OLD_LOGS, TaskLogs
 
 log = logging.getLogger(__name__)
 
@@ -63,42 +71,8 @@ log = logging.getLogger(__name__)
 #: Note that Popen also reports a death by SIGHUP as -1.
 EXIT_UNKNOWN = -1
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-CPU_PERIOD_US = 100_000
-#: the kernel refuses a cfs quota below 1 ms
-MIN_CPU_QUOTA_US = 1_000
-DEFAULT_MAX_LOG_BYTES = 10 * 1024 * 1024
-#: rotated logs kept per task: <name>.log.1 (newest) .. <name>.log.3
-OLD_LOGS = 3
-#: a log this many times over ``max_log_bytes`` is a flood: only its last ``max_log_bytes``
-#: are kept when it is rotated
-FLOOD = 4
-ISOLATIONS = ("cgroup2", "cgroup1", "rlimit")
 
-
-def _enter_cgroups(procs_files: list[bytes]) -> None:
-    """Move the calling process into the cgroups of these ``cgroup.procs`` files (run
-    in a child between its fork and its exec: system calls only)."""
-    pid = str(os.getpid()).encode()
-    for path in procs_files:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, pid)
-        finally:
-            os.close(fd)
-_V1_CONTROLLERS = ("memory", "cpu", "pids")
-_V2_CONTROLLERS = ("cpu", "memory", "pids")
 _CGROUP_SLACK = 1.5  # seconds stop() may spend after the grace (kill, reap, rmdir)
-
-
-def task_name(key: str) -> str:
-    """The file and cgroup name of a task key: percent-encoded, never hidden or ``..``."""
-    if not key:
-        raise ValueError("empty task key")
-    name = quote(key, safe="-_.@:+=,")
-    if name.startswith("."):
-        name = "%2E" + name[1:]
-    return name
 
 
 @dataclass
@@ -164,65 +138,11 @@ def proc_start_time(pid: int) -> int | None:
     return None if st is None else st[2]
 
 
-def _unescape_mount(path: str) -> str:
-    # /proc/self/mounts escapes space, tab, newline and backslash as \ooo
-    out, i = [], 0
-    while i < len(path):
-        if path[i] == "\\" and path[i + 1 : i + 4].isdigit() and i + 4 <= len(path):
-            out.append(chr(int(path[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(path[i])
-            i += 1
-    return "".join(out)
-
-
-def _mounts() -> list[tuple[str, str, set[str]]]:
-    """(mount point, fs type, options) of every mount."""
-    try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split()
-        if len(parts) >= 4:
-            out.append((_unescape_mount(parts[1]), parts[2], set(parts[3].split(","))))
-    return out
-
-
-def _own_cgroups_v1() -> dict[str, str]:
-    """Controller -> the agent's own cgroup path in that v1 hierarchy."""
-    out: dict[str, str] = {}
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3 and parts[1]:
-            for ctrl in parts[1].split(","):
-                out[ctrl] = parts[2]
-    return out
-
-
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
-
-
-def _cgroup_pids(group: Path) -> list[int]:
-    try:
-        return [int(x) for x in (group / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
-
-
 def _waitstatus_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-class ProcessRuntime:
+class ProcessRuntime(Cgroups, TaskLogs):
     """Runs a machine's tasks as processes, limited by cgroups where it can."""
 
     def __init__(
@@ -257,158 +177,7 @@ class ProcessRuntime:
 
     # ----------------------------------------------------------------- isolation
 
-    def _detect(self, forced: str | None) -> str:
-        order = ISOLATIONS if forced is None else (forced,)
-        for mode in order:
-            if mode == "cgroup2" and self._try_cgroup2():
-                return mode
-            if mode == "cgroup1" and self._try_cgroup1():
-                return mode
-            if mode == "rlimit":
-                return mode
-        raise RuntimeError(f"{forced} isolation is not available: {'; '.join(self._why_not)}")
-
-    def _probe(self, parent: Path, files: tuple[str, ...]) -> bool:
-        probe = parent / f".probe-{os.getpid()}"
-        try:
-            probe.mkdir(exist_ok=True)
-            try:
-                missing = [f for f in files if not (probe / f).exists()]
-            finally:
-                probe.rmdir()
-        except OSError as e:
-            self._why_not.append(f"cannot create a group in {parent}: {e.strerror}")
-            return False
-        if missing:
-            self._why_not.append(f"{parent} groups lack {', '.join(missing)}")
-            return False
-        return True
-
-    def _try_cgroup2(self) -> bool:
-        root = self.cgroup_root
-        if not any(mp == str(root) and fs == "cgroup2" for mp, fs, _ in _mounts()):
-            self._why_not.append(f"no cgroup2 mount at {root}")
-            return False
-        try:
-            available = set((root / "cgroup.controllers").read_text().split())
-        except OSError as e:
-            self._why_not.append(f"cannot read {root}/cgroup.controllers: {e.strerror}")
-            return False
-        missing = [c for c in _V2_CONTROLLERS if c not in available]
-        if missing:
-            self._why_not.append(f"cgroup2 lacks controllers {', '.join(missing)}")
-            return False
-        parent = root / "plait"
-        try:
-            for group in (root, parent):
-                group.mkdir(exist_ok=True)
-                enabled = set((group / "cgroup.subtree_control").read_text().split())
-                todo = [c for c in _V2_CONTROLLERS if c not in enabled]
-                if todo:
-                    _write(group / "cgroup.subtree_control", " ".join("+" + c for c in todo))
-        except OSError as e:
-            self._why_not.append(f"cannot delegate cgroup2 controllers: {e.strerror}")
-            return False
-        if not self._probe(parent, ("cpu.max", "memory.max", "pids.max")):
-            return False
-        self.cgroup_parents = {"unified": parent}
-        return True
-
-    def _try_cgroup1(self) -> bool:
-        root = str(self.cgroup_root)
-        own = _own_cgroups_v1()
-        parents: dict[str, Path] = {}
-        for ctrl in _V1_CONTROLLERS:
-            for mp, fs, opts in _mounts():
-                if fs == "cgroup" and ctrl in opts and (mp + "/").startswith(root + "/"):
-                    base = Path(mp)
-                    mine = base / own.get(ctrl, "/").lstrip("/")
-                    # in a container /proc/self/cgroup may name a path the mount lacks
-                    parents[ctrl] = (mine if mine.is_dir() else base) / "plait"
-                    break
-        missing = [c for c in ("memory", "cpu") if c not in parents]
-        if missing:
-            self._why_not.append(f"no cgroup1 {' or '.join(missing)} hierarchy under {root}")
-            return False
-        needs = {
-            "memory": ("memory.limit_in_bytes",),
-            "cpu": ("cpu.cfs_quota_us", "cpu.cfs_period_us"),
-            "pids": ("pids.max",),
-        }
-        for ctrl, parent in list(parents.items()):
-            try:
-                parent.mkdir(exist_ok=True)
-            except OSError as e:
-                self._why_not.append(f"cannot create {parent}: {e.strerror}")
-                if ctrl == "pids":
-                    del parents[ctrl]
-                    continue
-                return False
-            if not self._probe(parent, needs[ctrl]):
-                if ctrl == "pids":
-                    del parents[ctrl]
-                    continue
-                return False
-        self.cgroup_parents = parents
-        return True
-
-    def describe(self) -> str:
-        """One line saying how tasks are isolated on this machine."""
-        if self.isolation == "cgroup2":
-            parent = self.cgroup_parents["unified"]
-            return (f"cgroup2: a group per task in {parent}/<key> with cpu.max, "
-                    "memory.max and pids.max; core dumps off")
-        if self.isolation == "cgroup1":
-            where = ", ".join(f"{c}={p}" for c, p in sorted(self.cgroup_parents.items()))
-            pids = "pids.max" if "pids" in self.cgroup_parents else "no pids limit"
-            return (f"cgroup1: a group per task in <hierarchy>/plait/<key> ({where}) with "
-                    f"cpu.cfs_quota_us, memory.limit_in_bytes and {pids}; core dumps off")
-        why = "; ".join(self._why_not) or "not tried, rlimit was asked for"
-        return (f"rlimit: memory by RLIMIT_AS, no cpu or pids limits, core dumps off "
-                f"(no cgroups: {why})")
-
     # ----------------------------------------------------------------- start
-
-    def _group_dirs(self, key: str) -> dict[str, Path]:
-        name = task_name(key)
-        return {ctrl: parent / name for ctrl, parent in self.cgroup_parents.items()}
-
-    def _make_groups(self, key: str, cpu: float, memory_mb: int, pids: int) -> dict[str, Path]:
-        dirs = self._group_dirs(key)
-        mem = memory_mb * 1024 * 1024
-        quota = max(MIN_CPU_QUOTA_US, round(cpu * CPU_PERIOD_US))
-        made: list[Path] = []
-        try:
-            for group in dirs.values():
-                if group.exists():
-                    if _cgroup_pids(group):
-                        raise RuntimeError(f"cgroup {group} still has processes")
-                    group.rmdir()  # a leftover: start from fresh limits
-                group.mkdir()
-                made.append(group)
-            if self.isolation == "cgroup2":
-                g = dirs["unified"]
-                _write(g / "cpu.max", f"{quota} {CPU_PERIOD_US}")
-                _write(g / "memory.max", str(mem))
-                if (g / "memory.swap.max").exists():
-                    _write(g / "memory.swap.max", "0")
-                _write(g / "pids.max", str(pids))
-            else:
-                _write(dirs["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-                _write(dirs["cpu"] / "cpu.cfs_quota_us", str(quota))
-                _write(dirs["memory"] / "memory.limit_in_bytes", str(mem))
-                memsw = dirs["memory"] / "memory.memsw.limit_in_bytes"
-                if memsw.exists():
-                    with contextlib.suppress(OSError):
-                        _write(memsw, str(mem))
-                if "pids" in dirs:
-                    _write(dirs["pids"] / "pids.max", str(pids))
-        except BaseException:
-            for group in made:
-                with contextlib.suppress(OSError):
-                    group.rmdir()
-            raise
-        return dirs
 
     def _argv(self, key: str, command: str, args: list[str], env: Mapping[str, str],
               cwd: Path) -> list[str]:
@@ -649,39 +418,6 @@ class ProcessRuntime:
                     out.append(int(entry.name))
         return out
 
-    def _kill_cgroups(self, handle: Handle) -> None:
-        for group in handle.cgroups:
-            kill = group / "cgroup.kill"
-            if kill.exists():
-                with contextlib.suppress(OSError):
-                    _write(kill, "1")
-                continue
-            for pid in _cgroup_pids(group):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-
-    def _remove_cgroups(self, groups: list[Path], deadline: float) -> bool:
-        """rmdir the groups, retrying while their killed processes leave."""
-        left = [g for g in groups if g.exists()]
-        while left:
-            for group in list(left):
-                try:
-                    group.rmdir()
-                    left.remove(group)
-                except FileNotFoundError:
-                    left.remove(group)
-                except OSError as e:
-                    if e.errno != errno.EBUSY:
-                        log.warning("cannot remove cgroup %s: %s", group, e.strerror)
-                        left.remove(group)
-            if not left:
-                return True
-            if time.monotonic() >= deadline:
-                log.warning("cgroups still busy: %s", ", ".join(map(str, left)))
-                return False
-            time.sleep(0.02)
-        return True
-
     def stop(self, handle: Handle, grace: float = 10.0) -> int | None:
         """SIGTERM the task's process group, SIGKILL it (and anything left in its
         cgroups) after ``grace`` seconds, remove its cgroups; the exit code, or None if
@@ -698,7 +434,7 @@ class ProcessRuntime:
                 delay = min(delay * 2, 0.05)
         # whatever is left of the group (the leader, or children that outlived it)
         self._kill_group(handle, signal.SIGKILL)
-        self._kill_cgroups(handle)
+        self._kill_cgroups(handle.cgroups)
         code: int | None
         proc = self._child(handle)
         if proc is not None:
@@ -711,131 +447,13 @@ class ProcessRuntime:
                 time.sleep(0.01)
             code = self._reap_foreign(handle)
         # members of the group (or escapees in the cgroup) that were forking meanwhile
-        self._kill_cgroups(handle)
+        self._kill_cgroups(handle.cgroups)
         self._remove_cgroups(handle.cgroups, hard_deadline)
         log.info("stopped %s: exit %s after %.2fs", handle.key, code,
                  time.monotonic() - start)
         return code
 
     # ----------------------------------------------------------------- logs
-
-    def _base_path(self, name: str) -> Path:
-        return self.log_dir / f"{name}.offset"
-
-    def _base(self, name: str) -> int:
-        """The logical offset of the task's current log file's first byte (its output
-        rotated away before it), kept in memory once read: only ``_rotate`` changes it."""
-        base = self._bases.get(name)
-        if base is None:
-            try:
-                base = int(self._base_path(name).read_text())
-            except (OSError, ValueError):
-                base = 0
-            self._bases[name] = base
-        return base
-
-    def _segments(self, log_path: Path) -> list[tuple[Path, int, int]]:
-        """(file, logical start, size) of the task's log files, oldest first."""
-        name = log_path.name[: -len(".log")]
-        try:
-            size = log_path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        start = self._base(name)
-        segs = [(log_path, start, size)]
-        for i in range(1, OLD_LOGS + 1):
-            old = log_path.with_name(f"{log_path.name}.{i}")
-            try:
-                osize = old.stat().st_size
-            except FileNotFoundError:
-                break
-            start -= osize
-            if start < 0:
-                break
-            segs.append((old, start, osize))
-        segs.reverse()
-        return segs
-
-    def read_log(self, handle: Handle, offset: int, max_bytes: int = 1 << 20
-                 ) -> tuple[bytes, int]:
-        """Up to ``max_bytes`` of the task's output from ``offset`` (counted over its
-        whole output, across rotations) and the offset after them. An offset older than
-        the oldest kept file skips to that file's start."""
-        path = handle.log_path
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            size = 0
-        start = self._base(path.name[: -len(".log")])
-        # a reader at or past the current file's start (every report of a task's
-        # output but the first after a rotation) looks at no rotated file
-        segs = [(path, start, size)] if offset >= start else self._segments(path)
-        first, last = segs[0], segs[-1]
-        end = last[1] + last[2]
-        if offset >= end:
-            return b"", end
-        if offset < first[1]:
-            offset = first[1]
-        for path, seg_start, size in segs:
-            if seg_start <= offset < seg_start + size:
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(offset - seg_start)
-                        data = f.read(min(max_bytes, seg_start + size - offset))
-                except FileNotFoundError:  # rotated away meanwhile: the caller retries
-                    return b"", offset
-                return data, offset + len(data)
-        return b"", offset
-
-    def rotate_logs(self) -> list[str]:
-        """Rotate every task log over ``max_log_bytes`` (keeping .1 .. .3); the file
-        names rotated."""
-        rotated = []
-        for path in sorted(self.log_dir.glob("*.log")):
-            try:
-                if path.stat().st_size > self.max_log_bytes:
-                    self._rotate(path)
-                    rotated.append(path.name)
-            except OSError as e:
-                log.warning("cannot rotate %s: %s", path, e.strerror)
-        return rotated
-
-    def _rotate(self, path: Path) -> None:
-        """Move the log's bytes to ``.1`` (the older ones along) and empty it. The copy is
-        bounded, whatever the task writes meanwhile: what the file held, and at most
-        ``max_log_bytes`` more. A log many times over the bound (a task that floods its
-        output) keeps only its last ``max_log_bytes``, and the older files go: the
-        bytes between are dropped (their offsets are skipped)."""
-        size = path.stat().st_size
-        skipped = size - self.max_log_bytes if size > FLOOD * self.max_log_bytes else 0
-        for i in range(OLD_LOGS - 1, 0, -1):
-            src = path.with_name(f"{path.name}.{i}")
-            if skipped:  # (before the gap: no reader could place them)
-                with contextlib.suppress(FileNotFoundError):
-                    src.unlink()
-            elif src.exists():
-                os.replace(src, path.with_name(f"{path.name}.{i + 1}"))
-        if skipped:
-            with contextlib.suppress(FileNotFoundError):
-                path.with_name(f"{path.name}.{OLD_LOGS}").unlink()
-        first = path.with_name(f"{path.name}.1")
-        with open(path, "rb") as src_f, open(first, "wb") as dst_f:
-            src_f.seek(skipped)
-            budget = size - skipped + self.max_log_bytes
-            while budget > 0:
-                chunk = src_f.read(min(1 << 20, budget))
-                if not chunk:
-                    break
-                dst_f.write(chunk)
-                budget -= len(chunk)
-            copied = dst_f.tell()
-        os.truncate(path, 0)  # the task appends (O_APPEND): its next write lands at 0
-        name = path.name[: -len(".log")]
-        tmp = self._base_path(name).with_suffix(".offset.tmp")
-        base = self._base(name) + skipped + copied
-        tmp.write_text(str(base))
-        os.replace(tmp, self._base_path(name))
-        self._bases[name] = base
 
     # ----------------------------------------------------------------- cleanup
 
@@ -865,24 +483,5 @@ class ProcessRuntime:
         self._bases.pop(name, None)
 
 
-#: the runtimes :func:`create_runtime` makes
-RUNTIMES = ("process", "sandbox")
-
-
-def create_runtime(name: str, data_dir: Path, hide: Sequence[Path] = (),
-                   task_user: str = "nobody") -> ProcessRuntime:
-    """The agent runtime called ``name`` on ``data_dir``: ``process`` (plain processes,
-    :class:`ProcessRuntime`) or ``sandbox`` (the same, each task inside bubblewrap
-    namespaces: :class:`plait.agent.sandbox.SandboxRuntime`, which raises RuntimeError
-    where bwrap is missing)."""
-    if name == "process":
-        return ProcessRuntime(data_dir)
-    if name == "sandbox":
-        from plait.agent.sandbox import SandboxRuntime  # only loaded when asked for
-
-        return SandboxRuntime(data_dir, hide=hide, task_user=task_user)
-    raise ValueError(f"unknown agent runtime {name!r}: use one of {', '.join(RUNTIMES)}")
-
-
-__all__ = ["EXIT_UNKNOWN", "RUNTIMES", "Handle", "ProcessRuntime", "create_runtime",
-           "proc_start_time", "task_name"]
+__all__ = ["CGROUP_ROOT", "DEFAULT_MAX_LOG_BYTES", "EXIT_UNKNOWN", "Handle",
+           "ProcessRuntime", "proc_start_time", "task_name"]

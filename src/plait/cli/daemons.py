@@ -351,7 +351,7 @@ def agent(
     logconfig.configure("agent")
     log = logconfig.get("plait.agent").bind(machine=machine_id)
     from plait.agent.daemon import Agent, JoinRefused
-    from plait.agent.runtime import create_runtime
+    from plait.agent.runtimes import create_runtime
 
     join_token = os.environ.get("PLAIT_JOIN_TOKEN") or None
     if join_token_file is not None:

@@ -56,16 +56,18 @@ from plait.frontend.requestlog import RequestLog
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from plait.metrics import HttpMetrics
 from plait.model import Entitlement, JobSpec, Resources
+from plait.model.agentwire import Output, Report
 from plait.model.base import Input
 from plait.model.job import MAX_TASKS
 from plait.model.machine import FaultDomain, Machine, MachineState
 from plait.model.redact import shown_spec
 from plait.model.task import TaskState
 from plait.paging import BadRequest
-from plait.scheduler.records import Phase, TaskStatus
+from plait.scheduler.records import TaskStatus
 from plait.server.auth import AuthError, Principal, Role
 from plait.server.controlplane import ControlPlane
 from plait.server.controlplane.autoscaling import JobAutoscale
+from plait.server.controlplane.gateway import desired_wire
 from plait.server.controlplane.listing import JOB_STATES, parse_states
 from plait.server.controlplane.owners import LimitsBody
 from plait.server.events import Budget, Event
@@ -163,48 +165,6 @@ class Join(Input):
                                          strict=True) if v is None]
             raise ValueError(f"a machine description needs {', '.join(missing)} too")
         return self
-
-
-class StatusIn(Input):
-    job: str = pydantic.Field(min_length=1, max_length=64)
-    index: int = pydantic.Field(ge=0, le=MAX_TASKS - 1)
-    revision: int = pydantic.Field(ge=1)
-    phase: Phase
-    healthy: bool = True
-    exit_code: int | None = pydantic.Field(default=None, ge=-1024, le=1024)
-    #: the agent will not start the task again (a finished batch task)
-    final: bool = False
-    #: SIGKILLed from outside: neither by its agent nor out of memory
-    killed: bool = False
-    #: host:port the task listens on (its PLAIT_PORT), for service discovery
-    endpoint: str | None = pydantic.Field(default=None, max_length=300)
-    #: the cores it used since the agent's last report (an autoscaler's ``cpu`` metric)
-    cpu: float | None = pydantic.Field(default=None, ge=0, le=100_000)
-
-
-class OutputChunk(Input):
-    job: str = pydantic.Field(min_length=1, max_length=64)
-    index: int = pydantic.Field(ge=0, le=100_000)
-    data: str = pydantic.Field(max_length=256 * 1024)
-
-
-class Output(Input):
-    chunks: list[OutputChunk] = pydantic.Field(max_length=10_000)
-
-
-class ProfileIn(Input):
-    """The host profile an agent has applied (name None: none yet), and why its last
-    switch failed."""
-
-    name: str | None = pydantic.Field(default=None, max_length=64)
-    version: int = pydantic.Field(default=0, ge=0, le=2**31)
-    error: str | None = pydantic.Field(default=None, max_length=1000)
-    failures: int = pydantic.Field(default=0, ge=0, le=2**31)
-
-
-class Report(Input):
-    tasks: list[StatusIn] = pydantic.Field(default_factory=list, max_length=10_000)
-    profile: ProfileIn | None = None
 
 
 class ErrorBody(pydantic.BaseModel):
@@ -1271,7 +1231,7 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
     @app.get("/v1/machines/{machine}/desired", response_model=t.DesiredSet, tags=["agents"])
     async def desired(machine: str, who: Who, request: Request,
                       wait: Annotated[float, Query(ge=0, le=60)] = 0.0,
-                      since: Annotated[int | None, Query(ge=0)] = None) -> dict[str, Any]:
+                      since: Annotated[int | None, Query(ge=0)] = None) -> Response:
         """The machine's desired task set, which its agent converges to. A long-poll:
         with ``since`` (the ``generation`` of the set the agent has) and ``wait``, the
         answer comes when the set changes, or after ``wait`` seconds."""
@@ -1304,14 +1264,9 @@ def create_app(cp: ControlPlane, run_loop: bool = True, close_store: bool = Fals
         # each task's own credential (its PLAIT_TASK_CREDENTIAL), made as it is served
         credentials = (cp.gateway.credentials(tasks) if cp.controllers.secret_read()
                        else await run_in_threadpool(cp.gateway.credentials, tasks))
-        return {"machine": machine, "generation": generation, "tasks": [
-            {"job": a.job, "index": a.index, "version": a.spec_version, "revision": a.revision,
-             "spec": spec_wire(a.spec), "request_id": a.cause,
-             **({"credential": c} if c is not None else {})}
-            for a, c in zip(tasks, credentials, strict=True)],
-            "stopping": [{"job": ref.job, "index": ref.index, "request_id": cause}
-                         for ref, cause in cp.gateway.stops_kept(machine)],
-            "profile": profile}
+        return Response(desired_wire(machine, generation, tasks, credentials,
+                                     cp.gateway.stops_kept(machine), profile
+                                     ).model_dump_json(), media_type="application/json")
 
     @app.post("/v1/machines/{machine}/output", response_model=t.OutputAck, tags=["agents"])
     def output(machine: str, body: Output, who: Who, request: Request) -> dict[str, Any]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
+from plait.model.agentmachine import Phase as Phase  # (what an agent reports: its wire's)
 from plait.model.job import JobSpec, UpdatePolicy
 from plait.model.task import TaskRef, TaskState
 from plait.taskcontrol.protocol import (
@@ -64,17 +64,6 @@ class Assigned:
 #: tasks being stopped on a machine (they left its desired set), each with the id of
 #: the request that last changed its job (``Scheduler.stops_for``)
 Stops = list[tuple[TaskRef, str | None]]
-
-
-class Phase(enum.StrEnum):
-    STARTING = "starting"
-    RUNNING = "running"
-    #: exited on its own (crashed or finished)
-    EXITED = "exited"
-    #: stopped because it left the machine's desired set
-    STOPPED = "stopped"
-    #: being stopped by its agent (SIGTERM sent, within the job's kill timeout)
-    STOPPING = "stopping"
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from plait.errors import NotFound
+from plait.model.agentwire import DesiredSet, DesiredTask, ProfileTarget, StoppingTask
 from plait.model.task import TaskRef
 from plait.scheduler.records import Assignment, Stops, TaskStatus
 from plait.server.controlplane.inbox import Report
@@ -26,6 +27,22 @@ if TYPE_CHECKING:
 
 #: the most jobs' keys kept for their tasks' credentials (past it, they are made again)
 JOB_KEYS_KEPT = 65_536
+
+
+def desired_wire(machine: str, generation: int, tasks: Sequence[Assignment],
+                 credentials: Sequence[str | None], stops: Stops,
+                 profile: dict[str, Any] | None) -> DesiredSet:
+    """A machine's desired set as its agent parses it (``plait.model.agentwire``): its
+    parts are the control plane's own valid records, so they are not validated again."""
+    return DesiredSet.model_construct(
+        machine=machine, generation=generation,
+        tasks=[DesiredTask.model_construct(job=a.job, index=a.index, version=a.spec_version,
+                                           revision=a.revision, spec=a.spec,
+                                           request_id=a.cause, credential=c)
+               for a, c in zip(tasks, credentials, strict=True)],
+        stopping=[StoppingTask.model_construct(job=ref.job, index=ref.index, request_id=cause)
+                  for ref, cause in stops],
+        profile=None if profile is None else ProfileTarget.model_construct(**profile))
 
 
 class AgentGateway:
