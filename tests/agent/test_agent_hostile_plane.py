@@ -55,6 +55,22 @@ def test_a_well_formed_desired_set_is_taken() -> None:
     assert "profile" not in taken.model_fields_set and not taken.profile_unknown
 
 
+def test_a_spec_from_a_newer_control_plane_is_taken_without_the_fields_it_adds() -> None:
+    """A control plane is upgraded before its agents: a field its spec gained (at the
+    top, or in a nested part of it) is left out, and every field the agent knows is
+    still checked by its model."""
+    newer = {**GOOD_TASK["spec"], "a_new_field": {"x": 1},
+             "restart": {**GOOD_TASK["spec"]["restart"], "jitter": 0.5},
+             "resources": {**GOOD_TASK["spec"]["resources"], "gpus": 1}}
+    taken = checked_desired({"tasks": [{**GOOD_TASK, "spec": newer}]})
+    spec = taken.tasks[0].spec
+    assert spec.command == "sleep" and spec.resources.cpu == 0.1
+    assert spec.restart.policy == "always"
+    with pytest.raises(BadDesired):  # (a known field still obeys the model)
+        checked_desired({"tasks": [{**GOOD_TASK, "spec": {**newer, "resources": {
+            **newer["resources"], "cpu": -1}}}]})
+
+
 class Plane(http.server.ThreadingHTTPServer):
     daemon_threads = True
 

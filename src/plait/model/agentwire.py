@@ -13,6 +13,8 @@ as no answer (every task keeps running as it is).
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Any
 
 import pydantic
@@ -32,6 +34,40 @@ class Wire(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
+def _models(annotation: Any) -> list[type[pydantic.BaseModel]]:
+    """The models a field's annotation names (``M``, ``M | None``, ``list[M]``,
+    ``dict[str, M]``)."""
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, list, tuple, dict):
+        return [m for arg in typing.get_args(annotation) for m in _models(arg)]
+    return []
+
+
+def known_fields(model: type[pydantic.BaseModel], data: Any) -> Any:
+    """``data`` without the keys ``model`` (and the models its fields hold) does not
+    know: a spec from a newer control plane, as an older agent takes it (the model's
+    own rules still apply to every field it knows)."""
+    if not isinstance(data, dict):
+        return data
+    kept = {}
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            continue
+        inner = _models(field.annotation)
+        if len(inner) == 1:
+            if isinstance(value, dict) and typing.get_origin(field.annotation) is not dict:
+                value = known_fields(inner[0], value)
+            elif isinstance(value, dict):
+                value = {k: known_fields(inner[0], v) for k, v in value.items()}
+            elif isinstance(value, list):
+                value = [known_fields(inner[0], v) for v in value]
+        kept[key] = value
+    return kept
+
+
 class DesiredTask(Wire):
     """One task the machine must run."""
 
@@ -47,6 +83,11 @@ class DesiredTask(Wire):
     #: the task's own credential (``signing.task_credential``), which its agent sets
     #: as its ``PLAIT_TASK_CREDENTIAL`` (None: none, and left off the wire)
     credential: str | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
+
+    @pydantic.field_validator("spec", mode="before")
+    @classmethod
+    def _known_spec(cls, value: Any) -> Any:
+        return known_fields(JobSpec, value)
 
     @property
     def key(self) -> str:
