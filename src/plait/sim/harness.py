@@ -132,8 +132,11 @@ class Simulation:
                    if agent.up and not agent.cut
                    for ref in agent.processes if agent.running(ref) is not None]
         used = model([ref for _, ref in running], now)
+        reports: dict[int, dict[tuple[str, int], float]] = {}
         for (m, ref), cores in zip(running, used, strict=True):
-            self._usage.setdefault(m, ({}, now))[0][ref.job, ref.index] = cores
+            reports.setdefault(m, {})[ref.job, ref.index] = cores
+        for m, usage in reports.items():  # (a machine's newer report replaces its last)
+            self._usage[m] = (usage, now)
 
     def take_usage(self) -> list[tuple[int, dict[tuple[str, int], float], float]]:
         """The agents' usage reports since the last take: (machine, cores per task,
