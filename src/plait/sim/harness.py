@@ -11,7 +11,7 @@ them to assert invariants at every instant, not just at the end).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from plait.model.events import EventKind, UnavailabilityEvent
 from plait.model.task import TaskRef
@@ -62,6 +62,16 @@ class Simulation:
         #: False when another shell carries the calls (a control plane running
         #: simulated agents sends its jobs' calls to their real controllers)
         self.carry_calls = True
+        #: a scenario's model of the cores its running tasks use (given every running
+        #: task of the region at once, what each uses): when set, the agents report
+        #: it every ``usage_every`` seconds, as a real agent's report carries it, and
+        #: the control plane's pass hands it to the autoscaler (``take_usage``)
+        self.cpu_use: Callable[[Sequence[TaskRef], float], Sequence[float]] | None = None
+        self.usage_every = 60.0
+        self._usage_at: float | None = None
+        #: per machine, its agent's last usage report not yet taken: (cores per task,
+        #: when)
+        self._usage: dict[int, tuple[dict[tuple[str, int], float], float]] = {}
 
     def agent(self, machine: int) -> SimAgent:
         agent = self.agents.get(machine)
@@ -102,6 +112,10 @@ class Simulation:
             else:
                 self.wake(m, now if len(agent.processes) != len(desired)
                           else agent.next_due())
+        if self.cpu_use is not None and (
+                self._usage_at is None or now - self._usage_at >= self.usage_every):
+            self._usage_at = now
+            self._report_usage(self.cpu_use, now)
         self._answer_calls(now)
         sched.tick(now)
         for call in sched.take_calls() if self.carry_calls else ():
@@ -110,6 +124,25 @@ class Simulation:
             self._event_seq += 1
         for observe in self.observers:
             observe(self)
+
+    def _report_usage(self, model: Callable[[Sequence[TaskRef], float], Sequence[float]],
+                      now: float) -> None:
+        """Every live agent's report of the cores its running tasks use (``cpu_use``)."""
+        running = [(m, ref) for m, agent in self.agents.items()
+                   if agent.up and not agent.cut
+                   for ref in agent.processes if agent.running(ref) is not None]
+        used = model([ref for _, ref in running], now)
+        reports: dict[int, dict[tuple[str, int], float]] = {}
+        for (m, ref), cores in zip(running, used, strict=True):
+            reports.setdefault(m, {})[ref.job, ref.index] = cores
+        for m, usage in reports.items():  # (a machine's newer report replaces its last)
+            self._usage[m] = (usage, now)
+
+    def take_usage(self) -> list[tuple[int, dict[tuple[str, int], float], float]]:
+        """The agents' usage reports since the last take: (machine, cores per task,
+        when)."""
+        taken, self._usage = self._usage, {}
+        return [(machine, usage, at) for machine, (usage, at) in taken.items()]
 
     def wake(self, machine: int, at: float | None = 0.0) -> None:
         """Step ``machine``'s agent at the first tick at or after ``at`` (the next

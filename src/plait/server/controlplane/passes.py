@@ -180,6 +180,9 @@ def run_pass(region: PassRegion, given: PassInput, phase: Callable[..., None] = 
     if region.sim is not None:
         phase("simulate")
         region.sim.step(now)
+        # (the simulated agents' reports of their tasks' CPU: as the real agents')
+        for m, usage, at in region.sim.take_usage():
+            take_usage(region, m, usage, at)
         stage("simulate")  # (after the scheduler's stages within it)
     else:
         phase("health")
@@ -229,15 +232,24 @@ def take_reports(region: PassRegion, given: PassInput) -> None:
             if rec is not None and rec.machine == m and rec.endpoint != endpoint:
                 rec.endpoint = endpoint
                 region.scheduler.mark(job)
-        if usage:  # (only the tasks placed there: no other job's autoscaler)
-            placed = {}
-            for (job, index), cores in usage.items():
-                found = jobs.get(job)
-                rec = found.tasks.get(index) if found is not None else None
-                if rec is not None and rec.machine == m:
-                    placed[job, index] = cores
-            if placed:
-                region.autoscaling.record_cpu(placed, at)
+        if usage:
+            take_usage(region, m, usage, at)
+
+
+def take_usage(region: PassRegion, m: int, usage: Mapping[tuple[str, int], float],
+               at: float) -> None:
+    """The cores the tasks on machine ``m`` used, as its agent reported them, to the
+    autoscaler: only the tasks placed there (a machine speaks for its own tasks, no
+    other job's autoscaler)."""
+    jobs = region.scheduler.jobs
+    placed = {}
+    for (job, index), cores in usage.items():
+        found = jobs.get(job)
+        rec = found.tasks.get(index) if found is not None else None
+        if rec is not None and rec.machine == m:
+            placed[job, index] = cores
+    if placed:
+        region.autoscaling.record_cpu(placed, at)
 
 
 def after_pass(region: PassRegion, now: float) -> None:
