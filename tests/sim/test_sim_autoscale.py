@@ -6,6 +6,8 @@ autoscaler as real agents' do, for the tasks placed on their machines only."""
 
 from pathlib import Path
 
+import pytest
+
 from plait.autoscaler import AutoscalePolicy
 from plait.model import Entitlement, Quota
 from plait.model.topology import RegionSpec
@@ -18,8 +20,10 @@ from plait.sim.scenarios import job_spec
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "autoscale-week.yaml"
 
 
-def test_the_example_week_frees_machines_off_peak():
-    _kind, scenario = files.load(EXAMPLE)
+@pytest.mark.parametrize("days", [
+    2, pytest.param(None, marks=pytest.mark.slow, id="the-whole-week")])
+def test_the_example_week_frees_machines_off_peak(days):
+    _kind, scenario = files.load(EXAMPLE, {"days": days} if days else None)
     assert isinstance(scenario, autoscale.AutoscaleWeek)
     f = autoscale.run(scenario).figures
     assert f["machines_freed_offpeak_fraction"] >= 0.2
