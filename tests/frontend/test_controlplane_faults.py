@@ -262,13 +262,13 @@ def test_a_push_or_canary_whose_spec_cannot_be_kept_is_refused_when_set(tmp_path
 def looks(cp: ControlPlane) -> list[str]:
     """The jobs the intents reconcile looks at from now on, in order."""
     seen: list[str] = []
-    real = cp.jcp._reconcile
+    real = cp.jcp.reconciler._reconcile
 
     def counted(job: str, at: float) -> object:
         seen.append(job)
         return real(job, at)
 
-    cp.jcp._reconcile = counted  # type: ignore[method-assign]
+    cp.jcp.reconciler._reconcile = counted  # type: ignore[method-assign]
     return seen
 
 
