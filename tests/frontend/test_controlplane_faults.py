@@ -367,7 +367,7 @@ def test_a_passs_scheduler_events_are_logged_as_record_would_log_each(tmp_path):
         "resources": {"cpu": 1, "memory_gb": 0.1}, "command": "serve"}))
     events = cp.scheduler.events
     expected = []
-    real = cp.record_scheduler_events
+    real = cp.recorder.record_scheduler_events
 
     def alongside(drained):  # what ``record`` made of each before
         for (at, job, kind, message, task, machine, op, reason, decision, actor,
@@ -376,7 +376,7 @@ def test_a_passs_scheduler_events_are_logged_as_record_would_log_each(tmp_path):
                              machine, at, actor or "scheduler", task, op, reason,
                              decision, request))
         real(drained)
-    cp.record_scheduler_events = alongside
+    cp.recorder.record_scheduler_events = alongside  # type: ignore[method-assign]
     cp.loop.step()
     assert len(events) == 0 and expected
     logged, _ = cp.events.query(job="api", limit=100)
