@@ -2,7 +2,8 @@
 
 ``ControlPlane`` builds the region's state owners and the parts that serve them, and
 wires each part with just the collaborators it uses; it holds no state of its own but
-a follower's copy of the job records (``warm``). The state owners, each the one writer of its state:
+a follower's copy of the job records (``warm``). The state owners, each the one
+writer of its state:
 
 * ``state`` (``RegionState``): the region's core objects (fleet, brokers, allocator,
   scheduler, their persistence, the agents' liveness) and their one lock, built from
