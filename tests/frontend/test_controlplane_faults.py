@@ -258,13 +258,13 @@ def test_a_push_or_canary_whose_spec_cannot_be_kept_is_refused_when_set(tmp_path
 def looks(cp: ControlPlane) -> list[str]:
     """The jobs the intents reconcile looks at from now on, in order."""
     seen: list[str] = []
-    real = cp.jcp._reconcile
+    real = cp.jcp.reconciler._reconcile
 
     def counted(job: str, at: float) -> object:
         seen.append(job)
         return real(job, at)
 
-    cp.jcp._reconcile = counted  # type: ignore[method-assign]
+    cp.jcp.reconciler._reconcile = counted  # type: ignore[method-assign]
     return seen
 
 
@@ -358,7 +358,7 @@ def test_a_passs_scheduler_events_are_logged_as_record_would_log_each(tmp_path):
         "resources": {"cpu": 1, "memory_gb": 0.1}, "command": "serve"}))
     events = cp.scheduler.events
     expected = []
-    real = cp.record_scheduler_events
+    real = cp.recorder.record_scheduler_events
 
     def alongside(drained):  # what ``record`` made of each before
         for (at, job, kind, message, task, machine, op, reason, decision, actor,
@@ -367,7 +367,7 @@ def test_a_passs_scheduler_events_are_logged_as_record_would_log_each(tmp_path):
                              machine, at, actor or "scheduler", task, op, reason,
                              decision, request))
         real(drained)
-    cp.record_scheduler_events = alongside
+    cp.recorder.record_scheduler_events = alongside  # type: ignore[method-assign]
     cp.loop.step()
     assert len(events) == 0 and expected
     logged, _ = cp.events.query(job="api", limit=100)

@@ -86,7 +86,7 @@ def test_intents_belong_to_the_job_they_were_set_on(live: Live) -> None:
     intents = bob.get("/v1/jobs/web/intents").json()
     assert intents["sizing"] is None and intents["push"] is None and not intents["canaries"]
     assert bob.get("/v1/jobs/web/sizing").status_code == 404
-    live.cp.jcp._poked = True  # (a reconcile at once, as after a write)
+    live.cp.jcp.store.poked = True  # (a reconcile at once, as after a write)
     wait_for(lambda: not live.cp.jcp.ns.exists("/web"))
     assert size(bob) == 1
     # the new job's own intent replaces nothing of the former one's

@@ -9,13 +9,17 @@ from typing import Any
 
 import pytest
 
+from plait.autoscaler import AutoscalePolicy
 from plait.errors import Conflict, ValidationError
+from plait.jcp.intents import SizingIntent
 from plait.model import Entitlement, JobSpec, Quota, RegionSpec, parse
 from plait.model.machine import FaultDomain, Machine, MachineState
 from plait.model.resources import Resources
+from plait.server.controlplane.autoscaling import Autoscaling, JobAutoscale
 from plait.server.controlplane.commands import JobCommands
 from plait.server.controlplane.config import ControlPlaneConfig
 from plait.server.controlplane.inbox import Inbox
+from plait.server.controlplane.jcp import JobControlPlane
 from plait.server.controlplane.machine_ops import MachineOps
 from plait.server.controlplane.owners import LimitsBody, Owners
 from plait.server.controlplane.recorder import EventRecorder
@@ -194,3 +198,49 @@ def test_an_owners_limits_are_stored_recorded_and_read_back():
     assert Owners(w.state, w.recorder).limits("alice") == (3, 100)  # (read from the store)
     with pytest.raises(ValidationError):
         owners.set("not a name!", LimitsBody(jobs=1))
+
+
+# -- the Job Control Plane and the autoscaler ---------------------------------------------
+def intents(w: Wired) -> tuple[JobControlPlane, Autoscaling, JobCommands]:
+    """The Job Control Plane and the autoscaler on the state owners, the commands and
+    the owners' limits; a job "api" of 2 tasks in an entitlement of 8 machines."""
+    jobs, profiles, controllers = commands(w)
+    owners = Owners(w.state, w.recorder)
+    jcp = JobControlPlane(w.state, w.inbox, w.recorder, jobs, controllers,  # type: ignore[arg-type]
+                          profiles, owners)  # type: ignore[arg-type]
+    autoscaling = Autoscaling(w.state, w.inbox, w.recorder, owners, jcp)
+    jobs.define_entitlement(Entitlement(name="web", owner="alice", quota=Quota(machines=8)))
+    jobs.create_job(spec("api"))
+    w.inbox.take_jobs()
+    return jcp, autoscaling, jobs
+
+
+def test_a_sizing_intent_is_stored_and_its_reconcile_resizes_the_job():
+    w = Wired()
+    jcp, _, _ = intents(w)
+    view = jcp.put_sizing("api", SizingIntent(task_count=4), actor="alice")
+    assert view["size"] == 4 and jcp.records["api"].sizing is not None
+    assert w.state.jobs.get("api").spec.task_count == 2  # (the reconcile resizes it)
+    assert w.inbox.wake.is_set() and jcp.due(w.now)
+    jcp.reconcile(w.now)
+    assert w.state.jobs.get("api").spec.task_count == 4 and w.inbox.take_jobs() == {"api"}
+    assert [k for k in w.kinds() if k != "entitlement_created"] == ["sizing_set", "resized"]
+    assert jcp.reconciler.reconciles == 1
+    jcp.delete_sizing("api")
+    assert "api" not in jcp.records and not jcp.ns.exists("/api")
+
+
+def test_the_autoscalers_decision_is_a_sizing_intent_the_reconcile_applies():
+    w = Wired()
+    jcp, autoscaling, _ = intents(w)
+    autoscaling.put("api", JobAutoscale(interval_seconds=60, policy=AutoscalePolicy(
+        metric="external", target_utilization=0.5, max_tasks=6, history_weight=0)))
+    autoscaling.push_load("api", 2.5, at=w.now)
+    autoscaling.decide(w.now)
+    sizing = jcp.record("api").sizing
+    assert sizing is not None and sizing.actor == "autoscaler"
+    assert sizing.intent.size == 5 and "autoscaled" in w.kinds()
+    jcp.reconcile(w.now)
+    assert w.state.jobs.get("api").spec.task_count == 5
+    autoscaling.delete("api")  # (its sizing intent goes with it)
+    assert jcp.record("api").sizing is None

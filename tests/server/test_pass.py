@@ -1,4 +1,4 @@
-"""The region's pass (``plait.server.controlplane.passes``) driven by hand: a control
+"""The region's pass (``plait.server.controlplane.passes.Pass``) driven by hand: a control
 plane over an in-memory store, a ``PassInput`` filled in by the test (the time, the
 jobs to look at, agents' reports and heartbeats), assertions on the ``PassOutcome``
 and on the region after it. No HTTP, no thread: the test holds the lock and calls
@@ -13,7 +13,7 @@ from plait.model import Entitlement, JobSpec, Quota, RegionSpec, parse
 from plait.model.task import TaskState
 from plait.scheduler.records import Phase, TaskStatus
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
-from plait.server.controlplane.passes import PassInput, after_pass, run_pass
+from plait.server.controlplane.passes import PassInput
 from plait.store.sqlite import SqliteStore
 
 REGION = RegionSpec.sized(12, dcs=2, msbs_per_dc=2, rows_per_msb=1, racks_per_row=1)
@@ -40,7 +40,7 @@ class Region:
         self.now += seconds
         given.setdefault("beats", dict.fromkeys(self.machines, self.now))
         with self.cp.lock:
-            return run_pass(self.cp, PassInput(now=self.now, **given))
+            return self.cp.pass_.run(PassInput(now=self.now, **given))
 
     def running(self, machine: str) -> tuple:
         """The report of an agent that runs its whole desired set."""
@@ -104,12 +104,12 @@ def test_a_machine_whose_heartbeats_stop_is_failed_by_the_pass(region):
 
 
 def test_a_sizing_intent_resizes_the_job_after_the_pass(region):
-    """The Job Control Plane sits behind the pass: ``after_pass`` turns a sizing
+    """The Job Control Plane sits behind the pass: ``Pass.after`` turns a sizing
     intent into the job's new size, which the next pass takes."""
     region.cp.commands.create_job(spec(2))
     region.run(names=("web",))
     region.cp.jcp.put_sizing("web", SizingIntent(task_count=4), actor="test")
-    after_pass(region.cp, region.now)
+    region.cp.pass_.after(region.now)
     assert region.cp.jobs.get("web").spec.task_count == 4
     out = region.run(names=("web",))
     assert len(region.cp.scheduler.jobs["web"].tasks) == 4

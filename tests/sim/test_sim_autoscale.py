@@ -12,7 +12,6 @@ from plait.autoscaler import AutoscalePolicy
 from plait.model import Entitlement, Quota
 from plait.model.topology import RegionSpec
 from plait.server.controlplane.autoscaling import JobAutoscale
-from plait.server.controlplane.passes import take_usage
 from plait.sim import autoscale, files
 from plait.sim.controlplane import SimControlPlane
 from plait.sim.scenarios import job_spec
@@ -86,7 +85,7 @@ def test_a_machine_speaks_for_its_own_tasks_cpu_only():
     with world.cp.lock:
         placed = {i: r.machine for i, r in world.cp.scheduler.jobs["web"].tasks.items()}
     other = next(m for m in range(12) if m not in placed.values())
-    take_usage(world.cp, other, {("web", 0): 50.0}, world.now)  # not placed there
+    world.cp.pass_.take_usage(other, {("web", 0): 50.0}, world.now)  # not placed there
     assert 0 not in world.cp.autoscaling.cpu.get("web", {})
-    take_usage(world.cp, placed[0], {("web", 0): 1.0}, world.now)
+    world.cp.pass_.take_usage(placed[0], {("web", 0): 1.0}, world.now)
     assert world.cp.autoscaling.cpu["web"][0] == (1.0, world.now)

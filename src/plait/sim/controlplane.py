@@ -1,5 +1,5 @@
 """The production control plane on the simulated clock: the region's pass
-(``plait.server.controlplane.passes.run_pass`` and ``after_pass``, through the
+(``plait.server.controlplane.passes.Pass.run`` and ``Pass.after``, through the
 control plane's own ``Loop.step``: the Job Control Plane's reconcile, the autoscaler,
 elastic loans, host-profile rolls, drains and maintenance behind it) driven pass by
 pass over an in-memory store, with simulated agents on every machine (stepped inside

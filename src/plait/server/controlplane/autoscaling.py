@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import pydantic
 
@@ -37,13 +37,11 @@ from plait.model.base import Value, parse
 from plait.store.protocol import Namespace
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from plait.persist.scheduler import JobStore
-    from plait.scheduler import Scheduler
+    from plait.server.controlplane.inbox import Inbox
     from plait.server.controlplane.jcp import JobControlPlane
     from plait.server.controlplane.owners import Owners
-    from plait.store.protocol import Store
+    from plait.server.controlplane.recorder import EventRecorder
+    from plait.server.controlplane.regionstate import RegionState
 
 log = logconfig.get("plait.controlplane.autoscaling")
 
@@ -60,41 +58,15 @@ class JobAutoscale(Value):
     interval_seconds: float = pydantic.Field(default=300.0, ge=1, le=86_400)
 
 
-
-class _Wakeable(Protocol):
-    def set(self) -> None: ...
-
-
-class AutoscaleRegion(Protocol):
-    """What the autoscaler uses of the region: its store and jobs' records, the
-    scheduler (under the lock) for the room there is, the owners' limits, the Job
-    Control Plane its sizing intents go to, and the event log."""
-
-    @property
-    def lock(self) -> threading.RLock: ...
-    clock: Callable[[], float]
-    store: Store
-    @property
-    def jobs(self) -> JobStore: ...
-    @property
-    def scheduler(self) -> Scheduler: ...
-    owners: Owners
-    jcp: JobControlPlane
-
-    @property
-    def wake(self) -> _Wakeable: ...
-
-    def record(self, source: str, kind: str, message: str, job: str | None = None,
-               entitlement: str | None = None, machine: str | None = None,
-               at: float | None = None, *, actor: str | None = None,
-               task: int | None = None, op: str | None = None, reason: str | None = None,
-               decision: str | None = None, request: str | None = None) -> None: ...
-
-
 class Autoscaling:
-    def __init__(self, cp: AutoscaleRegion) -> None:
-        self.cp = cp
-        self.ns = Namespace(cp.store, "/autoscaler")
+    def __init__(self, state: RegionState, inbox: Inbox, recorder: EventRecorder,
+                 owners: Owners, jcp: JobControlPlane) -> None:
+        """``owners``: the owners' limits a decision is clamped to (held as ``limits``:
+        ``owners`` maps each policy to the job it was set on); ``jcp``: where the
+        decisions go, as sizing intents."""
+        self.state, self.inbox, self.recorder = state, inbox, recorder
+        self.limits, self.jcp = owners, jcp
+        self.ns = Namespace(state.store, "/autoscaler")
         self._lock = threading.Lock()
         #: per job: its load history, the last load pushed (time, value), and when it
         #: last decided
@@ -119,7 +91,7 @@ class Autoscaling:
 
     # -- the API --------------------------------------------------------------------------
     def put(self, job: str, body: JobAutoscale) -> dict[str, Any]:
-        doc = self.cp.jobs.get(job)  # NotFound for an unknown job
+        doc = self.state.jobs.get(job)  # NotFound for an unknown job
         if doc.deleting:
             raise Conflict(f"job {job}", "a live job", "being deleted")
         value = json.dumps({"schema": SCHEMA, "job_uid": doc.uid,
@@ -148,7 +120,7 @@ class Autoscaling:
         return parse(JobAutoscale, data), uid, version
 
     def get(self, job: str) -> JobAutoscale:
-        doc = self.cp.jobs.get(job)
+        doc = self.state.jobs.get(job)
         try:
             body, uid, _ = self._read(job)
         except NotFound:
@@ -194,10 +166,10 @@ class Autoscaling:
         self.ns.delete(f"/{job}", version)
         with self._lock:
             self._drop(job)
-        sizing = self.cp.jcp.record(job).sizing
+        sizing = self.jcp.record(job).sizing
         if sizing is not None and sizing.actor == "autoscaler":
             with contextlib.suppress(NotFound):
-                self.cp.jcp.delete_sizing(job)
+                self.jcp.delete_sizing(job)
 
     def push_load(self, job: str, value: float, at: float | None = None) -> dict[str, Any]:
         """A measurement of the job's load (tasks' worth of work)."""
@@ -205,11 +177,11 @@ class Autoscaling:
         if body.policy.metric != "external":
             raise Conflict(f"autoscale policy of job {job}", "the external metric",
                            f"the {body.policy.metric} metric (its agents report its load)")
-        now = self.cp.clock() if at is None else at
+        now = self.state.clock() if at is None else at
         with self._lock:
             self.history.setdefault(job, History()).add(now, value)
             self.live[job] = (now, value)
-        self.cp.wake.set()
+        self.inbox.wake.set()
         return {"job": job, "time": now, "value": value}
 
     def record_cpu(self, usage: dict[tuple[str, int], float], now: float) -> None:
@@ -274,7 +246,7 @@ class Autoscaling:
                 return
             self.looked[job] = now
         try:
-            doc = self.cp.jobs.get(job)
+            doc = self.state.jobs.get(job)
         except NotFound:
             doc = None
         if doc is None or doc.uid != uid:  # the job it was set on is gone
@@ -303,12 +275,13 @@ class Autoscaling:
         self.decisions += 1
         low, high = body.policy.min_tasks, body.policy.max_tasks
         if max(want, low) > tasks:  # the owner's task limit, the quota's reach: a clamp
-            room, bound = self.cp.owners.room(job, doc.entitlement, tasks, doc.spec.resources)
+            room, bound = self.limits.room(job, doc.entitlement, tasks, doc.spec.resources)
             if max(want, low) > room:
                 clamped = max(min(want, room), min(tasks, want))
-                self.cp.record("autoscaler", "autoscale_clamped",
-                               f"{want} tasks wanted, {clamped} at most: {bound}",
-                               job=job, entitlement=doc.entitlement, actor="autoscaler")
+                self.recorder.record("autoscaler", "autoscale_clamped",
+                                     f"{want} tasks wanted, {clamped} at most: {bound}",
+                                     job=job, entitlement=doc.entitlement,
+                                     actor="autoscaler")
                 want, low, high = clamped, min(low, clamped), min(high, max(clamped, 0))
         # then what the entitlement and the region can place now
         capped = self._within_room(job, body, want, tasks, doc.entitlement)
@@ -317,18 +290,19 @@ class Autoscaling:
             return
         token = requestid.actor.set("autoscaler")
         try:  # a sizing intent: the Job Control Plane resizes the job
-            self.cp.jcp.put_sizing(job, SizingIntent(task_count=want, min=low, max=high),
-                                   actor="autoscaler")
+            self.jcp.put_sizing(job, SizingIntent(task_count=want, min=low, max=high),
+                                actor="autoscaler")
         except Conflict as exc:
             log.info("autoscaling waits", job=job, error=str(exc))
             return
         finally:
             requestid.actor.reset(token)
         cut = "" if capped.why is None else f"; wanted {capped.wanted}, capped: {capped.why}"
-        self.cp.record("autoscaler", "autoscaled",
-                       f"{tasks} -> {want} tasks for a load of {live[1]:g} tasks' worth "
-                       f"(target utilization {body.policy.target_utilization:g}){cut}",
-                       job=job, entitlement=doc.entitlement, actor="autoscaler")
+        self.recorder.record("autoscaler", "autoscaled",
+                             f"{tasks} -> {want} tasks for a load of {live[1]:g} tasks' "
+                             f"worth (target utilization "
+                             f"{body.policy.target_utilization:g}){cut}",
+                             job=job, entitlement=doc.entitlement, actor="autoscaler")
 
     def _within_room(self, job: str, body: JobAutoscale, want: int, tasks: int,
                      entitlement: str) -> Capped:
@@ -338,9 +312,9 @@ class Autoscaling:
         the job; a cut is an event (``autoscale_capped``) when it begins or changes."""
         if want < tasks:
             return Capped(want, want)
-        with self.cp.lock:
+        with self.state.lock:
             try:
-                room = Room(*self.cp.scheduler.placeable(job, want))
+                room = Room(*self.state.scheduler.placeable(job, want))
             except NotFound:  # (not in this scheduler yet: nothing to cap against)
                 return Capped(want, want)
         capped = within_room(body.policy, want, room)
@@ -348,9 +322,9 @@ class Autoscaling:
             said = self.capped.get(job)
             self.capped[job] = None if capped.why is None else (capped.wanted, capped.tasks)
         if capped.why is not None and said != (capped.wanted, capped.tasks):
-            self.cp.record("autoscaler", "autoscale_capped",
-                           f"wanted {capped.wanted} tasks, capped at {capped.tasks}: "
-                           f"{capped.why}", job=job, entitlement=entitlement,
-                           actor="autoscaler")
+            self.recorder.record("autoscaler", "autoscale_capped",
+                                 f"wanted {capped.wanted} tasks, capped at {capped.tasks}: "
+                                 f"{capped.why}", job=job, entitlement=entitlement,
+                                 actor="autoscaler")
         return capped
 

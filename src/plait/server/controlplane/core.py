@@ -2,7 +2,8 @@
 
 ``ControlPlane`` builds the region's state owners and the parts that serve them, and
 wires each part with just the collaborators it uses; it holds no state of its own but
-the loop's counters. The state owners, each the one writer of its state:
+a follower's copy of the job records (``warm``). The state owners, each the one
+writer of its state:
 
 * ``state`` (``RegionState``): the region's core objects (fleet, brokers, allocator,
   scheduler, their persistence, the agents' liveness) and their one lock, built from
@@ -15,7 +16,10 @@ the loop's counters. The state owners, each the one writer of its state:
 
 The parts, one module per concern:
 
-* ``loop`` (``Loop``): the passes, and whether they are passing;
+* ``passes`` (``Pass``): one pass over what arrived, and what follows it off the lock,
+  the same for the real loop and the simulator;
+* ``loop`` (``Loop``): drives the passes, acts on their outcome, counts them and says
+  whether they are passing;
 * ``commands`` (``JobCommands``): job and entitlement writes;
 * ``creates`` (``CreateCommitter``): job creates, stored in batches;
 * ``views`` (``Views``): every read, from what the last pass published;
@@ -32,8 +36,9 @@ the scheduler (``PersistentScheduler.sync``), reconciles (``tick``), and writes 
 the tasks' state. Everything that touches the in-memory core holds ``state.lock``;
 reads, heartbeats and job writes do not, so none waits for a long pass (decision 45).
 
-The attributes of the state owners are reachable here under their old names too
-(``cp.scheduler``, ``cp.lock``, ``cp.wake``...), for the loop and the HTTP layer.
+The attributes of the state owners and the loop's counters are reachable here under
+their old names too (``cp.scheduler``, ``cp.lock``, ``cp.wake``, ``cp.steps``...), for
+the HTTP layer; no part uses them.
 
 Without real agents (``sim_agents``), simulated agents run the tasks, so a region can
 be tried on one box before any machine joins.
@@ -67,6 +72,7 @@ from plait.server.controlplane.loop import Loop
 from plait.server.controlplane.machine_ops import MachineOps
 from plait.server.controlplane.membership import Membership
 from plait.server.controlplane.owners import Owners
+from plait.server.controlplane.passes import Pass
 from plait.server.controlplane.profiles import HostProfiles
 from plait.server.controlplane.published import Kept, Published
 from plait.server.controlplane.recorder import EventRecorder
@@ -81,11 +87,6 @@ __all__ = ["ControlPlane", "Wake"]
 
 
 class ControlPlane:
-    #: (declared: the loop's protocol is checked against this class before they are
-    #: assigned)
-    controllers: Controllers
-    views: Views
-
     def __init__(self, store: Store, config: ControlPlaneConfig | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.config = config = config or ControlPlaneConfig()
@@ -111,12 +112,6 @@ class ControlPlane:
         self._created = time.monotonic()
         #: a follower's copy of the job records (``keep_warm``), for a fast takeover
         self.warm: WarmRecords | None = None
-        #: the loop's counters: passes since this replica began leading (0: the next
-        #: reads every stored job), failed passes, when the last one ended (monotonic)
-        self.steps = 0
-        self.failures = 0
-        self.last_step: float | None = None
-        self.loop = Loop(self)
         self.owners = Owners(state, recorder)
         self.profiles = HostProfiles(state, inbox, recorder)
         self.controllers = Controllers(state, inbox, self.metrics)
@@ -131,8 +126,15 @@ class ControlPlane:
                                     self.controllers, self.logs)
         self.machine_ops = MachineOps(state, inbox, recorder, self.views,
                                       rebuild=self._rebuild)
-        self.autoscaling = Autoscaling(self)
-        self.jcp = JobControlPlane(self)
+        self.jcp = JobControlPlane(state, inbox, recorder, self.commands, self.controllers,
+                                   self.profiles, self.owners)
+        self.autoscaling = Autoscaling(state, inbox, recorder, self.owners, self.jcp)
+        self.pass_ = Pass(state, recorder, self.membership, self.profiles, self.machine_ops,
+                          self.jcp, self.autoscaling, rebuild=self._rebuild,
+                          read_all=self._read_all)
+        self.loop = Loop(state, inbox, published, recorder, self.pass_, self.controllers,
+                         self.creates, self.membership, self.views, self.logs, self.metrics,
+                         forget_warm=self._forget_warm)
         self.metrics.registry.register(ControlPlaneCollector(
             lambda: self.leading(), self.views.snapshot, state, self.metrics,
             config.metrics_jobs))
@@ -166,7 +168,11 @@ class ControlPlane:
         self.build(now)  # (looked up at each call: a test may stand in for it)
 
     def _read_all(self) -> None:
-        self.steps = 0
+        self.loop.steps = 0
+
+    def _forget_warm(self) -> None:
+        if self.warm is not None:
+            self.warm.forget()
 
     def take_over(self, fence: tuple[str, int] | None = None) -> None:
         """This replica was elected leader: everything from the store as the previous
@@ -188,7 +194,7 @@ class ControlPlane:
             # (a rebuild on registration keeps it: RegionState.build)
             self.persist.fence = self.region.fence = self.events.fence = fence
             self.published.renumber()
-            self.steps = 0  # the first pass reads every stored job
+            self.loop.steps = 0  # the first pass reads every stored job
         self.published.waiters.notify_all()
 
     def keep_warm(self) -> None:
@@ -207,6 +213,26 @@ class ControlPlane:
         self.record("auth", "token_created", "admin token created at first start")
         self.flush_events()
         return token
+
+    # -- the loop's counters (``Loop``), for the HTTP layer -------------------------------
+    @property
+    def steps(self) -> int:
+        """Passes since this replica began leading (0: the next reads every stored job)."""
+        return self.loop.steps
+
+    @property
+    def failures(self) -> int:
+        """Passes that failed."""
+        return self.loop.failures
+
+    @property
+    def last_step(self) -> float | None:
+        """When the last pass ended (monotonic; None: none yet)."""
+        return self.loop.last_step
+
+    @last_step.setter
+    def last_step(self, at: float | None) -> None:
+        self.loop.last_step = at
 
     # -- the state owners' attributes, under their old names -----------------------------
     @property

@@ -28,7 +28,7 @@ to a job made later under the same name it holds no intent; the reconciler drops
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.jcp.intents import (
@@ -46,35 +46,86 @@ from plait.jcp.push import percent, verdict
 from plait.model.entitlement import canary_entitlement, check_name
 from plait.model.redact import shown_intent
 from plait.persist.scheduler import JobDoc, usage_of
+from plait.server.controlplane.gates import GateAsker
 from plait.server.controlplane.jcp_reconcile import (
     EVERY,
     PUSHING,
     QUIET_EVERY,
     REFRESH,
     IntentReconciler,
+    canary_spec,
 )
-from plait.server.controlplane.jcp_records import SCHEMA, GateAsking, JcpRegion, _actor
+from plait.server.controlplane.jcp_records import SCHEMA, GateAsking, IntentRecords, _actor
+from plait.tls import verify as tls_verify
+
+if TYPE_CHECKING:
+    from plait.jcp.intents import JcpRecord
+    from plait.server.controlplane.commands import JobCommands
+    from plait.server.controlplane.controllers import Controllers
+    from plait.server.controlplane.inbox import Inbox
+    from plait.server.controlplane.owners import Owners
+    from plait.server.controlplane.profiles import HostProfiles
+    from plait.server.controlplane.recorder import EventRecorder
+    from plait.server.controlplane.regionstate import RegionState
+    from plait.store.protocol import Namespace
 
 __all__ = ["EVERY", "PUSHING", "QUIET_EVERY", "REFRESH", "SCHEMA", "GateAsking",
-           "JcpRegion", "JobControlPlane"]
+           "IntentReconciler", "IntentRecords", "JobControlPlane"]
 
 
-class JobControlPlane(IntentReconciler):
-    """The Job Control Plane's API: each intent written, read and removed (the
-    records: ``IntentRecords``; the reconciler after each pass: ``IntentReconciler``)."""
+class JobControlPlane:
+    """The Job Control Plane's API: each intent written, read and removed. It holds
+    the stored records (``store``: ``IntentRecords``) and the reconciler that runs after
+    each pass (``reconciler``: ``IntentReconciler``), and answers for both under the
+    names the pass and the HTTP layer call (``touch``, ``due``, ``reconcile``,
+    ``record``, ``records``, ``gates``)."""
 
+    def __init__(self, state: RegionState, inbox: Inbox, recorder: EventRecorder,
+                 commands: JobCommands, controllers: Controllers, profiles: HostProfiles,
+                 owners: Owners) -> None:
+        self.state, self.controllers = state, controllers
+        self.profiles, self.owners = profiles, owners
+        self.store = store = IntentRecords(state, inbox, recorder, commands, controllers)
+        gates = GateAsker(lambda: controllers.url_policy,
+                          verify=lambda url: tls_verify(state.config.ca_file, url))
+        self.reconciler = IntentReconciler(store, state, inbox, commands, gates)
+        # (the records' and the reconciler's, under the names the API uses)
+        self.record, self._job, self._change = store.record, store.job_doc, store.change
+        self._event, self._retire, self._announce = store.event, store.retire, store.announce
+        self._resume_if_halted = store.resume_if_halted
+        self.touch, self.due = self.reconciler.touch, self.reconciler.due
+        self.reconcile = self.reconciler.reconcile
+
+    @property
+    def ns(self) -> Namespace:
+        """Where the records are stored (``/jcp``)."""
+        return self.store.ns
+
+    @property
+    def records(self) -> dict[str, JcpRecord]:
+        """Each job's intents, as last read or written here."""
+        return self.store.records
+
+    @property
+    def gates(self) -> GateAsking:
+        """What a push's URL gate is asked through (the simulator sets a stand-in)."""
+        return self.reconciler.gates
+
+    @gates.setter
+    def gates(self, gates: GateAsking) -> None:
+        self.reconciler.gates = gates
 
     # -- push -----------------------------------------------------------------------------
     def put_push(self, job: str, intent: PushIntent) -> dict[str, Any]:
         self._job(job, intent.spec)
-        self.cp.jobs.check_keep(job, intent.spec)  # (a 413 now, not an abort later)
+        self.state.jobs.check_keep(job, intent.spec)  # (a 413 now, not an abort later)
         if intent.gate is not None and intent.gate.url is not None:
             try:  # (the rules of TaskControllers' URLs: a tenant's URL either way)
-                self.cp.controllers.check_controller_url(intent.gate.url)
+                self.controllers.check_controller_url(intent.gate.url)
             except ValidationError as exc:
                 raise ValidationError("gate.url", exc.message.replace(
                     "controller URL", "gate URL")) from None
-        now, actor = self.cp.clock(), _actor()
+        now, actor = self.state.clock(), _actor()
 
         def edit(rec: JcpRecord) -> JcpRecord:
             status = PushStatus(since=now, message=f"stage 1 ({intent.stages[0]}%) begins")
@@ -86,7 +137,6 @@ class JobControlPlane(IntentReconciler):
                                                if intent.gate else ", no gate"))
         return self.push_view(job)
 
-
     def push_view(self, job: str) -> dict[str, Any]:
         self._job(job)
         push = self.record(job).push
@@ -95,10 +145,9 @@ class JobControlPlane(IntentReconciler):
         return {"job": job, **shown_intent(push.model_dump(mode="json")),
                 "percent": percent(push.intent, push.status)}
 
-
     def abort_push(self, job: str) -> dict[str, Any]:
         self._job(job)
-        now = self.cp.clock()
+        now = self.state.clock()
 
         def edit(rec: JcpRecord) -> JcpRecord:
             if rec.push is None:
@@ -117,11 +166,10 @@ class JobControlPlane(IntentReconciler):
         self._event(job, "push_aborted", "aborted; its tasks go back to the job's spec")
         return self.push_view(job)
 
-
     def gate_verdict(self, job: str, passed: bool, message: str) -> dict[str, Any]:
         """An external gate's answer for the stage being gated."""
         self._job(job)
-        now = self.cp.clock()
+        now = self.state.clock()
         told: list[PushStatus] = []
 
         def edit(rec: JcpRecord) -> JcpRecord:
@@ -146,13 +194,12 @@ class JobControlPlane(IntentReconciler):
                 self._resume_if_halted(job)
         return self.push_view(job)
 
-
     # -- sizing ---------------------------------------------------------------------------
     def put_sizing(self, job: str, intent: SizingIntent,
                    actor: str | None = None) -> dict[str, Any]:
         doc = self._job(job)
         self.check_size(doc, intent.size)
-        now, actor = self.cp.clock(), actor or _actor()
+        now, actor = self.state.clock(), actor or _actor()
         before = self.record(job).sizing
         self._change(job, lambda rec: rec.model_copy(update={
             "sizing": StoredSizing(intent=intent, actor=actor, time=now)}))
@@ -161,14 +208,12 @@ class JobControlPlane(IntentReconciler):
                         f"within {intent.min}..{intent.max})", actor)
         return self.sizing_view(job)
 
-
     def check_size(self, doc: JobDoc, size: int) -> None:
         """Refuse (422, naming the limit or the quota) a size the resize it makes would
         be refused for (``Owners.admit``): the intent is not stored."""
         if size > doc.spec.task_count:
-            self.cp.owners.admit(doc.name, (doc.entitlement, size, doc.spec.resources),
+            self.owners.admit(doc.name, (doc.entitlement, size, doc.spec.resources),
                                  usage_of(doc))
-
 
     def sizing_view(self, job: str) -> dict[str, Any]:
         self._job(job)
@@ -177,13 +222,11 @@ class JobControlPlane(IntentReconciler):
             raise NotFound("sizing intent of job", job)
         return {"job": job, **sizing.model_dump(mode="json"), "size": sizing.intent.size}
 
-
     def delete_sizing(self, job: str) -> dict[str, Any]:
         view = self.sizing_view(job)
         self._change(job, lambda rec: rec.model_copy(update={"sizing": None}))
         self._event(job, "sizing_removed", "the job's spec sizes it again")
         return view
-
 
     # -- canaries -------------------------------------------------------------------------
     def put_canary(self, job: str, name: str, intent: CanaryIntent) -> dict[str, Any]:
@@ -200,16 +243,16 @@ class JobControlPlane(IntentReconciler):
                 doc.spec.task_count > 1) else (
                 f"job {job} has {doc.spec.task_count} tasks: no room for a canary beside "
                 "its spec (resize it, or push the spec)"))
-        if intent.hardware is not None and intent.hardware not in self.cp.fleet.type_names:
+        if intent.hardware is not None and intent.hardware not in self.state.fleet.type_names:
             raise ValidationError("hardware", f"no machine of type {intent.hardware!r} in "
-                                  f"this region (types: {', '.join(self.cp.fleet.type_names)})")
+                                  f"this region (types: {', '.join(self.state.fleet.type_names)})")
         if intent.host_profile is not None:
             self._check_profile_canary(doc.entitlement, intent,
                                        canary_entitlement(doc.entitlement, job, name))
         # (a 413 now, not a reconcile failing later; a host-profile canary's spec names
         # its canary entitlement, a few bytes more than checked here)
-        self.cp.jobs.check_keep(job, self._canary_spec(intent))
-        now, actor = self.cp.clock(), _actor()
+        self.state.jobs.check_keep(job, canary_spec(intent))
+        now, actor = self.state.clock(), _actor()
 
         def edit(rec: JcpRecord) -> JcpRecord:
             old = rec.canaries.get(name)
@@ -236,14 +279,12 @@ class JobControlPlane(IntentReconciler):
                     f"{intent.duration_seconds:g}s")
         return self.canary_view(job, name)
 
-
     def canary_view(self, job: str, name: str) -> dict[str, Any]:
         self._job(job)
         canary = self.record(job).canaries.get(name)
         if canary is None:
             raise NotFound("canary", f"{job}/{name}")
         return {"job": job, "name": name, **shown_intent(canary.model_dump(mode="json"))}
-
 
     def delete_canary(self, job: str, name: str) -> dict[str, Any]:
         view = self.canary_view(job, name)
@@ -257,15 +298,14 @@ class JobControlPlane(IntentReconciler):
         self._event(job, "canary_ended", f"canary {name} ended early; its tasks go back")
         return view
 
-
     # -- the whole view -------------------------------------------------------------------
     def intents(self, job: str) -> dict[str, Any]:
         """Every intent of the job and the unified spec they make now."""
         doc = self._job(job)
         rec = self.record(job)
         push = rec.push
-        with self.cp.lock:
-            sched = self.cp.scheduler.jobs.get(job)
+        with self.state.lock:
+            sched = self.state.scheduler.jobs.get(job)
             running = {} if sched is None else {
                 i: r.spec_version for i, r in sched.tasks.items()}
         roles = self._roles(doc, rec)
@@ -290,7 +330,6 @@ class JobControlPlane(IntentReconciler):
             "conflicts": list(rec.conflicts),
         }
 
-
     @staticmethod
     def _roles(doc: JobDoc, rec: JcpRecord) -> dict[int, str]:
         """The role each pinned task holds, from its pin's version."""
@@ -303,17 +342,16 @@ class JobControlPlane(IntentReconciler):
             by_version[rec.push.status.version] = "push"
         return {i: by_version[v] for i, v in doc.pins.items() if v in by_version}
 
-
     def _check_profile_canary(self, entitlement: str, intent: CanaryIntent,
                               child: str) -> None:
         """A host-profile canary needs machines of its own from its entitlement's
         unused machine quota (decision 103): refused, by name, where that cannot be."""
         try:
-            self.cp.profiles.store.get(intent.host_profile or "")
+            self.profiles.store.get(intent.host_profile or "")
         except NotFound:
             raise ValidationError("host_profile", f"host profile {intent.host_profile!r} "
                                   "does not exist") from None
-        ent = self.cp.entitlement(entitlement)
+        ent = self.state.entitlement(entitlement)
         if intent.host_profile is not None and not ent.may_canary(intent.host_profile):
             allowed = ", ".join(ent.canary_host_profiles) or "none"
             wanted = ",".join((*ent.canary_host_profiles, intent.host_profile))
@@ -330,11 +368,11 @@ class JobControlPlane(IntentReconciler):
         elif ent.canary_of is not None:
             why = f"it is itself a canary entitlement of {ent.canary_of!r}"
         else:
-            with self.cp.lock:
-                room = self.cp.allocator.quota_of(ent).machines or 0
-                held = self.cp.allocator.usage(ent.name).machines
-                running = child in self.cp.allocator.entitlements and (
-                    self.cp.allocator.usage(child).machines > 0)
+            with self.state.lock:
+                room = self.state.allocator.quota_of(ent).machines or 0
+                held = self.state.allocator.usage(ent.name).machines
+                running = child in self.state.allocator.entitlements and (
+                    self.state.allocator.usage(child).machines > 0)
             if room - held < 1 and not running:
                 why = (f"it holds {held} of the {room} machines its quota leaves it: a "
                        "host-profile canary needs at least one unused machine of its quota")

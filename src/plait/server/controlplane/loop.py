@@ -14,65 +14,25 @@ import gc
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from plait import logconfig, tracing
 from plait.errors import Conflict
 from plait.scheduler.scheduler import STAGES
-from plait.server.controlplane.passes import (
-    RESYNC,
-    PassInput,
-    PassOutcome,
-    PassRegion,
-    after_pass,
-    run_pass,
-)
+from plait.server.controlplane.passes import RESYNC, Pass, PassInput, PassOutcome
 
 if TYPE_CHECKING:
     from plait.metrics import Metrics
-    from plait.scheduler.eventrows import Fields
-    from plait.scheduler.records import Assignment, Stops
-
-
-class Wake(Protocol):
-    """The loop's wake-up: an event that also keeps when it was last set."""
-
-    at: float
-
-    def set(self) -> None: ...
-
-    def clear(self) -> None: ...
-
-    def wait(self, timeout: float | None = None) -> bool: ...
-
-
-class LoopRegion(PassRegion, Protocol):
-    """What the loop uses of the region besides the pass's own (``PassRegion``): what
-    arrives between passes, what it publishes to lock-free readers, the events."""
-
-    inbox: set[str]
-    @property
-    def generation(self) -> dict[str, int]: ...
-    @property
-    def gen_base(self) -> int: ...
-    @property
-    def desired_view(self) -> dict[str, tuple[int, list[Assignment], Stops,
-                                              dict[str, Any] | None]]: ...
-    failures: int
-    last_step: float | None
-
-    @property
-    def metrics(self) -> Metrics: ...
-
-    @property
-    def pending_lock(self) -> threading.Lock: ...
-
-    @property
-    def wake(self) -> Wake: ...
-
-    def record_scheduler_events(self, drained: list[Fields]) -> None: ...
-
-    def flush_events(self) -> None: ...
+    from plait.server.controlplane.controllers import Controllers
+    from plait.server.controlplane.creates import CreateCommitter
+    from plait.server.controlplane.inbox import Inbox
+    from plait.server.controlplane.membership import Membership
+    from plait.server.controlplane.published import Published
+    from plait.server.controlplane.recorder import EventRecorder
+    from plait.server.controlplane.regionstate import RegionState
+    from plait.server.controlplane.views import Views
+    from plait.server.logs import TaskLogs
 
 log = logconfig.get("plait.controlplane.loop")
 
@@ -99,18 +59,31 @@ PASS_STAGES = ("membership", "reports", "operations", "answers", "health", "brok
 
 
 class Loop:
-    def __init__(self, cp: LoopRegion) -> None:
-        self.cp = cp
+    def __init__(self, state: RegionState, inbox: Inbox, published: Published,
+                 recorder: EventRecorder, pass_: Pass, controllers: Controllers,
+                 creates: CreateCommitter, membership: Membership, views: Views,
+                 logs: TaskLogs, metrics: Metrics, forget_warm: Callable[[], None]) -> None:
+        """``pass_``: the pass the loop drives; ``forget_warm``: a follower's copy of
+        the job records is stale (a save found the store ahead of this memory)."""
+        self.state, self.inbox, self.published = state, inbox, published
+        self.recorder, self.pass_, self.controllers = recorder, pass_, controllers
+        self.creates, self.membership, self.views = creates, membership, views
+        self.logs, self.forget_warm = logs, forget_warm
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sync_errors: dict[str, None] = {}
         self._last_full = self._last_freeze = 0.0
+        #: passes since this replica began leading (0: the next reads every stored
+        #: job), failed passes, when the last one ended (monotonic)
+        self.steps = 0
+        self.failures = 0
+        self.last_step: float | None = None
         #: what a full collection took per object, the last time (an estimate before)
         self.full_seconds_per_object = FULL_SECONDS_PER_OBJECT
         #: full collections skipped as too long (``collect``)
         self.full_skipped = 0
         #: times each pass and its stages into the control plane's metrics
-        self.timer = cp.metrics.pass_timer()
+        self.timer = metrics.pass_timer()
 
     def phase(self, name: str, **attrs: Any) -> None:
         """The pass enters phase ``name``: the trace's and the metrics' alike."""
@@ -120,38 +93,37 @@ class Loop:
     @tracing.phased("pass")
     def step(self) -> None:
         """One pass: what arrived taken under the lock, the pass run over it
-        (``passes.run_pass``) and its outcome acted on (desired sets published and
-        long-polls woken, events recorded, the outcome stored, the read views
-        published); then, off the lock, the TaskControl calls sent and the autoscaler
-        and the Job Control Plane run (``passes.after_pass``)."""
-        cp = self.cp
-        with cp.lock, self.timer as stage:
+        (``Pass.run``) and its outcome acted on (desired sets published and long-polls
+        woken, events recorded, the outcome stored, the read views published); then,
+        off the lock, the TaskControl calls sent and the autoscaler and the Job Control
+        Plane run (``Pass.after``)."""
+        state, inbox = self.state, self.inbox
+        with state.lock, self.timer as stage:
             given = self.take_input()
             now = given.now
             try:
-                outcome = run_pass(cp, given, self.phase, stage)
+                outcome = self.pass_.run(given, self.phase, stage)
             finally:  # what could not be read or applied is tried again next pass
-                with cp.pending_lock:
-                    cp.inbox |= cp.persist.failed
-            if cp.sim is not None:
+                with inbox.lock:
+                    inbox.jobs |= state.persist.failed
+            if state.sim is not None:
                 self.sim_output()
             self.publish_desired(outcome.touched)
             self.act(outcome)
         if outcome.calls:  # TaskControl after the pass, off the lock (decision 45)
             tracing.phase("taskcontrol", calls=len(outcome.calls))
-            cp.controllers.send(outcome.calls)
-        after_pass(cp, now)  # (sizing intents, intents into pins: stored writes)
+            self.controllers.send(outcome.calls)
+        self.pass_.after(now)  # (sizing intents, intents into pins: stored writes)
 
     def take_input(self) -> PassInput:
         """What arrived since the last pass (the caller holds the lock)."""
-        cp = self.cp
-        now = cp.clock()
-        reports, beats = cp.gateway.take()
+        now = self.state.clock()
+        reports, beats = self.inbox.take_reports()
         names = self.take_inbox()
         return PassInput(now=now, names=None if names is None else tuple(names),
                          reports=tuple(reports), beats=beats,
-                         answers=tuple(cp.controllers.take_answers()),
-                         stored=cp.creates.take_stored())
+                         answers=tuple(self.controllers.take_answers()),
+                         stored=self.creates.take_stored())
 
     def publish_desired(self, touched: list[int]) -> None:
         """Desired sets that changed (in this pass, or by reports since the last): wake
@@ -160,76 +132,75 @@ class Loop:
         so a long-poll never reads a generation newer than the set."""
         if not touched:
             return
-        cp = self.cp
-        gen, name, view = cp.generation, cp.fleet.name, cp.desired_view
+        published, scheduler = self.published, self.state.scheduler
+        gen, name, view = published.generation, self.state.fleet.name, published.desired_view
         keys = [name(m) for m in touched]
         for m, key in zip(touched, keys, strict=True):
             g = gen.get(key, 0) + 1
-            view[key] = (cp.gen_base + g, cp.scheduler.desired_for(key),
-                         cp.scheduler.stops_for(key), cp.scheduler.profile_wire(m))
+            view[key] = (published.gen_base + g, scheduler.desired_for(key),
+                         scheduler.stops_for(key), scheduler.profile_wire(m))
             gen[key] = g
-        cp.gateway.waiters.notify(keys)  # (after the bumps: none is missed)
+        published.waiters.notify(keys)  # (after the bumps: none is missed)
 
     def act(self, outcome: PassOutcome) -> None:
         """The pass's outcome recorded and stored, the read views published (under
         the lock)."""
-        cp, phase = self.cp, self.phase
+        state, recorder, phase = self.state, self.recorder, self.phase
         for error in outcome.errors:
             if error not in self._sync_errors:  # once, not on every pass
                 self._sync_errors[error] = None
                 while len(self._sync_errors) > 1000:
                     del self._sync_errors[next(iter(self._sync_errors))]
-                cp.record("scheduler", "operation_failed", error)
+                recorder.record("scheduler", "operation_failed", error)
         # events are attributed before the save drops the records of deleted jobs
-        cp.record_scheduler_events(outcome.events)
+        recorder.record_scheduler_events(outcome.events)
         changed = outcome.changed
         tracing.idle(not outcome.events and changed == set())
         # jobs whose deletion this save finishes: their output goes first, so a job
         # made under the name once the record is gone starts with none
-        jobs, applied = cp.scheduler.jobs, cp.persist.applied
+        jobs, applied = state.scheduler.jobs, state.persist.applied
         for gone in [n for n in (applied if changed is None else changed)
                      if n not in jobs and n in applied]:
-            cp.logs.forget(gone)
+            self.logs.forget(gone)
         phase("save", changed_jobs=-1 if changed is None else len(changed))
         try:
-            cp.persist.save(cp.allocator)
+            state.persist.save(state.allocator)
         except Conflict:
             # the stored records are not the versions this control plane holds (a
             # takeover from a follower's copy that missed the old leader's last
             # writes): its memory is stale, so nothing of it is written; the next
             # pass reads everything from the store again and goes on from that
-            cp.membership.stale = True
-            if cp.warm is not None:
-                cp.warm.forget()
+            self.membership.stale = True
+            self.forget_warm()
             raise
         phase("publish")
-        cp.views.publish(changed)
-        if cp.steps % cp.config.resync_passes == 0 and cp.steps:
-            with cp.pending_lock:  # a safety net: every stored job is looked at
-                cp.inbox.add(RESYNC)
-        cp.steps += 1
-        cp.last_step = time.monotonic()
+        self.views.publish(changed)
+        if self.steps % state.config.resync_passes == 0 and self.steps:
+            with self.inbox.lock:  # a safety net: every stored job is looked at
+                self.inbox.jobs.add(RESYNC)
+        self.steps += 1
+        self.last_step = time.monotonic()
         # before the lock goes: whoever reads the outcome of this pass (a job that
         # failed) can read the events that say why
         phase("flush_events")
-        cp.flush_events()
+        recorder.flush()
 
     def sim_output(self) -> None:
-        assert self.cp.sim is not None and self.cp.sim.output is not None
-        lines, self.cp.sim.output[:] = list(self.cp.sim.output), []
-        job_of = self.cp.scheduler.jobs.get
+        sim = self.state.sim
+        assert sim is not None and sim.output is not None
+        lines, sim.output[:] = list(sim.output), []
+        job_of = self.state.scheduler.jobs.get
         for ref, at, line in lines:
             job = job_of(ref.job)
             rec = job.tasks.get(ref.index) if job is not None else None
-            machine = self.cp.fleet.name(rec.machine) if rec is not None and (
+            machine = self.state.fleet.name(rec.machine) if rec is not None and (
                 rec.machine is not None) else "?"
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at))
-            self.cp.logs.append(ref.job, ref.index, machine, f"{stamp} {line}\n")
+            self.logs.append(ref.job, ref.index, machine, f"{stamp} {line}\n")
 
     def take_inbox(self) -> list[str] | None:
-        with self.cp.pending_lock:
-            names, self.cp.inbox = self.cp.inbox, set()
-        if self.cp.steps == 0 or RESYNC in names:
+        names = self.inbox.take_jobs()
+        if self.steps == 0 or RESYNC in names:
             return None  # every stored job
         return sorted(names)
 
@@ -244,7 +215,7 @@ class Loop:
         (20,000 jobs of 2 tasks took 0.52 s). Then only what is not frozen is
         collected; plait's records make no reference cycles (deleted jobs left none),
         so what the frozen heap keeps is what a cycle elsewhere left."""
-        config = self.cp.config
+        config = self.state.config
         if started - self._last_full >= config.gc_full_seconds:
             self._last_full = self._last_freeze = started
             heap = gc.get_freeze_count() + sum(gc.get_count())
@@ -293,32 +264,32 @@ class Loop:
         self.prepare()
         last_failure: str | None = None
         while not self._stop.is_set():
-            self.cp.wake.clear()
+            self.inbox.wake.clear()
             started = time.monotonic()
             try:
                 self.step()
                 self.collect(started)
                 last_failure = None
             except Exception as exc:  # the loop must outlive one bad pass (a store outage)
-                self.cp.failures += 1
+                self.failures += 1
                 what = f"{type(exc).__name__}: {exc}"
-                self.cp.record("controlplane", "step_failed", what)
+                self.recorder.record("controlplane", "step_failed", what)
                 if what != last_failure:  # its traceback once per run of the same failure
-                    log.exception("pass failed", error=what, failures=self.cp.failures)
+                    log.exception("pass failed", error=what, failures=self.failures)
                     last_failure = what
                 with contextlib.suppress(Exception):  # the store is still down: the
-                    self.cp.flush_events()                # events wait for the next flush
-            woken = self.cp.wake.wait(self.cp.config.tick_seconds)
+                    self.recorder.flush()                # events wait for the next flush
+            woken = self.inbox.wake.wait(self.state.config.tick_seconds)
             # a burst of requests (creates, reports) is taken in batches, passes
             # ``min_pass_gap`` apart, not one pass per request; once the loop was
             # woken and nothing woke it again for ``QUIET``, the burst is over, and
             # its last requests wait for no more of it, though for half the gap at
             # least (a trickle of wake-ups: twice as many passes at most, not one
             # per wake-up)
-            gap = self.cp.config.min_pass_gap
+            gap = self.state.config.min_pass_gap
             while not self._stop.is_set():
                 now = time.monotonic()
-                ran, quiet = now - started, now - self.cp.wake.at
+                ran, quiet = now - started, now - self.inbox.wake.at
                 if ran >= gap or (woken and quiet >= QUIET and ran >= gap / 2):
                     break
                 # (woken: until the burst may be over, and half the gap has passed)
@@ -335,20 +306,20 @@ class Loop:
         """Is the loop passing? (Not if no pass ended within 20 ticks, 10 s at least.)"""
         if self._thread is None:
             return True, "loop not running in this process"
-        if self.cp.last_step is None:
+        if self.last_step is None:
             return False, "no pass finished yet"
-        late = time.monotonic() - self.cp.last_step
-        limit = max(10.0, 20 * self.cp.config.tick_seconds)
+        late = time.monotonic() - self.last_step
+        limit = max(10.0, 20 * self.state.config.tick_seconds)
         if late > limit:
-            return False, f"no pass finished for {late:.0f}s ({self.cp.failures} passes failed)"
+            return False, f"no pass finished for {late:.0f}s ({self.failures} passes failed)"
         return True, "ok"
 
     def stop(self) -> None:
         self._stop.set()
-        self.cp.wake.set()
+        self.inbox.wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-        if self.cp.controllers.dispatcher is not None:
-            self.cp.controllers.dispatcher.close()
-            self.cp.controllers.dispatcher = None
+        if self.controllers.dispatcher is not None:
+            self.controllers.dispatcher.close()
+            self.controllers.dispatcher = None
