@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plait.frontend.batch import PATH as BATCH_PATH
+from plait.frontend.batch import headers_once, is_json, plain_headers
 from plait.frontend.proxy import read_body, replaying
 
 #: a plain create's answer: (status, JSON body), or None for the route to answer
@@ -43,39 +44,8 @@ Report = Callable[[Scope, str, bytes], Awaitable[tuple[int, bytes] | None]]
 
 MACHINES = "/v1/machines/"
 STATUS = "/status"
-JSON = b"application/json"
 
-
-def is_json(content_type: bytes) -> bool:
-    """Is this Content-Type JSON itself (``application/json``, its parameters aside)?
-    The routes take other JSON types too (``+json``): those go to the route."""
-    return content_type.split(b";", 1)[0].strip().lower() == JSON
-
-
-def headers_once(scope: Scope) -> tuple[bytes | None, bytes | None] | None:
-    """(Authorization, Content-Type) of the request, each None when absent; None when
-    either is given more than once (the route reads the first, as Starlette does)."""
-    auth = ctype = None
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            if auth is not None:
-                return None
-            auth = value
-        elif name == b"content-type":
-            if ctype is not None:
-                return None
-            ctype = value
-    return auth, ctype
-
-
-def plain_headers(scope: Scope) -> tuple[bytes, bytes] | None:
-    """(Authorization, Content-Type) of a request a hot path may answer: each given
-    once, the type JSON itself; None otherwise, for the route to answer (a repeated
-    header is read there as Starlette reads it, and refused or taken there)."""
-    given = headers_once(scope)
-    if given is None or given[0] is None or given[1] is None or not is_json(given[1]):
-        return None
-    return given[0], given[1]
+__all__ = ["FastCreate", "headers_once", "is_json", "plain_headers"]
 
 
 class FastCreate:
