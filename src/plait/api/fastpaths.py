@@ -88,17 +88,19 @@ class FastPaths:
         who = self.gate.cached(authorization)
         return who if who is not None and who.role in (Role.ADMIN, Role.OWNER) else None
 
-    def plain(self, who: Principal | None, body: bytes) -> JobSpec | None:
-        """The spec of a plain create by ``who``: a JSON spec the model takes, with no
-        TaskController (its URL is checked off the event loop), of an entitlement the
-        caller may use; None for anything else (the route's to answer)."""
+    def plain(self, who: Principal | None, body: bytes,
+              controller: bool = True) -> JobSpec | None:
+        """The spec of a plain create by ``who``: a JSON spec the model takes (with a
+        TaskController only if ``controller``), of an entitlement the caller may use;
+        None for anything else (the route's to answer)."""
         if who is None:
             return None
         try:
             spec = JobSpec.model_validate(fastjson.loads(body))
         except ValueError:  # (not JSON, or not a spec: the route's 422 names the field)
             return None
-        if spec.task_controller is not None or not self.gate.owns(who, spec.entitlement):
+        if (spec.task_controller is not None and not controller) or not self.gate.owns(
+                who, spec.entitlement):
             return None
         return spec
 
@@ -148,7 +150,8 @@ class FastPaths:
         prepared: list[Any] = []
         for item in items:
             who = self.user(item.authorization.encode("latin-1", "replace"))
-            spec = self.plain(who, item.body)
+            # (a TaskController's URL is resolved on a thread: such a create goes alone)
+            spec = self.plain(who, item.body, controller=False)
             if who is None or spec is None:
                 futures.append(None)
                 continue
