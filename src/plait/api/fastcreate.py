@@ -5,20 +5,19 @@ A create is the request a region takes most of under load, and FastAPI's routing
 as much CPU as storing the create. ``FastCreate`` sits inside the control plane's
 other middleware (request log, metrics, body limit, a follower's forwarding), so a
 create it answers is logged, counted, bounded and forwarded as any other request. It
-reads the body and asks ``create`` (the app's ``create_plain``) for the answer; when
-that is None (anything but a plain, authorized, valid create that was stored), the
+reads the body and asks ``create`` (``fastpaths.FastPaths.create``) for the
+answer; when that is None (anything but a plain, authorized, valid create that was stored), the
 request goes to the FastAPI route with its body given again, so every refusal and
 error is the route's own answer, word for word.
 
 It answers the front end's batches of creates (``POST /v1/shard/creates``,
-``plait.frontend.batch``) too, with ``batch`` (the app's ``create_batch``; a batch
-whose own token is not a cached owner's or admin's goes to the route, which refuses
-it as any route refuses a token), and an
-agent's heartbeat (``POST /v1/machines/{machine}/status``) with ``report`` (the app's
-``report_plain``): every agent sends one each second, so a shard of a thousand
-machines takes a thousand a second while nothing changes, and FastAPI's share of
-each was most of its cost. A report it does not answer (None) goes to the route, as
-a create does.
+``plait.frontend.batch``) too, with ``batch`` (``FastPaths.batch``; a batch whose own
+token is not a cached owner's or admin's goes to the route, which refuses it as any
+route refuses a token), and an agent's heartbeat (``POST
+/v1/machines/{machine}/status``) with ``report`` (``FastPaths.report``): every agent
+sends one each second, so a shard of a thousand machines takes a thousand a second
+while nothing changes, and FastAPI's share of each was most of its cost. A report
+it does not answer (None) goes to the route, as a create does.
 
 A hot path answers only a request whose Authorization and Content-Type each come
 once, the type ``application/json`` (``plain_headers``): a repeated header, or
