@@ -4,18 +4,17 @@ front end, ``plait.frontend``)."""
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body
+from fastapi import Body
 
 from plait.api.auth import Admin, User
 from plait.api.bodies import ShardMove, ShardReload
-from plait.api.common import Plane
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Plane, resource
 from plait.client import types as t
 from plait.errors import NotFound
 from plait.server.auth import may_touch
 from plait.server.controlplane.facade import LimitsBody
 
-router = APIRouter(route_class=Utf8Route)
+router = resource()
 
 
 @router.post("/v1/shard/entitlements/{name}/handoff", response_model=t.ShardHandoff,

@@ -7,13 +7,12 @@ import asyncio
 import contextlib
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from plait.api.auth import Gate, Guard, Who
 from plait.api.bodies import Join, Output, Report
-from plait.api.common import Plane, spec_wire
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Plane, resource, spec_wire
 from plait.client import types as t
 from plait.errors import NotFound, Taken, TransientError, ValidationError
 from plait.model import Resources
@@ -23,7 +22,7 @@ from plait.server.auth import Principal, Role
 from plait.server.controlplane.facade import PlaneApi
 from plait.sidekick.book import Applied
 
-router = APIRouter(route_class=Utf8Route, tags=["agents"])
+router = resource(["agents"])
 
 
 def acts_for(who: Principal, machine: str) -> bool:

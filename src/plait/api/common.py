@@ -4,12 +4,15 @@ the parameters of lists, and the acknowledgement of a job operation."""
 from __future__ import annotations
 
 import functools
+from enum import Enum
 from typing import Annotated, Any
 
 import pydantic
-from fastapi import Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 
 from plait import paging
+from plait.api.errors import ERRORS
+from plait.api.jsonbody import Utf8Route
 from plait.model import JobSpec
 from plait.model.job import MAX_TASKS
 from plait.server.controlplane.facade import PlaneApi
@@ -27,6 +30,12 @@ Continue = Annotated[str | None, Query(alias="continue", description=(
     "the `continue` of the previous page, as it is (bound to the list and its filters)"))]
 #: a task's index in a path (a job has at most ``MAX_TASKS``)
 TaskIndex = Annotated[int, Path(ge=0, le=MAX_TASKS - 1)]
+
+
+def resource(tags: list[str | Enum] | None = None) -> APIRouter:
+    """A resource's router: its routes read bodies as UTF-8 JSON (``Utf8Route``) and
+    document the API's error answers (``errors.ERRORS``), as the app's own do."""
+    return APIRouter(route_class=Utf8Route, responses=ERRORS, tags=list(tags or ()))
 
 
 async def plane(request: Request) -> PlaneApi:

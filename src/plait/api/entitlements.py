@@ -2,17 +2,16 @@
 
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 
 from plait import paging
 from plait.api.auth import Admin, Guard, User
-from plait.api.common import Continue, Limit, Plane
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Continue, Limit, Plane, resource
 from plait.client import types as t
 from plait.errors import NotFound
 from plait.model import Entitlement
 
-router = APIRouter(route_class=Utf8Route, tags=["entitlements"])
+router = resource(["entitlements"])
 
 
 @router.post("/v1/entitlements", response_model=t.EntitlementView, status_code=201,

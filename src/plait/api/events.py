@@ -3,16 +3,15 @@ entitlements' events."""
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 
 from plait import fastjson
 from plait.api.auth import Guard, User
-from plait.api.common import Plane
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Plane, resource
 from plait.client import types as t
 from plait.server.events import Event
 
-router = APIRouter(route_class=Utf8Route, tags=["events"])
+router = resource(["events"])
 
 
 def _event(e: Event) -> dict[str, Any]:

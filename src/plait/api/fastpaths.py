@@ -19,17 +19,16 @@ import threading
 from typing import Annotated, Any
 
 import pydantic
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import Depends, Request, Response
 from starlette.types import Scope
 
 from plait import fastjson, requestid
 from plait.api.agents import acts_for, take_report
 from plait.api.auth import Gate, User
 from plait.api.bodies import Report
-from plait.api.common import ack
+from plait.api.common import ack, resource
 from plait.api.errors import error_bytes
 from plait.api.jobs import store_create
-from plait.api.jsonbody import Utf8Route
 from plait.errors import PlaitError
 from plait.frontend import batch
 from plait.frontend.batch import headers_once, plain_headers
@@ -202,7 +201,7 @@ class FastPaths:
             return None
 
 
-router = APIRouter(route_class=Utf8Route)
+router = resource()
 
 
 async def fast_paths(request: Request) -> FastPaths:

@@ -3,21 +3,20 @@ files this server serves: it works on a machine without internet)."""
 
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import Request, Response
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 
 from plait import __version__
 from plait.api.auth import Admin
-from plait.api.common import Plane
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Plane, resource
 from plait.client import types as t
 from plait.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 #: where /docs finds the Swagger UI files
 DOCS_STATIC = "/docs/static"
 
-router = APIRouter(route_class=Utf8Route)
+router = resource()
 
 
 @router.get("/docs", include_in_schema=False)

@@ -3,11 +3,10 @@ and owners read them (an owner's entitlements name them)."""
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 
 from plait.api.auth import Admin, User
-from plait.api.common import Plane
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Plane, resource
 from plait.client import types as t
 from plait.errors import ValidationError
 from plait.model.hostprofile import HostProfile, HostProfileSpec
@@ -18,7 +17,7 @@ from plait.sidekick.store import wire
 Version = Annotated[int | None, Query(ge=1, description="a kept version (default: "
                                       "the current one)")]
 
-router = APIRouter(route_class=Utf8Route, tags=["hostprofiles"])
+router = resource(["hostprofiles"])
 
 
 def view(api: PlaneApi, p: HostProfile, who: Principal | None = None) -> dict[str, Any]:

@@ -5,19 +5,18 @@ only its own jobs' intents (another owner's answer 404, as missing ones)."""
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import Body, Request
 
 from plait.api.auth import Guard, User
 from plait.api.bodies import GateVerdict, Load
-from plait.api.common import Plane
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Plane, resource
 from plait.client import types as t
 from plait.errors import ValidationError
 from plait.jcp.intents import PER_TASK, CanaryIntent, PushIntent, SizingIntent
 from plait.model.policy import Name
 from plait.server.controlplane.facade import JobAutoscale
 
-router = APIRouter(route_class=Utf8Route)
+router = resource()
 
 
 # -- autoscaling ---------------------------------------------------------------------------

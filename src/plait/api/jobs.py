@@ -6,14 +6,13 @@ import asyncio
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Request, Response
+from fastapi import Body, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from plait import paging
 from plait.api.auth import Gate, Guard, User
 from plait.api.bodies import Move, Resize, Restart, Rollback
-from plait.api.common import Continue, Limit, Plane, TaskIndex, ack
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Continue, Limit, Plane, TaskIndex, ack, resource
 from plait.client import types as t
 from plait.errors import NAME_TAKEN, Conflict, NotFound, ValidationError
 from plait.model import JobSpec
@@ -24,7 +23,7 @@ from plait.server.controlplane.facade import JOB_STATES, PlaneApi, parse_states
 
 TASK_STATES = tuple(s.value for s in TaskState)
 
-router = APIRouter(route_class=Utf8Route)
+router = resource()
 
 
 async def store_create(api: PlaneApi, guard: Gate, who: Principal, spec: JobSpec

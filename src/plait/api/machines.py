@@ -3,19 +3,18 @@ maintenance (admin). An agent's own calls about its machine are ``agents``'."""
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query
+from fastapi import Body, Query
 
 from plait import paging
 from plait.api.auth import Admin
 from plait.api.bodies import Drain, Maintenance
-from plait.api.common import Continue, Plane
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Continue, Plane, resource
 from plait.client import types as t
 from plait.model.machine import MachineState
 from plait.paging import BadRequest
 from plait.server.controlplane.facade import parse_states
 
-router = APIRouter(route_class=Utf8Route)
+router = resource()
 
 
 @router.get("/v1/machines", response_model=t.MachineList, tags=["machines"])

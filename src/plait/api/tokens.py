@@ -3,18 +3,15 @@ and stored only as hashes. A machine's credential comes from ``/v1/agents/join``
 
 from typing import Any
 
-from fastapi import APIRouter
-
 from plait import paging
 from plait.api.auth import Admin, Who
 from plait.api.bodies import TokenRequest
-from plait.api.common import Continue, Limit, Plane
-from plait.api.jsonbody import Utf8Route
+from plait.api.common import Continue, Limit, Plane, resource
 from plait.client import types as t
 from plait.errors import ValidationError
 from plait.server.auth import Role, TokenInfo
 
-router = APIRouter(route_class=Utf8Route, tags=["tokens"])
+router = resource(["tokens"])
 
 
 def token_view(info: TokenInfo, token: str | None = None) -> dict[str, Any]:
