@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from plait.persist.scheduler import JobDoc
     from plait.scheduler.records import Assignment, TaskStatus
     from plait.server.auth import Principal, Role, TokenInfo
-    from plait.server.controlplane.core import ControlPlane
+    from plait.server.controlplane import ControlPlane
     from plait.server.controlplane.creates import Pending
     from plait.server.controlplane.waiters import Waiters
     from plait.server.events import Event
