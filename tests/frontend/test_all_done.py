@@ -9,7 +9,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from plait.frontend.app import all_done
+from plait.api.fastpaths import all_done
 
 
 def test_it_returns_once_every_future_is_done_in_any_order_on_another_thread():

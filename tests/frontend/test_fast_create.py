@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 from livecp import Live, wait_for
 
-from plait.frontend import fastcreate
-from plait.frontend.fastcreate import FastCreate
+from plait.api import fastcreate
+from plait.api.fastcreate import FastCreate
 from plait.frontend.proxy import replaying as fastcreate_replaying
 
 

@@ -64,8 +64,8 @@ def _control_plane(work: Path, machines: int) -> tuple[Any, str]:
 
 def request_path(machines: int, jobs: int, batch: int) -> float:
     """CPU ms per create of ``jobs`` creates sent in batches of ``batch``."""
+    from plait.api.app import create_app
     from plait.frontend import batch as wire
-    from plait.frontend.app import create_app
 
     with tempfile.TemporaryDirectory(prefix="plait-bench-createcost-") as tmp:
         cp, token = _control_plane(Path(tmp), machines)

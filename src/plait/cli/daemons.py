@@ -122,7 +122,7 @@ def serve(
 
     logconfig.configure("controlplane" if shard is None else "scheduler")
     log = logconfig.get("plait.serve")
-    from plait.frontend import create_app
+    from plait.api.app import create_app
     from plait.model import RegionSpec
     from plait.server.controlplane import ControlPlaneConfig
     from plait.server.events import Retention

@@ -1,5 +1,3 @@
-"""The front end: the REST API in front of the control plane."""
-
-from plait.frontend.app import create_app
-
-__all__ = ["create_app"]
+"""The region's front end over its scheduler shards (``plait frontend``: ``router``),
+and the HTTP wire it shares with the shards' API (``plait.api``): a follower's proxy
+and the hop to a leader, batches of creates, the request log."""

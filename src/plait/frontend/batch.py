@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from starlette.types import Scope
+
 from plait import fastjson
 
 CONTENT_TYPE = "application/x-plait-creates"
@@ -30,6 +32,7 @@ MAX_ITEMS = 256
 MAX_BYTES = 512 * 1024
 #: a body larger than this is never batched (sent alone)
 MAX_ITEM = 16 * 1024
+JSON = b"application/json"
 
 
 class BadBatch(ValueError):
@@ -103,3 +106,36 @@ def decode_answers(data: bytes, count: int) -> list[tuple[int, bytes] | None]:
     if len(answers) != count:
         raise BadBatch(f"{len(answers)} answers to {count} creates")
     return answers
+
+
+# -- which requests a hot path may take (a shard's; a batch the front end makes) --
+def is_json(content_type: bytes) -> bool:
+    """Is this Content-Type JSON itself (``application/json``, its parameters aside)?
+    The routes take other JSON types too (``+json``): those go to the route."""
+    return content_type.split(b";", 1)[0].strip().lower() == JSON
+
+
+def headers_once(scope: Scope) -> tuple[bytes | None, bytes | None] | None:
+    """(Authorization, Content-Type) of the request, each None when absent; None when
+    either is given more than once (the route reads the first, as Starlette does)."""
+    auth = ctype = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            if auth is not None:
+                return None
+            auth = value
+        elif name == b"content-type":
+            if ctype is not None:
+                return None
+            ctype = value
+    return auth, ctype
+
+
+def plain_headers(scope: Scope) -> tuple[bytes, bytes] | None:
+    """(Authorization, Content-Type) of a request a hot path may answer: each given
+    once, the type JSON itself; None otherwise, for the route to answer (a repeated
+    header is read there as Starlette reads it, and refused or taken there)."""
+    given = headers_once(scope)
+    if given is None or given[0] is None or given[1] is None or not is_json(given[1]):
+        return None
+    return given[0], given[1]

@@ -14,8 +14,8 @@ from typing import Any, Self
 import uvicorn
 
 from plait import tracing
+from plait.api.app import create_app
 from plait.clientconfig import ClientConfig
-from plait.frontend import create_app
 from plait.localprocs import free_port_block
 from plait.server.controlplane import ControlPlane, ControlPlaneConfig
 from plait.server.leader import SESSION_TIMEOUT, Leadership

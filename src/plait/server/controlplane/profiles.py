@@ -99,6 +99,12 @@ class HostProfiles:
                     found.append((str(data["name"]), str(data["owner"])))
         return sorted(found)
 
+    def machines_of(self, entitlements: list[str]) -> int:
+        """Machines held by ``entitlements`` on this control plane (in a sharded
+        region, this shard's), counted under its lock."""
+        with self.state.lock:
+            return sum(len(self.state.region.machines_of(e)) for e in entitlements)
+
     def delete(self, name: str) -> None:
         users = [ent for ent, _ in self.naming(name)]
         if users:

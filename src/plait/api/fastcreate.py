@@ -5,20 +5,19 @@ A create is the request a region takes most of under load, and FastAPI's routing
 as much CPU as storing the create. ``FastCreate`` sits inside the control plane's
 other middleware (request log, metrics, body limit, a follower's forwarding), so a
 create it answers is logged, counted, bounded and forwarded as any other request. It
-reads the body and asks ``create`` (the app's ``create_plain``) for the answer; when
-that is None (anything but a plain, authorized, valid create that was stored), the
+reads the body and asks ``create`` (``fastpaths.FastPaths.create``) for the
+answer; when that is None (anything but a plain, authorized, valid create that was stored), the
 request goes to the FastAPI route with its body given again, so every refusal and
 error is the route's own answer, word for word.
 
 It answers the front end's batches of creates (``POST /v1/shard/creates``,
-``plait.frontend.batch``) too, with ``batch`` (the app's ``create_batch``; a batch
-whose own token is not a cached owner's or admin's goes to the route, which refuses
-it as any route refuses a token), and an
-agent's heartbeat (``POST /v1/machines/{machine}/status``) with ``report`` (the app's
-``report_plain``): every agent sends one each second, so a shard of a thousand
-machines takes a thousand a second while nothing changes, and FastAPI's share of
-each was most of its cost. A report it does not answer (None) goes to the route, as
-a create does.
+``plait.frontend.batch``) too, with ``batch`` (``FastPaths.batch``; a batch whose own
+token is not a cached owner's or admin's goes to the route, which refuses it as any
+route refuses a token), and an agent's heartbeat (``POST
+/v1/machines/{machine}/status``) with ``report`` (``FastPaths.report``): every agent
+sends one each second, so a shard of a thousand machines takes a thousand a second
+while nothing changes, and FastAPI's share of each was most of its cost. A report
+it does not answer (None) goes to the route, as a create does.
 
 A hot path answers only a request whose Authorization and Content-Type each come
 once, the type ``application/json`` (``plain_headers``): a repeated header, or
@@ -32,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plait.frontend.batch import PATH as BATCH_PATH
+from plait.frontend.batch import headers_once, is_json, plain_headers
 from plait.frontend.proxy import read_body, replaying
 
 #: a plain create's answer: (status, JSON body), or None for the route to answer
@@ -43,39 +43,8 @@ Report = Callable[[Scope, str, bytes], Awaitable[tuple[int, bytes] | None]]
 
 MACHINES = "/v1/machines/"
 STATUS = "/status"
-JSON = b"application/json"
 
-
-def is_json(content_type: bytes) -> bool:
-    """Is this Content-Type JSON itself (``application/json``, its parameters aside)?
-    The routes take other JSON types too (``+json``): those go to the route."""
-    return content_type.split(b";", 1)[0].strip().lower() == JSON
-
-
-def headers_once(scope: Scope) -> tuple[bytes | None, bytes | None] | None:
-    """(Authorization, Content-Type) of the request, each None when absent; None when
-    either is given more than once (the route reads the first, as Starlette does)."""
-    auth = ctype = None
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            if auth is not None:
-                return None
-            auth = value
-        elif name == b"content-type":
-            if ctype is not None:
-                return None
-            ctype = value
-    return auth, ctype
-
-
-def plain_headers(scope: Scope) -> tuple[bytes, bytes] | None:
-    """(Authorization, Content-Type) of a request a hot path may answer: each given
-    once, the type JSON itself; None otherwise, for the route to answer (a repeated
-    header is read there as Starlette reads it, and refused or taken there)."""
-    given = headers_once(scope)
-    if given is None or given[0] is None or given[1] is None or not is_json(given[1]):
-        return None
-    return given[0], given[1]
+__all__ = ["FastCreate", "headers_once", "is_json", "plain_headers"]
 
 
 class FastCreate:
