@@ -103,13 +103,14 @@ class LogApplier:
                 finally:
                     sched.acting = (None, None)
             else:
+                # (a record made whole here, then taken by the scheduler's restore)
                 target = doc.target
                 job = JobRecord(doc.name, doc.entitlement,
                                 [doc.standin(v) for v in range(1, doc.version + 1)], target,
-                                self.controller(doc, doc.spec))
+                                self.controller(doc, doc.spec),
+                                {i: TaskRecord(i, target) for i in range(doc.spec.task_count)},
+                                cause=cause)
                 doc.pin(job, range(1, doc.version + 1))
-                job.tasks = {i: TaskRecord(i, target) for i in range(doc.spec.task_count)}
-                job.cause = cause
                 sched.restore(job, ())
             entries = [e for e in entries if e["op"] in ("restart", "resume", "delete")]
             self._pins(doc, now)
@@ -126,9 +127,9 @@ class LogApplier:
         current = sched.jobs.get(doc.name)
         if current is not None and doc.version > len(current.versions):
             # versions whose log entries were trimmed away before they were applied
-            doc.pin(current, range(len(current.versions) + 1, doc.version + 1))
             for v in range(len(current.versions) + 1, doc.version + 1):
-                sched.append_version(doc.standin(v), now, f"version {v}")
+                sched.append_version(doc.standin(v), now, f"version {v}",
+                                     doc.kept_revision(v))
         if current is not None and current.target != doc.target and not current.deleting:
             # (versions kept for pinned tasks were appended as targets above, where
             # their log entries were trimmed)
@@ -166,31 +167,26 @@ class LogApplier:
     def _caused(self, name: str, cause: str | None) -> None:
         """The job remembers the request of the operation being applied (the desired
         sets it makes name it), and keeps it with its state."""
-        job = self.scheduler.jobs.get(name)
-        if job is not None and job.cause != cause:
-            job.cause = cause
-            self.scheduler.mark(name)
+        self.scheduler.set_cause(name, cause)
     def _apply_one(self, doc: JobDoc, entry: dict[str, Any], now: float) -> None:
         sched = self.scheduler
         op = entry["op"]
         job = sched.job(doc.name)
         if op == "keep":  # a version kept for pinned tasks: not the target
             version = int(entry["version"])
-            doc.pin(job, range(len(job.versions) + 1, version + 1))
             for v in range(len(job.versions) + 1, version + 1):
-                sched.add_version(doc.standin(v), now)
+                sched.add_version(doc.standin(v), now, doc.kept_revision(v))
         elif op in ("update", "resize", "rollback", "move"):
             version = int(entry["version"])
             if version > len(job.versions):
-                doc.pin(job, range(len(job.versions) + 1, version + 1))
                 for v in range(len(job.versions) + 1, version + 1):
                     spec = doc.standin(v)
                     if spec.task_controller != job.spec.task_controller:
-                        job.controller = self.controller(doc, spec)  # paces from now on
-                        job.in_flight = None  # (an answer of the old one is dropped)
-                        job.recheck = None
+                        # (paces from now on; an answer of the old one is dropped)
+                        sched.set_controller(doc.name, self.controller(doc, spec))
                     sched.append_version(spec, now,
-                                         entry["message"] if v == version else f"version {v}")
+                                         entry["message"] if v == version else f"version {v}",
+                                         doc.kept_revision(v))
         elif op == "restart":
             sched.restart(doc.name, now, entry.get("index"))
         elif op == "resume":

@@ -155,6 +155,10 @@ class JobDoc:
             if v in self.kept:
                 job.pin_revision(v, self.revision(v))
 
+    def kept_revision(self, version: int) -> int | None:
+        """The stored revision of ``version``, None when it is not kept."""
+        return self.revision(version) if version in self.kept else None
+
     def add(self, spec: JobSpec) -> int:
         """Append ``spec`` as the next version, the job's target; returns its number."""
         self.stable = None

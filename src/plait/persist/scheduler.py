@@ -48,7 +48,7 @@ from plait.persist.staterecords import (
     StateRecords,
 )
 from plait.scheduler import Scheduler
-from plait.scheduler.records import JobRecord, TaskRecord
+from plait.scheduler.records import NO_TASKS, JobRecord, TaskRecord
 from plait.store.protocol import Store
 from plait.taskcontrol.protocol import op_from_wire
 
@@ -167,25 +167,9 @@ class PersistentScheduler:
         count = int(data["versions"])
         versions = [doc.standin(v) for v in range(1, count + 1)]
         target = int(data["target"])
-        # the entitlement of the version applied (a move stored since is applied by
-        # the ``sync`` that follows)
-        job = JobRecord(doc.name, versions[target - 1].entitlement, versions, target,
-                        self.applier.controller(doc, versions[-1]))
-        doc.pin(job, range(1, count + 1))
-        job.deleting = bool(data["deleting"])
-        job.halted = data["halted"]
-        job.rollout_active = bool(data["rollout_active"])
-        job.moving_from = data.get("moving_from")  # (absent from records before moves)
-        job.cause = data.get("cause")  # (absent from records before request ids)
-        job.rollout_failures = int(data["rollout_failures"])
-        if data["failed_tasks"]:  # (none: the shared empty set it was made with)
-            job.failed_tasks = set(data["failed_tasks"])
-        job.op_counter = int(data["op_counter"])
-        job.sequence_number = int(data["sequence_number"])
-        job.pins = {i: v for i, v in doc.pins.items() if v != target and v <= count} or None
-        job.surges = {int(k): int(v) for k, v in data.get("surges", {}).items()} or None
         booked = sched.allocator.jobs.get(doc.name)
         placement = booked.placement if booked is not None else {}
+        tasks: dict[int, TaskRecord] = {}
         desired = []
         for key, row in data["tasks"].items():
             (version, state, machine, want, serving, healthy, op, costly, restart, parked,
@@ -204,7 +188,25 @@ class PersistentScheduler:
                              bool(healthy), None if op is None else op_from_wire(op),
                              bool(costly), bool(restart), parked, lost_since, healthy_since,
                              exit_code, unhealthy_since, bool(served), endpoint)
-            job.tasks[index] = rec
+            tasks[index] = rec
             if want:
                 desired.append(index)
+        # the record made whole from the stored one, then taken by the scheduler (the
+        # entitlement of the version applied: a move stored since is applied by the
+        # ``sync`` that follows)
+        job = JobRecord(
+            doc.name, versions[target - 1].entitlement, versions, target,
+            self.applier.controller(doc, versions[-1]), tasks,
+            deleting=bool(data["deleting"]), halted=data["halted"],
+            rollout_active=bool(data["rollout_active"]),
+            moving_from=data.get("moving_from"),  # (absent from records before moves)
+            cause=data.get("cause"),  # (absent from records before request ids)
+            rollout_failures=int(data["rollout_failures"]),
+            # (none: the shared empty set records are made with)
+            failed_tasks=set(data["failed_tasks"]) if data["failed_tasks"] else NO_TASKS,
+            op_counter=int(data["op_counter"]),
+            sequence_number=int(data["sequence_number"]),
+            pins={i: v for i, v in doc.pins.items() if v != target and v <= count} or None,
+            surges={int(k): int(v) for k, v in data.get("surges", {}).items()} or None)
+        doc.pin(job, range(1, count + 1))
         sched.restore(job, desired)

@@ -53,14 +53,18 @@ class JobOperations:
             return job.target
         return self.append_version(spec, now, f"version {len(job.versions) + 1}")
 
-    def add_version(self, spec: JobSpec, now: float) -> int:
+    def add_version(self, spec: JobSpec, now: float, revision: int | None = None) -> int:
         """Keep ``spec`` as the job's next version without rolling it out: tasks run it
-        only once pinned to it (``pin``). Returns the version number."""
+        only once pinned to it (``pin``). Returns the version number. ``revision``:
+        the version's revision as a store kept it (``JobRecord.pin_revision``), else
+        computed."""
         job = self.job(spec.name)
         if not self._bound_here(job, spec.entitlement):
             raise ValidationError("entitlement", f"job {spec.name} runs in entitlement "
                                   f"{job.entitlement!r}; a pinned version stays there "
                                   "(or in one of its canary entitlements)")
+        if revision is not None:
+            job.pin_revision(len(job.versions) + 1, revision)
         job.versions.append(spec)
         self.s.event(now, job.name, "version_added",
                    f"version {len(job.versions)} kept for pinned tasks")
@@ -114,12 +118,16 @@ class JobOperations:
         self.s.event(now, name, "pinned", f"{len(clean)} tasks pinned to other versions "
                    f"than {job.target}")
 
-    def append_version(self, spec: JobSpec, now: float, what: str) -> int:
+    def append_version(self, spec: JobSpec, now: float, what: str,
+                       revision: int | None = None) -> int:
         """Add ``spec`` as the job's next version and roll it out, even when it equals
         the current one (a rollback, or an operation replayed from the store). A spec
         of another entitlement moves the job there: ``move_job`` checks a move first,
-        a move replayed from the store is applied as it was stored."""
+        a move replayed from the store is applied as it was stored. ``revision``: as
+        for ``add_version``."""
         job = self.job(spec.name)
+        if revision is not None:
+            job.pin_revision(len(job.versions) + 1, revision)
         if spec.entitlement != job.entitlement:
             if spec.entitlement not in self.s.allocator.entitlements:
                 raise ValidationError("entitlement",
@@ -129,6 +137,26 @@ class JobOperations:
         job.versions.append(spec)
         self._retarget(job, len(job.versions), now, what)
         return job.target
+
+    def set_cause(self, name: str, cause: str | None) -> None:
+        """The id of the request whose operation is being applied to the job
+        (``JobRecord.cause``: the desired sets it makes name it); a change marks the
+        job, so it is stored with its state."""
+        job = self.s.jobs.get(name)
+        if job is not None and job.cause != cause:
+            job.cause = cause
+            self.s.mark(name)
+
+    def set_controller(self, name: str,
+                       controller: TaskController | RemoteController | None) -> None:
+        """Pace the job with ``controller`` from now on (its latest version names
+        another one): a request in flight to the one before is forgotten, its answer
+        dropped when it comes, and its re-check with it."""
+        job = self.job(name)
+        job.controller = controller
+        job.in_flight = None
+        job.recheck = None
+        self.s.drop_answer(name)
 
     def move_job(self, name: str, entitlement: str, now: float) -> int:
         """Move a job to another entitlement (paper section 3.1): a new version bound to

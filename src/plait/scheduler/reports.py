@@ -11,7 +11,7 @@ an exit for good means for the task and its rollout is here too (``exited``,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import cast
 
 from plait.allocator import AllocationRequest
@@ -30,6 +30,21 @@ def _may_end(job: JobRecord, rec: TaskRecord, code: int | None) -> bool:
     machine's credential would otherwise end any task placed there for good.)"""
     restart = job.versions[rec.spec_version - 1].restart
     return restart.after_exit(0 if code is None else code, restart.max_retries) is None
+
+
+def endpoints(s: SchedulerState, machine: int,
+              reported: Mapping[tuple[str, int], str | None]) -> None:
+    """Where the tasks on machine index ``machine`` listen, as its agent reported them
+    ((job, index) -> "host:port"): taken only for a task placed there (a stale copy
+    elsewhere says nothing); a change marks the job, so it is stored with its
+    record."""
+    jobs = s.jobs
+    for (name, index), endpoint in reported.items():
+        job = jobs.get(name)
+        rec = job.tasks.get(index) if job is not None else None
+        if rec is not None and rec.machine == machine and rec.endpoint != endpoint:
+            rec.endpoint = endpoint
+            s.mark(name)
 
 
 def record(s: SchedulerState, machine: int, statuses: Iterable[TaskStatus], now: float) -> None:

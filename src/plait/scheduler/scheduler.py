@@ -39,7 +39,7 @@ unless the shell sets it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from plait.allocator import Allocator
@@ -142,8 +142,8 @@ class Scheduler(SchedulerState):
     def update_job(self, spec: JobSpec, now: float) -> int:
         return self.ops.update_job(spec, now)
 
-    def add_version(self, spec: JobSpec, now: float) -> int:
-        return self.ops.add_version(spec, now)
+    def add_version(self, spec: JobSpec, now: float, revision: int | None = None) -> int:
+        return self.ops.add_version(spec, now, revision)
 
     def retarget(self, name: str, version: int, now: float, what: str) -> None:
         self.ops.retarget(name, version, now, what)
@@ -151,8 +151,16 @@ class Scheduler(SchedulerState):
     def pin(self, name: str, pins: dict[int, int], now: float) -> None:
         self.ops.pin(name, pins, now)
 
-    def append_version(self, spec: JobSpec, now: float, what: str) -> int:
-        return self.ops.append_version(spec, now, what)
+    def append_version(self, spec: JobSpec, now: float, what: str,
+                       revision: int | None = None) -> int:
+        return self.ops.append_version(spec, now, what, revision)
+
+    def set_cause(self, name: str, cause: str | None) -> None:
+        self.ops.set_cause(name, cause)
+
+    def set_controller(self, name: str,
+                       controller: TaskController | RemoteController | None) -> None:
+        self.ops.set_controller(name, controller)
 
     def move_job(self, name: str, entitlement: str, now: float) -> int:
         return self.ops.move_job(name, entitlement, now)
@@ -270,6 +278,11 @@ class Scheduler(SchedulerState):
     def waiting_for_room(self, job: JobRecord) -> set[int]:
         """The job's tasks that wait for room (``plans.waiting_for_room``)."""
         return waiting_for_room(job)
+    def report_endpoints(self, m: int,
+                         endpoints: Mapping[tuple[str, int], str | None]) -> None:
+        """Where the tasks on machine ``m`` listen, as its agent reported them
+        (``reports.endpoints``: only the tasks placed there)."""
+        reports.endpoints(self, m, endpoints)
     def report(self, machine: str, statuses: Iterable[TaskStatus], now: float) -> None:
         """An agent's heartbeat: the statuses of the tasks on its machine."""
         self.now = now

@@ -104,6 +104,16 @@ class SchedulerState:
         if self.changed_jobs is not None:
             self.changed_jobs.add(job)
 
+    def take_touched(self) -> set[int]:
+        """The machines whose desired sets changed since the last call (their agents
+        are to pull them again); the set starts afresh."""
+        touched, self.touched = self.touched, set()
+        return touched
+
+    def drop_answer(self, job: str) -> None:
+        """Forget a controller's answer handed back for the job and not applied yet."""
+        self._answers.pop(job, None)
+
     def event(self, now: float, job: str, kind: str, message: str, *,
               task: int | None = None, machine: int | None = None, op: str | None = None,
               reason: str | None = None, decision: str | None = None,

@@ -87,8 +87,7 @@ class Simulation:
         now = self.now
         self.region.tick(now)
         sched = self.scheduler
-        active = sched.touched
-        sched.touched = set()
+        active = sched.take_touched()
         queue, due = self._queue, self._due
         while queue and queue[0][0] <= now:
             at, m = heapq.heappop(queue)

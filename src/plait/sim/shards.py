@@ -150,7 +150,7 @@ class ShardedRegion:
                             for a in desired.values()]
                 sched.report(names(m), statuses, now)
                 reported += len(statuses)
-            sched.touched.clear()  # the agents have pulled their sets
+            sched.take_touched()  # (the agents have pulled their sets)
         return reported
 
     # -- reading --------------------------------------------------------------------------

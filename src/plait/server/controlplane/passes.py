@@ -146,8 +146,7 @@ class Pass:
             tracing.phase("scheduler", jobs=len(state.scheduler.jobs))
             state.scheduler.tick(now)
             stage("desired")
-            out.touched = sorted(state.scheduler.touched)
-            state.scheduler.touched = set()
+            out.touched = sorted(state.scheduler.take_touched())
         self.machine_ops.finish_drains()
         out.calls = state.scheduler.take_calls()
         phase("events")
@@ -168,7 +167,6 @@ class Pass:
         for machine, at in given.beats.items():
             if (machine in liveness.last) if sharded else state.known(machine):
                 liveness.beat(machine, at)
-        jobs = state.scheduler.jobs
         for machine, statuses, endpoints, at, profile, usage in given.reports:
             try:
                 m = self.membership.check_owned(machine)
@@ -178,13 +176,8 @@ class Pass:
             state.scheduler.report(machine, statuses, when)
             if profile is not None:
                 state.scheduler.report_profile(machine, profile, when)
-            for (job, index), endpoint in endpoints.items():
-                found = jobs.get(job)
-                rec = found.tasks.get(index) if found is not None else None
-                # only where the task is placed; a change is stored with the record
-                if rec is not None and rec.machine == m and rec.endpoint != endpoint:
-                    rec.endpoint = endpoint
-                    state.scheduler.mark(job)
+            if endpoints:  # (only where the task is placed; stored with its record)
+                state.scheduler.report_endpoints(m, endpoints)
             if usage:
                 self.take_usage(m, usage, at)
 
