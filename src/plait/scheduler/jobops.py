@@ -151,12 +151,15 @@ class JobOperations:
                        controller: TaskController | RemoteController | None) -> None:
         """Pace the job with ``controller`` from now on (its latest version names
         another one): a request in flight to the one before is forgotten, its answer
-        dropped when it comes, and its re-check with it."""
+        dropped when it comes, and its re-check with it; the new one is called on the
+        job's next reconcile."""
         job = self.job(name)
         job.controller = controller
         job.in_flight = None
         job.recheck = None
         self.s.drop_answer(name)
+        job.dirty = True
+        self.s.mark(name)
 
     def move_job(self, name: str, entitlement: str, now: float) -> int:
         """Move a job to another entitlement (paper section 3.1): a new version bound to
