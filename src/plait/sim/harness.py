@@ -82,10 +82,27 @@ class Simulation:
 
     # -- the clock -----------------------------------------------------------------------
     def step(self, now: float | None = None) -> None:
-        """One tick: to ``now``, or ``tick`` seconds later."""
-        self.now = self.now + self.tick if now is None else now
-        now = self.now
+        """One tick: to ``now``, or ``tick`` seconds later: the brokers, then the
+        agents (``step_agents``), then the scheduler, in the order a control plane's
+        pass runs them (``plait.server.controlplane.passes.Pass.run``)."""
+        now = self.now + self.tick if now is None else now
         self.region.tick(now)
+        self.step_agents(now)
+        sched = self.scheduler
+        sched.tick(now)
+        for call in sched.take_calls() if self.carry_calls else ():
+            latency = self.remotes[call.url][1] if call.url in self.remotes else 0.0
+            heapq.heappush(self._calls, (now + latency, self._event_seq, call))
+            self._event_seq += 1
+        for observe in self.observers:
+            observe(self)
+
+    def step_agents(self, now: float) -> None:
+        """The simulated agents' part of a pass at ``now``: each agent whose machine
+        has something due or whose desired set changed (the scheduler's ``touched``
+        since its last tick) converges and reports; usage reports and TaskControl
+        answers that are due are handed over."""
+        self.now = now
         sched = self.scheduler
         active = sched.take_touched()
         queue, due = self._queue, self._due
@@ -116,13 +133,6 @@ class Simulation:
             self._usage_at = now
             self._report_usage(self.cpu_use, now)
         self._answer_calls(now)
-        sched.tick(now)
-        for call in sched.take_calls() if self.carry_calls else ():
-            latency = self.remotes[call.url][1] if call.url in self.remotes else 0.0
-            heapq.heappush(self._calls, (now + latency, self._event_seq, call))
-            self._event_seq += 1
-        for observe in self.observers:
-            observe(self)
 
     def _report_usage(self, model: Callable[[Sequence[TaskRef], float], Sequence[float]],
                       now: float) -> None:

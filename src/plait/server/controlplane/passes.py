@@ -130,22 +130,25 @@ class Pass:
         phase("answers")
         for answer in given.answers:
             state.scheduler.answer(answer)
-        if state.sim is not None:
-            phase("simulate")
-            state.sim.step(now)
-            # (the simulated agents' reports of their tasks' CPU: as the real agents')
-            for m, usage, at in state.sim.take_usage():
-                self.take_usage(m, usage, at)
-            stage("simulate")  # (after the scheduler's stages within it)
-        else:
+        sim = state.sim
+        if sim is None:  # (real agents: a machine is up while its agent beats)
             phase("health")
             self.check_health(now)
-            phase("brokers")
-            state.region.tick(now)
-            # (the metrics time the scheduler's stages, which it marks itself)
-            tracing.phase("scheduler", jobs=len(state.scheduler.jobs))
-            state.scheduler.tick(now)
-            stage("desired")
+        phase("brokers")
+        state.region.tick(now)
+        if sim is not None:  # (simulated agents: stepped here, as real ones report)
+            phase("simulate")
+            sim.step_agents(now)
+            # (the simulated agents' reports of their tasks' CPU: as the real agents')
+            for m, usage, at in sim.take_usage():
+                self.take_usage(m, usage, at)
+            stage("simulate")
+        # (the metrics time the scheduler's stages, which it marks itself)
+        tracing.phase("scheduler", jobs=len(state.scheduler.jobs))
+        state.scheduler.tick(now)
+        stage("desired")
+        if sim is None:  # desired sets to publish to the agents' long-polls (simulated
+            # agents read theirs at their next step)
             out.touched = sorted(state.scheduler.take_touched())
         self.machine_ops.finish_drains()
         out.calls = state.scheduler.take_calls()
