@@ -13,6 +13,7 @@ as no answer (every task keeps running as it is).
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from typing import Any
@@ -45,25 +46,38 @@ def _models(annotation: Any) -> list[type[pydantic.BaseModel]]:
     return []
 
 
+@functools.cache
+def _shape(model: type[pydantic.BaseModel]) -> dict[str, tuple[type[pydantic.BaseModel] | None,
+                                                                bool]]:
+    """Per field of ``model``: the one model it holds (None: none, or several), and
+    whether it holds it as a dict's values."""
+    shape: dict[str, tuple[type[pydantic.BaseModel] | None, bool]] = {}
+    for name, field in model.model_fields.items():
+        inner = _models(field.annotation)
+        shape[name] = (inner[0] if len(inner) == 1 else None,
+                       typing.get_origin(field.annotation) is dict)
+    return shape
+
+
 def known_fields(model: type[pydantic.BaseModel], data: Any) -> Any:
     """``data`` without the keys ``model`` (and the models its fields hold) does not
     know: a spec from a newer control plane, as an older agent takes it (the model's
     own rules still apply to every field it knows)."""
     if not isinstance(data, dict):
         return data
+    shape = _shape(model)
     kept = {}
     for key, value in data.items():
-        field = model.model_fields.get(key)
-        if field is None:
+        found = shape.get(key)
+        if found is None:
             continue
-        inner = _models(field.annotation)
-        if len(inner) == 1:
-            if isinstance(value, dict) and typing.get_origin(field.annotation) is not dict:
-                value = known_fields(inner[0], value)
-            elif isinstance(value, dict):
-                value = {k: known_fields(inner[0], v) for k, v in value.items()}
+        inner, values = found
+        if inner is not None:
+            if isinstance(value, dict):
+                value = ({k: known_fields(inner, v) for k, v in value.items()} if values
+                         else known_fields(inner, value))
             elif isinstance(value, list):
-                value = [known_fields(inner[0], v) for v in value]
+                value = [known_fields(inner, v) for v in value]
         kept[key] = value
     return kept
 
