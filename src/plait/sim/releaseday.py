@@ -392,19 +392,20 @@ def plot(result: DayResult, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(13, 7), sharex=True)
     h, s = result.hours, result.series
     top.plot(h, s["api_load"], label="api load (tasks' worth)", color="C0", lw=1)
     top.plot(h, s["api_tasks"], label="api tasks (autoscaled)", color="C1", lw=1.2)
     top.plot(h, s["frontend_serving"], label="frontend serving", color="C2", lw=1)
     top.set_ylabel("tasks")
-    top.legend(loc="upper left", fontsize="small")
+    # (the legends beside the plots: the events are named along the top)
+    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     bottom.plot(h, s["web_machines"], label="web (lender) machines", color="C3", lw=1.2)
     bottom.plot(h, s["crunch_machines"], label="batch (borrower) machines", color="C4",
                 lw=1.2)
     bottom.set_ylabel("machines")
     bottom.set_xlabel("hour")
-    bottom.legend(loc="upper left", fontsize="small")
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     for hour, what in result.marks:
         for ax in (top, bottom):
             ax.axvline(hour, color="grey", lw=0.6, ls="--")
