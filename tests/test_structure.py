@@ -64,12 +64,15 @@ def _imports(name: str, tree: ast.Module) -> set[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            named.update(f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES
-                         else module for a in node.names)
+            # (``from a.b import c`` names the package a.b itself, even for a module c)
+            named.add(module)
+            named.update(f"{module}.{a.name}" for a in node.names
+                         if f"{module}.{a.name}" in MODULES)
     found = set()
     for target in filter(None, map(_known, named)):
+        found.add(target)  # (named: counted, its own package's __init__ too)
         parts = target.split(".")
-        for k in range(1, len(parts) + 1):
+        for k in range(1, len(parts)):
             enclosing = ".".join(parts[:k])
             # (a package's own modules do not run its __init__ again)
             if enclosing in MODULES and not name.startswith(enclosing + "."):

@@ -27,8 +27,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import plait.client.types as t
 from plait import requestid
-from plait.client import types as t
 
 if TYPE_CHECKING:
     import httpx

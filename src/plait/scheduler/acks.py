@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import bisect
 
+import plait.scheduler.surge as surge
 from plait.model.topology import Fleet
-from plait.scheduler import surge
 from plait.scheduler.plans import FAILURE, down_tasks, lapsed, offered_ops, waiting_for_room
 from plait.scheduler.records import JobRecord
 from plait.taskcontrol.protocol import OpKind, TaskControlRequest, TaskControlResponse, TaskOp

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import heapq
 
+import plait.scheduler.acks as acking
 from plait.allocator.placement import NO_MACHINE
 from plait.model.task import TaskState
-from plait.scheduler import acks as acking
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.plans import (
     KIND,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import plait.scheduler.machinesets as machinesets
 from plait.allocator import AllocationRequest
 from plait.errors import Conflict, NotFound, ValidationError
 from plait.model.job import JobSpec
 from plait.model.task import TaskState
-from plait.scheduler import machinesets
 from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import to_target
 from plait.scheduler.records import Assigned, JobRecord, TaskRecord, same_runtime

@@ -34,12 +34,12 @@ import contextlib
 import math
 from dataclasses import dataclass
 
+import plait.scheduler.drain as drain
 from plait.allocator.loans import held, owed
 from plait.broker import BrokerChange, ChangeKind
 from plait.errors import NotFound
 from plait.model.events import LOAN_REVOKE_PREFIX, EventKind, UnavailabilityEvent
 from plait.model.task import TaskState
-from plait.scheduler import drain
 from plait.scheduler.machinesets import NOTHING_PLACED
 from plait.scheduler.state import SchedulerState
 

@@ -11,12 +11,13 @@ tasks parked for it start again where they were.
 
 from __future__ import annotations
 
+import plait.scheduler.drain as drain
+import plait.scheduler.machinesets as machinesets
 from plait.broker import ChangeKind
 from plait.model import fence
 from plait.model.events import DRAIN_PREFIXES, MACHINE_DRAIN_PREFIX, EventKind
 from plait.model.machine import MachineState
 from plait.model.task import TaskRef, TaskState
-from plait.scheduler import drain, machinesets
 from plait.scheduler.lifecycle import Event
 from plait.scheduler.machinesets import NOTHING_PLACED
 from plait.scheduler.plans import DELETE, RESIZE

@@ -9,18 +9,16 @@ import heapq
 import itertools
 from collections.abc import Callable
 
+import plait.scheduler.acks as acks
+import plait.scheduler.apply as apply
+import plait.scheduler.controller as controller
+import plait.scheduler.execution as execution
+import plait.scheduler.machines as machines
+import plait.scheduler.placement as placement
+import plait.scheduler.readiness as readiness
+import plait.scheduler.reports as reports
+import plait.scheduler.settled as settled
 from plait.model.task import TaskState
-from plait.scheduler import (
-    acks,
-    apply,
-    controller,
-    execution,
-    machines,
-    placement,
-    readiness,
-    reports,
-    settled,
-)
 from plait.scheduler.config import SchedulerConfig
 from plait.scheduler.loans import Loans
 from plait.scheduler.plans import down_tasks

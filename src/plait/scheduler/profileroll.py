@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import contextlib
 
+import plait.scheduler.drain as drain
 from plait.errors import NotFound
 from plait.model.events import PROFILE_ROLL_PREFIX, EventKind, UnavailabilityEvent
 from plait.model.hostprofile import DEFAULT_PROFILE, HostProfile
 from plait.model.task import TaskRef, TaskState
-from plait.scheduler import drain
 from plait.scheduler.state import SchedulerState
 from plait.sidekick.book import ProfileBook, Transition
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import plait.scheduler.acks as acks
+import plait.scheduler.controller as controller
+import plait.scheduler.execution as execution
+import plait.scheduler.placement as placement
 from plait.allocator import AllocationRequest
 from plait.model.task import TaskState
-from plait.scheduler import acks, controller, execution, placement
 from plait.scheduler.config import SchedulerConfig
 from plait.scheduler.lifecycle import FINISHED
 from plait.scheduler.plans import down_tasks

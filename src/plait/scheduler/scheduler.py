@@ -42,12 +42,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import plait.scheduler.machinesets as machinesets
+import plait.scheduler.reports as reports
 from plait.allocator import Allocator
 from plait.broker import BrokerChange, ChangeKind
 from plait.model.hostprofile import HostProfile
 from plait.model.job import JobSpec
 from plait.model.task import TaskState
-from plait.scheduler import machinesets, reports
 from plait.scheduler.config import STAGES, SchedulerConfig
 from plait.scheduler.hostprofiles import HostProfiles
 from plait.scheduler.jobops import JobOperations

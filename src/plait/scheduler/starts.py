@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+import plait.scheduler.machinesets as machinesets
 from plait.model.task import TaskRef, TaskState
-from plait.scheduler import machinesets
 from plait.scheduler.eventrows import EventRows
 from plait.scheduler.lifecycle import TRANSITIONS, Event
 from plait.scheduler.machinesets import DesiredSet

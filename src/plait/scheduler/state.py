@@ -14,10 +14,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Collection, Sequence
 
+import plait.scheduler.machinesets as machinesets
+import plait.scheduler.starts as starts
 from plait.allocator import AllocationRequest, Allocator
 from plait.broker import BrokerChange
 from plait.model.task import TaskRef, TaskState
-from plait.scheduler import machinesets, starts
 from plait.scheduler.eventrows import EventRows, TaskMessage
 from plait.scheduler.lifecycle import Event, advance
 from plait.scheduler.machinesets import DesiredSet, PlacedSet

@@ -4,7 +4,7 @@ applies it to the job's records)."""
 
 from __future__ import annotations
 
-from plait.scheduler import surge
+import plait.scheduler.surge as surge
 from plait.scheduler.records import JobRecord, TaskRecord
 from plait.scheduler.state import SchedulerState
 from plait.scheduler.wanted import Notice
